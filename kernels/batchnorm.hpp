@@ -1,0 +1,3 @@
+// kernels/batchnorm.hpp: (being written)
+#pragma once
+#include "kernels/common.hpp"

@@ -1,0 +1,3 @@
+// kernels/channel.hpp: (being written)
+#pragma once
+#include "kernels/common.hpp"

@@ -1,0 +1,3 @@
+// kernels/coupling.hpp: (being written)
+#pragma once
+#include "kernels/common.hpp"

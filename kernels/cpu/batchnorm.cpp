@@ -1,0 +1,2 @@
+// kernels/cpu/batchnorm.cpp: (being written)
+#include "kernels/batchnorm.hpp"

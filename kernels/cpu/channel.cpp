@@ -1,0 +1,2 @@
+// kernels/cpu/channel.cpp: (being written)
+#include "kernels/channel.hpp"

@@ -1,0 +1,2 @@
+// kernels/cpu/coupling.cpp: (being written)
+#include "kernels/coupling.hpp"

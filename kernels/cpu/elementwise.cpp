@@ -1,0 +1,2 @@
+// kernels/cpu/elementwise.cpp: (being written)
+#include "kernels/elementwise.hpp"

@@ -1,0 +1,2 @@
+// kernels/cpu/linear.cpp: (being written)
+#include "kernels/linear.hpp"

@@ -1,0 +1,2 @@
+// kernels/cpu/loss.cpp: (being written)
+#include "kernels/loss.hpp"

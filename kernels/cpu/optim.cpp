@@ -1,0 +1,2 @@
+// kernels/cpu/optim.cpp: (being written)
+#include "kernels/optim.hpp"

@@ -1,0 +1,2 @@
+// kernels/cpu/pool.cpp: (being written)
+#include "kernels/pool.hpp"

@@ -1,0 +1,2 @@
+// kernels/cpu/reduce.cpp: (being written)
+#include "kernels/reduce.hpp"

@@ -1,0 +1,3 @@
+// kernels/elementwise.hpp: (being written)
+#pragma once
+#include "kernels/common.hpp"

@@ -1,0 +1,3 @@
+// kernels/linear.hpp: (being written)
+#pragma once
+#include "kernels/common.hpp"

@@ -1,0 +1,3 @@
+// kernels/loss.hpp: (being written)
+#pragma once
+#include "kernels/common.hpp"

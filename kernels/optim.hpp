@@ -1,0 +1,3 @@
+// kernels/optim.hpp: (being written)
+#pragma once
+#include "kernels/common.hpp"

@@ -1,0 +1,3 @@
+// kernels/pool.hpp: (being written)
+#pragma once
+#include "kernels/common.hpp"

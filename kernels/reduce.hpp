@@ -1,0 +1,3 @@
+// kernels/reduce.hpp: (being written)
+#pragma once
+#include "kernels/common.hpp"

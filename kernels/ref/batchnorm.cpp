@@ -1,0 +1,2 @@
+// kernels/ref/batchnorm.cpp: (being written)
+#include "kernels/batchnorm.hpp"

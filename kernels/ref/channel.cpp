@@ -1,0 +1,2 @@
+// kernels/ref/channel.cpp: (being written)
+#include "kernels/channel.hpp"

@@ -1,0 +1,2 @@
+// kernels/ref/coupling.cpp: (being written)
+#include "kernels/coupling.hpp"

@@ -1,0 +1,2 @@
+// kernels/ref/elementwise.cpp: (being written)
+#include "kernels/elementwise.hpp"

@@ -1,0 +1,2 @@
+// kernels/ref/linear.cpp: (being written)
+#include "kernels/linear.hpp"

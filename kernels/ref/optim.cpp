@@ -1,0 +1,2 @@
+// kernels/ref/optim.cpp: (being written)
+#include "kernels/optim.hpp"

@@ -1,0 +1,2 @@
+// kernels/ref/pool.cpp: (being written)
+#include "kernels/pool.hpp"

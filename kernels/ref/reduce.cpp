@@ -1,0 +1,2 @@
+// kernels/ref/reduce.cpp: (being written)
+#include "kernels/reduce.hpp"

@@ -1,0 +1,2 @@
+// petra/allocator.cpp: (being written)
+#include "petra/allocator.hpp"

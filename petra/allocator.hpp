@@ -1,0 +1,2 @@
+// petra/allocator.hpp: (being written)
+#pragma once

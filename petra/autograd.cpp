@@ -1,0 +1,2 @@
+// petra/autograd.cpp: (being written)
+#include "petra/autograd.hpp"

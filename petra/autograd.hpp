@@ -1,0 +1,2 @@
+// petra/autograd.hpp: (being written)
+#pragma once

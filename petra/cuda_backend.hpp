@@ -1,0 +1,2 @@
+// petra/cuda_backend.hpp: (being written)
+#pragma once

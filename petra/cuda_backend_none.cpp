@@ -1,0 +1,2 @@
+// (being written)
+#include "petra/cuda_backend.hpp"

@@ -1,0 +1,2 @@
+// petra/device.cpp: (being written)
+#include "petra/device.hpp"

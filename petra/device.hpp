@@ -1,0 +1,2 @@
+// petra/device.hpp: (being written)
+#pragma once

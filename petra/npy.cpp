@@ -1,0 +1,2 @@
+// petra/npy.cpp: (being written)
+#include "petra/npy.hpp"

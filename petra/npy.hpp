@@ -1,0 +1,2 @@
+// petra/npy.hpp: (being written)
+#pragma once

@@ -1,0 +1,2 @@
+// petra/ops.cpp: (being written)
+#include "petra/ops.hpp"

@@ -1,0 +1,2 @@
+// petra/ops.hpp: (being written)
+#pragma once

@@ -1,0 +1,2 @@
+// petra.hpp umbrella (being written)
+#pragma once

@@ -1,0 +1,2 @@
+// petra/rng.cpp: (being written)
+#include "petra/rng.hpp"

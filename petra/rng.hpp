@@ -1,0 +1,2 @@
+// petra/rng.hpp: (being written)
+#pragma once

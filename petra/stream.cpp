@@ -1,0 +1,2 @@
+// petra/stream.cpp: (being written)
+#include "petra/stream.hpp"

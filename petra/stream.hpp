@@ -1,0 +1,2 @@
+// petra/stream.hpp: (being written)
+#pragma once

@@ -1,0 +1,2 @@
+// petra/tensor.cpp: (being written)
+#include "petra/tensor.hpp"

@@ -1,0 +1,2 @@
+// petra/tensor.hpp: (being written)
+#pragma once

@@ -1,0 +1,2 @@
+// tests/cpu/test_batchnorm.cpp: (being written)
+#include <doctest/doctest.h>

@@ -1,0 +1,2 @@
+// tests/cpu/test_conv2d.cpp: (being written)
+#include <doctest/doctest.h>

@@ -1,0 +1,2 @@
+// tests/cpu/test_coupling.cpp: (being written)
+#include <doctest/doctest.h>

@@ -1,0 +1,2 @@
+// tests/cpu/test_loss.cpp: (being written)
+#include <doctest/doctest.h>

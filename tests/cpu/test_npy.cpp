@@ -1,0 +1,2 @@
+// tests/cpu/test_npy.cpp: (being written)
+#include <doctest/doctest.h>

@@ -1,0 +1,2 @@
+// tests/cpu/test_pool.cpp: (being written)
+#include <doctest/doctest.h>
