@@ -1,2 +1,101 @@
-// petra/allocator.hpp: (being written)
+// petra/allocator.hpp: the caching allocator and its memory accounting.
+//
+// Every allocation carries a device, a tag (what the bytes are for) and an owner (a pipeline stage
+// index, or kNoOwner). Current and peak bytes can be read per device, per tag, per owner, and per
+// (tag, owner) pair: PETRA's memory claims are measured with these counters, never estimated.
+//
+// Freed blocks are kept in a per-device cache and handed out again for requests of a similar size.
+// Why: on the VMs petra is developed on, touching a fresh page costs ~11.5 us (0.35 GB/s), so a
+// training step that mallocs and frees its activations would spend most of its time in page faults.
+// The counters count requested bytes of live blocks; cached_bytes() reports what the cache holds.
+//
+// The tag and owner of an allocation come from the innermost MemoryScope of the calling thread
+// (default: MemoryTag::other, kNoOwner), so the pipeline runtime can say "everything allocated
+// now is stage 3's activations" without threading tags through every op.
 #pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "petra/device.hpp"
+
+namespace petra {
+
+enum class MemoryTag : std::uint8_t {
+  parameters,
+  gradients,
+  optimizer_state,
+  activations,
+  input_buffer,
+  param_stash,
+  messages,
+  workspace,
+  other,
+};
+inline constexpr int kNumMemoryTags = 9;
+std::string_view name_of(MemoryTag tag);
+
+inline constexpr int kNoOwner = -1;
+
+struct MemoryStats {
+  std::int64_t current = 0;  // bytes live now
+  std::int64_t peak = 0;     // most bytes live at once since the last reset_peaks()
+};
+
+// Sets the tag and owner of allocations made by this thread while it is alive (nests).
+class MemoryScope {
+ public:
+  MemoryScope(MemoryTag tag, int owner = kNoOwner);
+  ~MemoryScope();
+  MemoryScope(const MemoryScope&) = delete;
+  MemoryScope& operator=(const MemoryScope&) = delete;
+
+  static MemoryTag current_tag();
+  static int current_owner();
+
+ private:
+  MemoryTag saved_tag_;
+  int saved_owner_;
+};
+
+// One allocation: what deallocate() needs back.
+struct Allocation {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;     // requested
+  std::size_t capacity = 0;  // size of the underlying block
+  Device device;
+  MemoryTag tag = MemoryTag::other;
+  int owner = kNoOwner;
+};
+
+class Allocator {
+ public:
+  static Allocator& instance();  // the process-wide allocator
+
+  // Thread-safe. Memory is 64-byte aligned (2 MiB for large host blocks, which get huge pages).
+  Allocation allocate(std::size_t bytes, Device device, MemoryTag tag, int owner);
+  void deallocate(const Allocation& a) noexcept;
+
+  MemoryStats stats(Device device) const;                            // all tags and owners
+  MemoryStats stats(Device device, MemoryTag tag) const;
+  MemoryStats stats_of_owner(Device device, int owner) const;
+  MemoryStats stats(Device device, MemoryTag tag, int owner) const;
+  void reset_peaks(Device device);  // every peak of the device becomes its current value
+
+  std::int64_t cached_bytes(Device device) const;  // held by the cache, not live
+  void release_cached(Device device);               // returns the cache to the system
+  std::int64_t system_allocations() const;          // blocks obtained from the system so far
+
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+  ~Allocator();
+
+ private:
+  Allocator();
+  struct Impl;
+  Impl* impl_;
+};
+
+}  // namespace petra

@@ -1,2 +1,257 @@
-// petra/autograd.cpp: (being written)
+// petra/autograd.cpp: Variables, graph nodes, and the backward engine.
 #include "petra/autograd.hpp"
+
+#include <unordered_map>
+
+#include "petra/ops.hpp"
+
+namespace petra {
+
+struct Variable::Impl {
+  Tensor data;
+  Tensor grad;
+  bool requires_grad = false;
+  std::shared_ptr<Node> node;  // producer, when recorded
+  int output_index = 0;
+};
+
+Variable::Variable(Tensor data, bool requires_grad) : impl_(std::make_shared<Impl>()) {
+  PETRA_CHECK(data.defined(), ValueError, "Variable: undefined tensor");
+  PETRA_CHECK(!requires_grad || is_floating(data.dtype()), ValueError, "Variable: only floating tensors can require grad, got ",
+              data.str());
+  impl_->data = std::move(data);
+  impl_->requires_grad = requires_grad;
+}
+
+Variable Variable::from_node(Tensor data, std::shared_ptr<Node> node, int output_index) {
+  Variable v(std::move(data), false);
+  v.impl_->node = std::move(node);
+  v.impl_->output_index = output_index;
+  return v;
+}
+
+namespace {
+const Tensor& undefined_tensor() {
+  static const Tensor t;
+  return t;
+}
+}  // namespace
+
+const Tensor& Variable::data() const {
+  PETRA_CHECK(defined(), ValueError, "Variable: undefined variable");
+  return impl_->data;
+}
+bool Variable::requires_grad() const { return defined() && (impl_->requires_grad || impl_->node != nullptr); }
+bool Variable::is_leaf() const { return defined() && impl_->node == nullptr; }
+const Tensor& Variable::grad() const { return defined() ? impl_->grad : undefined_tensor(); }
+void Variable::set_grad(Tensor grad) const {
+  PETRA_CHECK(!grad.defined() || grad.shape() == shape(), ShapeError, "Variable::set_grad: gradient ", grad.str(),
+              " for data ", data().str());
+  impl_->grad = std::move(grad);
+}
+void Variable::zero_grad() const { impl_->grad = Tensor(); }
+void Variable::set_data(Tensor data) const {
+  PETRA_CHECK(data.shape() == shape() && data.dtype() == impl_->data.dtype(), ShapeError, "Variable::set_data: ",
+              data.str(), " replaces ", impl_->data.str());
+  impl_->data = std::move(data);
+}
+const std::shared_ptr<Node>& Variable::grad_fn() const { return impl_->node; }
+int Variable::output_index() const { return impl_->output_index; }
+
+void Variable::backward(const Tensor& seed) const {
+  Tensor s = seed;
+  if (!s.defined()) {
+    PETRA_CHECK(data().numel() == 1, ShapeError, "Variable::backward: a seed is needed for non-scalar ", data().str());
+    MemoryScope scope(MemoryTag::activations, data().storage()->owner());
+    s = Tensor::full(shape(), 1.0, data().dtype(), data().device());
+  }
+  const Variable outputs[] = {*this};
+  const Tensor seeds[] = {s};
+  petra::backward(outputs, seeds);
+}
+
+// ---- nodes and recording
+Node::Node(std::string name, std::vector<Variable> inputs, int num_outputs, BackwardFn backward)
+    : name_(std::move(name)), inputs_(std::move(inputs)), num_outputs_(num_outputs), backward_(std::move(backward)) {}
+
+std::vector<Tensor> Node::apply(std::span<const Tensor> grad_outputs) {
+  PETRA_CHECK(backward_ != nullptr, Error, "autograd: backward through ", name_,
+              " a second time; its saved tensors were freed (pass retain_graph to keep them)");
+  std::vector<Tensor> grads = backward_(grad_outputs);
+  PETRA_CHECK(grads.size() == inputs_.size(), Error, "autograd: ", name_, " returned ", grads.size(),
+              " gradients for ", inputs_.size(), " inputs");
+  for (std::size_t i = 0; i < grads.size(); ++i)
+    PETRA_CHECK(!grads[i].defined() || grads[i].shape() == inputs_[i].shape(), ShapeError, "autograd: ", name_,
+                " returned gradient ", grads[i].str(), " for input ", i, " of shape ", inputs_[i].shape().str());
+  return grads;
+}
+
+void Node::release() {
+  backward_ = nullptr;
+  inputs_.clear();
+  inputs_.shrink_to_fit();
+}
+
+namespace {
+thread_local bool tls_grad_enabled = true;
+}
+
+bool grad_enabled() { return tls_grad_enabled; }
+NoGradGuard::NoGradGuard() : saved_(tls_grad_enabled) { tls_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { tls_grad_enabled = saved_; }
+
+bool should_record(std::initializer_list<const Variable*> inputs) {
+  if (!tls_grad_enabled) return false;
+  for (const Variable* v : inputs)
+    if (v != nullptr && v->requires_grad()) return true;
+  return false;
+}
+
+std::vector<Variable> record(std::vector<Tensor> results, std::string name, std::vector<Variable> inputs,
+                             Node::BackwardFn backward) {
+  std::vector<Variable> outputs;
+  outputs.reserve(results.size());
+  bool any = false;
+  if (tls_grad_enabled)
+    for (const Variable& v : inputs) any = any || (v.defined() && v.requires_grad());
+  if (!any) {
+    for (Tensor& t : results) outputs.emplace_back(std::move(t), false);
+    return outputs;
+  }
+  auto node = std::make_shared<Node>(std::move(name), std::move(inputs), static_cast<int>(results.size()),
+                                     std::move(backward));
+  for (std::size_t i = 0; i < results.size(); ++i)
+    outputs.push_back(Variable::from_node(std::move(results[i]), node, static_cast<int>(i)));
+  return outputs;
+}
+
+Variable record_one(Tensor result, std::string name, std::vector<Variable> inputs, Node::BackwardFn backward) {
+  std::vector<Tensor> results;
+  results.push_back(std::move(result));
+  return std::move(record(std::move(results), std::move(name), std::move(inputs), std::move(backward))[0]);
+}
+
+// ---- the engine
+namespace {
+
+// Adds g to the running sum `sum`. The first gradient is kept as is (no copy); later ones make a
+// new tensor, because the first may alias a tensor another node also received (add returns its
+// upstream gradient to both inputs).
+void accumulate(Tensor& sum, const Tensor& g) {
+  if (!sum.defined())
+    sum = g;
+  else
+    sum = ops::add(sum, g);
+}
+
+// Nodes reachable from `roots`, in reverse post-order: every node before the nodes it depends on.
+std::vector<Node*> topological_order(std::span<const Variable> roots) {
+  std::vector<Node*> post_order;
+  std::unordered_map<Node*, bool> visited;
+  std::vector<std::pair<Node*, std::size_t>> stack;  // node, next input to visit
+  for (const Variable& r : roots) {
+    Node* n = r.defined() ? r.grad_fn().get() : nullptr;
+    if (n == nullptr || visited[n]) continue;
+    visited[n] = true;
+    stack.emplace_back(n, 0);
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      if (next < node->inputs().size()) {
+        Node* child = node->inputs()[next++].grad_fn().get();
+        if (child != nullptr && !visited[child]) {
+          visited[child] = true;
+          stack.emplace_back(child, 0);
+        }
+      } else {
+        post_order.push_back(node);
+        stack.pop_back();
+      }
+    }
+  }
+  return {post_order.rbegin(), post_order.rend()};
+}
+
+struct Engine {
+  bool accumulate_leaves;
+  std::unordered_map<Node*, std::vector<Tensor>> pending;  // gradients of each node's outputs
+  std::vector<Tensor> captured;
+  std::unordered_map<const void*, std::size_t> leaf_capture;                  // leaf identity -> index
+  std::unordered_map<Node*, std::vector<std::pair<int, std::size_t>>> node_capture;  // (output, index)
+
+  static const void* identity(const Variable& v) { return &v.data(); }  // stable per Impl
+
+  void set_captures(std::span<const Variable> capture) {
+    captured.resize(capture.size());
+    for (std::size_t i = 0; i < capture.size(); ++i) {
+      PETRA_CHECK(capture[i].defined(), ValueError, "autograd: undefined variable in the capture list");
+      if (capture[i].is_leaf())
+        leaf_capture[identity(capture[i])] = i;
+      else
+        node_capture[capture[i].grad_fn().get()].emplace_back(capture[i].output_index(), i);
+    }
+  }
+
+  // A gradient arrives at variable v: route it to its producer node, or to the leaf.
+  void deliver(const Variable& v, const Tensor& g) {
+    if (Node* n = v.grad_fn().get()) {
+      auto& slots = pending[n];
+      if (slots.empty()) slots.resize(n->num_outputs());
+      accumulate(slots[v.output_index()], g);
+      return;
+    }
+    if (auto it = leaf_capture.find(identity(v)); it != leaf_capture.end()) accumulate(captured[it->second], g);
+    if (accumulate_leaves && v.requires_grad()) {
+      if (!v.grad().defined()) {
+        MemoryScope scope(MemoryTag::gradients, v.data().storage()->owner());
+        v.set_grad(g.device() == v.data().device() ? g.clone() : g.to(v.data().device()));
+      } else {
+        ops::add_into(v.grad(), g);
+      }
+    }
+  }
+
+  void run(std::span<const Variable> outputs, std::span<const Tensor> grad_outputs, bool retain_graph) {
+    PETRA_CHECK(outputs.size() == grad_outputs.size(), ValueError, "autograd: ", outputs.size(), " outputs but ",
+                grad_outputs.size(), " gradients");
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      PETRA_CHECK(outputs[i].defined() && grad_outputs[i].defined(), ValueError, "autograd: undefined output or gradient ", i);
+      PETRA_CHECK(grad_outputs[i].shape() == outputs[i].shape(), ShapeError, "autograd: gradient ", grad_outputs[i].str(),
+                  " for output ", i, " of shape ", outputs[i].shape().str());
+      deliver(outputs[i], grad_outputs[i]);
+    }
+    for (Node* node : topological_order(outputs)) {
+      auto it = pending.find(node);
+      if (it != pending.end()) {
+        std::vector<Tensor> grads_out = std::move(it->second);
+        pending.erase(it);
+        if (auto c = node_capture.find(node); c != node_capture.end())
+          for (auto [output, index] : c->second) captured[index] = grads_out[output];
+        const std::vector<Tensor> grads_in = node->apply(grads_out);
+        grads_out.clear();  // free the upstream gradients before walking on
+        for (std::size_t i = 0; i < grads_in.size(); ++i)
+          if (grads_in[i].defined()) deliver(node->inputs()[i], grads_in[i]);
+      }
+      if (!retain_graph) node->release();
+    }
+  }
+};
+
+}  // namespace
+
+std::vector<Tensor> backward(std::span<const Variable> outputs, std::span<const Tensor> grad_outputs,
+                             std::span<const Variable> capture, bool retain_graph) {
+  Engine engine{true, {}, {}, {}, {}};
+  engine.set_captures(capture);
+  engine.run(outputs, grad_outputs, retain_graph);
+  return std::move(engine.captured);
+}
+
+std::vector<Tensor> vjp(std::span<const Variable> outputs, std::span<const Tensor> grad_outputs,
+                        std::span<const Variable> wrt, bool retain_graph) {
+  Engine engine{false, {}, {}, {}, {}};
+  engine.set_captures(wrt);
+  engine.run(outputs, grad_outputs, retain_graph);
+  return std::move(engine.captured);
+}
+
+}  // namespace petra

@@ -1,2 +1,295 @@
-// petra/ops.cpp: (being written)
+// petra/ops.cpp: the Tensor-level ops: validate, allocate, dispatch to kernels/.
+//
+// Dispatch rule: float32 on the CPU runs kernels::cpu, float64 on the CPU runs kernels::ref (the
+// oracle, used by the gradient checks), float32 on a GPU runs kernels::cuda.
+#include <map>
+
+#include "kernels/batchnorm.hpp"
+#include "kernels/channel.hpp"
+#include "kernels/conv2d.hpp"
+#include "kernels/coupling.hpp"
+#include "kernels/elementwise.hpp"
+#include "kernels/linear.hpp"
+#include "kernels/loss.hpp"
+#include "kernels/pool.hpp"
+#include "kernels/reduce.hpp"
+#include "petra/config.hpp"
 #include "petra/ops.hpp"
+#include "petra/stream.hpp"
+
+namespace petra::ops {
+
+namespace {
+
+// The stream an op on tensors of `device` runs on: the current stream if it is on that device,
+// else the calling thread's default stream for the device.
+const kernels::StreamHandle& stream_for(Device device) {
+  Stream& current = Stream::current();
+  if (current.device() == device) return current.handle();
+  thread_local std::map<int, std::unique_ptr<Stream>> defaults;
+  auto& s = defaults[static_cast<int>(device.type) * 4096 + device.index];
+  if (!s) s = std::make_unique<Stream>(device);
+  return s->handle();
+}
+
+void check_float(const Tensor& t, const char* op, const char* what) {
+  require_contiguous(t, op, what);
+  PETRA_CHECK(is_floating(t.dtype()), ShapeError, op, ": ", what, " must be float32 or float64, got ", t.str());
+  PETRA_CHECK(t.device().is_cpu() || t.dtype() == DType::f32, ShapeError, op, ": ", what,
+              " on a GPU must be float32, got ", t.str());
+}
+
+// b is defined, contiguous, and has a's dtype and device.
+void check_like(const Tensor& a, const Tensor& b, const char* op, const char* what) {
+  require_contiguous(b, op, what);
+  PETRA_CHECK(b.dtype() == a.dtype(), ShapeError, op, ": ", what, " is ", b.str(), " but expected dtype ", name_of(a.dtype()));
+  PETRA_CHECK(b.device() == a.device(), DeviceError, op, ": ", what, " is on ", b.device().str(), ", expected ",
+              a.device().str());
+}
+
+void check_shape(const Tensor& t, const Shape& expected, const char* op, const char* what) {
+  PETRA_CHECK(t.shape() == expected, ShapeError, op, ": ", what, " has shape ", t.shape().str(), ", expected ",
+              expected.str());
+}
+
+[[noreturn]] void no_cuda_kernel(const char* op) {
+  throw DeviceError(detail::concat(op, ": no CUDA kernel yet (this op runs on the CPU only)"));
+}
+
+}  // namespace
+
+// Runs kernels::cpu::NAME (float32) or kernels::ref::NAME<double> (float64); the arguments may
+// use the alias T for the element type.
+#define PETRA_CPU_CALL(tensor, NAME, ...)       \
+  do {                                          \
+    if ((tensor).dtype() == DType::f32) {       \
+      using T = float;                          \
+      kernels::cpu::NAME(__VA_ARGS__);          \
+    } else {                                    \
+      using T = double;                         \
+      kernels::ref::NAME<T>(__VA_ARGS__);       \
+    }                                           \
+  } while (0)
+
+// Runs kernels::cuda::NAME on float32 when petra has CUDA (T = float).
+#if PETRA_HAVE_CUDA
+#define PETRA_CUDA_CALL(NAME, ...) \
+  do {                             \
+    using T = float;               \
+    kernels::cuda::NAME(__VA_ARGS__); \
+  } while (0)
+#else
+#define PETRA_CUDA_CALL(NAME, ...) no_cuda_kernel(#NAME)
+#endif
+
+// Either of the above, by device.
+#define PETRA_CALL(tensor, NAME, ...)                          \
+  do {                                                         \
+    if ((tensor).device().is_cuda())                           \
+      PETRA_CUDA_CALL(NAME, __VA_ARGS__);                      \
+    else                                                       \
+      PETRA_CPU_CALL(tensor, NAME, __VA_ARGS__);               \
+  } while (0)
+
+// For the families that have no CUDA kernel yet (the CUDA issue adds them): CPU, or DeviceError.
+#define PETRA_CALL_CPU_ONLY(tensor, NAME, ...)                 \
+  do {                                                         \
+    if ((tensor).device().is_cuda())                           \
+      no_cuda_kernel(#NAME);                                   \
+    else                                                       \
+      PETRA_CPU_CALL(tensor, NAME, __VA_ARGS__);               \
+  } while (0)
+
+// ---------------------------------------------------------------- element-wise
+namespace {
+Tensor binary(const Tensor& a, const Tensor& b, const char* op) {
+  check_float(a, op, "a");
+  check_like(a, b, op, "b");
+  require_same_shape(a, b, op);
+  return Tensor::empty(a.shape(), a.dtype(), a.device());
+}
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor z = binary(a, b, "add");
+  const auto& s = stream_for(a.device());
+  PETRA_CALL(a, add, s, a.numel(), a.data<T>(), b.data<T>(), z.data<T>());
+  return z;
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor z = binary(a, b, "sub");
+  const auto& s = stream_for(a.device());
+  PETRA_CALL(a, sub, s, a.numel(), a.data<T>(), b.data<T>(), z.data<T>());
+  return z;
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor z = binary(a, b, "mul");
+  const auto& s = stream_for(a.device());
+  PETRA_CALL(a, mul, s, a.numel(), a.data<T>(), b.data<T>(), z.data<T>());
+  return z;
+}
+
+Tensor scale(const Tensor& a, double factor) {
+  check_float(a, "scale", "a");
+  Tensor y = Tensor::empty(a.shape(), a.dtype(), a.device());
+  const auto& s = stream_for(a.device());
+  PETRA_CALL(a, scale, s, a.numel(), factor, a.data<T>(), y.data<T>());
+  return y;
+}
+
+void add_into(const Tensor& dst, const Tensor& src) {
+  check_float(dst, "add_into", "dst");
+  check_like(dst, src, "add_into", "src");
+  require_same_shape(dst, src, "add_into");
+  const auto& s = stream_for(dst.device());
+  PETRA_CALL(dst, add_inplace, s, dst.numel(), src.data<T>(), dst.data<T>());
+}
+
+void axpy_into(const Tensor& dst, double a, const Tensor& x) {
+  check_float(dst, "axpy_into", "dst");
+  check_like(dst, x, "axpy_into", "x");
+  require_same_shape(dst, x, "axpy_into");
+  const auto& s = stream_for(dst.device());
+  PETRA_CALL(dst, axpy, s, dst.numel(), a, x.data<T>(), dst.data<T>());
+}
+
+Tensor relu(const Tensor& x) {
+  check_float(x, "relu", "x");
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const auto& s = stream_for(x.device());
+  PETRA_CALL(x, relu, s, x.numel(), x.data<T>(), y.data<T>());
+  return y;
+}
+
+Tensor relu_backward(const Tensor& y, const Tensor& dy) {
+  Tensor dx = binary(y, dy, "relu_backward");
+  const auto& s = stream_for(y.device());
+  PETRA_CALL(y, relu_backward, s, y.numel(), y.data<T>(), dy.data<T>(), dx.data<T>());
+  return dx;
+}
+
+// ---------------------------------------------------------------- conv2d
+namespace {
+kernels::Conv2dShape conv_shape(const Shape& x, const Shape& w, const Conv2dOptions& o, const char* op) {
+  PETRA_CHECK(x.ndim() == 4 && w.ndim() == 4, ShapeError, op, ": x ", x.str(), " and w ", w.str(), " must be 4-d (NCHW, KCHW)");
+  PETRA_CHECK(x[1] == w[1], ShapeError, op, ": x has ", x[1], " channels but w ", w.str(), " expects ", w[1]);
+  PETRA_CHECK(o.stride >= 1 && o.padding >= 0, ValueError, op, ": stride ", o.stride, " padding ", o.padding);
+  kernels::Conv2dShape k{x[0], x[1], x[2], x[3], w[0], w[2], w[3], o.stride, o.stride, o.padding, o.padding};
+  PETRA_CHECK(x[2] + 2 * o.padding >= w[2] && x[3] + 2 * o.padding >= w[3], ShapeError, op, ": kernel ", w.str(),
+              " larger than the padded input ", x.str());
+  return k;
+}
+Shape conv_out_shape(const kernels::Conv2dShape& k) { return {k.batch, k.out_channels, k.out_h(), k.out_w()}; }
+}  // namespace
+
+Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o) {
+  check_float(x, "conv2d", "x");
+  check_like(x, w, "conv2d", "w");
+  const auto k = conv_shape(x.shape(), w.shape(), o, "conv2d");
+  if (bias.defined()) {
+    check_like(x, bias, "conv2d", "bias");
+    check_shape(bias, {k.out_channels}, "conv2d", "bias");
+  }
+  Tensor y = Tensor::empty(conv_out_shape(k), x.dtype(), x.device());
+  const auto& s = stream_for(x.device());
+  PETRA_CALL_CPU_ONLY(x, conv2d_forward, s, k, x.data<T>(), w.data<T>(), bias.defined() ? bias.data<T>() : nullptr, y.data<T>());
+  return y;
+}
+
+Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_shape, const Conv2dOptions& o) {
+  check_float(dy, "conv2d_backward_data", "dy");
+  check_like(dy, w, "conv2d_backward_data", "w");
+  const auto k = conv_shape(x_shape, w.shape(), o, "conv2d_backward_data");
+  check_shape(dy, conv_out_shape(k), "conv2d_backward_data", "dy");
+  Tensor dx = Tensor::empty(x_shape, dy.dtype(), dy.device());
+  const auto& s = stream_for(dy.device());
+  PETRA_CALL_CPU_ONLY(dy, conv2d_backward_data, s, k, dy.data<T>(), w.data<T>(), dx.data<T>());
+  return dx;
+}
+
+void conv2d_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw, const Conv2dOptions& o) {
+  check_float(x, "conv2d_backward_weight", "x");
+  check_like(x, dy, "conv2d_backward_weight", "dy");
+  check_like(x, dw, "conv2d_backward_weight", "dw");
+  const auto k = conv_shape(x.shape(), dw.shape(), o, "conv2d_backward_weight");
+  check_shape(dy, conv_out_shape(k), "conv2d_backward_weight", "dy");
+  const auto& s = stream_for(x.device());
+  PETRA_CALL_CPU_ONLY(x, conv2d_backward_weight, s, k, x.data<T>(), dy.data<T>(), dw.data<T>());
+}
+
+void conv2d_backward_bias(const Tensor& dy, const Tensor& db) {
+  check_float(dy, "conv2d_backward_bias", "dy");
+  check_like(dy, db, "conv2d_backward_bias", "db");
+  PETRA_CHECK(dy.ndim() == 4, ShapeError, "conv2d_backward_bias: dy ", dy.str(), " must be 4-d");
+  check_shape(db, {dy.size(1)}, "conv2d_backward_bias", "db");
+  kernels::Conv2dShape k{dy.size(0), 1, dy.size(2), dy.size(3), dy.size(1), 1, 1, 1, 1, 0, 0};
+  const auto& s = stream_for(dy.device());
+  PETRA_CALL_CPU_ONLY(dy, conv2d_backward_bias, s, k, dy.data<T>(), db.data<T>());
+}
+
+// ---------------------------------------------------------------- batch norm
+namespace {
+kernels::BatchNormShape bn_shape(const Tensor& x, const char* op) {
+  PETRA_CHECK(x.ndim() == 4, ShapeError, op, ": x ", x.str(), " must be 4-d (NCHW)");
+  return {x.size(0), x.size(1), x.size(2), x.size(3)};
+}
+}  // namespace
+
+Tensor batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                         const Tensor& running_var, const BatchNormOptions& o, BatchNormSaved* saved) {
+  const char* op = "batch_norm";
+  check_float(x, op, "x");
+  const auto k = bn_shape(x, op);
+  const Shape per_channel{k.channels};
+  for (const Tensor* t : {&gamma, &beta}) {
+    check_like(x, *t, op, "gamma/beta");
+    check_shape(*t, per_channel, op, "gamma/beta");
+  }
+  PETRA_CHECK(running_mean.defined() == running_var.defined(), ValueError, op, ": give both running statistics or neither");
+  if (running_mean.defined()) {
+    check_like(x, running_mean, op, "running_mean");
+    check_like(x, running_var, op, "running_var");
+    check_shape(running_mean, per_channel, op, "running_mean");
+    check_shape(running_var, per_channel, op, "running_var");
+  }
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const auto& s = stream_for(x.device());
+  if (o.training) {
+    PETRA_CHECK(k.values_per_channel() > 1, ShapeError, op, ": training needs more than one value per channel, got ", x.str());
+    PETRA_CHECK(saved != nullptr, ValueError, op, ": training mode needs somewhere to save the statistics");
+    saved->mean = Tensor::empty(per_channel, x.dtype(), x.device());
+    saved->invstd = Tensor::empty(per_channel, x.dtype(), x.device());
+    PETRA_CALL_CPU_ONLY(x, batchnorm_forward_train, s, k, o.eps, o.momentum, x.data<T>(), gamma.data<T>(), beta.data<T>(),
+               y.data<T>(), saved->mean.data<T>(), saved->invstd.data<T>(),
+               running_mean.defined() ? running_mean.data<T>() : nullptr,
+               running_var.defined() ? running_var.data<T>() : nullptr);
+  } else {
+    PETRA_CHECK(running_mean.defined(), ValueError, op, ": evaluation mode needs the running statistics");
+    PETRA_CALL_CPU_ONLY(x, batchnorm_forward_eval, s, k, o.eps, x.data<T>(), gamma.data<T>(), beta.data<T>(),
+               running_mean.data<T>(), running_var.data<T>(), y.data<T>());
+  }
+  return y;
+}
+
+Tensor batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const BatchNormSaved& saved,
+                          const Tensor& dgamma, const Tensor& dbeta) {
+  const char* op = "batch_norm_backward";
+  check_float(x, op, "x");
+  check_like(x, dy, op, "dy");
+  require_same_shape(x, dy, op);
+  const auto k = bn_shape(x, op);
+  const Shape per_channel{k.channels};
+  for (const Tensor* t : {&gamma, &saved.mean, &saved.invstd, &dgamma, &dbeta}) {
+    check_like(x, *t, op, "per-channel tensor");
+    check_shape(*t, per_channel, op, "per-channel tensor");
+  }
+  Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const auto& s = stream_for(x.device());
+  PETRA_CALL_CPU_ONLY(x, batchnorm_backward, s, k, x.data<T>(), dy.data<T>(), gamma.data<T>(), saved.mean.data<T>(),
+             saved.invstd.data<T>(), dx.data<T>(), dgamma.data<T>(), dbeta.data<T>());
+  return dx;
+}
+
+}  // namespace petra::ops

@@ -1,2 +1,130 @@
-// petra/ops.hpp: (being written)
+// petra/ops.hpp: the operations of petra, on Tensors (namespace petra::ops) and differentiable on
+// Variables (namespace petra).
+//
+// Each op validates its operands (shape, dtype, device; a mistake raises petra::ShapeError or
+// DeviceError naming the op and the shapes), allocates its outputs with the calling thread's
+// MemoryScope, and runs the kernel for the operands' device and dtype on the current stream
+// (Stream::current(), or the thread's default stream of that device):
+//   float32 on the CPU -> kernels::cpu,  float64 on the CPU -> kernels::ref (the oracle; float64
+//   exists for gradient checks),  float32 on a GPU -> kernels::cuda.
+//
+// A differentiable op has three parts, in this order: compute with the ops:: functions; a backward
+// closure that captures only what the derivative needs; record it (petra/autograd.hpp).
 #pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "petra/autograd.hpp"
+#include "petra/tensor.hpp"
+
+namespace petra {
+
+// ---------------------------------------------------------------- options
+struct Conv2dOptions {
+  std::int64_t stride = 1;
+  std::int64_t padding = 0;
+};
+
+struct BatchNormOptions {
+  bool training = true;
+  double momentum = 0.1;
+  double eps = 1e-5;
+};
+
+struct Pool2dOptions {
+  std::int64_t kernel = 2;
+  std::int64_t stride = 2;
+  std::int64_t padding = 0;
+};
+
+// ---------------------------------------------------------------- Tensor level (no graph)
+namespace ops {
+
+// element-wise (same shape, contiguous)
+Tensor add(const Tensor& a, const Tensor& b);                 // a + b
+Tensor sub(const Tensor& a, const Tensor& b);                 // a - b
+Tensor mul(const Tensor& a, const Tensor& b);                 // a * b
+Tensor scale(const Tensor& a, double factor);                 // factor * a
+void add_into(const Tensor& dst, const Tensor& src);          // dst += src
+void axpy_into(const Tensor& dst, double a, const Tensor& x); // dst += a * x
+Tensor relu(const Tensor& x);
+Tensor relu_backward(const Tensor& y, const Tensor& dy);      // dy * (y > 0), y = relu's output
+
+// reductions over `dims` (kept as size-1 dims in the result)
+Tensor sum(const Tensor& x, std::span<const int> dims);
+Tensor mean(const Tensor& x, std::span<const int> dims);
+Tensor broadcast_to(const Tensor& small, const Shape& shape);  // backward of sum: repeat size-1 dims
+
+// linear: x [batch, in], w [out, in], bias [out] or undefined
+Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias);
+Tensor linear_backward_data(const Tensor& dy, const Tensor& w);
+void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw);  // dw +=
+void linear_backward_bias(const Tensor& dy, const Tensor& db);                      // db +=
+
+// conv2d: x [N, C, H, W], w [K, C, kh, kw], bias [K] or undefined
+Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o);
+Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_shape, const Conv2dOptions& o);
+void conv2d_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw, const Conv2dOptions& o);  // dw +=
+void conv2d_backward_bias(const Tensor& dy, const Tensor& db);                                            // db +=
+
+// batch norm 2d. Training: batch statistics, running statistics updated in place (if defined).
+struct BatchNormSaved {
+  Tensor mean, invstd;  // per channel, for the backward
+};
+Tensor batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                         const Tensor& running_var, const BatchNormOptions& o, BatchNormSaved* saved);
+Tensor batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const BatchNormSaved& saved,
+                          const Tensor& dgamma, const Tensor& dbeta);  // returns dx; dgamma +=, dbeta +=
+
+// pooling
+Tensor max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, Tensor* argmax);
+Tensor max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x_shape, const Pool2dOptions& o);
+Tensor avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o);
+Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x_shape, const Pool2dOptions& o);
+Tensor global_avg_pool_forward(const Tensor& x);                          // [N, C, H, W] -> [N, C]
+Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape);
+
+// channels of NCHW tensors
+Tensor channel_slice(const Tensor& x, std::int64_t first, std::int64_t count);  // packed copy
+Tensor channel_concat(std::span<const Tensor> parts);
+
+// loss: logits [batch, classes], labels int64 [batch]
+struct CrossEntropySaved {
+  Tensor log_probs;
+};
+Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, CrossEntropySaved* saved);  // scalar
+Tensor cross_entropy_backward(const CrossEntropySaved& saved, const Tensor& labels, double scale);
+Tensor argmax(const Tensor& logits);                                  // int64 [batch]
+std::int64_t count_correct(const Tensor& logits, const Tensor& labels);
+
+// additive coupling with swap: x has 2C channels, f has C
+Tensor coupling_forward(const Tensor& x, const Tensor& f);   // (x2 + f, x1)
+Tensor coupling_inverse(const Tensor& y, const Tensor& f);   // (y2, y1 - f)
+
+}  // namespace ops
+
+// ---------------------------------------------------------------- differentiable (Variables)
+Variable add(const Variable& a, const Variable& b);
+Variable sub(const Variable& a, const Variable& b);
+Variable mul(const Variable& a, const Variable& b);
+Variable scale(const Variable& a, double factor);
+Variable relu(const Variable& x);
+Variable sum(const Variable& x, std::span<const int> dims);
+Variable mean(const Variable& x, std::span<const int> dims);
+Variable reshape(const Variable& x, const Shape& shape);
+Variable linear(const Variable& x, const Variable& w, const Variable& bias);
+Variable conv2d(const Variable& x, const Variable& w, const Variable& bias, const Conv2dOptions& o);
+// running_mean / running_var are buffers (plain tensors, updated in place in training mode).
+Variable batch_norm(const Variable& x, const Variable& gamma, const Variable& beta, const Tensor& running_mean,
+                    const Tensor& running_var, const BatchNormOptions& o);
+Variable max_pool2d(const Variable& x, const Pool2dOptions& o);
+Variable avg_pool2d(const Variable& x, const Pool2dOptions& o);
+Variable global_avg_pool(const Variable& x);
+std::vector<Variable> split_channels(const Variable& x, std::span<const std::int64_t> sizes);
+Variable concat_channels(std::span<const Variable> parts);
+Variable cross_entropy(const Variable& logits, const Tensor& labels);  // mean over the batch
+Variable coupling(const Variable& x, const Variable& f);                // (x2 + f, x1)
+
+}  // namespace petra

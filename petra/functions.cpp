@@ -1,0 +1,99 @@
+// petra/functions.cpp: the differentiable ops on Variables.
+//
+// Every op has the same three parts: compute with ops::, a backward closure that captures only
+// what the derivative needs (by value: Tensors are cheap shared views), and record. A closure
+// computes a gradient only for inputs that require one.
+#include "petra/ops.hpp"
+
+namespace petra {
+
+namespace {
+bool wants(const Variable& v) { return v.defined() && v.requires_grad(); }
+
+// A zero tensor like t, for the parameter gradients that kernels accumulate into (+=).
+Tensor zeros_like(const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype(), t.device()); }
+}  // namespace
+
+Variable add(const Variable& a, const Variable& b) {
+  return record_one(ops::add(a.data(), b.data()), "add", {a, b}, [](std::span<const Tensor> g) {
+    return std::vector<Tensor>{g[0], g[0]};
+  });
+}
+
+Variable sub(const Variable& a, const Variable& b) {
+  const bool need_b = wants(b);
+  return record_one(ops::sub(a.data(), b.data()), "sub", {a, b}, [need_b](std::span<const Tensor> g) {
+    return std::vector<Tensor>{g[0], need_b ? ops::scale(g[0], -1.0) : Tensor()};
+  });
+}
+
+Variable mul(const Variable& a, const Variable& b) {
+  // d(a*b) = b da + a db: each side keeps the other operand, and only if its gradient is wanted.
+  const Tensor keep_b = wants(a) ? b.data() : Tensor();
+  const Tensor keep_a = wants(b) ? a.data() : Tensor();
+  return record_one(ops::mul(a.data(), b.data()), "mul", {a, b}, [keep_a, keep_b](std::span<const Tensor> g) {
+    return std::vector<Tensor>{keep_b.defined() ? ops::mul(g[0], keep_b) : Tensor(),
+                               keep_a.defined() ? ops::mul(g[0], keep_a) : Tensor()};
+  });
+}
+
+Variable scale(const Variable& a, double factor) {
+  return record_one(ops::scale(a.data(), factor), "scale", {a}, [factor](std::span<const Tensor> g) {
+    return std::vector<Tensor>{ops::scale(g[0], factor)};
+  });
+}
+
+Variable relu(const Variable& x) {
+  Tensor y = ops::relu(x.data());
+  if (!should_record({&x})) return Variable(y);
+  // Keeps the output, not the input: relu's derivative is visible in y (y > 0 iff x > 0).
+  return record_one(y, "relu", {x}, [y](std::span<const Tensor> g) {
+    return std::vector<Tensor>{ops::relu_backward(y, g[0])};
+  });
+}
+
+Variable reshape(const Variable& x, const Shape& shape) {
+  const Shape x_shape = x.shape();
+  return record_one(x.data().reshape(shape), "reshape", {x}, [x_shape](std::span<const Tensor> g) {
+    return std::vector<Tensor>{g[0].contiguous().reshape(x_shape)};
+  });
+}
+
+Variable conv2d(const Variable& x, const Variable& w, const Variable& bias, const Conv2dOptions& o) {
+  Tensor y = ops::conv2d_forward(x.data(), w.data(), bias.defined() ? bias.data() : Tensor(), o);
+  if (!should_record({&x, &w, &bias})) return Variable(y);
+  const bool need_x = wants(x), need_w = wants(w), need_b = wants(bias);
+  const Tensor keep_x = need_w ? x.data() : Tensor();  // dW needs x; dx needs only w
+  const Tensor keep_w = w.data();
+  const Shape x_shape = x.shape();
+  return record_one(std::move(y), "conv2d", {x, w, bias}, [=](std::span<const Tensor> g) {
+    const Tensor dy = g[0];
+    std::vector<Tensor> grads(3);
+    if (need_x) grads[0] = ops::conv2d_backward_data(dy, keep_w, x_shape, o);
+    if (need_w) {
+      grads[1] = zeros_like(keep_w);
+      ops::conv2d_backward_weight(keep_x, dy, grads[1], o);
+    }
+    if (need_b) {
+      grads[2] = Tensor::zeros({dy.size(1)}, dy.dtype(), dy.device());
+      ops::conv2d_backward_bias(dy, grads[2]);
+    }
+    return grads;
+  });
+}
+
+Variable batch_norm(const Variable& x, const Variable& gamma, const Variable& beta, const Tensor& running_mean,
+                    const Tensor& running_var, const BatchNormOptions& o) {
+  ops::BatchNormSaved saved;
+  Tensor y = ops::batchnorm_forward(x.data(), gamma.data(), beta.data(), running_mean, running_var, o, &saved);
+  if (!should_record({&x, &gamma, &beta})) return Variable(y);
+  PETRA_CHECK(o.training, ValueError, "batch_norm: backward through evaluation mode is not supported; use NoGradGuard");
+  const Tensor keep_x = x.data(), keep_gamma = gamma.data();
+  return record_one(std::move(y), "batch_norm", {x, gamma, beta}, [=](std::span<const Tensor> g) {
+    Tensor dgamma = zeros_like(keep_gamma), dbeta = zeros_like(keep_gamma);
+    Tensor dx = ops::batchnorm_backward(keep_x, g[0], keep_gamma, saved, dgamma, dbeta);
+    return std::vector<Tensor>{std::move(dx), std::move(dgamma), std::move(dbeta)};
+  });
+}
+
+}  // namespace petra
