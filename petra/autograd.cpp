@@ -145,8 +145,10 @@ void accumulate(Tensor& sum, const Tensor& g) {
 }
 
 // Nodes reachable from `roots`, in reverse post-order: every node before the nodes it depends on.
-std::vector<Node*> topological_order(std::span<const Variable> roots) {
-  std::vector<Node*> post_order;
+// The list owns the nodes: releasing a node drops its edges, which may hold the last reference
+// to the nodes below it.
+std::vector<std::shared_ptr<Node>> topological_order(std::span<const Variable> roots) {
+  std::vector<std::shared_ptr<Node>> post_order;
   std::unordered_map<Node*, bool> visited;
   std::vector<std::pair<Node*, std::size_t>> stack;  // node, next input to visit
   for (const Variable& r : roots) {
@@ -163,7 +165,7 @@ std::vector<Node*> topological_order(std::span<const Variable> roots) {
           stack.emplace_back(child, 0);
         }
       } else {
-        post_order.push_back(node);
+        post_order.push_back(node->shared_from_this());
         stack.pop_back();
       }
     }
@@ -219,7 +221,9 @@ struct Engine {
                   " for output ", i, " of shape ", outputs[i].shape().str());
       deliver(outputs[i], grad_outputs[i]);
     }
-    for (Node* node : topological_order(outputs)) {
+    std::vector<std::shared_ptr<Node>> order = topological_order(outputs);
+    for (std::shared_ptr<Node>& owned : order) {
+      Node* node = owned.get();
       auto it = pending.find(node);
       if (it != pending.end()) {
         std::vector<Tensor> grads_out = std::move(it->second);
@@ -232,6 +236,7 @@ struct Engine {
           if (grads_in[i].defined()) deliver(node->inputs()[i], grads_in[i]);
       }
       if (!retain_graph) node->release();
+      owned.reset();  // what only the graph kept alive goes now, not at the end of the pass
     }
   }
 };

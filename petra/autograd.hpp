@@ -68,7 +68,7 @@ class Variable {
 
 // One recorded op. backward receives one gradient per output (undefined = that output got no
 // gradient) and returns one gradient per input (undefined = none for that input).
-class Node {
+class Node : public std::enable_shared_from_this<Node> {
  public:
   using BackwardFn = std::function<std::vector<Tensor>(std::span<const Tensor> grad_outputs)>;
 
