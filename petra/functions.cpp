@@ -96,4 +96,29 @@ Variable batch_norm(const Variable& x, const Variable& gamma, const Variable& be
   });
 }
 
+Variable sum(const Variable& x, std::span<const int> dims) {
+  const Shape x_shape = x.shape();
+  return record_one(ops::sum(x.data(), dims), "sum", {x}, [x_shape](std::span<const Tensor> g) {
+    return std::vector<Tensor>{ops::broadcast_to(g[0], x_shape)};
+  });
+}
+
+Variable mean(const Variable& x, std::span<const int> dims) {
+  const Shape x_shape = x.shape();
+  Tensor y = ops::mean(x.data(), dims);
+  const double count = static_cast<double>(x_shape.numel()) / static_cast<double>(y.numel());
+  return record_one(std::move(y), "mean", {x}, [x_shape, count](std::span<const Tensor> g) {
+    return std::vector<Tensor>{ops::broadcast_to(ops::scale(g[0], 1.0 / count), x_shape)};
+  });
+}
+
+Variable cross_entropy(const Variable& logits, const Tensor& labels) {
+  ops::CrossEntropySaved saved;
+  Tensor loss = ops::cross_entropy_forward(logits.data(), labels, &saved);
+  if (!should_record({&logits})) return Variable(loss);
+  return record_one(std::move(loss), "cross_entropy", {logits}, [saved, labels](std::span<const Tensor> g) {
+    return std::vector<Tensor>{ops::cross_entropy_backward(saved, labels, g[0])};
+  });
+}
+
 }  // namespace petra

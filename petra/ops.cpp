@@ -11,6 +11,7 @@
 #include "kernels/elementwise.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/loss.hpp"
+#include "kernels/optim.hpp"
 #include "kernels/pool.hpp"
 #include "kernels/reduce.hpp"
 #include "petra/config.hpp"
@@ -174,7 +175,7 @@ Tensor relu_backward(const Tensor& y, const Tensor& dy) {
 namespace {
 kernels::Conv2dShape conv_shape(const Shape& x, const Shape& w, const Conv2dOptions& o, const char* op) {
   PETRA_CHECK(x.ndim() == 4 && w.ndim() == 4, ShapeError, op, ": x ", x.str(), " and w ", w.str(), " must be 4-d (NCHW, KCHW)");
-  PETRA_CHECK(x[1] == w[1], ShapeError, op, ": x has ", x[1], " channels but w ", w.str(), " expects ", w[1]);
+  PETRA_CHECK(x[1] == w[1], ShapeError, op, ": x ", x.str(), " has ", x[1], " channels but w ", w.str(), " expects ", w[1]);
   PETRA_CHECK(o.stride >= 1 && o.padding >= 0, ValueError, op, ": stride ", o.stride, " padding ", o.padding);
   kernels::Conv2dShape k{x[0], x[1], x[2], x[3], w[0], w[2], w[3], o.stride, o.stride, o.padding, o.padding};
   PETRA_CHECK(x[2] + 2 * o.padding >= w[2] && x[3] + 2 * o.padding >= w[3], ShapeError, op, ": kernel ", w.str(),
@@ -290,6 +291,162 @@ Tensor batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma
   PETRA_CALL_CPU_ONLY(x, batchnorm_backward, s, k, x.data<T>(), dy.data<T>(), gamma.data<T>(), saved.mean.data<T>(),
              saved.invstd.data<T>(), dx.data<T>(), dgamma.data<T>(), dbeta.data<T>());
   return dx;
+}
+
+// ---------------------------------------------------------------- reductions
+namespace {
+// The reduce kernels' description of "reduce these dims of this shape": the dims and a bit mask.
+std::uint32_t reduce_mask(const Shape& shape, std::span<const int> dims, const char* op) {
+  std::uint32_t mask = 0;
+  for (int d : dims) {
+    const int k = d < 0 ? d + shape.ndim() : d;
+    PETRA_CHECK(k >= 0 && k < shape.ndim(), ShapeError, op, ": dim ", d, " out of range for ", shape.str());
+    mask |= 1u << k;
+  }
+  return mask;
+}
+Shape reduced_shape(const Shape& shape, std::uint32_t mask) {
+  std::vector<std::int64_t> dims(shape.dims().begin(), shape.dims().end());
+  for (std::size_t d = 0; d < dims.size(); ++d)
+    if (mask & (1u << d)) dims[d] = 1;
+  return Shape(std::span<const std::int64_t>(dims));
+}
+}  // namespace
+
+Tensor sum(const Tensor& x, std::span<const int> dims) {
+  check_float(x, "sum", "x");
+  const std::uint32_t mask = reduce_mask(x.shape(), dims, "sum");
+  Tensor y = Tensor::empty(reduced_shape(x.shape(), mask), x.dtype(), x.device());
+  const auto& s = stream_for(x.device());
+  PETRA_CALL_CPU_ONLY(x, reduce_sum, s, x.shape().dims(), mask, x.data<T>(), y.data<T>());
+  return y;
+}
+
+Tensor mean(const Tensor& x, std::span<const int> dims) {
+  check_float(x, "mean", "x");
+  const std::uint32_t mask = reduce_mask(x.shape(), dims, "mean");
+  Tensor y = Tensor::empty(reduced_shape(x.shape(), mask), x.dtype(), x.device());
+  const auto& s = stream_for(x.device());
+  PETRA_CALL_CPU_ONLY(x, reduce_mean, s, x.shape().dims(), mask, x.data<T>(), y.data<T>());
+  return y;
+}
+
+Tensor broadcast_to(const Tensor& small, const Shape& shape) {
+  check_float(small, "broadcast_to", "small");
+  PETRA_CHECK(small.ndim() == shape.ndim(), ShapeError, "broadcast_to: ", small.shape().str(), " to ", shape.str());
+  std::uint32_t mask = 0;
+  for (int d = 0; d < shape.ndim(); ++d) {
+    PETRA_CHECK(small.size(d) == shape[d] || small.size(d) == 1, ShapeError, "broadcast_to: ", small.shape().str(),
+                " to ", shape.str());
+    if (small.size(d) != shape[d]) mask |= 1u << d;
+  }
+  Tensor big = Tensor::empty(shape, small.dtype(), small.device());
+  const auto& s = stream_for(small.device());
+  PETRA_CALL_CPU_ONLY(small, reduce_sum_backward, s, shape.dims(), mask, small.data<T>(), big.data<T>());
+  return big;
+}
+
+// ---------------------------------------------------------------- loss
+namespace {
+kernels::CrossEntropyShape loss_shape(const Tensor& logits, const Tensor& labels, const char* op) {
+  check_float(logits, op, "logits");
+  PETRA_CHECK(logits.ndim() == 2, ShapeError, op, ": logits ", logits.str(), " must be [batch, classes]");
+  require_contiguous(labels, op, "labels");
+  PETRA_CHECK(labels.dtype() == DType::i64 && labels.shape() == Shape{logits.size(0)}, ShapeError, op, ": labels ",
+              labels.str(), " must be int64 [", logits.size(0), "]");
+  PETRA_CHECK(labels.device() == logits.device(), DeviceError, op, ": labels on ", labels.device().str(),
+              ", logits on ", logits.device().str());
+  return {logits.size(0), logits.size(1)};
+}
+}  // namespace
+
+Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, CrossEntropySaved* saved) {
+  const auto k = loss_shape(logits, labels, "cross_entropy");
+  PETRA_CHECK(saved != nullptr, ValueError, "cross_entropy: needs somewhere to save the probabilities");
+  Tensor loss = Tensor::empty({1}, logits.dtype(), logits.device());
+  saved->probs = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+  const auto& s = stream_for(logits.device());
+  if (logits.device().is_cuda()) no_cuda_kernel("cross_entropy");
+  const std::int64_t* label_data = labels.data<std::int64_t>();
+  const std::int64_t bad =
+      logits.dtype() == DType::f32
+          ? kernels::cpu::cross_entropy_forward(s, k, logits.data<float>(), label_data, loss.data<float>(),
+                                                saved->probs.data<float>())
+          : kernels::ref::cross_entropy_forward<double>(s, k, logits.data<double>(), label_data, loss.data<double>(),
+                                                        saved->probs.data<double>());
+  if (bad >= 0)
+    throw ValueError(detail::concat("cross_entropy: label ", labels.data<std::int64_t>()[bad], " of sample ", bad,
+                                    " is outside [0, ", k.classes, ")"));
+  return loss;
+}
+
+Tensor cross_entropy_backward(const CrossEntropySaved& saved, const Tensor& labels, const Tensor& dloss) {
+  const auto k = loss_shape(saved.probs, labels, "cross_entropy_backward");
+  check_like(saved.probs, dloss, "cross_entropy_backward", "dloss");
+  PETRA_CHECK(dloss.numel() == 1, ShapeError, "cross_entropy_backward: dloss ", dloss.str(), " must be a scalar");
+  Tensor dlogits = Tensor::empty(saved.probs.shape(), saved.probs.dtype(), saved.probs.device());
+  const auto& s = stream_for(dlogits.device());
+  PETRA_CALL_CPU_ONLY(dlogits, cross_entropy_backward, s, k, saved.probs.data<T>(), labels.data<std::int64_t>(),
+                      dloss.data<T>(), dlogits.data<T>());
+  return dlogits;
+}
+
+Tensor argmax(const Tensor& logits) {
+  check_float(logits, "argmax", "logits");
+  PETRA_CHECK(logits.ndim() == 2, ShapeError, "argmax: logits ", logits.str(), " must be [batch, classes]");
+  Tensor predicted = Tensor::empty({logits.size(0)}, DType::i64, logits.device());
+  const auto& s = stream_for(logits.device());
+  const kernels::CrossEntropyShape k{logits.size(0), logits.size(1)};
+  PETRA_CALL_CPU_ONLY(logits, argmax, s, k, logits.data<T>(), predicted.data<std::int64_t>());
+  return predicted;
+}
+
+std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
+  const auto k = loss_shape(logits, labels, "count_correct");
+  std::int64_t correct = 0;
+  const auto& s = stream_for(logits.device());
+  PETRA_CALL_CPU_ONLY(logits, count_correct, s, k, logits.data<T>(), labels.data<std::int64_t>(), &correct);
+  return correct;
+}
+
+// ---------------------------------------------------------------- optimizer steps
+namespace {
+void check_state(const Tensor& param, std::initializer_list<const Tensor*> others, const char* op) {
+  check_float(param, op, "param");
+  for (const Tensor* t : others) {
+    check_like(param, *t, op, "gradient/state");
+    require_same_shape(param, *t, op);
+  }
+}
+}  // namespace
+
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const SgdOptions& o,
+              bool first_step) {
+  PETRA_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), ValueError,
+              "sgd: Nesterov momentum needs momentum > 0 and dampening 0");
+  const bool uses_buffer = o.momentum != 0;
+  if (uses_buffer)
+    check_state(param, {&grad, &momentum_buffer}, "sgd");
+  else
+    check_state(param, {&grad}, "sgd");
+  const auto& s = stream_for(param.device());
+  PETRA_CALL_CPU_ONLY(param, sgd_step, s, param.numel(), o, first_step, param.data<T>(), grad.data<T>(),
+                      uses_buffer ? momentum_buffer.data<T>() : nullptr);
+}
+
+void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+               const AdamOptions& o, std::int64_t step) {
+  PETRA_CHECK(step >= 1, ValueError, "adam: steps count from 1, got ", step);
+  check_state(param, {&grad, &exp_avg, &exp_avg_sq}, "adam");
+  const auto& s = stream_for(param.device());
+  PETRA_CALL_CPU_ONLY(param, adam_step, s, param.numel(), o, step, param.data<T>(), grad.data<T>(),
+                      exp_avg.data<T>(), exp_avg_sq.data<T>());
+}
+
+void lars_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const LarsOptions& o) {
+  check_state(param, {&grad, &momentum_buffer}, "lars");
+  const auto& s = stream_for(param.device());
+  PETRA_CALL_CPU_ONLY(param, lars_step, s, param.numel(), o, param.data<T>(), grad.data<T>(), momentum_buffer.data<T>());
 }
 
 }  // namespace petra::ops

@@ -16,12 +16,17 @@
 #include <span>
 #include <vector>
 
+#include "kernels/optim.hpp"
 #include "petra/autograd.hpp"
 #include "petra/tensor.hpp"
 
 namespace petra {
 
 // ---------------------------------------------------------------- options
+using kernels::AdamOptions;
+using kernels::LarsOptions;
+using kernels::SgdOptions;
+
 struct Conv2dOptions {
   std::int64_t stride = 1;
   std::int64_t padding = 0;
@@ -92,12 +97,20 @@ Tensor channel_concat(std::span<const Tensor> parts);
 
 // loss: logits [batch, classes], labels int64 [batch]
 struct CrossEntropySaved {
-  Tensor log_probs;
+  Tensor probs;  // softmax of the logits
 };
-Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, CrossEntropySaved* saved);  // scalar
-Tensor cross_entropy_backward(const CrossEntropySaved& saved, const Tensor& labels, double scale);
+// Mean over the batch; a label outside [0, classes) raises ValueError naming the sample.
+Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, CrossEntropySaved* saved);  // scalar [1]
+Tensor cross_entropy_backward(const CrossEntropySaved& saved, const Tensor& labels, const Tensor& dloss);
 Tensor argmax(const Tensor& logits);                                  // int64 [batch]
 std::int64_t count_correct(const Tensor& logits, const Tensor& labels);
+
+// optimizer steps on one parameter tensor, in place (PyTorch semantics: kernels/optim.hpp)
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const SgdOptions& o,
+              bool first_step);
+void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+               const AdamOptions& o, std::int64_t step);
+void lars_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const LarsOptions& o);
 
 // additive coupling with swap: x has 2C channels, f has C
 Tensor coupling_forward(const Tensor& x, const Tensor& f);   // (x2 + f, x1)

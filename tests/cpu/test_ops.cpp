@@ -1,2 +1,173 @@
-// tests/cpu/test_ops.cpp: (being written)
+// tests/cpu/test_ops.cpp: the op layer: differentiable ops checked end to end through autograd by
+// finite differences (float64 dispatches to the ref kernels), float32 (cpu kernels) against
+// float64, and bad operands refused with petra::Error.
 #include <doctest/doctest.h>
+
+#include <functional>
+
+#include "petra/ops.hpp"
+#include "tests/support/testing.hpp"
+
+using namespace petra;
+
+namespace {
+
+using OpFn = std::function<Variable(const std::vector<Variable>&)>;
+
+Tensor random_tensor(const Shape& shape, std::uint64_t seed, DType dtype = DType::f64) {
+  return Tensor::from_vector<double>(shape, testing::random_values<double>(shape.numel(), seed)).to(dtype);
+}
+
+double dot(const Tensor& a, const Tensor& b) {
+  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  double s = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) s += x[i] * y[i];
+  return s;
+}
+
+// For every input k, compares the autograd gradient of L = <g, f(inputs)> with central
+// differences, in float64.
+void check_op_gradients(const OpFn& f, const std::vector<Tensor>& inputs, std::uint64_t seed = 99,
+                        double rtol = 1e-5) {
+  std::vector<Variable> vars;
+  for (const Tensor& t : inputs) vars.emplace_back(t.clone(), true);
+  const Variable y = f(vars);
+  const Tensor g = random_tensor(y.shape(), seed);
+  const Variable outputs[] = {y};
+  const Tensor seeds[] = {g};
+  const auto grads = vjp(outputs, seeds, vars);
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    CAPTURE(k);
+    REQUIRE(grads[k].defined());
+    auto loss = [&](const std::vector<double>& values) {
+      NoGradGuard no_grad;
+      std::vector<Variable> probe;
+      for (std::size_t j = 0; j < inputs.size(); ++j)
+        probe.emplace_back(j == k ? Tensor::from_vector<double>(inputs[j].shape(), values) : inputs[j]);
+      return dot(f(probe).data(), g);
+    };
+    const auto r = testing::check_gradient(loss, inputs[k].to_vector<double>(), grads[k].to_vector<double>(), 1e-6,
+                                           1e-7, rtol);
+    CHECK_MESSAGE(r.ok, r.worst);
+  }
+}
+
+// float32 (cpu kernels) against float64 (ref kernels) on the same values.
+void check_float32_matches_float64(const OpFn& f, const std::vector<Tensor>& inputs, double tolerance = 1e-5) {
+  std::vector<Variable> v32, v64;
+  for (const Tensor& t : inputs) {
+    v32.emplace_back(t.to(DType::f32));
+    v64.emplace_back(t.to(DType::f64));
+  }
+  NoGradGuard no_grad;
+  const auto y32 = f(v32).data().to_vector<float>();
+  const auto y64 = f(v64).data().to_vector<double>();
+  CHECK(testing::relative_error(y32, y64) < tolerance);
+}
+
+const int kSpatial[] = {0, 2, 3};
+
+}  // namespace
+
+TEST_CASE("elementwise ops and reductions: gradients by finite differences") {
+  const Shape s{2, 3, 4};
+  check_op_gradients([](const auto& v) { return mul(sub(v[0], v[1]), add(v[0], scale(v[1], 0.5))); },
+                     {random_tensor(s, 1), random_tensor(s, 2)});
+  check_op_gradients([](const auto& v) { return sum(relu(v[0]), std::vector<int>{0, 2}); }, {random_tensor(s, 3)});
+  check_op_gradients([](const auto& v) { return mean(v[0], std::vector<int>{1}); }, {random_tensor(s, 4)});
+  check_op_gradients([](const auto& v) { return reshape(mul(v[0], v[0]), {6, 4}); }, {random_tensor(s, 5)});
+}
+
+TEST_CASE("conv2d: gradients for x, w and bias; float32 matches float64") {
+  const Conv2dOptions o{2, 1};
+  const OpFn f = [o](const auto& v) { return conv2d(v[0], v[1], v[2], o); };
+  const std::vector<Tensor> inputs{random_tensor({2, 3, 5, 6}, 1), random_tensor({4, 3, 3, 3}, 2),
+                                   random_tensor({4}, 3)};
+  check_op_gradients(f, inputs);
+  check_float32_matches_float64(f, inputs);
+}
+
+TEST_CASE("batch_norm (training): gradients for x, gamma, beta; running statistics move") {
+  const OpFn f = [](const auto& v) { return batch_norm(v[0], v[1], v[2], Tensor(), Tensor(), {}); };
+  const std::vector<Tensor> inputs{random_tensor({3, 2, 3, 2}, 1), random_tensor({2}, 2), random_tensor({2}, 3)};
+  check_op_gradients(f, inputs);
+  check_float32_matches_float64(f, inputs);
+
+  const Tensor running_mean = Tensor::zeros({2}, DType::f64), running_var = Tensor::full({2}, 1.0, DType::f64);
+  const Variable x(inputs[0]);
+  const Variable gamma(inputs[1]), beta(inputs[2]);
+  batch_norm(x, gamma, beta, running_mean, running_var, {});
+  const Tensor batch_mean = ops::mean(inputs[0], kSpatial);
+  CHECK(running_mean.to_vector<double>()[1] == doctest::Approx(0.1 * batch_mean.to_vector<double>()[1]));
+}
+
+TEST_CASE("cross_entropy: gradient by finite differences, value by hand") {
+  const Tensor labels = Tensor::from_vector<std::int64_t>({3}, {2, 0, 1});
+  check_op_gradients([&](const auto& v) { return cross_entropy(v[0], labels); }, {random_tensor({3, 4}, 7)});
+  // Uniform logits: the loss is log(classes).
+  const Variable uniform(Tensor::zeros({3, 4}, DType::f64));
+  CHECK(cross_entropy(uniform, labels).data().item() == doctest::Approx(std::log(4.0)));
+  const Tensor logits = Tensor::from_vector<float>({3, 4}, {0, 0, 9, 0, 9, 0, 0, 0, 0, 0, 0, 9});
+  CHECK(ops::count_correct(logits, labels) == 2);
+  CHECK(ops::argmax(logits).to_vector<std::int64_t>() == std::vector<std::int64_t>{2, 0, 3});
+}
+
+TEST_CASE("bad operands raise petra::Error naming the op") {
+  const Tensor a = Tensor::zeros({2, 3}), b = Tensor::zeros({3, 2});
+  CHECK_THROWS_AS(ops::add(a, b), ShapeError);
+  CHECK_THROWS_AS(ops::add(a, Tensor::zeros({2, 3}, DType::f64)), ShapeError);
+  CHECK_THROWS_AS(ops::relu(Tensor::zeros({2}, DType::i64)), ShapeError);
+  CHECK_THROWS_AS(ops::add(a.slice(1, 0, 2).slice(0, 0, 2), a.slice(1, 0, 2)), ShapeError);  // strided
+  const std::vector<int> bad_dim{5};
+  CHECK_THROWS_AS(ops::sum(a, bad_dim), ShapeError);
+
+  const Tensor x = Tensor::zeros({2, 3, 8, 8}), w = Tensor::zeros({4, 3, 3, 3});
+  CHECK_THROWS_AS(ops::conv2d_forward(x, Tensor::zeros({4, 2, 3, 3}), Tensor(), {}), ShapeError);  // channels
+  CHECK_THROWS_AS(ops::conv2d_forward(x, w, Tensor::zeros({3}), {}), ShapeError);                // bias size
+  CHECK_THROWS_AS(ops::conv2d_forward(x.reshape({6, 8, 8}), w, Tensor(), {}), ShapeError);       // rank
+  CHECK_THROWS_AS(ops::conv2d_forward(x, Tensor::zeros({4, 3, 11, 11}), Tensor(), {}), ShapeError);  // too big
+  CHECK_THROWS_AS(ops::conv2d_forward(x, w, Tensor(), {0, 1}), ValueError);                       // stride 0
+  try {
+    ops::conv2d_forward(x, Tensor::zeros({4, 2, 3, 3}), Tensor(), {});
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("[2, 3, 8, 8]") != std::string::npos);
+  }
+
+  ops::BatchNormSaved saved;
+  const Tensor g = Tensor::zeros({3});
+  CHECK_THROWS_AS(ops::batchnorm_forward(x, Tensor::zeros({4}), g, Tensor(), Tensor(), {}, &saved), ShapeError);
+  CHECK_THROWS_AS(ops::batchnorm_forward(Tensor::zeros({1, 3, 1, 1}), g, g, Tensor(), Tensor(), {}, &saved),
+                  ShapeError);  // one value per channel cannot be normalised
+  CHECK_THROWS_AS(ops::batchnorm_forward(x, g, g, Tensor(), Tensor(), {false}, &saved), ValueError);
+
+  ops::CrossEntropySaved ce;
+  const Tensor logits = Tensor::zeros({2, 5});
+  CHECK_THROWS_AS(ops::cross_entropy_forward(logits, Tensor::from_vector<std::int64_t>({2}, {1, 5}), &ce), ValueError);
+  CHECK_THROWS_AS(ops::cross_entropy_forward(logits, Tensor::from_vector<std::int64_t>({2}, {1, -1}), &ce), ValueError);
+  CHECK_THROWS_AS(ops::cross_entropy_forward(logits, Tensor::from_vector<float>({2}, {1, 0}), &ce), ShapeError);
+  CHECK_THROWS_AS(ops::cross_entropy_forward(logits, Tensor::from_vector<std::int64_t>({3}, {1, 0, 0}), &ce), ShapeError);
+
+  const Tensor p = Tensor::zeros({4});
+  SgdOptions nesterov_with_dampening;
+  nesterov_with_dampening.momentum = 0.9;
+  nesterov_with_dampening.dampening = 0.1;
+  nesterov_with_dampening.nesterov = true;
+  CHECK_THROWS_AS(ops::sgd_step(p, p.clone(), p.clone(), nesterov_with_dampening, true), ValueError);
+  CHECK_THROWS_AS(ops::adam_step(p, Tensor::zeros({5}), p.clone(), p.clone(), {}, 1), ShapeError);
+  CHECK_THROWS_AS(ops::adam_step(p, p.clone(), p.clone(), p.clone(), {}, 0), ValueError);
+}
+
+TEST_CASE("an SGD step through the op layer matches PyTorch's formula") {
+  const Tensor p = Tensor::from_vector<float>({2}, {1.0f, -2.0f});
+  const Tensor g = Tensor::from_vector<float>({2}, {0.5f, 0.25f});
+  const Tensor buf = Tensor::zeros({2});
+  SgdOptions o;
+  o.lr = 0.1;
+  o.momentum = 0.9;
+  o.weight_decay = 0.01;
+  ops::sgd_step(p, g, buf, o, /*first_step=*/true);  // buf = g + wd p; p -= lr buf
+  CHECK(p.to_vector<float>()[0] == doctest::Approx(1.0 - 0.1 * (0.5 + 0.01 * 1.0)));
+  ops::sgd_step(p, g, buf, o, false);  // buf = 0.9 buf + (g + wd p)
+  const double p1 = 1.0 - 0.1 * 0.51, b1 = 0.51;
+  CHECK(p.to_vector<float>()[0] == doctest::Approx(p1 - 0.1 * (0.9 * b1 + 0.5 + 0.01 * p1)));
+}
