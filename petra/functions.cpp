@@ -121,4 +121,104 @@ Variable cross_entropy(const Variable& logits, const Tensor& labels) {
   });
 }
 
+Variable linear(const Variable& x, const Variable& w, const Variable& bias) {
+  Tensor y = ops::linear_forward(x.data(), w.data(), bias.defined() ? bias.data() : Tensor());
+  if (!should_record({&x, &w, &bias})) return Variable(y);
+  const bool need_x = wants(x), need_w = wants(w), need_b = wants(bias);
+  const Tensor keep_x = need_w ? x.data() : Tensor();
+  const Tensor keep_w = w.data();
+  return record_one(std::move(y), "linear", {x, w, bias}, [=](std::span<const Tensor> g) {
+    std::vector<Tensor> grads(3);
+    if (need_x) grads[0] = ops::linear_backward_data(g[0], keep_w);
+    if (need_w) {
+      grads[1] = zeros_like(keep_w);
+      ops::linear_backward_weight(keep_x, g[0], grads[1]);
+    }
+    if (need_b) {
+      grads[2] = Tensor::zeros({keep_w.size(0)}, g[0].dtype(), g[0].device());
+      ops::linear_backward_bias(g[0], grads[2]);
+    }
+    return grads;
+  });
+}
+
+Variable max_pool2d(const Variable& x, const Pool2dOptions& o) {
+  const bool record = should_record({&x});
+  Tensor argmax;
+  Tensor y = ops::max_pool2d_forward(x.data(), o, record ? &argmax : nullptr);
+  if (!record) return Variable(y);
+  const Shape x_shape = x.shape();
+  return record_one(std::move(y), "max_pool2d", {x}, [argmax, x_shape, o](std::span<const Tensor> g) {
+    return std::vector<Tensor>{ops::max_pool2d_backward(g[0], argmax, x_shape, o)};
+  });
+}
+
+Variable avg_pool2d(const Variable& x, const Pool2dOptions& o) {
+  const Shape x_shape = x.shape();
+  return record_one(ops::avg_pool2d_forward(x.data(), o), "avg_pool2d", {x}, [x_shape, o](std::span<const Tensor> g) {
+    return std::vector<Tensor>{ops::avg_pool2d_backward(g[0], x_shape, o)};
+  });
+}
+
+Variable global_avg_pool(const Variable& x) {
+  const Shape x_shape = x.shape();
+  return record_one(ops::global_avg_pool_forward(x.data()), "global_avg_pool", {x}, [x_shape](std::span<const Tensor> g) {
+    return std::vector<Tensor>{ops::global_avg_pool_backward(g[0], x_shape)};
+  });
+}
+
+std::vector<Variable> split_channels(const Variable& x, std::span<const std::int64_t> sizes) {
+  std::vector<Tensor> parts;
+  std::int64_t first = 0;
+  for (std::int64_t count : sizes) {
+    parts.push_back(ops::channel_slice(x.data(), first, count));
+    first += count;
+  }
+  PETRA_CHECK(first == x.shape()[1], ShapeError, "split_channels: sizes add up to ", first, " but ", x.data().str(),
+              " has ", x.shape()[1], " channels");
+  const Shape x_shape = x.shape();
+  const DType dtype = x.data().dtype();
+  const Device device = x.data().device();
+  const std::vector<std::int64_t> counts(sizes.begin(), sizes.end());
+  return record(std::move(parts), "split_channels", {x}, [=](std::span<const Tensor> g) {
+    std::vector<Tensor> pieces;  // an output that received no gradient contributes zeros
+    for (std::size_t i = 0; i < g.size(); ++i)
+      pieces.push_back(g[i].defined() ? g[i] : Tensor::zeros(x_shape.with(1, counts[i]), dtype, device));
+    return std::vector<Tensor>{ops::channel_concat(pieces)};
+  });
+}
+
+Variable concat_channels(std::span<const Variable> parts) {
+  std::vector<Tensor> tensors;
+  std::vector<std::int64_t> sizes;
+  for (const Variable& p : parts) {
+    tensors.push_back(p.data());
+    sizes.push_back(p.shape()[1]);
+  }
+  Tensor y = ops::channel_concat(tensors);
+  return record_one(std::move(y), "concat_channels", std::vector<Variable>(parts.begin(), parts.end()),
+                    [sizes](std::span<const Tensor> g) {
+                      std::vector<Tensor> grads;
+                      std::int64_t first = 0;
+                      for (std::int64_t count : sizes) {
+                        grads.push_back(ops::channel_slice(g[0], first, count));
+                        first += count;
+                      }
+                      return grads;
+                    });
+}
+
+Variable coupling(const Variable& x, const Variable& f) {
+  Tensor y = ops::coupling_forward(x.data(), f.data());
+  if (!should_record({&x, &f})) return Variable(y);
+  const bool need_f = wants(f);
+  const Tensor zero_f = zeros_like(f.data());  // the generic path adds no vjp of F here (autograd does)
+  const std::int64_t streams = f.shape()[1];
+  return record_one(std::move(y), "coupling", {x, f}, [=](std::span<const Tensor> g) {
+    // y1 = x2 + f, y2 = x1  =>  dx1 = dy2, dx2 = dy1, df = dy1.
+    return std::vector<Tensor>{ops::coupling_backward(g[0], zero_f),
+                               need_f ? ops::channel_slice(g[0], 0, streams) : Tensor()};
+  });
+}
+
 }  // namespace petra

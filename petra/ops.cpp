@@ -449,4 +449,222 @@ void lars_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_b
   PETRA_CALL_CPU_ONLY(param, lars_step, s, param.numel(), o, param.data<T>(), grad.data<T>(), momentum_buffer.data<T>());
 }
 
+// ---------------------------------------------------------------- linear
+namespace {
+kernels::LinearShape linear_shape(const Shape& x, const Shape& w, const char* op) {
+  PETRA_CHECK(x.ndim() == 2 && w.ndim() == 2 && x[1] == w[1], ShapeError, op, ": x ", x.str(), " and w ", w.str(),
+              " must be [batch, in] and [out, in]");
+  return {x[0], x[1], w[0]};
+}
+}  // namespace
+
+Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  check_float(x, "linear", "x");
+  check_like(x, w, "linear", "w");
+  const auto k = linear_shape(x.shape(), w.shape(), "linear");
+  if (bias.defined()) {
+    check_like(x, bias, "linear", "bias");
+    check_shape(bias, {k.out_features}, "linear", "bias");
+  }
+  Tensor y = Tensor::empty({k.batch, k.out_features}, x.dtype(), x.device());
+  const auto& s = stream_for(x.device());
+  PETRA_CALL_CPU_ONLY(x, linear_forward, s, k, x.data<T>(), w.data<T>(), bias.defined() ? bias.data<T>() : nullptr,
+                      y.data<T>());
+  return y;
+}
+
+Tensor linear_backward_data(const Tensor& dy, const Tensor& w) {
+  check_float(dy, "linear_backward_data", "dy");
+  check_like(dy, w, "linear_backward_data", "w");
+  PETRA_CHECK(dy.ndim() == 2, ShapeError, "linear_backward_data: dy ", dy.str(), " must be [batch, out]");
+  const auto k = linear_shape({dy.size(0), w.size(1)}, w.shape(), "linear_backward_data");
+  check_shape(dy, {k.batch, k.out_features}, "linear_backward_data", "dy");
+  Tensor dx = Tensor::empty({k.batch, k.in_features}, dy.dtype(), dy.device());
+  const auto& s = stream_for(dy.device());
+  PETRA_CALL_CPU_ONLY(dy, linear_backward_data, s, k, dy.data<T>(), w.data<T>(), dx.data<T>());
+  return dx;
+}
+
+void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw) {
+  check_float(x, "linear_backward_weight", "x");
+  check_like(x, dy, "linear_backward_weight", "dy");
+  check_like(x, dw, "linear_backward_weight", "dw");
+  const auto k = linear_shape(x.shape(), dw.shape(), "linear_backward_weight");
+  check_shape(dy, {k.batch, k.out_features}, "linear_backward_weight", "dy");
+  const auto& s = stream_for(x.device());
+  PETRA_CALL_CPU_ONLY(x, linear_backward_weight, s, k, x.data<T>(), dy.data<T>(), dw.data<T>());
+}
+
+void linear_backward_bias(const Tensor& dy, const Tensor& db) {
+  check_float(dy, "linear_backward_bias", "dy");
+  check_like(dy, db, "linear_backward_bias", "db");
+  PETRA_CHECK(dy.ndim() == 2, ShapeError, "linear_backward_bias: dy ", dy.str(), " must be [batch, out]");
+  check_shape(db, {dy.size(1)}, "linear_backward_bias", "db");
+  const kernels::LinearShape k{dy.size(0), 1, dy.size(1)};
+  const auto& s = stream_for(dy.device());
+  PETRA_CALL_CPU_ONLY(dy, linear_backward_bias, s, k, dy.data<T>(), db.data<T>());
+}
+
+// ---------------------------------------------------------------- pooling
+namespace {
+kernels::Pool2dShape pool_shape(const Shape& x, const Pool2dOptions& o, const char* op) {
+  PETRA_CHECK(x.ndim() == 4, ShapeError, op, ": x ", x.str(), " must be 4-d (NCHW)");
+  PETRA_CHECK(o.kernel >= 1 && o.stride >= 1 && o.padding >= 0 && 2 * o.padding <= o.kernel, ValueError, op,
+              ": kernel ", o.kernel, " stride ", o.stride, " padding ", o.padding,
+              " (need kernel, stride >= 1 and padding <= kernel / 2)");
+  PETRA_CHECK(x[2] + 2 * o.padding >= o.kernel && x[3] + 2 * o.padding >= o.kernel, ShapeError, op, ": window ",
+              o.kernel, " larger than the padded input ", x.str());
+  return {x[0], x[1], x[2], x[3], o.kernel, o.stride, o.padding};
+}
+Shape pool_out_shape(const kernels::Pool2dShape& k) { return {k.batch, k.channels, k.out_height(), k.out_width()}; }
+kernels::GlobalPoolShape global_pool_shape(const Shape& x, const char* op) {
+  PETRA_CHECK(x.ndim() == 4, ShapeError, op, ": x ", x.str(), " must be 4-d (NCHW)");
+  return {x[0], x[1], x[2], x[3]};
+}
+}  // namespace
+
+Tensor max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, Tensor* argmax) {
+  check_float(x, "max_pool2d", "x");
+  const auto k = pool_shape(x.shape(), o, "max_pool2d");
+  Tensor y = Tensor::empty(pool_out_shape(k), x.dtype(), x.device());
+  std::int32_t* indices = nullptr;
+  if (argmax != nullptr) {
+    *argmax = Tensor::empty(y.shape(), DType::i32, x.device());
+    indices = argmax->data<std::int32_t>();
+  }
+  const auto& s = stream_for(x.device());
+  PETRA_CALL_CPU_ONLY(x, max_pool2d_forward, s, k, x.data<T>(), y.data<T>(), indices);
+  return y;
+}
+
+Tensor max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x_shape, const Pool2dOptions& o) {
+  check_float(dy, "max_pool2d_backward", "dy");
+  const auto k = pool_shape(x_shape, o, "max_pool2d_backward");
+  check_shape(dy, pool_out_shape(k), "max_pool2d_backward", "dy");
+  require_contiguous(argmax, "max_pool2d_backward", "argmax");
+  PETRA_CHECK(argmax.dtype() == DType::i32 && argmax.shape() == dy.shape(), ShapeError,
+              "max_pool2d_backward: argmax ", argmax.str(), " must be int32 of dy's shape ", dy.shape().str());
+  Tensor dx = Tensor::empty(x_shape, dy.dtype(), dy.device());
+  const auto& s = stream_for(dy.device());
+  PETRA_CALL_CPU_ONLY(dy, max_pool2d_backward, s, k, dy.data<T>(), argmax.data<std::int32_t>(), dx.data<T>());
+  return dx;
+}
+
+Tensor avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o) {
+  check_float(x, "avg_pool2d", "x");
+  const auto k = pool_shape(x.shape(), o, "avg_pool2d");
+  Tensor y = Tensor::empty(pool_out_shape(k), x.dtype(), x.device());
+  const auto& s = stream_for(x.device());
+  PETRA_CALL_CPU_ONLY(x, avg_pool2d_forward, s, k, x.data<T>(), y.data<T>());
+  return y;
+}
+
+Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x_shape, const Pool2dOptions& o) {
+  check_float(dy, "avg_pool2d_backward", "dy");
+  const auto k = pool_shape(x_shape, o, "avg_pool2d_backward");
+  check_shape(dy, pool_out_shape(k), "avg_pool2d_backward", "dy");
+  Tensor dx = Tensor::empty(x_shape, dy.dtype(), dy.device());
+  const auto& s = stream_for(dy.device());
+  PETRA_CALL_CPU_ONLY(dy, avg_pool2d_backward, s, k, dy.data<T>(), dx.data<T>());
+  return dx;
+}
+
+Tensor global_avg_pool_forward(const Tensor& x) {
+  check_float(x, "global_avg_pool", "x");
+  const auto k = global_pool_shape(x.shape(), "global_avg_pool");
+  Tensor y = Tensor::empty({k.batch, k.channels}, x.dtype(), x.device());
+  const auto& s = stream_for(x.device());
+  PETRA_CALL_CPU_ONLY(x, global_avg_pool_forward, s, k, x.data<T>(), y.data<T>());
+  return y;
+}
+
+Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape) {
+  check_float(dy, "global_avg_pool_backward", "dy");
+  const auto k = global_pool_shape(x_shape, "global_avg_pool_backward");
+  check_shape(dy, {k.batch, k.channels}, "global_avg_pool_backward", "dy");
+  Tensor dx = Tensor::empty(x_shape, dy.dtype(), dy.device());
+  const auto& s = stream_for(dy.device());
+  PETRA_CALL_CPU_ONLY(dy, global_avg_pool_backward, s, k, dy.data<T>(), dx.data<T>());
+  return dx;
+}
+
+// ---------------------------------------------------------------- channels
+namespace {
+// (batch, channels, everything after the channels flattened into one plane).
+kernels::ChannelShape channel_shape(const Shape& x, const char* op) {
+  PETRA_CHECK(x.ndim() >= 2, ShapeError, op, ": ", x.str(), " has no channel dim");
+  return {x[0], x[1], x.numel() / std::max<std::int64_t>(x[0] * x[1], 1), 1};
+}
+}  // namespace
+
+Tensor channel_slice(const Tensor& x, std::int64_t first, std::int64_t count) {
+  check_float(x, "channel_slice", "x");
+  const auto k = channel_shape(x.shape(), "channel_slice");
+  PETRA_CHECK(first >= 0 && count >= 0 && first + count <= k.channels, ShapeError, "channel_slice: channels [", first,
+              ", ", first + count, ") of ", x.str());
+  Tensor part = Tensor::empty(x.shape().with(1, count), x.dtype(), x.device());
+  const auto& s = stream_for(x.device());
+  PETRA_CALL_CPU_ONLY(x, channel_split, s, k, x.data<T>(), first, count, part.data<T>());
+  return part;
+}
+
+Tensor channel_concat(std::span<const Tensor> parts) {
+  PETRA_CHECK(!parts.empty(), ValueError, "channel_concat: no tensors");
+  const Tensor& first = parts[0];
+  check_float(first, "channel_concat", "parts[0]");
+  std::int64_t channels = 0;
+  for (const Tensor& p : parts) {
+    check_like(first, p, "channel_concat", "part");
+    PETRA_CHECK(p.shape().with(1, first.size(1)) == first.shape(), ShapeError, "channel_concat: ", p.str(),
+                " does not match ", first.str(), " outside the channel dim");
+    channels += p.size(1);
+  }
+  Tensor full = Tensor::empty(first.shape().with(1, channels), first.dtype(), first.device());
+  const auto k = channel_shape(full.shape(), "channel_concat");
+  const auto& s = stream_for(first.device());
+  std::int64_t at = 0;
+  for (const Tensor& p : parts) {
+    PETRA_CALL_CPU_ONLY(p, channel_insert, s, k, p.data<T>(), at, p.size(1), full.data<T>());
+    at += p.size(1);
+  }
+  return full;
+}
+
+// ---------------------------------------------------------------- coupling
+namespace {
+kernels::CouplingShape coupling_shape(const Tensor& two_streams, const Tensor& f, const char* op) {
+  check_float(two_streams, op, "x");
+  check_like(two_streams, f, op, "f");
+  const Shape& x = two_streams.shape();
+  PETRA_CHECK(x.ndim() == 4 && x[1] % 2 == 0, ShapeError, op, ": ", x.str(),
+              " must be NCHW with an even number of channels (two streams)");
+  check_shape(f, x.with(1, x[1] / 2), op, "f");
+  return {x[0], x[1] / 2, x[2], x[3]};
+}
+}  // namespace
+
+Tensor coupling_forward(const Tensor& x, const Tensor& f) {
+  const auto k = coupling_shape(x, f, "coupling_forward");
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const auto& s = stream_for(x.device());
+  PETRA_CALL(x, coupling_forward, s, k, x.data<T>(), f.data<T>(), y.data<T>());
+  return y;
+}
+
+Tensor coupling_inverse(const Tensor& y, const Tensor& f) {
+  const auto k = coupling_shape(y, f, "coupling_inverse");
+  Tensor x = Tensor::empty(y.shape(), y.dtype(), y.device());
+  const auto& s = stream_for(y.device());
+  PETRA_CALL(y, coupling_inverse, s, k, y.data<T>(), f.data<T>(), x.data<T>());
+  return x;
+}
+
+Tensor coupling_backward(const Tensor& dy, const Tensor& g) {
+  const auto k = coupling_shape(dy, g, "coupling_backward");
+  Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+  const auto& s = stream_for(dy.device());
+  PETRA_CALL(dy, coupling_backward, s, k, dy.data<T>(), g.data<T>(), dx.data<T>());
+  return dx;
+}
+
 }  // namespace petra::ops

@@ -91,7 +91,7 @@ Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x_shape, const Pool2dO
 Tensor global_avg_pool_forward(const Tensor& x);                          // [N, C, H, W] -> [N, C]
 Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape);
 
-// channels of NCHW tensors
+// channels of NCHW tensors (any rank >= 2: dims after the channels are flattened)
 Tensor channel_slice(const Tensor& x, std::int64_t first, std::int64_t count);  // packed copy
 Tensor channel_concat(std::span<const Tensor> parts);
 
@@ -115,6 +115,9 @@ void lars_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_b
 // additive coupling with swap: x has 2C channels, f has C
 Tensor coupling_forward(const Tensor& x, const Tensor& f);   // (x2 + f, x1)
 Tensor coupling_inverse(const Tensor& y, const Tensor& f);   // (y2, y1 - f)
+// dx = (dy2 + g, dy1), with g the vjp of F at x1 with dy1 (a reversible stage passes F's vjp
+// here and saves materialising dy2 + g; the generic autograd path passes zeros).
+Tensor coupling_backward(const Tensor& dy, const Tensor& g);
 
 }  // namespace ops
 

@@ -171,3 +171,57 @@ TEST_CASE("an SGD step through the op layer matches PyTorch's formula") {
   const double p1 = 1.0 - 0.1 * 0.51, b1 = 0.51;
   CHECK(p.to_vector<float>()[0] == doctest::Approx(p1 - 0.1 * (0.9 * b1 + 0.5 + 0.01 * p1)));
 }
+
+TEST_CASE("linear: gradients for x, w and bias; float32 matches float64") {
+  const OpFn f = [](const auto& v) { return linear(v[0], v[1], v[2]); };
+  const std::vector<Tensor> inputs{random_tensor({3, 5}, 1), random_tensor({4, 5}, 2), random_tensor({4}, 3)};
+  check_op_gradients(f, inputs);
+  check_float32_matches_float64(f, inputs);
+  CHECK_THROWS_AS(ops::linear_forward(Tensor::zeros({3, 5}), Tensor::zeros({4, 6}), Tensor()), ShapeError);
+}
+
+TEST_CASE("pooling: max, average and global average") {
+  // Distinct values, so the max is never tied and finite differences do not cross a kink.
+  std::vector<double> distinct(2 * 3 * 5 * 5);
+  for (std::size_t i = 0; i < distinct.size(); ++i) distinct[i] = static_cast<double>((i * 37) % distinct.size()) / 10.0;
+  const Tensor x = Tensor::from_vector<double>({2, 3, 5, 5}, distinct);
+  const Pool2dOptions max_opts{3, 2, 1}, avg_opts{2, 2, 0};
+  check_op_gradients([&](const auto& v) { return max_pool2d(v[0], max_opts); }, {x});
+  check_op_gradients([&](const auto& v) { return avg_pool2d(v[0], avg_opts); }, {random_tensor({2, 3, 5, 4}, 1)});
+  check_op_gradients([](const auto& v) { return global_avg_pool(v[0]); }, {random_tensor({2, 3, 3, 2}, 2)});
+  check_float32_matches_float64([&](const auto& v) { return max_pool2d(v[0], max_opts); }, {x});
+  CHECK_THROWS_AS(ops::max_pool2d_forward(Tensor::zeros({1, 1, 4, 4}), {2, 2, 2}, nullptr), ValueError);
+  CHECK_THROWS_AS(ops::avg_pool2d_forward(Tensor::zeros({1, 1, 2, 2}), {3, 1, 0}), ShapeError);
+}
+
+TEST_CASE("split and concat channels are each other's inverse, with gradients") {
+  const std::vector<std::int64_t> sizes{1, 3, 2};
+  const Tensor x = random_tensor({2, 6, 2, 3}, 4);
+  check_op_gradients([&](const auto& v) { return split_channels(v[0], sizes)[1]; }, {x});  // others get no gradient
+  check_op_gradients([](const auto& v) { return concat_channels(std::vector<Variable>{v[0], v[1]}); },
+                     {random_tensor({2, 2, 3, 1}, 5), random_tensor({2, 3, 3, 1}, 6)});
+  NoGradGuard no_grad;
+  const auto parts = split_channels(Variable(x), sizes);
+  CHECK(concat_channels(parts).data().to_vector<double>() == x.to_vector<double>());
+  CHECK_THROWS_AS(split_channels(Variable(x), std::vector<std::int64_t>{1, 2}), ShapeError);
+}
+
+TEST_CASE("coupling: the inverse restores the input; gradients flow to both streams and f") {
+  const Tensor x = random_tensor({2, 6, 3, 3}, 8, DType::f32), f = random_tensor({2, 3, 3, 3}, 9, DType::f32);
+  const Tensor y = ops::coupling_forward(x, f);
+  const Tensor back = ops::coupling_inverse(y, f);
+  const auto xv = x.to_vector<float>(), bv = back.to_vector<float>();
+  const Tensor first_stream_x = ops::channel_slice(x, 0, 3), first_stream_back = ops::channel_slice(back, 0, 3);
+  CHECK(first_stream_back.to_vector<float>() == first_stream_x.to_vector<float>());  // bit for bit
+  CHECK(testing::relative_error(bv, xv) < 1e-6);
+  // A full reversible stage: y = coupling(x, F(x1)) with F = relu(x1 * w); the gradient reaches x
+  // through both the swap and F.
+  const Tensor w = random_tensor({2, 3, 3, 3}, 10);
+  check_op_gradients(
+      [&](const auto& v) {
+        const auto streams = split_channels(v[0], std::vector<std::int64_t>{3, 3});
+        return coupling(v[0], relu(mul(streams[0], Variable(w))));
+      },
+      {random_tensor({2, 6, 3, 3}, 11)});
+  CHECK_THROWS_AS(ops::coupling_forward(Tensor::zeros({2, 5, 3, 3}), Tensor::zeros({2, 2, 3, 3})), ShapeError);
+}
