@@ -1,1 +1,386 @@
-int main() { return 0; }
+// benchmarks/bench_kernels.cpp: bench-kernels, the speed of every CPU kernel, checked first.
+//
+// For every case it (1) runs kernels::cpu and kernels::ref on a small version of the shape (batch 2)
+// and refuses to time a kernel whose relative error exceeds 1e-4, then (2) times kernels::cpu at
+// the full shape: warm-up, then the median of --repeats runs. Compute-bound kernels (convolution,
+// linear) are reported in GFLOP/s and as a fraction of Eigen's large SGEMM (2048^3) measured in
+// the same run with the same threads; memory-bound kernels (batch norm, coupling, element-wise)
+// in GB/s of minimal traffic and as a fraction of a STREAM triad measured in the same run.
+//
+// Shapes: the ResNet-18 CIFAR layers at batch 64 (3x3 convolutions with 64/128/256/512 channels
+// at 32/16/8/4 pixels, the stride-2 3x3 and 1x1 downsampling convolutions), as in the paper's
+// CIFAR-10 experiments.
+//
+//   build/bench-kernels                     # table, 2 threads
+//   build/bench-kernels --threads 1 --json  # JSON array of {"name", "gflops", "gbytes_per_s", ...}
+//   build/bench-kernels --filter conv3x3    # only the cases whose name contains "conv3x3"
+#include <CLI/CLI.hpp>
+#include <Eigen/Core>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/batchnorm.hpp"
+#include "kernels/conv2d.hpp"
+#include "kernels/coupling.hpp"
+#include "kernels/elementwise.hpp"
+#include "kernels/linear.hpp"
+#include "kernels/pool.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace k = petra::kernels;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Buffer = std::vector<float>;
+
+Buffer random_buffer(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  Buffer b(n);
+  for (auto& v : b) v = dist(gen);
+  return b;
+}
+
+double relative_error(const Buffer& a, const Buffer& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// Median wall time of `repeats` runs after two warm-up runs, in seconds.
+double median_seconds(const std::function<void()>& run, int repeats) {
+  run();
+  run();
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = Clock::now();
+    run();
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// Eigen's large SGEMM rate with the calling thread's OpenMP thread count: the ceiling against
+// which the convolutions are judged.
+double measure_gemm_gflops(int repeats) {
+  const int n = 2048;
+  Eigen::MatrixXf a = Eigen::MatrixXf::Random(n, n), b = Eigen::MatrixXf::Random(n, n), c(n, n);
+  const double seconds = median_seconds([&] { c.noalias() = a * b; }, repeats);
+  return 2.0 * n * n * double(n) / seconds / 1e9;
+}
+
+// STREAM triad a = b + s c over three 64 MiB arrays, counted as 3 x 64 MiB (no write-allocate).
+double measure_triad_gbytes(int threads, int repeats) {
+  const std::int64_t n = std::int64_t{16} << 20;
+  Buffer a(n, 0.0f), b(n, 1.0f), c(n, 2.0f);
+  const double seconds = median_seconds(
+      [&] {
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (std::int64_t i = 0; i < n; ++i) a[i] = b[i] + 3.0f * c[i];
+      },
+      repeats);
+  return 3.0 * 4.0 * double(n) / seconds / 1e9;
+}
+
+struct Case {
+  std::string name;
+  std::string kind;  // "compute" (judged against GEMM) or "memory" (judged against the triad)
+  double flops = 0;  // per run, compute cases
+  double bytes = 0;  // per run, minimal traffic, memory cases
+  std::function<double()> validate;  // cpu vs ref on a small shape: relative error
+  std::function<void()> run;         // cpu on the full shape
+};
+
+// One convolution layer: forward, backward-data, backward-weight as three cases.
+void add_conv_cases(std::vector<Case>& cases, const k::StreamHandle& s, const std::string& label,
+                    std::int64_t batch, std::int64_t cin, std::int64_t cout, std::int64_t pixels,
+                    std::int64_t kernel, std::int64_t stride) {
+  const std::int64_t pad = kernel / 2;
+  const auto full = k::conv2d_shape(batch, cin, pixels, pixels, cout, kernel, stride, pad);
+  const auto small = k::conv2d_shape(2, cin, pixels, pixels, cout, kernel, stride, pad);
+  struct Buffers {
+    Buffer x, w, b, y, dy, dx, dw;
+  };
+  auto make = [](const k::Conv2dShape& sh) {
+    auto buf = std::make_shared<Buffers>();
+    buf->x = random_buffer(sh.input_size(), 1);
+    buf->w = random_buffer(sh.weight_size(), 2);
+    buf->b = random_buffer(sh.out_channels, 3);
+    buf->dy = random_buffer(sh.output_size(), 4);
+    buf->y.resize(sh.output_size());
+    buf->dx.resize(sh.input_size());
+    buf->dw.assign(sh.weight_size(), 0.0f);
+    return buf;
+  };
+  auto big = make(full);
+  const double flops = double(full.flops());
+  const std::string shape = label + " c" + std::to_string(cin) + "->" + std::to_string(cout) + " @" +
+                            std::to_string(pixels) + " s" + std::to_string(stride);
+  cases.push_back({"conv" + std::to_string(kernel) + "x" + std::to_string(kernel) + " fwd " + shape, "compute", flops,
+                   0,
+                   [=, &s] {
+                     auto a = make(small), r = make(small);
+                     k::cpu::conv2d_forward(s, small, a->x.data(), a->w.data(), a->b.data(), a->y.data());
+                     k::ref::conv2d_forward<float>(s, small, r->x.data(), r->w.data(), r->b.data(), r->y.data());
+                     return relative_error(a->y, r->y);
+                   },
+                   [=, &s] { k::cpu::conv2d_forward(s, full, big->x.data(), big->w.data(), big->b.data(), big->y.data()); }});
+  cases.push_back({"conv" + std::to_string(kernel) + "x" + std::to_string(kernel) + " bwd-data " + shape, "compute",
+                   flops, 0,
+                   [=, &s] {
+                     auto a = make(small), r = make(small);
+                     k::cpu::conv2d_backward_data(s, small, a->dy.data(), a->w.data(), a->dx.data());
+                     k::ref::conv2d_backward_data<float>(s, small, r->dy.data(), r->w.data(), r->dx.data());
+                     return relative_error(a->dx, r->dx);
+                   },
+                   [=, &s] { k::cpu::conv2d_backward_data(s, full, big->dy.data(), big->w.data(), big->dx.data()); }});
+  cases.push_back({"conv" + std::to_string(kernel) + "x" + std::to_string(kernel) + " bwd-weight " + shape, "compute",
+                   flops, 0,
+                   [=, &s] {
+                     auto a = make(small), r = make(small);
+                     k::cpu::conv2d_backward_weight(s, small, a->x.data(), a->dy.data(), a->dw.data());
+                     k::ref::conv2d_backward_weight<float>(s, small, r->x.data(), r->dy.data(), r->dw.data());
+                     return relative_error(a->dw, r->dw);
+                   },
+                   [=, &s] { k::cpu::conv2d_backward_weight(s, full, big->x.data(), big->dy.data(), big->dw.data()); }});
+}
+
+void add_batchnorm_cases(std::vector<Case>& cases, const k::StreamHandle& s, std::int64_t batch,
+                         std::int64_t channels, std::int64_t pixels) {
+  const k::BatchNormShape full{batch, channels, pixels, pixels}, small{2, channels, pixels, pixels};
+  struct Buffers {
+    Buffer x, y, dy, dx, gamma, beta, mean, invstd, rmean, rvar, dgamma, dbeta;
+  };
+  auto make = [](const k::BatchNormShape& sh) {
+    auto b = std::make_shared<Buffers>();
+    b->x = random_buffer(sh.size(), 1);
+    b->dy = random_buffer(sh.size(), 2);
+    b->y.resize(sh.size());
+    b->dx.resize(sh.size());
+    b->gamma = random_buffer(sh.channels, 3);
+    b->beta = random_buffer(sh.channels, 4);
+    for (Buffer* v : {&b->mean, &b->invstd, &b->rmean, &b->dgamma, &b->dbeta}) v->assign(sh.channels, 0.0f);
+    b->rvar.assign(sh.channels, 1.0f);
+    return b;
+  };
+  auto big = make(full);
+  const double n = double(full.size()) * 4.0;
+  const std::string shape = "c" + std::to_string(channels) + " @" + std::to_string(pixels);
+  auto forward = [&s](const k::BatchNormShape& sh, Buffers& b, bool reference) {
+    (reference ? k::ref::batchnorm_forward_train<float> : k::cpu::batchnorm_forward_train)(
+        s, sh, 1e-5, 0.1, b.x.data(), b.gamma.data(), b.beta.data(), b.y.data(), b.mean.data(), b.invstd.data(),
+        b.rmean.data(), b.rvar.data());
+  };
+  auto backward = [&s](const k::BatchNormShape& sh, Buffers& b, bool reference) {
+    (reference ? k::ref::batchnorm_backward<float> : k::cpu::batchnorm_backward)(
+        s, sh, b.x.data(), b.dy.data(), b.gamma.data(), b.mean.data(), b.invstd.data(), b.dx.data(),
+        b.dgamma.data(), b.dbeta.data());
+  };
+  // forward: read x, write y (the statistics pass re-reads x from cache, channel by channel)
+  cases.push_back({"batchnorm fwd " + shape, "memory", 0, 2 * n,
+                   [=] {
+                     auto a = make(small), r = make(small);
+                     forward(small, *a, false);
+                     forward(small, *r, true);
+                     return relative_error(a->y, r->y);
+                   },
+                   [=] { forward(full, *big, false); }});
+  // backward: read x and dy, write dx
+  cases.push_back({"batchnorm bwd " + shape, "memory", 0, 3 * n,
+                   [=] {
+                     auto a = make(small), r = make(small);
+                     forward(small, *a, false);
+                     forward(small, *r, true);
+                     backward(small, *a, false);
+                     backward(small, *r, true);
+                     return relative_error(a->dx, r->dx);
+                   },
+                   [=] { backward(full, *big, false); }});
+}
+
+void add_coupling_cases(std::vector<Case>& cases, const k::StreamHandle& s, std::int64_t batch,
+                        std::int64_t channels, std::int64_t pixels) {
+  const k::CouplingShape full{batch, channels, pixels, pixels}, small{2, channels, pixels, pixels};
+  struct Buffers {
+    Buffer x, f, y;
+  };
+  auto make = [](const k::CouplingShape& sh) {
+    auto b = std::make_shared<Buffers>();
+    b->x = random_buffer(2 * sh.half_size(), 1);
+    b->f = random_buffer(sh.half_size(), 2);
+    b->y.resize(2 * sh.half_size());
+    return b;
+  };
+  auto big = make(full);
+  // read x (two streams) and f, write y (two streams): 5 stream-sized tensors
+  const double bytes = 5.0 * double(full.half_size()) * 4.0;
+  const std::string shape = "c" + std::to_string(channels) + "x2 @" + std::to_string(pixels);
+  cases.push_back({"coupling fwd " + shape, "memory", 0, bytes,
+                   [=, &s] {
+                     auto a = make(small), r = make(small);
+                     k::cpu::coupling_forward(s, small, a->x.data(), a->f.data(), a->y.data());
+                     k::ref::coupling_forward<float>(s, small, r->x.data(), r->f.data(), r->y.data());
+                     return relative_error(a->y, r->y);
+                   },
+                   [=, &s] { k::cpu::coupling_forward(s, full, big->x.data(), big->f.data(), big->y.data()); }});
+  cases.push_back({"coupling inverse " + shape, "memory", 0, bytes,
+                   [=, &s] {
+                     auto a = make(small), r = make(small);
+                     k::cpu::coupling_inverse(s, small, a->x.data(), a->f.data(), a->y.data());
+                     k::ref::coupling_inverse<float>(s, small, r->x.data(), r->f.data(), r->y.data());
+                     return relative_error(a->y, r->y);
+                   },
+                   [=, &s] { k::cpu::coupling_inverse(s, full, big->x.data(), big->f.data(), big->y.data()); }});
+}
+
+void add_elementwise_cases(std::vector<Case>& cases, const k::StreamHandle& s) {
+  const std::int64_t n = std::int64_t{16} << 20, small = 1000003;
+  auto x = std::make_shared<Buffer>(random_buffer(n, 1)), y = std::make_shared<Buffer>(random_buffer(n, 2)),
+       z = std::make_shared<Buffer>(n);
+  auto check = [&s, small](auto cpu_fn, auto ref_fn) {
+    Buffer a = random_buffer(small, 5), b = random_buffer(small, 6), c1(small), c2(small);
+    cpu_fn(s, small, a.data(), b.data(), c1.data());
+    ref_fn(s, small, a.data(), b.data(), c2.data());
+    return relative_error(c1, c2);
+  };
+  cases.push_back({"add 16M", "memory", 0, 3.0 * 4 * n,
+                   [=] { return check(k::cpu::add<float>, k::ref::add<float>); },
+                   [=, &s] { k::cpu::add(s, n, x->data(), y->data(), z->data()); }});
+  cases.push_back({"relu_backward 16M", "memory", 0, 3.0 * 4 * n,
+                   [=] { return check(k::cpu::relu_backward<float>, k::ref::relu_backward<float>); },
+                   [=, &s] { k::cpu::relu_backward(s, n, x->data(), y->data(), z->data()); }});
+}
+
+void add_linear_cases(std::vector<Case>& cases, const k::StreamHandle& s) {
+  // The classifier of a ResNet-18 on ImageNet-sized features: 512 -> 1000 at batch 64 (for scale).
+  const k::LinearShape full{64, 512, 1000}, small{2, 512, 1000};
+  auto make = [](const k::LinearShape& sh) {
+    struct B {
+      Buffer x, w, b, y;
+    };
+    auto b = std::make_shared<B>();
+    b->x = random_buffer(sh.batch * sh.in_features, 1);
+    b->w = random_buffer(sh.in_features * sh.out_features, 2);
+    b->b = random_buffer(sh.out_features, 3);
+    b->y.resize(sh.batch * sh.out_features);
+    return b;
+  };
+  auto big = make(full);
+  cases.push_back({"linear fwd 512->1000 b64", "compute", double(full.flops()), 0,
+                   [=, &s] {
+                     auto a = make(small), r = make(small);
+                     k::cpu::linear_forward(s, small, a->x.data(), a->w.data(), a->b.data(), a->y.data());
+                     k::ref::linear_forward<float>(s, small, r->x.data(), r->w.data(), r->b.data(), r->y.data());
+                     return relative_error(a->y, r->y);
+                   },
+                   [=, &s] { k::cpu::linear_forward(s, full, big->x.data(), big->w.data(), big->b.data(), big->y.data()); }});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench-kernels: validate every CPU kernel against the reference, then time it"};
+  int threads = 2, repeats = 7;
+  bool json = false;
+  std::string filter;
+  app.add_option("--threads", threads, "threads per kernel (the stream's thread count)")->check(CLI::Range(1, 256));
+  app.add_option("--repeats", repeats, "timed runs per case (the median is reported)")->check(CLI::Range(1, 1000));
+  app.add_option("--filter", filter, "only the cases whose name contains this text");
+  app.add_flag("--json", json, "print a JSON array instead of a table");
+  CLI11_PARSE(app, argc, argv);
+
+#ifdef _OPENMP
+  omp_set_num_threads(threads);
+#endif
+  k::HeapWorkspace workspace;
+  k::StreamHandle stream;
+  stream.num_threads = threads;
+  stream.workspace = &workspace;
+
+  std::vector<Case> cases;
+  const std::int64_t batch = 64;
+  add_conv_cases(cases, stream, "stem", batch, 3, 64, 32, 3, 1);
+  for (auto [c, p] : {std::pair{64, 32}, {128, 16}, {256, 8}, {512, 4}})
+    add_conv_cases(cases, stream, "block", batch, c, c, p, 3, 1);
+  for (auto [c, p] : {std::pair{64, 32}, {128, 16}, {256, 8}}) {
+    add_conv_cases(cases, stream, "down", batch, c, 2 * c, p, 3, 2);
+    add_conv_cases(cases, stream, "proj", batch, c, 2 * c, p, 1, 2);
+  }
+  for (auto [c, p] : {std::pair{64, 32}, {128, 16}, {256, 8}, {512, 4}}) {
+    add_batchnorm_cases(cases, stream, batch, c, p);
+    add_coupling_cases(cases, stream, batch, c, p);
+  }
+  add_elementwise_cases(cases, stream);
+  add_linear_cases(cases, stream);
+
+  // The ceilings are measured before the cases and again after them, and the higher value is
+  // used: on a shared machine a ceiling measured during a quiet moment keeps fractions honest.
+  double gemm = measure_gemm_gflops(5);
+  double triad = measure_triad_gbytes(threads, 5);
+  if (!json) {
+    std::printf("bench-kernels: %d thread(s); Eigen SGEMM 2048^3: %.1f GFLOP/s; STREAM triad: %.1f GB/s\n", threads,
+                gemm, triad);
+    std::printf("%-40s %9s %9s %9s %8s %9s\n", "case", "ms", "GFLOP/s", "GB/s", "fraction", "rel.err");
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  int failures = 0;
+  for (const Case& c : cases) {
+    if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
+    const double error = c.validate();
+    if (!(error <= 1e-4)) {
+      std::fprintf(stderr, "bench-kernels: %s disagrees with the reference (relative error %.3g); not timed\n",
+                   c.name.c_str(), error);
+      ++failures;
+      continue;
+    }
+    const double seconds = median_seconds(c.run, repeats);
+    const double gflops = c.flops / seconds / 1e9, gbytes = c.bytes / seconds / 1e9;
+    const bool compute = c.kind == "compute";
+    const double fraction = compute ? gflops / gemm : gbytes / triad;
+    rows.push_back({{"name", c.name},
+                    {"kind", c.kind},
+                    {"ms", seconds * 1e3},
+                    {"gflops", gflops},
+                    {"gbytes_per_s", gbytes},
+                    {"fraction_of_gemm", compute ? fraction : gflops / gemm},
+                    {"fraction_of_bandwidth", compute ? gbytes / triad : fraction},
+                    {"relative_error", error},
+                    {"threads", threads}});
+    if (!json)
+      std::printf("%-40s %9.3f %9.1f %9.1f %7.0f%% %9.1e\n", c.name.c_str(), seconds * 1e3, gflops, gbytes,
+                  100 * fraction, error);
+  }
+  const double gemm_after = measure_gemm_gflops(5), triad_after = measure_triad_gbytes(threads, 5);
+  if (gemm_after > gemm || triad_after > triad) {
+    const double gemm_scale = gemm / std::max(gemm, gemm_after), triad_scale = triad / std::max(triad, triad_after);
+    gemm = std::max(gemm, gemm_after);
+    triad = std::max(triad, triad_after);
+    for (auto& row : rows) {
+      row["fraction_of_gemm"] = double(row["fraction_of_gemm"]) * gemm_scale;
+      row["fraction_of_bandwidth"] = double(row["fraction_of_bandwidth"]) * triad_scale;
+    }
+    if (!json)
+      std::printf("ceilings measured again after the cases: SGEMM %.1f GFLOP/s, triad %.1f GB/s (used for the JSON fractions)\n",
+                  gemm, triad);
+  }
+  if (json) {
+    std::printf("%s\n", rows.dump(1).c_str());
+  } else {
+    std::printf("fraction: of the SGEMM rate for convolution and linear, of the triad bandwidth for the rest\n");
+  }
+  return failures == 0 ? 0 : 1;
+}
