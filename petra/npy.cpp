@@ -414,4 +414,19 @@ void write_npy(const std::filesystem::path& path, const NpyArray& array) {
   write_npy(path, array.dtype, array.shape, array.data.data());
 }
 
+Tensor load_npy(const std::filesystem::path& path, Device device) {
+  const NpyArray array = read_npy(path);
+  PETRA_CHECK(array.shape.size() <= static_cast<std::size_t>(Shape::kMaxDims), IOError, path.string(), ": ",
+              array.shape.size(), " dims, petra tensors have at most ", Shape::kMaxDims);
+  const Tensor host = Tensor::empty(Shape(std::span<const std::int64_t>(array.shape)), array.dtype, Device::cpu());
+  std::memcpy(host.raw_data(), array.data.data(), array.data.size());
+  return host.to(device);
+}
+
+void save_npy(const std::filesystem::path& path, const Tensor& tensor) {
+  PETRA_CHECK(tensor.defined(), ValueError, "save_npy(", path.string(), "): undefined tensor");
+  const Tensor host = tensor.to(Device::cpu()).contiguous();
+  write_npy(path, host.dtype(), host.shape().dims(), host.raw_data());
+}
+
 }  // namespace petra

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "petra/dtype.hpp"
+#include "petra/tensor.hpp"
 
 namespace petra {
 
@@ -45,6 +46,12 @@ NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view name_for_e
 // thrown.
 void write_npy(const std::filesystem::path& path, DType dtype, std::span<const std::int64_t> shape, const void* data);
 void write_npy(const std::filesystem::path& path, const NpyArray& array);
+
+// Tensor forms: load_npy returns a contiguous tensor on `device` (allocated in the calling
+// thread's MemoryScope); a file with more than Shape::kMaxDims dims raises IOError.
+// save_npy writes any tensor (any device, any layout) atomically, as numpy.save would.
+Tensor load_npy(const std::filesystem::path& path, Device device = Device::cpu());
+void save_npy(const std::filesystem::path& path, const Tensor& tensor);
 
 // The header bytes numpy.save writes for this dtype and shape (magic to final '\n'); exposed for tests.
 std::vector<std::byte> npy_header(DType dtype, std::span<const std::int64_t> shape);

@@ -441,3 +441,20 @@ TEST_CASE("npy: write_npy is atomic and leaves no temporary file on failure") {
   CHECK_THROWS_AS(petra::write_npy(dir.path / "y.npy", inconsistent), petra::ValueError);
   CHECK(dir.entries() == std::set<std::string>{"taken.npy", "x.npy"});
 }
+
+TEST_CASE("tensors round-trip through .npy, strided views included") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "petra-npy-tensor-test";
+  fs::create_directories(dir);
+  const petra::Tensor x = petra::Tensor::from_vector<float>({2, 4, 1}, {1, 2, 3, 4, 5, 6, 7, 8});
+  const petra::Tensor second_stream = x.slice(1, 2, 4);  // channels 2, 3: a strided view
+  petra::save_npy(dir / "s.npy", second_stream);
+  const petra::Tensor back = petra::load_npy(dir / "s.npy");
+  CHECK(back.shape() == petra::Shape{2, 2, 1});
+  CHECK(back.to_vector<float>() == std::vector<float>{3, 4, 7, 8});
+  const std::int64_t seven_dims[] = {1, 1, 1, 1, 1, 1, 1};
+  const float one = 1.0f;
+  petra::write_npy(dir / "7d.npy", petra::DType::f32, seven_dims, &one);
+  CHECK_THROWS_AS(petra::load_npy(dir / "7d.npy"), petra::IOError);
+  fs::remove_all(dir);
+}
