@@ -1,3 +1,108 @@
-// kernels/optim.hpp: (being written)
+// kernels/optim.hpp: optimizer updates of one flat parameter array from its gradient, with
+// PyTorch's semantics. The "shape" is the element count n. Parameters and optimizer state are
+// updated in place; the gradient is read only.
+//
+// SGD (torch.optim.SGD), with g = grad + weight_decay * p (coupled weight decay):
+//   momentum == 0:  p -= lr * g                                    (buffer unused, may be null)
+//   otherwise:      buf = g on the first step, else buf = momentum * buf + (1 - dampening) * g
+//                   g = nesterov ? g + momentum * buf : buf
+//                   p -= lr * g
+//   Nesterov needs momentum > 0 and dampening == 0; the caller checks.
+//
+// Adam (torch.optim.Adam, not AdamW; amsgrad off), step t = 1, 2, ... counted by the caller,
+// with g = grad + weight_decay * p:
+//   m = beta1 * m + (1 - beta1) * g        (cpu:: computes m += (1 - beta1) * (g - m), as PyTorch)
+//   v = beta2 * v + (1 - beta2) * g^2
+//   p -= (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+//   m and v start at zero.
+//
+// LARS (You et al. 2017, "Large batch training of convolutional networks", as in the common
+// PyTorch implementations used for ResNets), per parameter array:
+//   trust = eta * ||p|| / (||grad|| + weight_decay * ||p||), or 1 when ||p|| or ||grad|| is 0
+//   buf = momentum * buf + lr * trust * (grad + weight_decay * p)
+//   p -= buf
+//   buf starts at zero (so the first step is buf = lr * trust * (grad + wd * p)). Arrays that
+//   should not be adapted (batch-norm parameters, biases) are the caller's concern: it uses SGD
+//   for them.
+//
+// The norms are in double; the cpu:: versions compute the update in T (float), in PyTorch's
+// order of operations.
 #pragma once
+
+#include <cstdint>
+
 #include "kernels/common.hpp"
+#include "petra/config.hpp"
+
+namespace petra::kernels {
+
+struct SgdOptions {
+  double lr = 0.1;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+};
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;
+};
+
+struct LarsOptions {
+  double lr = 0.1;
+  double momentum = 0.9;
+  double weight_decay = 0;
+  double eta = 0.001;  // trust coefficient
+};
+
+namespace ref {
+
+// param, momentum_buffer: updated in place. first_step: this buffer has never been written.
+template <class T>
+void sgd_step(const StreamHandle& s, std::int64_t n, const SgdOptions& options, bool first_step, T* param,
+              const T* grad, T* momentum_buffer);
+// param, exp_avg (m), exp_avg_sq (v): updated in place. step: 1 on the first call.
+template <class T>
+void adam_step(const StreamHandle& s, std::int64_t n, const AdamOptions& options, std::int64_t step, T* param,
+               const T* grad, T* exp_avg, T* exp_avg_sq);
+// param, momentum_buffer: updated in place.
+template <class T>
+void lars_step(const StreamHandle& s, std::int64_t n, const LarsOptions& options, T* param, const T* grad,
+               T* momentum_buffer);
+
+}  // namespace ref
+
+// Same contracts as ref::, for float and double.
+namespace cpu {
+
+template <class T>
+void sgd_step(const StreamHandle& s, std::int64_t n, const SgdOptions& options, bool first_step, T* param,
+              const T* grad, T* momentum_buffer);
+template <class T>
+void adam_step(const StreamHandle& s, std::int64_t n, const AdamOptions& options, std::int64_t step, T* param,
+               const T* grad, T* exp_avg, T* exp_avg_sq);
+template <class T>
+void lars_step(const StreamHandle& s, std::int64_t n, const LarsOptions& options, T* param, const T* grad,
+               T* momentum_buffer);
+
+}  // namespace cpu
+
+#if PETRA_HAVE_CUDA
+// Same contracts as ref::, float, launched on s.cuda_stream; the arrays are device memory.
+namespace cuda {
+
+void sgd_step(const StreamHandle& s, std::int64_t n, const SgdOptions& options, bool first_step, float* param,
+              const float* grad, float* momentum_buffer);
+void adam_step(const StreamHandle& s, std::int64_t n, const AdamOptions& options, std::int64_t step, float* param,
+               const float* grad, float* exp_avg, float* exp_avg_sq);
+void lars_step(const StreamHandle& s, std::int64_t n, const LarsOptions& options, float* param, const float* grad,
+               float* momentum_buffer);
+
+}  // namespace cuda
+#endif
+
+}  // namespace petra::kernels
