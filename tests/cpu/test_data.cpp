@@ -1,0 +1,2 @@
+// tests/cpu/test_data.cpp: (being written)
+#include <doctest/doctest.h>

@@ -1,0 +1,2 @@
+// tests/cpu/test_models.cpp: (being written)
+#include <doctest/doctest.h>

@@ -1,0 +1,2 @@
+// tests/cpu/test_nn.cpp: (being written)
+#include <doctest/doctest.h>

@@ -1,0 +1,2 @@
+// tests/cpu/test_optimizers.cpp: (being written)
+#include <doctest/doctest.h>
