@@ -1,3 +1,60 @@
-// kernels/channel.hpp: (being written)
+// kernels/channel.hpp: copying a range of channels out of, or into, an NCHW tensor.
+//
+// `shape` is the full tensor (batch, channels, height, width); the range is channels
+// [first_channel, first_channel + count), and the part tensor is (batch, count, height, width).
+//   channel_split:  part = full[:, first_channel : first_channel + count]
+//   channel_insert: full[:, first_channel : first_channel + count] = part  (other channels untouched)
+// Splitting a tensor into pieces is one channel_split per piece; concatenating pieces is one
+// channel_insert per piece, and the inserts together assign every channel of the result.
+// Both are memcpy per sample: count*height*width contiguous floats on each side.
 #pragma once
+
+#include <cstdint>
+
 #include "kernels/common.hpp"
+#include "petra/config.hpp"
+
+namespace petra::kernels {
+
+struct ChannelShape {
+  std::int64_t batch = 0, channels = 0, height = 0, width = 0;  // the full tensor
+
+  std::int64_t plane() const { return height * width; }
+  std::int64_t size() const { return batch * channels * height * width; }
+};
+
+namespace ref {
+
+// part = (assigned).
+template <class T>
+void channel_split(const StreamHandle& s, const ChannelShape& shape, const T* full,
+                   std::int64_t first_channel, std::int64_t count, T* part);
+
+// full's channel range = (assigned); the other channels of full are left as they are.
+template <class T>
+void channel_insert(const StreamHandle& s, const ChannelShape& shape, const T* part,
+                    std::int64_t first_channel, std::int64_t count, T* full);
+
+}  // namespace ref
+
+namespace cpu {
+
+void channel_split(const StreamHandle& s, const ChannelShape& shape, const float* full,
+                   std::int64_t first_channel, std::int64_t count, float* part);
+void channel_insert(const StreamHandle& s, const ChannelShape& shape, const float* part,
+                    std::int64_t first_channel, std::int64_t count, float* full);
+
+}  // namespace cpu
+
+#if PETRA_HAVE_CUDA
+namespace cuda {
+
+void channel_split(const StreamHandle& s, const ChannelShape& shape, const float* full,
+                   std::int64_t first_channel, std::int64_t count, float* part);
+void channel_insert(const StreamHandle& s, const ChannelShape& shape, const float* part,
+                    std::int64_t first_channel, std::int64_t count, float* full);
+
+}  // namespace cuda
+#endif
+
+}  // namespace petra::kernels

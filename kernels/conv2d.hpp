@@ -1,3 +1,117 @@
-// kernels/conv2d.hpp: (being written)
+// kernels/conv2d.hpp: 2-d convolution over NCHW tensors (cross-correlation, as PyTorch's Conv2d).
+//
+//   y[b, o, oh, ow] = bias[o] + sum_{c, i, j} w[o, c, i, j] * x[b, c, oh*stride_h - pad_h + i,
+//                                                               ow*stride_w - pad_w + j]
+// where x reads as zero outside the image (symmetric zero padding). Dilation 1, one group.
+//
+// Layout (all contiguous): x, dx (batch, in_channels, in_h, in_w); y, dy (batch, out_channels,
+// out_h, out_w); w, dw (out_channels, in_channels, kernel_h, kernel_w) as PyTorch; bias, db
+// (out_channels). bias may be nullptr (no bias).
+//
+// Backward, for L = <dy, y>:
+//   dx[b, c, h, w]  = sum over the (o, i, j, oh, ow) that read x[b, c, h, w] of w[o, c, i, j] * dy
+//   dw[o, c, i, j] += sum_{b, oh, ow} dy[b, o, oh, ow] * x[b, c, oh*stride_h - pad_h + i, ...]
+//   db[o]          += sum_{b, oh, ow} dy[b, o, oh, ow]
+//
+// cpu:: lowers the convolution to matrix products (im2col + Eigen GEMM; kernels/cpu/conv2d.cpp
+// explains how) and needs scratch memory from the stream's workspace: at most
+// cpu::conv2d_workspace_bytes(shape, s.num_threads) bytes. ref:: needs none.
 #pragma once
+
+#include <cstddef>
+#include <cstdint>
+
 #include "kernels/common.hpp"
+#include "petra/config.hpp"
+
+namespace petra::kernels {
+
+struct Conv2dShape {
+  std::int64_t batch = 0, in_channels = 0, in_h = 0, in_w = 0;
+  std::int64_t out_channels = 0, kernel_h = 0, kernel_w = 0;
+  std::int64_t stride_h = 1, stride_w = 1;
+  std::int64_t pad_h = 0, pad_w = 0;
+
+  std::int64_t out_h() const { return (in_h + 2 * pad_h - kernel_h) / stride_h + 1; }
+  std::int64_t out_w() const { return (in_w + 2 * pad_w - kernel_w) / stride_w + 1; }
+  std::int64_t input_size() const { return batch * in_channels * in_h * in_w; }
+  std::int64_t output_size() const { return batch * out_channels * out_h() * out_w(); }
+  std::int64_t weight_size() const { return out_channels * in_channels * kernel_h * kernel_w; }
+  // Multiply-adds times 2 of the forward pass; each backward pass (data, weight) costs the same.
+  std::int64_t flops() const { return 2 * output_size() * in_channels * kernel_h * kernel_w; }
+};
+
+// A square kernel with the same stride and padding in both dimensions (the common case).
+inline Conv2dShape conv2d_shape(std::int64_t batch, std::int64_t in_channels, std::int64_t in_h,
+                                std::int64_t in_w, std::int64_t out_channels, std::int64_t kernel,
+                                std::int64_t stride, std::int64_t padding) {
+  return {batch, in_channels, in_h, in_w, out_channels, kernel, kernel,
+          stride, stride, padding, padding};
+}
+
+namespace ref {
+
+// y = conv(x, w) + bias.
+template <class T>
+void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const T* x, const T* w,
+                    const T* bias, T* y);
+
+// dx = (gradient with respect to the input).
+template <class T>
+void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const T* dy,
+                          const T* w, T* dx);
+
+// dw += (gradient with respect to the weight).
+template <class T>
+void conv2d_backward_weight(const StreamHandle& s, const Conv2dShape& shape, const T* x,
+                            const T* dy, T* dw);
+
+// db += (gradient with respect to the bias).
+template <class T>
+void conv2d_backward_bias(const StreamHandle& s, const Conv2dShape& shape, const T* dy, T* db);
+
+}  // namespace ref
+
+namespace cpu {
+
+// Same contracts as ref::, for float and double.
+void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float* x,
+                    const float* w, const float* bias, float* y);
+void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const float* dy,
+                          const float* w, float* dx);
+void conv2d_backward_weight(const StreamHandle& s, const Conv2dShape& shape, const float* x,
+                            const float* dy, float* dw);
+void conv2d_backward_bias(const StreamHandle& s, const Conv2dShape& shape, const float* dy,
+                          float* db);
+
+void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const double* x,
+                    const double* w, const double* bias, double* y);
+void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const double* dy,
+                          const double* w, double* dx);
+void conv2d_backward_weight(const StreamHandle& s, const Conv2dShape& shape, const double* x,
+                            const double* dy, double* dw);
+void conv2d_backward_bias(const StreamHandle& s, const Conv2dShape& shape, const double* dy,
+                          double* db);
+
+// The most scratch bytes any of the float kernels above asks from the workspace for this shape
+// with num_threads threads (double needs twice as much).
+std::size_t conv2d_workspace_bytes(const Conv2dShape& shape, int num_threads);
+
+}  // namespace cpu
+
+#if PETRA_HAVE_CUDA
+namespace cuda {
+
+void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float* x,
+                    const float* w, const float* bias, float* y);
+void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const float* dy,
+                          const float* w, float* dx);
+void conv2d_backward_weight(const StreamHandle& s, const Conv2dShape& shape, const float* x,
+                            const float* dy, float* dw);
+void conv2d_backward_bias(const StreamHandle& s, const Conv2dShape& shape, const float* dy,
+                          float* db);
+
+}  // namespace cuda
+#endif
+
+}  // namespace petra::kernels

@@ -1,2 +1,100 @@
-// kernels/ref/batchnorm.cpp: (being written)
+// kernels/ref/batchnorm.cpp: the oracle for kernels/batchnorm.hpp, plain loops in double.
 #include "kernels/batchnorm.hpp"
+
+#include <cmath>
+
+namespace petra::kernels::ref {
+
+namespace {
+
+// Index of value (n, c, i) of an NCHW tensor, i = h * width + w.
+std::int64_t at(const BatchNormShape& shape, std::int64_t n, std::int64_t c, std::int64_t i) {
+  return (n * shape.channels + c) * shape.plane() + i;
+}
+
+}  // namespace
+
+template <class T>
+void batchnorm_forward_train(const StreamHandle&, const BatchNormShape& shape, double eps,
+                             double momentum, const T* x, const T* gamma, const T* beta, T* y,
+                             T* saved_mean, T* saved_invstd, T* running_mean, T* running_var) {
+  const double count = double(shape.values_per_channel());
+  for (std::int64_t c = 0; c < shape.channels; ++c) {
+    double sum = 0;
+    for (std::int64_t n = 0; n < shape.batch; ++n)
+      for (std::int64_t i = 0; i < shape.plane(); ++i) sum += x[at(shape, n, c, i)];
+    const double mean = sum / count;
+    double squares = 0;
+    for (std::int64_t n = 0; n < shape.batch; ++n)
+      for (std::int64_t i = 0; i < shape.plane(); ++i) {
+        const double d = x[at(shape, n, c, i)] - mean;
+        squares += d * d;
+      }
+    const double var = squares / count;
+    const double invstd = 1.0 / std::sqrt(var + eps);
+    for (std::int64_t n = 0; n < shape.batch; ++n)
+      for (std::int64_t i = 0; i < shape.plane(); ++i) {
+        const std::int64_t k = at(shape, n, c, i);
+        y[k] = T(double(gamma[c]) * (x[k] - mean) * invstd + double(beta[c]));
+      }
+    saved_mean[c] = T(mean);
+    saved_invstd[c] = T(invstd);
+    const double unbiased_var = count > 1 ? var * count / (count - 1) : var;
+    if (running_mean) running_mean[c] = T((1 - momentum) * running_mean[c] + momentum * mean);
+    if (running_var) running_var[c] = T((1 - momentum) * running_var[c] + momentum * unbiased_var);
+  }
+}
+
+template <class T>
+void batchnorm_forward_eval(const StreamHandle&, const BatchNormShape& shape, double eps,
+                            const T* x, const T* gamma, const T* beta, const T* running_mean,
+                            const T* running_var, T* y) {
+  for (std::int64_t c = 0; c < shape.channels; ++c) {
+    const double invstd = 1.0 / std::sqrt(double(running_var[c]) + eps);
+    for (std::int64_t n = 0; n < shape.batch; ++n)
+      for (std::int64_t i = 0; i < shape.plane(); ++i) {
+        const std::int64_t k = at(shape, n, c, i);
+        y[k] = T(double(gamma[c]) * (x[k] - double(running_mean[c])) * invstd + double(beta[c]));
+      }
+  }
+}
+
+template <class T>
+void batchnorm_backward(const StreamHandle&, const BatchNormShape& shape, const T* x,
+                        const T* dy, const T* gamma, const T* saved_mean, const T* saved_invstd,
+                        T* dx, T* dgamma, T* dbeta) {
+  const double count = double(shape.values_per_channel());
+  for (std::int64_t c = 0; c < shape.channels; ++c) {
+    const double mean = saved_mean[c], invstd = saved_invstd[c];
+    double sum_dy = 0, sum_dy_xhat = 0;
+    for (std::int64_t n = 0; n < shape.batch; ++n)
+      for (std::int64_t i = 0; i < shape.plane(); ++i) {
+        const std::int64_t k = at(shape, n, c, i);
+        sum_dy += dy[k];
+        sum_dy_xhat += dy[k] * (x[k] - mean) * invstd;
+      }
+    for (std::int64_t n = 0; n < shape.batch; ++n)
+      for (std::int64_t i = 0; i < shape.plane(); ++i) {
+        const std::int64_t k = at(shape, n, c, i);
+        const double xhat = (x[k] - mean) * invstd;
+        dx[k] = T(double(gamma[c]) * invstd * (dy[k] - sum_dy / count - xhat * sum_dy_xhat / count));
+      }
+    dgamma[c] = T(dgamma[c] + sum_dy_xhat);
+    dbeta[c] = T(dbeta[c] + sum_dy);
+  }
+}
+
+#define PETRA_INSTANTIATE(T)                                                                   \
+  template void batchnorm_forward_train<T>(const StreamHandle&, const BatchNormShape&, double, \
+                                           double, const T*, const T*, const T*, T*, T*, T*,   \
+                                           T*, T*);                                            \
+  template void batchnorm_forward_eval<T>(const StreamHandle&, const BatchNormShape&, double,  \
+                                          const T*, const T*, const T*, const T*, const T*,    \
+                                          T*);                                                 \
+  template void batchnorm_backward<T>(const StreamHandle&, const BatchNormShape&, const T*,    \
+                                      const T*, const T*, const T*, const T*, T*, T*, T*);
+PETRA_INSTANTIATE(float)
+PETRA_INSTANTIATE(double)
+#undef PETRA_INSTANTIATE
+
+}  // namespace petra::kernels::ref

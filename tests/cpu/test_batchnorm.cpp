@@ -1,2 +1,238 @@
-// tests/cpu/test_batchnorm.cpp: (being written)
+// tests/cpu/test_batchnorm.cpp: batch normalisation: cpu:: against ref::, ref::'s backward
+// against finite differences, the running statistics against numbers worked out by hand, and the
+// "=" / "+=" contract.
 #include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/batchnorm.hpp"
+#include "tests/support/testing.hpp"
+
+namespace pk = petra::kernels;
+using petra::testing::check_gradient;
+using petra::testing::random_values;
+using petra::testing::relative_error;
+
+namespace {
+
+constexpr double kEps = 1e-5;
+constexpr double kMomentum = 0.1;
+
+// Odd sizes, batch 1, one pixel, and shapes big enough for the threaded path. (Not n = 2 values
+// per channel: there the normalised output is +-1 whatever x is, dx is pure cancellation noise.)
+const std::vector<pk::BatchNormShape> kShapes = {
+    {1, 3, 5, 7}, {7, 5, 1, 1}, {3, 8, 4, 4}, {2, 17, 3, 5}, {8, 32, 16, 16}, {5, 3, 33, 31}};
+
+// Everything a training forward reads and writes, filled with random values.
+template <class T>
+struct TrainCase {
+  pk::BatchNormShape shape;
+  std::vector<T> x, gamma, beta, y, mean, invstd, running_mean, running_var;
+
+  TrainCase(const pk::BatchNormShape& sh, std::uint64_t seed, double x_lo = -1, double x_hi = 1)
+      : shape(sh),
+        x(random_values<T>(sh.size(), seed, x_lo, x_hi)),
+        gamma(random_values<T>(sh.channels, seed + 1, 0.5, 1.5)),
+        beta(random_values<T>(sh.channels, seed + 2)),
+        y(sh.size(), T(777)),
+        mean(sh.channels, T(777)),
+        invstd(sh.channels, T(777)),
+        running_mean(random_values<T>(sh.channels, seed + 3)),
+        running_var(random_values<T>(sh.channels, seed + 4, 0.5, 2)) {}
+};
+
+}  // namespace
+
+TEST_CASE("batchnorm: cpu training forward matches ref") {
+  pk::HeapWorkspace workspace;
+  pk::StreamHandle s;
+  s.num_threads = 2;
+  s.workspace = &workspace;
+  std::uint64_t seed = 10;
+  for (const auto& shape : kShapes) {
+    // Also an offset input (|mean| >> std), which a naive sum of squares gets wrong.
+    for (double offset : {0.0, 100.0}) {
+      CAPTURE(shape.batch);
+      CAPTURE(shape.channels);
+      CAPTURE(shape.height);
+      CAPTURE(shape.width);
+      CAPTURE(offset);
+      TrainCase<float> cpu(shape, seed++, offset - 1, offset + 1), ref = cpu;
+      pk::cpu::batchnorm_forward_train(s, shape, kEps, kMomentum, cpu.x.data(), cpu.gamma.data(),
+                                       cpu.beta.data(), cpu.y.data(), cpu.mean.data(),
+                                       cpu.invstd.data(), cpu.running_mean.data(),
+                                       cpu.running_var.data());
+      pk::ref::batchnorm_forward_train(s, shape, kEps, kMomentum, ref.x.data(), ref.gamma.data(),
+                                       ref.beta.data(), ref.y.data(), ref.mean.data(),
+                                       ref.invstd.data(), ref.running_mean.data(),
+                                       ref.running_var.data());
+      CHECK(relative_error(cpu.y, ref.y) < 1e-5);
+      CHECK(relative_error(cpu.mean, ref.mean) < 1e-6);
+      CHECK(relative_error(cpu.invstd, ref.invstd) < 1e-5);
+      CHECK(relative_error(cpu.running_mean, ref.running_mean) < 1e-6);
+      CHECK(relative_error(cpu.running_var, ref.running_var) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("batchnorm: cpu eval forward matches ref") {
+  pk::HeapWorkspace workspace;
+  pk::StreamHandle s;
+  s.num_threads = 2;
+  s.workspace = &workspace;
+  std::uint64_t seed = 50;
+  for (const auto& shape : kShapes) {
+    CAPTURE(shape.channels);
+    CAPTURE(shape.height);
+    TrainCase<float> c(shape, seed++);
+    std::vector<float> y_ref(shape.size(), 777.f);
+    pk::cpu::batchnorm_forward_eval(s, shape, kEps, c.x.data(), c.gamma.data(), c.beta.data(),
+                                    c.running_mean.data(), c.running_var.data(), c.y.data());
+    pk::ref::batchnorm_forward_eval(s, shape, kEps, c.x.data(), c.gamma.data(), c.beta.data(),
+                                    c.running_mean.data(), c.running_var.data(), y_ref.data());
+    CHECK(relative_error(c.y, y_ref) < 1e-6);
+    // Hand check of one value: y = gamma (x - rm) / sqrt(rv + eps) + beta.
+    const std::int64_t k = shape.size() - 1, ch = shape.channels - 1;
+    const double expected = c.gamma[ch] * (c.x[k] - c.running_mean[ch]) /
+                                std::sqrt(c.running_var[ch] + kEps) + c.beta[ch];
+    CHECK(y_ref[k] == doctest::Approx(expected).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("batchnorm: cpu backward matches ref, dx assigned, dgamma and dbeta accumulated") {
+  pk::HeapWorkspace workspace;
+  pk::StreamHandle s;
+  s.num_threads = 2;
+  s.workspace = &workspace;
+  std::uint64_t seed = 90;
+  for (const auto& shape : kShapes) {
+    for (double offset : {0.0, 100.0}) {
+      CAPTURE(shape.batch);
+      CAPTURE(shape.channels);
+      CAPTURE(shape.height);
+      CAPTURE(shape.width);
+      CAPTURE(offset);
+      TrainCase<float> c(shape, seed, offset - 1, offset + 1);
+      seed += 5;
+      pk::ref::batchnorm_forward_train<float>(s, shape, kEps, kMomentum, c.x.data(),
+                                              c.gamma.data(), c.beta.data(), c.y.data(),
+                                              c.mean.data(), c.invstd.data(), nullptr, nullptr);
+      const auto dy = random_values<float>(shape.size(), seed++);
+      const auto prior_dgamma = random_values<float>(shape.channels, seed++);
+      const auto prior_dbeta = random_values<float>(shape.channels, seed++);
+      std::vector<float> dx_cpu(shape.size(), 777.f), dx_ref(shape.size(), -777.f);
+      std::vector<float> dgamma_cpu = prior_dgamma, dbeta_cpu = prior_dbeta;
+      std::vector<float> dgamma_ref(shape.channels, 0.f), dbeta_ref(shape.channels, 0.f);
+      pk::cpu::batchnorm_backward(s, shape, c.x.data(), dy.data(), c.gamma.data(), c.mean.data(),
+                                  c.invstd.data(), dx_cpu.data(), dgamma_cpu.data(),
+                                  dbeta_cpu.data());
+      pk::ref::batchnorm_backward(s, shape, c.x.data(), dy.data(), c.gamma.data(), c.mean.data(),
+                                  c.invstd.data(), dx_ref.data(), dgamma_ref.data(),
+                                  dbeta_ref.data());
+      CHECK(relative_error(dx_cpu, dx_ref) < 1e-5);
+      // ref accumulates too: a second call doubles its parameter gradients.
+      std::vector<float> dgamma_twice = dgamma_ref, dbeta_twice = dbeta_ref;
+      pk::ref::batchnorm_backward(s, shape, c.x.data(), dy.data(), c.gamma.data(), c.mean.data(),
+                                  c.invstd.data(), dx_ref.data(), dgamma_twice.data(),
+                                  dbeta_twice.data());
+      for (std::int64_t ch = 0; ch < shape.channels; ++ch) {
+        CHECK(dgamma_cpu[ch] - prior_dgamma[ch] ==
+              doctest::Approx(dgamma_ref[ch]).epsilon(1e-4).scale(1));
+        CHECK(dbeta_cpu[ch] - prior_dbeta[ch] ==
+              doctest::Approx(dbeta_ref[ch]).epsilon(1e-4).scale(1));
+        CHECK(dgamma_twice[ch] == doctest::Approx(2 * dgamma_ref[ch]));
+        CHECK(dbeta_twice[ch] == doctest::Approx(2 * dbeta_ref[ch]));
+      }
+    }
+  }
+}
+
+TEST_CASE("batchnorm: forward outputs are assigned, running statistics follow PyTorch") {
+  // Two samples, two channels, 1x2 pixels: channel 0 holds {1, 2, 3, 6}, channel 1 {0, 0, 0, 4}.
+  // channel 0: mean 3, biased var (4+1+0+9)/4 = 3.5, unbiased 14/3
+  // channel 1: mean 1, biased var (1+1+1+9)/4 = 3,   unbiased 4
+  const pk::BatchNormShape shape{2, 2, 1, 2};
+  const std::vector<double> x = {1, 2, 0, 0, 3, 6, 0, 4};
+  const std::vector<double> gamma = {2, 0.5}, beta = {1, -1};
+  const double means[2] = {3, 1}, vars[2] = {3.5, 3}, unbiased[2] = {14.0 / 3, 4};
+  pk::HeapWorkspace workspace;
+  pk::StreamHandle s;
+  s.workspace = &workspace;
+  auto run = [&](auto forward, auto value) {
+    using T = decltype(value);
+    std::vector<T> xt(x.begin(), x.end()), g(gamma.begin(), gamma.end()), b(beta.begin(), beta.end());
+    std::vector<T> y(8, T(777)), mean(2, T(777)), invstd(2, T(777));
+    std::vector<T> running_mean = {T(0.5), T(-2)}, running_var = {T(2), T(1)};
+    forward(s, shape, kEps, kMomentum, xt.data(), g.data(), b.data(), y.data(), mean.data(),
+            invstd.data(), running_mean.data(), running_var.data());
+    for (int c = 0; c < 2; ++c) {
+      CHECK(mean[c] == doctest::Approx(means[c]).epsilon(1e-6));
+      CHECK(invstd[c] == doctest::Approx(1 / std::sqrt(vars[c] + kEps)).epsilon(1e-6));
+    }
+    // running = 0.9 * running + 0.1 * batch statistic (unbiased variance)
+    CHECK(running_mean[0] == doctest::Approx(0.9 * 0.5 + 0.1 * means[0]).epsilon(1e-6));
+    CHECK(running_mean[1] == doctest::Approx(0.9 * -2 + 0.1 * means[1]).epsilon(1e-6));
+    CHECK(running_var[0] == doctest::Approx(0.9 * 2 + 0.1 * unbiased[0]).epsilon(1e-6));
+    CHECK(running_var[1] == doctest::Approx(0.9 * 1 + 0.1 * unbiased[1]).epsilon(1e-6));
+    for (int n = 0; n < 2; ++n)
+      for (int c = 0; c < 2; ++c)
+        for (int i = 0; i < 2; ++i) {
+          const int k = (n * 2 + c) * 2 + i;
+          const double expected = gamma[c] * (x[k] - means[c]) / std::sqrt(vars[c] + kEps) + beta[c];
+          CHECK(y[k] == doctest::Approx(expected).epsilon(1e-6));
+        }
+    // Null running pointers: nothing updated, same y.
+    std::vector<T> y2(8, T(777));
+    forward(s, shape, kEps, kMomentum, xt.data(), g.data(), b.data(), y2.data(), mean.data(),
+            invstd.data(), nullptr, nullptr);
+    CHECK(y2 == y);
+  };
+  SUBCASE("ref double") {
+    run([](auto&&... a) { pk::ref::batchnorm_forward_train<double>(a...); }, double{});
+  }
+  SUBCASE("ref float") {
+    run([](auto&&... a) { pk::ref::batchnorm_forward_train<float>(a...); }, float{});
+  }
+  SUBCASE("cpu") {
+    run([](auto&&... a) { pk::cpu::batchnorm_forward_train(a...); }, float{});
+  }
+}
+
+TEST_CASE("batchnorm: ref backward matches finite differences (training mode)") {
+  const pk::BatchNormShape shape{2, 3, 3, 2};
+  const auto x0 = random_values<double>(shape.size(), 200);
+  const auto gamma0 = random_values<double>(shape.channels, 201, 0.5, 1.5);
+  const auto beta0 = random_values<double>(shape.channels, 202);
+  const auto g = random_values<double>(shape.size(), 203);  // L = <g, y>
+  pk::StreamHandle s;
+
+  auto loss = [&](const std::vector<double>& x, const std::vector<double>& gamma,
+                  const std::vector<double>& beta) {
+    std::vector<double> y(shape.size()), mean(shape.channels), invstd(shape.channels);
+    pk::ref::batchnorm_forward_train(s, shape, kEps, kMomentum, x.data(), gamma.data(),
+                                     beta.data(), y.data(), mean.data(), invstd.data(),
+                                     static_cast<double*>(nullptr), static_cast<double*>(nullptr));
+    double l = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) l += g[i] * y[i];
+    return l;
+  };
+
+  std::vector<double> y(shape.size()), mean(shape.channels), invstd(shape.channels);
+  pk::ref::batchnorm_forward_train(s, shape, kEps, kMomentum, x0.data(), gamma0.data(),
+                                   beta0.data(), y.data(), mean.data(), invstd.data(),
+                                   static_cast<double*>(nullptr), static_cast<double*>(nullptr));
+  std::vector<double> dx(shape.size()), dgamma(shape.channels, 0.0), dbeta(shape.channels, 0.0);
+  pk::ref::batchnorm_backward(s, shape, x0.data(), g.data(), gamma0.data(), mean.data(),
+                              invstd.data(), dx.data(), dgamma.data(), dbeta.data());
+
+  const auto rx = check_gradient([&](const std::vector<double>& v) { return loss(v, gamma0, beta0); },
+                                 x0, dx);
+  CHECK_MESSAGE(rx.ok, "dx: ", rx.worst);
+  const auto rg = check_gradient([&](const std::vector<double>& v) { return loss(x0, v, beta0); },
+                                 gamma0, dgamma);
+  CHECK_MESSAGE(rg.ok, "dgamma: ", rg.worst);
+  const auto rb = check_gradient([&](const std::vector<double>& v) { return loss(x0, gamma0, v); },
+                                 beta0, dbeta);
+  CHECK_MESSAGE(rb.ok, "dbeta: ", rb.worst);
+}

@@ -1,2 +1,232 @@
-// tests/cpu/test_conv2d.cpp: (being written)
+// tests/cpu/test_conv2d.cpp: the conv2d kernels: cpu:: against ref:: on many shapes, ref::'s
+// backward passes against finite differences, and the "=" / "+=" contract of each output.
 #include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/conv2d.hpp"
+#include "tests/support/testing.hpp"
+
+namespace {
+
+using petra::kernels::Conv2dShape;
+using petra::kernels::conv2d_shape;
+using petra::kernels::HeapWorkspace;
+using petra::kernels::StreamHandle;
+using petra::testing::random_values;
+using petra::testing::relative_error;
+namespace ref = petra::kernels::ref;
+namespace cpu = petra::kernels::cpu;
+
+std::string describe(const Conv2dShape& s) {
+  return "batch " + std::to_string(s.batch) + ", " + std::to_string(s.in_channels) + "->" +
+         std::to_string(s.out_channels) + " channels, " + std::to_string(s.in_h) + "x" +
+         std::to_string(s.in_w) + " image, " + std::to_string(s.kernel_h) + "x" +
+         std::to_string(s.kernel_w) + " kernel, stride " + std::to_string(s.stride_h) + "," +
+         std::to_string(s.stride_w) + ", padding " + std::to_string(s.pad_h) + "," +
+         std::to_string(s.pad_w);
+}
+
+std::size_t size_of(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+// The shapes cpu:: is compared on: odd sizes, batch 1, kernels 1/3/7 and non-square, strides 1
+// and 2, paddings 0/1/3 (also larger than kernel - 1), images with few pixels so that one GEMM
+// tile spans many images (and a thread's share starts inside an image), and images with many.
+std::vector<Conv2dShape> comparison_shapes() {
+  std::vector<Conv2dShape> shapes = {
+      conv2d_shape(1, 3, 7, 9, 5, 3, 1, 1),      conv2d_shape(2, 4, 11, 8, 6, 1, 1, 0),
+      conv2d_shape(3, 2, 9, 13, 3, 7, 2, 3),     conv2d_shape(2, 5, 10, 10, 4, 3, 2, 1),
+      conv2d_shape(1, 3, 6, 7, 2, 1, 2, 0),      conv2d_shape(2, 3, 5, 6, 4, 1, 1, 1),
+      conv2d_shape(2, 2, 6, 5, 3, 3, 1, 3),      conv2d_shape(37, 3, 4, 4, 4, 3, 1, 1),
+      conv2d_shape(37, 6, 4, 4, 5, 1, 1, 0),     conv2d_shape(13, 3, 8, 7, 4, 3, 2, 1),
+      conv2d_shape(2, 3, 23, 21, 4, 3, 1, 1),    conv2d_shape(1, 4, 29, 31, 3, 1, 1, 0),
+      conv2d_shape(2, 2, 25, 27, 3, 7, 1, 3),    conv2d_shape(1, 1, 1, 1, 1, 1, 1, 0)};
+  // in_channels >= 16: backward-data of stride 1 runs as a forward conv (padding k-1-p < 0 too)
+  shapes.push_back(conv2d_shape(3, 16, 7, 9, 5, 3, 1, 1));
+  shapes.push_back(conv2d_shape(2, 16, 5, 6, 3, 1, 1, 1));
+  shapes.push_back(conv2d_shape(2, 17, 6, 5, 3, 3, 1, 3));
+  shapes.push_back({2, 16, 9, 8, 4, 3, 1, 1, 1, 1, 0});
+  shapes.push_back({2, 3, 9, 8, 4, 3, 1, 1, 1, 1, 0});   // 3x1 kernel
+  shapes.push_back({3, 2, 7, 12, 3, 1, 5, 1, 2, 0, 2});  // 1x5 kernel, stride (1, 2)
+  shapes.push_back({2, 3, 10, 9, 2, 4, 2, 2, 1, 1, 0});  // even 4x2 kernel, stride (2, 1)
+  return shapes;
+}
+
+// Runs the four cpu:: kernels in T on random data and compares them with ref:: in double.
+template <class T>
+void compare_with_reference(const Conv2dShape& shape, int threads, double tolerance) {
+  CAPTURE(describe(shape));
+  CAPTURE(threads);
+  const auto x = random_values<double>(size_of(shape.input_size()), 1);
+  const auto w = random_values<double>(size_of(shape.weight_size()), 2);
+  const auto bias = random_values<double>(size_of(shape.out_channels), 3);
+  const auto dy = random_values<double>(size_of(shape.output_size()), 4);
+  const std::vector<T> xt(x.begin(), x.end()), wt(w.begin(), w.end()), bt(bias.begin(), bias.end()),
+      dyt(dy.begin(), dy.end());
+
+  const StreamHandle serial;
+  std::vector<double> y(size_of(shape.output_size())), dx(size_of(shape.input_size())),
+      dw(size_of(shape.weight_size()), 0.0), db(size_of(shape.out_channels), 0.0);
+  ref::conv2d_forward(serial, shape, x.data(), w.data(), bias.data(), y.data());
+  ref::conv2d_backward_data(serial, shape, dy.data(), w.data(), dx.data());
+  ref::conv2d_backward_weight(serial, shape, x.data(), dy.data(), dw.data());
+  ref::conv2d_backward_bias(serial, shape, dy.data(), db.data());
+
+  HeapWorkspace workspace;
+  StreamHandle s;
+  s.num_threads = threads;
+  s.workspace = &workspace;
+  std::vector<T> yt(y.size()), dxt(dx.size()), dwt(dw.size(), T(0)), dbt(db.size(), T(0));
+  cpu::conv2d_forward(s, shape, xt.data(), wt.data(), bt.data(), yt.data());
+  CHECK(relative_error(yt, y) <= tolerance);
+  cpu::conv2d_forward(s, shape, xt.data(), wt.data(), static_cast<const T*>(nullptr), yt.data());
+  std::vector<double> y_without_bias(y.size());
+  ref::conv2d_forward(serial, shape, x.data(), w.data(), static_cast<const double*>(nullptr),
+                      y_without_bias.data());
+  CHECK(relative_error(yt, y_without_bias) <= tolerance);
+  cpu::conv2d_backward_data(s, shape, dyt.data(), wt.data(), dxt.data());
+  CHECK(relative_error(dxt, dx) <= tolerance);
+  cpu::conv2d_backward_weight(s, shape, xt.data(), dyt.data(), dwt.data());
+  CHECK(relative_error(dwt, dw) <= tolerance);
+  cpu::conv2d_backward_bias(s, shape, dyt.data(), dbt.data());
+  CHECK(relative_error(dbt, db) <= tolerance);
+  // The documented scratch bound holds (HeapWorkspace rounds its capacity up to 64 bytes).
+  const std::size_t bound = cpu::conv2d_workspace_bytes(shape, threads) * (sizeof(T) / sizeof(float));
+  CHECK(workspace.capacity() <= (bound + 63) / 64 * 64);
+}
+
+}  // namespace
+
+TEST_CASE("conv2d: out_h/out_w and sizes follow PyTorch's formula") {
+  const Conv2dShape s = conv2d_shape(2, 3, 32, 30, 8, 3, 2, 1);
+  CHECK(s.out_h() == 16);
+  CHECK(s.out_w() == 15);
+  CHECK(s.input_size() == 2 * 3 * 32 * 30);
+  CHECK(s.output_size() == 2 * 8 * 16 * 15);
+  CHECK(s.weight_size() == 8 * 3 * 3 * 3);
+  CHECK(s.flops() == 2 * s.output_size() * 3 * 3 * 3);
+  const Conv2dShape t{1, 1, 7, 5, 1, 3, 1, 2, 1, 0, 0};
+  CHECK(t.out_h() == 3);
+  CHECK(t.out_w() == 5);
+}
+
+TEST_CASE("conv2d: ref forward on a hand-computed example") {
+  // One 3x3 image, one 2x2 kernel, padding 1, stride 2: outputs read the corners of a 5x5 frame.
+  const Conv2dShape s = conv2d_shape(1, 1, 3, 3, 1, 2, 2, 1);
+  const std::vector<double> x = {1, 2, 3, 4, 5, 6, 7, 8, 9}, w = {1, 10, 100, 1000}, bias = {0.5};
+  std::vector<double> y(4);
+  ref::conv2d_forward(StreamHandle{}, s, x.data(), w.data(), bias.data(), y.data());
+  // y[0,0] reads x(-1..0, -1..0): only x[0][0] = 1 under w[1][1].
+  CHECK(y[0] == doctest::Approx(1000 * 1 + 0.5));
+  CHECK(y[1] == doctest::Approx(100 * 2 + 1000 * 3 + 0.5));
+  CHECK(y[2] == doctest::Approx(10 * 4 + 1000 * 7 + 0.5));
+  CHECK(y[3] == doctest::Approx(1 * 5 + 10 * 6 + 100 * 8 + 1000 * 9 + 0.5));
+}
+
+TEST_CASE("conv2d: cpu matches ref (float, 1, 2 and 3 threads)") {
+  for (const auto& shape : comparison_shapes())
+    for (int threads : {1, 2, 3}) compare_with_reference<float>(shape, threads, 1e-5);
+}
+
+TEST_CASE("conv2d: cpu matches ref (double)") {
+  for (const auto& shape : comparison_shapes()) compare_with_reference<double>(shape, 2, 1e-12);
+}
+
+TEST_CASE("conv2d: cpu matches ref on a ResNet-like layer (64 channels, 3x3, 16x16)") {
+  compare_with_reference<float>(conv2d_shape(2, 64, 16, 16, 32, 3, 1, 1), 2, 1e-5);
+  compare_with_reference<float>(conv2d_shape(3, 32, 16, 16, 64, 3, 2, 1), 2, 1e-5);
+}
+
+TEST_CASE("conv2d: ref backward passes match finite differences") {
+  const std::vector<Conv2dShape> shapes = {
+      conv2d_shape(2, 2, 5, 4, 3, 3, 2, 1), conv2d_shape(1, 3, 4, 5, 2, 1, 1, 0),
+      Conv2dShape{2, 2, 5, 6, 2, 2, 3, 1, 2, 1, 0}};
+  for (const auto& shape : shapes) {
+    CAPTURE(describe(shape));
+    const StreamHandle s;
+    auto x = random_values<double>(size_of(shape.input_size()), 11);
+    auto w = random_values<double>(size_of(shape.weight_size()), 12);
+    auto bias = random_values<double>(size_of(shape.out_channels), 13);
+    const auto g = random_values<double>(size_of(shape.output_size()), 14);
+    // L = <g, conv(x, w) + bias>; its gradients are the backward passes applied to g.
+    auto loss = [&](const std::vector<double>& xs, const std::vector<double>& ws,
+                    const std::vector<double>& bs) {
+      std::vector<double> y(g.size());
+      ref::conv2d_forward(s, shape, xs.data(), ws.data(), bs.data(), y.data());
+      double sum = 0;
+      for (std::size_t i = 0; i < y.size(); ++i) sum += g[i] * y[i];
+      return sum;
+    };
+    std::vector<double> dx(x.size()), dw(w.size(), 0.0), db(bias.size(), 0.0);
+    ref::conv2d_backward_data(s, shape, g.data(), w.data(), dx.data());
+    ref::conv2d_backward_weight(s, shape, x.data(), g.data(), dw.data());
+    ref::conv2d_backward_bias(s, shape, g.data(), db.data());
+
+    const auto by_x = petra::testing::check_gradient(
+        [&](const std::vector<double>& v) { return loss(v, w, bias); }, x, dx);
+    CHECK_MESSAGE(by_x.ok, "dx: " << by_x.worst);
+    const auto by_w = petra::testing::check_gradient(
+        [&](const std::vector<double>& v) { return loss(x, v, bias); }, w, dw);
+    CHECK_MESSAGE(by_w.ok, "dw: " << by_w.worst);
+    const auto by_b = petra::testing::check_gradient(
+        [&](const std::vector<double>& v) { return loss(x, w, v); }, bias, db);
+    CHECK_MESSAGE(by_b.ok, "db: " << by_b.worst);
+  }
+}
+
+// y and dx are assigned (whatever they held is gone); dw and db are accumulated.
+template <class Kernels>
+void check_assign_accumulate_contract(const Kernels& run) {
+  const std::vector<Conv2dShape> shapes = {conv2d_shape(3, 3, 6, 5, 4, 3, 1, 1),
+                                           conv2d_shape(3, 3, 6, 5, 4, 3, 2, 1),
+                                           conv2d_shape(2, 4, 5, 5, 3, 1, 1, 0)};
+  for (const auto& shape : shapes) {
+    CAPTURE(describe(shape));
+    const auto x = random_values<float>(size_of(shape.input_size()), 21);
+    const auto w = random_values<float>(size_of(shape.weight_size()), 22);
+    const auto bias = random_values<float>(size_of(shape.out_channels), 23);
+    const auto dy = random_values<float>(size_of(shape.output_size()), 24);
+    std::vector<float> y_fresh(dy.size()), dx_fresh(x.size()), dw_fresh(w.size(), 0.f),
+        db_fresh(bias.size(), 0.f);
+    run(shape, x, w, bias, dy, y_fresh, dx_fresh, dw_fresh, db_fresh);
+
+    std::vector<float> y(dy.size(), 7.f), dx(x.size(), -3.f), dw(w.size(), 5.f),
+        db(bias.size(), -2.f);
+    run(shape, x, w, bias, dy, y, dx, dw, db);
+    CHECK(relative_error(y, y_fresh) <= 1e-6);
+    CHECK(relative_error(dx, dx_fresh) <= 1e-6);
+    for (auto& v : dw_fresh) v += 5.f;
+    for (auto& v : db_fresh) v += -2.f;
+    CHECK(relative_error(dw, dw_fresh) <= 1e-6);
+    CHECK(relative_error(db, db_fresh) <= 1e-6);
+  }
+}
+
+TEST_CASE("conv2d: forward and backward-data assign, backward-weight and -bias accumulate") {
+  SUBCASE("ref") {
+    check_assign_accumulate_contract([](const Conv2dShape& shape, const auto& x, const auto& w,
+                                        const auto& bias, const auto& dy, auto& y, auto& dx,
+                                        auto& dw, auto& db) {
+      const StreamHandle s;
+      ref::conv2d_forward(s, shape, x.data(), w.data(), bias.data(), y.data());
+      ref::conv2d_backward_data(s, shape, dy.data(), w.data(), dx.data());
+      ref::conv2d_backward_weight(s, shape, x.data(), dy.data(), dw.data());
+      ref::conv2d_backward_bias(s, shape, dy.data(), db.data());
+    });
+  }
+  SUBCASE("cpu") {
+    check_assign_accumulate_contract([](const Conv2dShape& shape, const auto& x, const auto& w,
+                                        const auto& bias, const auto& dy, auto& y, auto& dx,
+                                        auto& dw, auto& db) {
+      HeapWorkspace workspace;
+      StreamHandle s;
+      s.num_threads = 2;
+      s.workspace = &workspace;
+      cpu::conv2d_forward(s, shape, x.data(), w.data(), bias.data(), y.data());
+      cpu::conv2d_backward_data(s, shape, dy.data(), w.data(), dx.data());
+      cpu::conv2d_backward_weight(s, shape, x.data(), dy.data(), dw.data());
+      cpu::conv2d_backward_bias(s, shape, dy.data(), db.data());
+    });
+  }
+}
