@@ -97,8 +97,8 @@ thread_local bool tls_grad_enabled = true;
 }
 
 bool grad_enabled() { return tls_grad_enabled; }
-NoGradGuard::NoGradGuard() : saved_(tls_grad_enabled) { tls_grad_enabled = false; }
-NoGradGuard::~NoGradGuard() { tls_grad_enabled = saved_; }
+GradModeGuard::GradModeGuard(bool enabled) : saved_(tls_grad_enabled) { tls_grad_enabled = enabled; }
+GradModeGuard::~GradModeGuard() { tls_grad_enabled = saved_; }
 
 bool should_record(std::initializer_list<const Variable*> inputs) {
   if (!tls_grad_enabled) return false;

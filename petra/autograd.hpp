@@ -91,15 +91,21 @@ class Node : public std::enable_shared_from_this<Node> {
 // True when ops record a graph on this thread (default true).
 bool grad_enabled();
 
-class NoGradGuard {
+// Sets whether ops record a graph on this thread, for the guard's lifetime (nests).
+class GradModeGuard {
  public:
-  NoGradGuard();
-  ~NoGradGuard();
-  NoGradGuard(const NoGradGuard&) = delete;
-  NoGradGuard& operator=(const NoGradGuard&) = delete;
+  explicit GradModeGuard(bool enabled);
+  ~GradModeGuard();
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
 
  private:
   bool saved_;
+};
+
+class NoGradGuard : public GradModeGuard {
+ public:
+  NoGradGuard() : GradModeGuard(false) {}
 };
 
 // Should an op with these inputs record a node? (grad enabled and some input requires grad)

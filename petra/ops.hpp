@@ -140,6 +140,7 @@ Variable avg_pool2d(const Variable& x, const Pool2dOptions& o);
 Variable global_avg_pool(const Variable& x);
 std::vector<Variable> split_channels(const Variable& x, std::span<const std::int64_t> sizes);
 Variable concat_channels(std::span<const Variable> parts);
+Variable slice_channels(const Variable& x, std::int64_t first, std::int64_t count);  // a packed copy
 Variable cross_entropy(const Variable& logits, const Tensor& labels);  // mean over the batch
 Variable coupling(const Variable& x, const Variable& f);                // (x2 + f, x1)
 

@@ -1,0 +1,244 @@
+// nn/blocks.cpp: the stages of RevNets and ResNets (layouts in nn/blocks.hpp).
+#include "nn/blocks.hpp"
+
+#include <fmt/format.h>
+
+namespace petra::nn {
+
+std::string_view name_of(StageKind kind) {
+  switch (kind) {
+    case StageKind::buffered: return "buffered";
+    case StageKind::reversible: return "reversible";
+    case StageKind::head: return "head";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------- Stage defaults
+Tensor Stage::inverse(const Tensor&) { throw ValueError(describe() + ": inverse() exists only for reversible stages"); }
+std::pair<Tensor, Tensor> Stage::reconstruct_and_backward(const Tensor&, const Tensor&) {
+  throw ValueError(describe() + ": reconstruct_and_backward() exists only for reversible stages");
+}
+Tensor Stage::recompute_and_backward(const Tensor&, const Tensor&) {
+  throw ValueError(describe() + ": recompute_and_backward() exists only for buffered stages");
+}
+HeadResult Stage::loss_and_backward(const Tensor&, const Tensor&) {
+  throw ValueError(describe() + ": loss_and_backward() exists only for the head");
+}
+
+// ---------------------------------------------------------------- F
+void ResidualFunction::add_layer(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride,
+                                 Init& init) {
+  const auto index = std::to_string(layers_.size() + 1);
+  Layer layer;
+  layer.conv = register_module("conv" + index, std::make_shared<Conv2d>(in, out, kernel, stride, kernel / 2, init));
+  layer.bn = register_module("bn" + index, std::make_shared<BatchNorm2d>(out, init));
+  layers_.push_back(layer);
+}
+
+std::shared_ptr<ResidualFunction> ResidualFunction::basic(std::int64_t in, std::int64_t out, std::int64_t stride,
+                                                          Init& init) {
+  std::shared_ptr<ResidualFunction> f(new ResidualFunction);
+  f->add_layer(in, out, 3, stride, init);
+  f->add_layer(out, out, 3, 1, init);
+  return f;
+}
+
+std::shared_ptr<ResidualFunction> ResidualFunction::bottleneck(std::int64_t in, std::int64_t hidden, std::int64_t out,
+                                                               std::int64_t stride, Init& init) {
+  std::shared_ptr<ResidualFunction> f(new ResidualFunction);
+  f->add_layer(in, hidden, 1, 1, init);
+  f->add_layer(hidden, hidden, 3, stride, init);
+  f->add_layer(hidden, out, 1, 1, init);
+  return f;
+}
+
+Variable ResidualFunction::forward(const Variable& x) const {
+  Variable h = x;
+  for (const Layer& layer : layers_) h = relu(layer.bn->forward(layer.conv->forward(h)));
+  return h;
+}
+
+// ---------------------------------------------------------------- buffered stages
+Tensor BufferedStage::recompute_and_backward(const Tensor& x, const Tensor& dy) {
+  GradModeGuard grad(true);
+  RunningStatsGuard no_running_stats;  // the forward pass already moved them
+  const Variable input(x, input_gradient_);
+  const Variable outputs[] = {forward(input)};
+  const Tensor seeds[] = {dy};
+  if (!input_gradient_) {
+    petra::backward(outputs, seeds);
+    return {};
+  }
+  const Variable capture[] = {input};
+  return petra::backward(outputs, seeds, capture)[0];
+}
+
+StemStage::StemStage(std::int64_t in_channels, std::int64_t out_channels, bool imagenet, Init& init)
+    : imagenet_(imagenet) {
+  input_gradient_ = false;
+  const std::int64_t kernel = imagenet ? 7 : 3, stride = imagenet ? 2 : 1;
+  conv_ = register_module("conv", std::make_shared<Conv2d>(in_channels, out_channels, kernel, stride, kernel / 2, init));
+  bn_ = register_module("bn", std::make_shared<BatchNorm2d>(out_channels, init));
+}
+
+std::string StemStage::describe() const {
+  const auto& w = conv_->weight().shape();
+  return fmt::format("stem: conv{}x{} {}->{}{}, BN, ReLU{}", w[2], w[3], w[1], w[0], imagenet_ ? " stride 2" : "",
+                     imagenet_ ? ", max-pool 2x2" : "");
+}
+
+Variable StemStage::forward(const Variable& x) {
+  Variable y = relu(bn_->forward(conv_->forward(x)));
+  return imagenet_ ? max_pool2d(y, {2, 2, 0}) : y;
+}
+
+// ---------------------------------------------------------------- reversible
+ReversibleStage::ReversibleStage(std::shared_ptr<ResidualFunction> f, std::int64_t stream_channels, std::string what)
+    : stream_channels_(stream_channels), what_(std::move(what)) {
+  f_ = register_module("f", std::move(f));
+}
+
+Variable ReversibleStage::forward(const Variable& x) {
+  const std::int64_t c = stream_channels_;
+  if (!grad_enabled()) {  // the pipeline's forward: nothing is recorded, nothing is kept
+    const Tensor f = f_->forward(Variable(ops::channel_slice(x.data(), 0, c))).data();
+    return Variable(ops::coupling_forward(x.data(), f));
+  }
+  return coupling(x, f_->forward(slice_channels(x, 0, c)));  // exact backprop: the graph is kept
+}
+
+Tensor ReversibleStage::inverse(const Tensor& y) {
+  NoGradGuard no_grad;
+  RunningStatsGuard no_running_stats;
+  const Tensor x1 = ops::channel_slice(y, stream_channels_, stream_channels_);  // x1 = y2, a copy
+  return ops::coupling_inverse(y, f_->forward(Variable(x1)).data());           // x2 = y1 - F(x1)
+}
+
+std::pair<Tensor, Tensor> ReversibleStage::reconstruct_and_backward(const Tensor& y, const Tensor& dy) {
+  const std::int64_t c = stream_channels_;
+  GradModeGuard grad(true);
+  RunningStatsGuard no_running_stats;
+  // Invert: x1 = y2 exactly; F(x1) is evaluated once, with its graph, ...
+  const Variable x1(ops::channel_slice(y, c, c), /*requires_grad=*/true);
+  const Variable f = f_->forward(x1);
+  Tensor x = ops::coupling_inverse(y, f.data());  // x2 = y1 - F(x1)
+  // ... and the same graph gives the vector-Jacobian product: with y1 = x2 + F(x1) and y2 = x1,
+  // dx2 = dy1 and dx1 = dy2 + J_F(x1)^T dy1; F's parameter gradients accumulate on the way.
+  const Variable outputs[] = {f};
+  const Tensor seeds[] = {ops::channel_slice(dy, 0, c)};
+  const Variable capture[] = {x1};
+  const Tensor vjp_f = petra::backward(outputs, seeds, capture)[0];
+  return {std::move(x), ops::coupling_backward(dy, vjp_f)};
+}
+
+// ---------------------------------------------------------------- transitions
+BasicTransitionStage::BasicTransitionStage(std::int64_t in_stream, std::int64_t out_stream, Init& init)
+    : in_stream_(in_stream), out_stream_(out_stream) {
+  conv1_ = register_module("conv1", std::make_shared<Conv2d>(in_stream, out_stream, 3, 2, 1, init));
+  bn1_ = register_module("bn1", std::make_shared<BatchNorm2d>(out_stream, init));
+  conv2_ = register_module("conv2", std::make_shared<Conv2d>(out_stream, out_stream, 3, 1, 1, init));
+  bn2_ = register_module("bn2", std::make_shared<BatchNorm2d>(out_stream, init));
+  conv_proj_ = register_module("conv_proj", std::make_shared<Conv2d>(in_stream, out_stream, 1, 2, 0, init));
+  bn_proj_ = register_module("bn_proj", std::make_shared<BatchNorm2d>(out_stream, init));
+}
+
+std::string BasicTransitionStage::describe() const {
+  return fmt::format("basic transition: {} -> {} channels per stream, stride 2", in_stream_, out_stream_);
+}
+
+Variable BasicTransitionStage::forward(const Variable& x) {
+  const Variable x1 = slice_channels(x, 0, in_stream_), x2 = slice_channels(x, in_stream_, in_stream_);
+  const Variable h = relu(bn1_->forward(conv1_->forward(x1)));
+  const Variable y1 = add(relu(bn2_->forward(conv2_->forward(h))), bn_proj_->forward(conv_proj_->forward(x2)));
+  const Variable streams[] = {y1, h};
+  return concat_channels(streams);
+}
+
+BottleneckTransitionStage::BottleneckTransitionStage(std::int64_t in_stream, std::int64_t hidden,
+                                                     std::int64_t out_stream, std::int64_t stride, Init& init)
+    : in_stream_(in_stream), out_stream_(out_stream), stride_(stride) {
+  f_ = register_module("f", ResidualFunction::bottleneck(in_stream, hidden, out_stream, stride, init));
+  conv_proj1_ = register_module("conv_proj1", std::make_shared<Conv2d>(in_stream, out_stream, 1, stride, 0, init));
+  bn_proj1_ = register_module("bn_proj1", std::make_shared<BatchNorm2d>(out_stream, init));
+  conv_proj2_ = register_module("conv_proj2", std::make_shared<Conv2d>(in_stream, out_stream, 1, stride, 0, init));
+  bn_proj2_ = register_module("bn_proj2", std::make_shared<BatchNorm2d>(out_stream, init));
+}
+
+std::string BottleneckTransitionStage::describe() const {
+  return fmt::format("bottleneck transition: {} -> {} channels per stream, stride {}", in_stream_, out_stream_, stride_);
+}
+
+Variable BottleneckTransitionStage::forward(const Variable& x) {
+  const Variable x1 = slice_channels(x, 0, in_stream_), x2 = slice_channels(x, in_stream_, in_stream_);
+  const Variable y1 = add(f_->forward(x1), bn_proj2_->forward(conv_proj2_->forward(x2)));
+  const Variable y2 = bn_proj1_->forward(conv_proj1_->forward(x1));
+  const Variable streams[] = {y1, y2};
+  return concat_channels(streams);
+}
+
+// ---------------------------------------------------------------- ResNet blocks
+ResidualStage::ResidualStage(bool bottleneck, std::int64_t in, std::int64_t hidden, std::int64_t out,
+                             std::int64_t stride, Init& init)
+    : bottleneck_(bottleneck), in_(in), out_(out), stride_(stride) {
+  auto add = [&](std::int64_t cin, std::int64_t cout, std::int64_t kernel, std::int64_t s) {
+    const auto index = std::to_string(convs_.size() + 1);
+    convs_.push_back(register_module("conv" + index, std::make_shared<Conv2d>(cin, cout, kernel, s, kernel / 2, init)));
+    bns_.push_back(register_module("bn" + index, std::make_shared<BatchNorm2d>(cout, init)));
+  };
+  if (bottleneck) {
+    add(in, hidden, 1, 1);
+    add(hidden, hidden, 3, stride);
+    add(hidden, out, 1, 1);
+  } else {
+    add(in, out, 3, stride);
+    add(out, out, 3, 1);
+  }
+  if (stride != 1 || in != out) {
+    conv_proj_ = register_module("conv_proj", std::make_shared<Conv2d>(in, out, 1, stride, 0, init));
+    bn_proj_ = register_module("bn_proj", std::make_shared<BatchNorm2d>(out, init));
+  }
+}
+
+std::string ResidualStage::describe() const {
+  return fmt::format("{} residual block: {} -> {} channels, stride {}", bottleneck_ ? "bottleneck" : "basic", in_, out_,
+                     stride_);
+}
+
+Variable ResidualStage::forward(const Variable& x) {
+  Variable h = x;
+  for (std::size_t i = 0; i < convs_.size(); ++i) {
+    h = bns_[i]->forward(convs_[i]->forward(h));
+    if (i + 1 < convs_.size()) h = relu(h);  // the last BN is followed by the addition
+  }
+  const Variable shortcut = conv_proj_ ? bn_proj_->forward(conv_proj_->forward(x)) : x;
+  return relu(add(h, shortcut));
+}
+
+// ---------------------------------------------------------------- head
+HeadStage::HeadStage(std::int64_t channels, std::int64_t classes, Init& init) : channels_(channels), classes_(classes) {
+  fc_ = register_module("fc", std::make_shared<Linear>(channels, classes, init));
+}
+
+std::string HeadStage::describe() const {
+  return fmt::format("head: global average pool, linear {} -> {}, cross-entropy", channels_, classes_);
+}
+
+Variable HeadStage::forward(const Variable& x) { return fc_->forward(global_avg_pool(x)); }
+
+HeadResult HeadStage::loss_and_backward(const Tensor& x, const Tensor& labels) {
+  GradModeGuard grad(true);
+  const Variable input(x, /*requires_grad=*/true);
+  const Variable logits = forward(input);
+  const Variable loss = cross_entropy(logits, labels);
+  HeadResult result;
+  result.loss = loss.data().item();
+  result.correct = ops::count_correct(logits.data(), labels);
+  const Variable outputs[] = {loss};
+  const Tensor seeds[] = {Tensor::full({1}, 1.0, loss.data().dtype(), loss.data().device())};
+  const Variable capture[] = {input};
+  result.dx = petra::backward(outputs, seeds, capture)[0];
+  return result;
+}
+
+}  // namespace petra::nn

@@ -1,0 +1,60 @@
+// nn/layers.cpp: Conv2d, BatchNorm2d, Linear and their PyTorch-default initialisation.
+#include "nn/layers.hpp"
+
+#include <cmath>
+
+namespace petra::nn {
+
+Tensor uniform_fan_in(const Shape& shape, std::int64_t fan_in, Init& init) {
+  const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
+  Tensor t = Tensor::empty(shape, DType::f32);
+  init.rng.fill_uniform(t.data<float>(), static_cast<std::size_t>(t.numel()), -bound, bound);
+  return t.to(init.dtype);
+}
+
+Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel, std::int64_t stride,
+               std::int64_t padding, Init& init, bool bias)
+    : options_{stride, padding} {
+  PETRA_CHECK(in_channels > 0 && out_channels > 0 && kernel > 0, ValueError, "Conv2d: channels ", in_channels, " -> ",
+              out_channels, ", kernel ", kernel);
+  const std::int64_t fan_in = in_channels * kernel * kernel;
+  weight_ = register_parameter("weight", uniform_fan_in({out_channels, in_channels, kernel, kernel}, fan_in, init));
+  if (bias) bias_ = register_parameter("bias", uniform_fan_in({out_channels}, fan_in, init));
+}
+
+Variable Conv2d::forward(const Variable& x) const { return conv2d(x, weight_, bias_, options_); }
+
+BatchNorm2d::BatchNorm2d(std::int64_t channels, const Init& init, double momentum, double eps)
+    : momentum_(momentum), eps_(eps) {
+  gamma_ = register_parameter("weight", Tensor::full({channels}, 1.0, init.dtype));
+  beta_ = register_parameter("bias", Tensor::zeros({channels}, init.dtype));
+  running_mean_ = register_buffer("running_mean", Tensor::zeros({channels}, init.dtype));
+  running_var_ = register_buffer("running_var", Tensor::full({channels}, 1.0, init.dtype));
+}
+
+Variable BatchNorm2d::forward(const Variable& x) const {
+  BatchNormOptions o;
+  o.training = is_training();
+  o.momentum = momentum_;
+  o.eps = eps_;
+  // Evaluation reads the running statistics; training updates them only when the guard allows.
+  const bool pass_running = !o.training || RunningStatsGuard::updates_enabled();
+  return batch_norm(x, gamma_, beta_, pass_running ? running_mean_ : Tensor(), pass_running ? running_var_ : Tensor(), o);
+}
+
+Linear::Linear(std::int64_t in_features, std::int64_t out_features, Init& init, bool bias) {
+  PETRA_CHECK(in_features > 0 && out_features > 0, ValueError, "Linear: features ", in_features, " -> ", out_features);
+  weight_ = register_parameter("weight", uniform_fan_in({out_features, in_features}, in_features, init));
+  if (bias) bias_ = register_parameter("bias", uniform_fan_in({out_features}, in_features, init));
+}
+
+Variable Linear::forward(const Variable& x) const { return linear(x, weight_, bias_); }
+
+namespace {
+thread_local bool tls_running_stats = true;
+}
+RunningStatsGuard::RunningStatsGuard() : saved_(tls_running_stats) { tls_running_stats = false; }
+RunningStatsGuard::~RunningStatsGuard() { tls_running_stats = saved_; }
+bool RunningStatsGuard::updates_enabled() { return tls_running_stats; }
+
+}  // namespace petra::nn

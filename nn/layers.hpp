@@ -1,0 +1,85 @@
+// nn/layers.hpp: the layers the paper's models are made of: Conv2d (with bias, as in the official
+// PETRA code), BatchNorm2d, Linear.
+//
+// Initialisation is PyTorch's default, drawn from the Philox generator of the Init passed to the constructor
+// (so a model is a pure function of its seed and its construction order):
+//   Conv2d / Linear weight: kaiming_uniform(a = sqrt(5)), which is U(-1/sqrt(fan_in), 1/sqrt(fan_in));
+//   bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in)); BatchNorm2d: gamma 1, beta 0, running mean 0, var 1.
+//
+// Batch norm normalises with batch statistics in training mode and with the running statistics
+// in evaluation mode. Whether a training-mode call also moves the running statistics is decided
+// per thread by RunningStatsGuard: PETRA's stages update them in the forward pass (as the official
+// code does) and not when they rebuild or recompute activations in the backward pass.
+#pragma once
+
+#include <cstdint>
+
+#include "nn/module.hpp"
+#include "petra/ops.hpp"
+#include "petra/rng.hpp"
+
+namespace petra::nn {
+
+// How parameters are created: the generator they are drawn from, in construction order, and
+// their element type (float32 to train; float64 for finite-difference checks of whole stages).
+struct Init {
+  explicit Init(std::uint64_t seed, DType dtype = DType::f32) : rng(seed), dtype(dtype) {}
+  Philox rng;
+  DType dtype;
+};
+
+class Conv2d : public Module {
+ public:
+  Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel, std::int64_t stride,
+         std::int64_t padding, Init& init, bool bias = true);
+  Variable forward(const Variable& x) const;
+
+  const Variable& weight() const { return weight_; }
+  const Variable& bias() const { return bias_; }
+  const Conv2dOptions& options() const { return options_; }
+
+ private:
+  Conv2dOptions options_;
+  Variable weight_, bias_;
+};
+
+class BatchNorm2d : public Module {
+ public:
+  BatchNorm2d(std::int64_t channels, const Init& init, double momentum = 0.1, double eps = 1e-5);
+  Variable forward(const Variable& x) const;
+
+  const Tensor& running_mean() const { return running_mean_; }
+  const Tensor& running_var() const { return running_var_; }
+
+ private:
+  double momentum_, eps_;
+  Variable gamma_, beta_;
+  Tensor running_mean_, running_var_;
+};
+
+class Linear : public Module {
+ public:
+  Linear(std::int64_t in_features, std::int64_t out_features, Init& init, bool bias = true);
+  Variable forward(const Variable& x) const;
+
+ private:
+  Variable weight_, bias_;
+};
+
+// While alive, training-mode batch norm on this thread does not move running statistics.
+class RunningStatsGuard {
+ public:
+  RunningStatsGuard();
+  ~RunningStatsGuard();
+  RunningStatsGuard(const RunningStatsGuard&) = delete;
+  RunningStatsGuard& operator=(const RunningStatsGuard&) = delete;
+  static bool updates_enabled();
+
+ private:
+  bool saved_;
+};
+
+// U(-bound, bound) with bound = 1/sqrt(fan_in): PyTorch's default for conv and linear layers.
+Tensor uniform_fan_in(const Shape& shape, std::int64_t fan_in, Init& init);
+
+}  // namespace petra::nn

@@ -1,0 +1,134 @@
+// nn/models.cpp: building RevNets and ResNets stage by stage.
+#include "nn/models.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "nn/blocks.hpp"
+
+namespace petra::nn {
+
+namespace {
+
+struct Architecture {
+  bool reversible;
+  bool bottleneck;
+  std::vector<int> blocks;  // per group
+};
+
+Architecture architecture_of(const std::string& arch) {
+  if (arch == "revnet18") return {true, false, {2, 2, 2, 2}};
+  if (arch == "revnet34") return {true, false, {3, 4, 6, 3}};
+  if (arch == "revnet50") return {true, true, {3, 4, 6, 3}};
+  if (arch == "resnet18") return {false, false, {2, 2, 2, 2}};
+  if (arch == "resnet34") return {false, false, {3, 4, 6, 3}};
+  if (arch == "resnet50") return {false, true, {3, 4, 6, 3}};
+  throw ValueError(fmt::format("make_model: unknown architecture '{}' (known: revnet18, revnet34, revnet50, "
+                               "resnet18, resnet34, resnet50)",
+                               arch));
+}
+
+// Builders call add(make) once per stage, in order; `make` constructs the stage. add() runs it
+// inside MemoryScope(parameters, index of the stage), so every parameter is tagged with its stage.
+
+// The stages of a RevNet: every block is reversible except the first of each group, which
+// changes the width (and, from the second group on, the resolution) and is a buffered transition.
+template <class Add>
+void build_revnet(const ModelConfig& c, const Architecture& a, Init& init, const Add& add) {
+  const std::int64_t w = c.width, expansion = a.bottleneck ? 4 : 1;
+  std::int64_t stream = w;  // the stem's output has two streams of w channels
+  add([&] { return std::make_shared<StemStage>(c.in_channels, 2 * w, c.stem == "imagenet", init); });
+  for (std::size_t g = 0; g < a.blocks.size(); ++g) {
+    const std::int64_t hidden = w << g, out = hidden * expansion, stride = g == 0 ? 1 : 2;
+    for (int b = 0; b < a.blocks[g]; ++b) {
+      if (b == 0 && (stride != 1 || stream != out)) {
+        if (a.bottleneck)
+          add([&] { return std::make_shared<BottleneckTransitionStage>(stream, hidden, out, stride, init); });
+        else
+          add([&] { return std::make_shared<BasicTransitionStage>(stream, out, init); });
+      } else {
+        add([&] {
+          auto f = a.bottleneck ? ResidualFunction::bottleneck(out, hidden, out, 1, init)
+                                : ResidualFunction::basic(out, out, 1, init);
+          return std::make_shared<ReversibleStage>(
+              std::move(f), out,
+              fmt::format("reversible {} block, {} channels per stream", a.bottleneck ? "bottleneck" : "basic", out));
+        });
+      }
+      stream = out;
+    }
+  }
+  add([&] { return std::make_shared<HeadStage>(2 * stream, c.classes, init); });
+}
+
+template <class Add>
+void build_resnet(const ModelConfig& c, const Architecture& a, Init& init, const Add& add) {
+  const std::int64_t w = c.width, expansion = a.bottleneck ? 4 : 1;
+  std::int64_t channels = w;
+  add([&] { return std::make_shared<StemStage>(c.in_channels, w, c.stem == "imagenet", init); });
+  for (std::size_t g = 0; g < a.blocks.size(); ++g) {
+    const std::int64_t hidden = w << g, out = hidden * expansion;
+    for (int b = 0; b < a.blocks[g]; ++b) {
+      const std::int64_t stride = (g > 0 && b == 0) ? 2 : 1;
+      add([&] { return std::make_shared<ResidualStage>(a.bottleneck, channels, hidden, out, stride, init); });
+      channels = out;
+    }
+  }
+  add([&] { return std::make_shared<HeadStage>(channels, c.classes, init); });
+}
+
+}  // namespace
+
+const std::vector<std::string>& known_architectures() {
+  static const std::vector<std::string> names{"revnet18", "revnet34", "revnet50", "resnet18", "resnet34", "resnet50"};
+  return names;
+}
+
+Model::Model(const ModelConfig& config) : config_(config) {
+  const Architecture a = architecture_of(config.arch);
+  PETRA_CHECK(config.width >= 1 && config.in_channels >= 1 && config.classes >= 2, ValueError,
+              "make_model: width ", config.width, ", input channels ", config.in_channels, ", classes ", config.classes);
+  PETRA_CHECK(config.stem == "cifar" || config.stem == "imagenet", ValueError, "make_model: unknown stem '",
+              config.stem, "' (cifar or imagenet)");
+  Init init(config.seed, config.dtype);
+  const auto add = [this](const auto& make) {
+    MemoryScope scope(MemoryTag::parameters, static_cast<int>(stages_.size()));
+    std::shared_ptr<Stage> stage = make();
+    stages_.push_back(register_module("stages." + std::to_string(stages_.size()), std::move(stage)));
+  };
+  if (a.reversible)
+    build_revnet(config, a, init, add);
+  else
+    build_resnet(config, a, init, add);
+}
+
+bool Model::is_reversible() const { return architecture_of(config_.arch).reversible; }
+
+Variable Model::forward(const Variable& x) const {
+  Variable h = x;
+  for (const auto& stage : stages_) h = stage->forward(h);
+  return h;
+}
+
+std::string Model::summary(const Shape& input) {
+  NoGradGuard no_grad;
+  const bool was_training = is_training();
+  eval();  // one sample: batch statistics would be degenerate
+  std::string out = fmt::format("{} (width {}, {} stem, {} classes): {} stages\n", config_.arch, config_.width,
+                                config_.stem, config_.classes, stages_.size());
+  out += fmt::format("{:>5}  {:<10}  {:<18}  {:<18}  {:>12}  {}\n", "stage", "kind", "input", "output", "parameters",
+                     "what");
+  Variable h(Tensor::zeros(input, config_.dtype));
+  for (std::size_t j = 0; j < stages_.size(); ++j) {
+    const Variable next = stages_[j]->forward(h);
+    out += fmt::format("{:>5}  {:<10}  {:<18}  {:<18}  {:>12}  {}\n", j, name_of(stages_[j]->kind()), h.shape().str(),
+                       next.shape().str(), stages_[j]->parameter_count(), stages_[j]->describe());
+    h = next;
+  }
+  out += fmt::format("total parameters: {} ({:.2f}M)\n", parameter_count(), parameter_count() / 1e6);
+  train(was_training);
+  return out;
+}
+
+}  // namespace petra::nn

@@ -1,0 +1,57 @@
+// nn/stage.hpp: a pipeline stage, the unit PETRA places on a device.
+//
+// A network is a chain of J stages. The pipeline (pipeline/) decides *when* a stage runs and
+// *what is kept* between its forward and its backward; the stage decides *how* to compute
+// (../shared/DESIGN.md, section 2b). Three kinds:
+//
+//   buffered   (stem, downsampling transitions, ResNet blocks): not invertible. The runtime keeps
+//              its input and, in the backward, calls recompute_and_backward(x, dy) -> dx, which
+//              rebuilds the graph with the current parameters.
+//   reversible (a RevNet coupling block): forward(x) keeps nothing; inverse(y) -> x rebuilds the
+//              input; reconstruct_and_backward(y, dy) -> (x, dx) does both at once, building the
+//              graph of F once during the inversion and reusing it for the vector-Jacobian product
+//              (two F-sized passes instead of three).
+//   head       (pool, classifier, loss): forward(x) -> logits; loss_and_backward(x, labels) ->
+//              loss, correct count and dx.
+//
+// Every *_backward call ACCUMULATES (+=) the stage's parameter gradients, so the runtime can
+// average k of them before an optimizer step. forward() records no graph unless called with
+// gradients enabled (exact backprop keeps the whole graph).
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include "nn/module.hpp"
+
+namespace petra::nn {
+
+enum class StageKind { buffered, reversible, head };
+std::string_view name_of(StageKind kind);
+
+struct HeadResult {
+  double loss = 0;            // mean over the batch
+  std::int64_t correct = 0;   // argmax == label
+  Tensor dx;                  // gradient of the mean loss with respect to the head's input
+};
+
+class Stage : public Module {
+ public:
+  virtual StageKind kind() const = 0;
+  virtual std::string describe() const = 0;  // "reversible basic block, 64 channels per stream"
+
+  // x -> y (buffered, reversible) or x -> logits (head).
+  virtual Variable forward(const Variable& x) = 0;
+
+  // Reversible stages only (the others raise ValueError).
+  virtual Tensor inverse(const Tensor& y);
+  virtual std::pair<Tensor, Tensor> reconstruct_and_backward(const Tensor& y, const Tensor& dy);
+
+  // Buffered stages only: dx, with the parameter gradients accumulated.
+  virtual Tensor recompute_and_backward(const Tensor& x, const Tensor& dy);
+
+  // Head only.
+  virtual HeadResult loss_and_backward(const Tensor& x, const Tensor& labels);
+};
+
+}  // namespace petra::nn
