@@ -1,0 +1,80 @@
+// tests/cpu/test_synchronous.cpp: exact backprop and reversible backprop agree, and reversible
+// backprop's activation memory does not grow with the number of reversible blocks.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "pipeline/synchronous.hpp"
+#include "tests/support/testing.hpp"
+
+using namespace petra;
+
+namespace {
+Tensor random_images(const Shape& shape, std::uint64_t seed) {
+  return Tensor::from_vector<float>(shape, testing::random_values<float>(shape.numel(), seed));
+}
+Tensor random_labels(std::int64_t n, std::int64_t classes) {
+  std::vector<std::int64_t> v(n);
+  for (std::int64_t i = 0; i < n; ++i) v[i] = (i * 7 + 3) % classes;
+  return Tensor::from_vector<std::int64_t>({n}, v);
+}
+nn::ModelConfig small(const std::string& arch) {
+  nn::ModelConfig c;
+  c.arch = arch;
+  c.width = 4;
+  c.in_channels = 1;
+  c.classes = 10;
+  c.seed = 5;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("revbackprop gives backprop's loss and parameter gradients") {
+  for (const std::string arch : {"revnet18", "revnet50"}) {
+    CAPTURE(arch);
+    nn::Model a(small(arch)), b(small(arch));  // same seed: same parameters
+    const Tensor x = random_images({6, 1, 12, 12}, 1), labels = random_labels(6, 10);
+    const auto ra = pipeline::backprop_step(a, x, labels);
+    const auto rb = pipeline::revbackprop_step(b, x, labels);
+    CHECK(ra.loss == doctest::Approx(rb.loss).epsilon(1e-6));
+    CHECK(ra.correct == rb.correct);
+    const auto pa = a.named_parameters(), pb = b.named_parameters();
+    REQUIRE(pa.size() == pb.size());
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      CAPTURE(pa[i].first);
+      REQUIRE(pa[i].second.grad().defined());
+      // Relative 1e-5, with an absolute floor: the bias of a conv followed by batch norm has an
+      // exactly zero gradient in exact arithmetic (BN removes the mean), ~1e-7 of rounding here.
+      const auto ga = pa[i].second.grad().to_vector<float>(), gb = pb[i].second.grad().to_vector<float>();
+      const double norm = std::sqrt([&] { double s = 0; for (float v : ga) s += double(v) * v; return s; }());
+      CHECK(testing::relative_error(gb, ga) * norm <= 1e-5 * norm + 1e-5);
+    }
+  }
+}
+
+namespace {
+// Peak bytes a training step allocates on top of what exists before it (parameters, gradients,
+// workspaces: a first step is run to create them).
+std::int64_t step_peak_bytes(const std::string& arch, pipeline::Method method) {
+  nn::Model model(small(arch));
+  const Tensor x = random_images({8, 1, 16, 16}, 2), labels = random_labels(8, 10);
+  pipeline::train_step(model, method, x, labels);
+  auto& alloc = Allocator::instance();
+  alloc.reset_peaks(Device::cpu());
+  const std::int64_t before = alloc.stats(Device::cpu()).current;
+  pipeline::train_step(model, method, x, labels);
+  return alloc.stats(Device::cpu()).peak - before;
+}
+}  // namespace
+
+TEST_CASE("reversible backprop's activation memory does not grow with the number of reversible blocks") {
+  // RevNet34 has 12 reversible blocks, RevNet18 4, with the same transitions and activation shapes.
+  const double bp18 = double(step_peak_bytes("revnet18", pipeline::Method::backprop));
+  const double bp34 = double(step_peak_bytes("revnet34", pipeline::Method::backprop));
+  const double rev18 = double(step_peak_bytes("revnet18", pipeline::Method::revbackprop));
+  const double rev34 = double(step_peak_bytes("revnet34", pipeline::Method::revbackprop));
+  MESSAGE("peak step bytes: backprop ", bp18, " -> ", bp34, ", revbackprop ", rev18, " -> ", rev34);
+  CHECK(bp34 / bp18 > 1.3);
+  CHECK(rev34 / rev18 < 1.05);
+  CHECK(rev34 < bp34 / 2);
+}
