@@ -1,2 +1,115 @@
-// tests/cpu/test_nn.cpp: (being written)
+// tests/cpu/test_nn.cpp: modules and layers: initialisation, state directories, train/eval,
+// running statistics.
 #include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "nn/layers.hpp"
+#include "nn/models.hpp"
+#include "petra/npy.hpp"
+
+using namespace petra;
+using namespace petra::nn;
+namespace fs = std::filesystem;
+
+namespace {
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("petra-test-nn-" + name);
+  fs::remove_all(dir);
+  return dir;
+}
+}  // namespace
+
+TEST_CASE("PyTorch's default initialisation: U(+-1/sqrt(fan_in)), reproducible from the seed") {
+  Init a(1), b(1), c(2);
+  Conv2d conv_a(16, 32, 3, 1, 1, a), conv_b(16, 32, 3, 1, 1, b), conv_c(16, 32, 3, 1, 1, c);
+  const auto w = conv_a.weight().data().to_vector<float>();
+  const double bound = 1.0 / std::sqrt(16.0 * 9.0);
+  double max_abs = 0, mean = 0, var = 0;
+  for (float v : w) {
+    max_abs = std::max(max_abs, double(std::abs(v)));
+    mean += v;
+  }
+  mean /= double(w.size());
+  for (float v : w) var += (v - mean) * (v - mean);
+  var /= double(w.size());
+  CHECK(max_abs <= bound);
+  CHECK(max_abs > 0.95 * bound);
+  CHECK(std::abs(mean) < 0.05 * bound);
+  CHECK(var == doctest::Approx(bound * bound / 3).epsilon(0.05));  // variance of U(-b, b)
+  CHECK(w == conv_b.weight().data().to_vector<float>());
+  CHECK(w != conv_c.weight().data().to_vector<float>());
+  CHECK(conv_a.bias().data().to_vector<float>()[0] != 0.0f);
+  BatchNorm2d bn(3, a);
+  CHECK(bn.named_parameters()[0].second.data().to_vector<float>() == std::vector<float>{1, 1, 1});
+  CHECK(bn.running_var().to_vector<float>() == std::vector<float>{1, 1, 1});
+}
+
+TEST_CASE("state directories: one .npy per parameter and buffer, round trip, clear errors") {
+  ModelConfig config;
+  config.width = 4;
+  config.in_channels = 1;
+  Model a(config);
+  config.seed = 99;
+  Model b(config);
+  const fs::path dir = fresh_dir("state");
+  a.save_state(dir);
+  CHECK(fs::exists(dir / "stages.1.f.conv1.weight.npy"));
+  CHECK(fs::exists(dir / "stages.0.bn.running_mean.npy"));
+  CHECK(load_npy(dir / "stages.9.fc.weight.npy").shape() == Shape{10, 64});
+  CHECK(b.named_parameters()[0].second.data().to_vector<float>() != a.named_parameters()[0].second.data().to_vector<float>());
+  b.load_state(dir);
+  for (std::size_t i = 0; i < a.named_parameters().size(); ++i)
+    CHECK(b.named_parameters()[i].second.data().to_vector<float>() ==
+          a.named_parameters()[i].second.data().to_vector<float>());
+  // A tensor of the wrong shape, or a missing file, is refused and changes nothing.
+  const auto before = b.named_parameters()[0].second.data().to_vector<float>();
+  save_npy(dir / "stages.9.fc.weight.npy", Tensor::zeros({10, 65}));
+  CHECK_THROWS_AS(b.load_state(dir), IOError);
+  fs::remove(dir / "stages.9.fc.weight.npy");
+  try {
+    b.load_state(dir);
+    FAIL("a missing file must be refused");
+  } catch (const IOError& e) {
+    CHECK(std::string(e.what()).find("stages.9.fc.weight.npy") != std::string::npos);
+  }
+  CHECK(b.named_parameters()[0].second.data().to_vector<float>() == before);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("batch norm: running statistics move in training, are read in eval, and the guard freezes them") {
+  Init init(0);
+  BatchNorm2d bn(2, init);
+  const Tensor x = Tensor::from_vector<float>({2, 2, 1, 2}, {1, 3, 10, 20, 5, 7, 30, 40});
+  {
+    NoGradGuard no_grad;
+    RunningStatsGuard frozen;
+    bn.forward(Variable(x));
+  }
+  CHECK(bn.running_mean().to_vector<float>() == std::vector<float>{0, 0});
+  {
+    NoGradGuard no_grad;
+    bn.forward(Variable(x));
+  }
+  // channel 0 holds {1, 3, 5, 7}: mean 4, unbiased variance 20/3
+  CHECK(bn.running_mean().to_vector<float>()[0] == doctest::Approx(0.4));
+  CHECK(bn.running_var().to_vector<float>()[0] == doctest::Approx(0.9 + 0.1 * 20.0 / 3.0));
+  bn.eval();
+  NoGradGuard no_grad;
+  const auto y = bn.forward(Variable(x)).data().to_vector<float>();
+  CHECK(y[0] == doctest::Approx((1 - 0.4) / std::sqrt(0.9 + 0.1 * 20.0 / 3.0 + 1e-5)).epsilon(1e-5));
+}
+
+TEST_CASE("train/eval and zero_grad reach every submodule") {
+  ModelConfig config;
+  config.width = 4;
+  Model m(config);
+  m.eval();
+  CHECK_FALSE(m.stage(3).is_training());
+  m.train();
+  CHECK(m.stage(3).is_training());
+  for (const auto& p : m.parameters()) p.set_grad(Tensor::zeros(p.shape()));
+  m.zero_grad();
+  for (const auto& p : m.parameters()) CHECK_FALSE(p.grad().defined());
+}
