@@ -1,0 +1,195 @@
+// pipeline/checkpoint.cpp: atomic, checksummed checkpoint directories.
+#include "pipeline/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "petra/npy.hpp"
+
+namespace petra::pipeline {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kManifest = "MANIFEST";
+constexpr const char* kMeta = "trainer.txt";
+constexpr const char* kLatest = "latest";
+
+void fsync_path(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  PETRA_CHECK(fd >= 0, CheckpointError, "checkpoint: cannot open ", path.string(), " to sync it");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  PETRA_CHECK(rc == 0, CheckpointError, "checkpoint: fsync failed on ", path.string());
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  PETRA_CHECK(in.is_open(), CheckpointError, "checkpoint: cannot read ", path.string());
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Replaces `path` by `text` atomically: temporary file, fsync, rename.
+void write_file_atomically(const fs::path& path, const std::string& text) {
+  const fs::path temporary = path.string() + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    PETRA_CHECK(out.good(), CheckpointError, "checkpoint: cannot write ", temporary.string());
+  }
+  fsync_path(temporary);
+  std::error_code ec;
+  fs::rename(temporary, path, ec);
+  PETRA_CHECK(!ec, CheckpointError, "checkpoint: cannot rename ", temporary.string(), ": ", ec.message());
+}
+
+std::uint32_t crc32_of(const std::string& bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  // zlib takes the length as uInt: feed large files in pieces.
+  for (std::size_t at = 0; at < bytes.size(); at += 1u << 30) {
+    const std::size_t n = std::min<std::size_t>(bytes.size() - at, 1u << 30);
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + at), static_cast<uInt>(n));
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+// Every regular file under dir except the manifest, as paths relative to dir, sorted.
+std::vector<fs::path> files_of(const fs::path& dir) {
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::recursive_directory_iterator(dir))
+    if (entry.is_regular_file() && entry.path().filename() != kManifest) files.push_back(fs::relative(entry.path(), dir));
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+void save_gradients(const fs::path& dir, const nn::Module& model) {
+  fs::create_directories(dir);
+  for (const auto& [name, p] : model.named_parameters())
+    if (p.grad().defined()) save_npy(dir / (name + ".npy"), p.grad());
+}
+
+}  // namespace
+
+fs::path write_checkpoint(const fs::path& root, const std::string& name, const nn::Module& model,
+                          const nn::Optimizer& optimizer, const CheckpointMeta& meta, bool with_gradients, int keep) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  PETRA_CHECK(!ec, CheckpointError, "checkpoint: cannot create ", root.string(), ": ", ec.message());
+  const fs::path staging = root / (".tmp-" + name), final_dir = root / name;
+  fs::remove_all(staging);
+  fs::create_directories(staging);
+  model.save_state(staging / "model");  // save_npy writes each file atomically and fsyncs it
+  optimizer.save_state(staging / "optimizer");
+  if (with_gradients) save_gradients(staging / "grads", model);
+  std::ostringstream text;
+  for (const auto& [key, value] : meta) text << key << " = " << value << "\n";
+  write_file_atomically(staging / kMeta, text.str());
+  fsync_path(staging / "optimizer" / "optimizer_state.txt");
+  // The manifest: size and CRC-32 of every file, written last.
+  std::ostringstream manifest;
+  manifest << "petra-checkpoint 1\n";
+  for (const fs::path& file : files_of(staging)) {
+    const std::string bytes = read_file(staging / file);
+    manifest << file.string() << " " << bytes.size() << " " << crc32_of(bytes) << "\n";
+  }
+  write_file_atomically(staging / kManifest, manifest.str());
+  for (const char* sub : {"model", "optimizer", "grads", ""})
+    if (fs::exists(staging / sub)) fsync_path(staging / sub);
+  fs::remove_all(final_dir);
+  fs::rename(staging, final_dir, ec);
+  PETRA_CHECK(!ec, CheckpointError, "checkpoint: cannot rename ", staging.string(), ": ", ec.message());
+  fsync_path(root);
+  write_file_atomically(root / kLatest, name + "\n");
+  fsync_path(root);
+  // Keep the newest `keep` checkpoints (names sort by epoch).
+  std::vector<fs::path> old;
+  for (const auto& entry : fs::directory_iterator(root))
+    if (entry.is_directory() && entry.path().filename().string().rfind("epoch-", 0) == 0) old.push_back(entry.path());
+  std::sort(old.begin(), old.end());
+  for (std::size_t i = 0; i + keep < old.size(); ++i)
+    if (old[i] != final_dir) fs::remove_all(old[i]);
+  return final_dir;
+}
+
+void verify_checkpoint(const fs::path& dir) {
+  const fs::path manifest_path = dir / kManifest;
+  PETRA_CHECK(fs::exists(manifest_path), CheckpointError, "checkpoint ", dir.string(),
+              " is incomplete: no MANIFEST (it was being written when the run stopped?)");
+  std::istringstream lines(read_file(manifest_path));
+  std::string line;
+  std::getline(lines, line);
+  PETRA_CHECK(line == "petra-checkpoint 1", CheckpointError, manifest_path.string(), ": not a petra checkpoint manifest");
+  std::vector<fs::path> listed;
+  int line_number = 1;
+  while (std::getline(lines, line)) {
+    ++line_number;
+    std::istringstream fields(line);
+    std::string file;
+    std::uint64_t size = 0, crc = 0;
+    PETRA_CHECK(static_cast<bool>(fields >> file >> size >> crc), CheckpointError, manifest_path.string(), " line ",
+                line_number, ": malformed");
+    const fs::path path = dir / file;
+    PETRA_CHECK(fs::exists(path), CheckpointError, "checkpoint: ", path.string(), " is missing");
+    const std::string bytes = read_file(path);
+    PETRA_CHECK(bytes.size() == size, CheckpointError, "checkpoint: ", path.string(), " has ", bytes.size(),
+                " bytes, the manifest says ", size, " (truncated or modified)");
+    PETRA_CHECK(crc32_of(bytes) == crc, CheckpointError, "checkpoint: ", path.string(),
+                " does not match its checksum (corrupted)");
+    listed.push_back(file);
+  }
+  std::sort(listed.begin(), listed.end());
+  PETRA_CHECK(listed == files_of(dir), CheckpointError, "checkpoint ", dir.string(),
+              ": files differ from the MANIFEST (added or removed)");
+}
+
+fs::path latest_checkpoint(const fs::path& root) {
+  const fs::path pointer = root / kLatest;
+  PETRA_CHECK(fs::exists(pointer), CheckpointError, "checkpoint: no checkpoint in ", root.string(), " (no '", kLatest,
+              "' file)");
+  std::string name = read_file(pointer);
+  name.erase(std::remove(name.begin(), name.end(), '\n'), name.end());
+  PETRA_CHECK(!name.empty() && name.find('/') == std::string::npos, CheckpointError, pointer.string(),
+              ": bad checkpoint name '", name, "'");
+  const fs::path dir = root / name;
+  verify_checkpoint(dir);
+  return dir;
+}
+
+CheckpointMeta read_checkpoint_meta(const fs::path& dir) {
+  CheckpointMeta meta;
+  std::istringstream lines(read_file(dir / kMeta));
+  std::string line;
+  while (std::getline(lines, line)) {
+    const auto eq = line.find(" = ");
+    PETRA_CHECK(eq != std::string::npos, CheckpointError, (dir / kMeta).string(), ": malformed line '", line, "'");
+    meta[line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  return meta;
+}
+
+void restore_checkpoint(const fs::path& dir, const nn::Module& model, nn::Optimizer& optimizer) {
+  model.load_state(dir / "model");
+  optimizer.load_state(dir / "optimizer");
+  model.zero_grad();
+  if (!fs::exists(dir / "grads")) return;
+  for (const auto& [name, p] : model.named_parameters()) {
+    const fs::path file = dir / "grads" / (name + ".npy");
+    if (!fs::exists(file)) continue;
+    MemoryScope scope(MemoryTag::gradients, p.data().storage()->owner());
+    Tensor g = load_npy(file, p.data().device());
+    PETRA_CHECK(g.shape() == p.shape(), CheckpointError, "checkpoint: ", file.string(), " has shape ", g.shape().str());
+    p.set_grad(std::move(g));
+  }
+}
+
+}  // namespace petra::pipeline

@@ -1,0 +1,238 @@
+// pipeline/trainer.cpp: data, model, optimizer, schedule, epochs, evaluation and checkpoints.
+#include "pipeline/trainer.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "petra/ops.hpp"
+#include "petra/stream.hpp"
+#include "pipeline/checkpoint.hpp"
+
+namespace petra::pipeline {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void validate(const TrainConfig& c) {
+  PETRA_CHECK(c.epochs >= 0, ValueError, "epochs must be >= 0, got ", c.epochs);
+  PETRA_CHECK(c.batch_size >= 1, ValueError, "batch size must be >= 1, got ", c.batch_size);
+  PETRA_CHECK(c.accumulation >= 1, ValueError, "accumulation must be >= 1, got ", c.accumulation);
+  PETRA_CHECK(c.lr >= 0, ValueError, "learning rate must be >= 0, got ", c.lr);
+  PETRA_CHECK(c.weight_decay >= 0, ValueError, "weight decay must be >= 0, got ", c.weight_decay);
+  PETRA_CHECK(c.threads >= 0, ValueError, "threads must be >= 0, got ", c.threads);
+  PETRA_CHECK(!c.resume || !c.checkpoint_dir.empty(), ValueError, "--resume needs --checkpoint-dir");
+}
+
+// Keys whose values must agree between a checkpoint and the run resuming it.
+const char* const kResumeKeys[] = {"dataset", "arch", "width", "stem", "classes", "method", "optimizer",
+                                   "batch_size", "accumulation", "seed", "augment", "shuffle"};
+
+std::string fmt_double(double v) { return fmt::format("{:.17g}", v); }
+
+}  // namespace
+
+std::map<std::string, std::string> describe(const TrainConfig& c) {
+  std::string milestones;
+  for (double m : c.milestones) milestones += (milestones.empty() ? "" : ",") + fmt_double(m);
+  return {{"dataset", c.dataset},
+          {"data_dir", c.data_dir.string()},
+          {"augment", c.augment ? "true" : "false"},
+          {"shuffle", c.shuffle ? "true" : "false"},
+          {"arch", c.arch},
+          {"width", std::to_string(c.width)},
+          {"stem", c.stem},
+          {"classes", std::to_string(c.classes)},
+          {"method", std::string(name_of(c.method))},
+          {"epochs", std::to_string(c.epochs)},
+          {"max_steps", std::to_string(c.max_steps)},
+          {"batch_size", std::to_string(c.batch_size)},
+          {"accumulation", std::to_string(c.accumulation)},
+          {"optimizer", c.optimizer},
+          {"lr", fmt_double(c.lr)},
+          {"momentum", fmt_double(c.momentum)},
+          {"nesterov", c.nesterov ? "true" : "false"},
+          {"weight_decay", fmt_double(c.weight_decay)},
+          {"goyal_scaling", c.goyal_scaling ? "true" : "false"},
+          {"warmup_epochs", fmt_double(c.warmup_epochs)},
+          {"schedule", c.schedule},
+          {"milestones", milestones},
+          {"seed", std::to_string(c.seed)},
+          {"threads", std::to_string(c.threads)}};
+}
+
+Trainer::Trainer(const TrainConfig& config) : config_(config) {
+  validate(config_);
+  if (config_.threads > 0) {
+    set_default_cpu_threads(config_.threads);
+    Stream::current().set_num_threads(config_.threads);
+  }
+  data::SyntheticSpec synthetic;
+  synthetic.train_size = config_.synthetic_train_size;
+  synthetic.test_size = std::max<std::int64_t>(config_.synthetic_train_size / 5, 1);
+  synthetic.seed = config_.seed;
+  split_ = data::load_dataset(config_.dataset, config_.data_dir, synthetic);
+  if (config_.classes == 0) config_.classes = split_.train.classes;
+  PETRA_CHECK(config_.classes >= split_.train.classes, ValueError, "--classes ", config_.classes, " but ",
+              config_.dataset, " has ", split_.train.classes, " classes");
+
+  nn::ModelConfig model;
+  model.arch = config_.arch;
+  model.width = config_.width;
+  model.in_channels = split_.train.channels();
+  model.classes = config_.classes;
+  model.stem = config_.stem;
+  model.seed = config_.seed;
+  model_ = std::make_unique<nn::Model>(model);
+  if (!config_.load_params.empty()) model_->load_state(config_.load_params);
+
+  nn::OptimizerOptions options;
+  options.momentum = config_.momentum;
+  options.nesterov = config_.nesterov;
+  optimizer_ = nn::make_optimizer(config_.optimizer, nn::decay_groups(model_->named_parameters(), config_.weight_decay),
+                                  options);
+
+  data::LoaderOptions train_options;
+  train_options.batch_size = config_.batch_size;
+  train_options.seed = config_.seed;
+  train_options.shuffle = config_.shuffle;
+  train_options.augment = config_.augment;
+  train_loader_ = std::make_unique<data::Loader>(split_.train, train_options);
+  data::LoaderOptions test_options = train_options;
+  test_options.shuffle = false;
+  test_options.augment = false;
+  test_loader_ = std::make_unique<data::Loader>(split_.test, test_options);
+
+  schedule_.kind = config_.schedule;
+  schedule_.base_lr = config_.goyal_scaling ? nn::goyal_lr(config_.lr, config_.accumulation, config_.batch_size)
+                                            : config_.lr;
+  schedule_.warmup_epochs = config_.warmup_epochs;
+  schedule_.milestones = config_.milestones;
+  schedule_.total_epochs = static_cast<double>(config_.epochs);
+  nn::validate(schedule_);
+
+  if (config_.resume) restore_checkpoint(latest_checkpoint(config_.checkpoint_dir));
+}
+
+Trainer::~Trainer() = default;
+
+std::int64_t Trainer::steps_per_epoch() const { return train_loader_->batches_per_epoch(); }
+
+double Trainer::learning_rate_at(std::int64_t iteration) const {
+  return nn::learning_rate(schedule_, iteration, steps_per_epoch());
+}
+
+// Averages the k accumulated gradients (PETRA's 1/k), then one optimizer step.
+void Trainer::apply_update(std::int64_t iteration) {
+  if (config_.accumulation > 1) {
+    const double inverse_k = 1.0 / static_cast<double>(config_.accumulation);
+    for (const auto& p : model_->parameters())
+      if (p.grad().defined()) p.set_grad(ops::scale(p.grad(), inverse_k));
+  }
+  optimizer_->step(learning_rate_at(iteration));
+  optimizer_->zero_grad();
+}
+
+void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
+                  const std::function<void(const EpochReport&)>& on_epoch) {
+  auto& allocator = Allocator::instance();
+  while (epoch_ < config_.epochs && (config_.max_steps < 0 || global_step_ < config_.max_steps)) {
+    allocator.reset_peaks(Device::cpu());
+    model_->train();
+    train_loader_->start_epoch(epoch_);
+    double loss_sum = 0;
+    std::int64_t correct = 0, samples = 0, step = 0;
+    const auto start = Clock::now();
+    while (auto batch = train_loader_->next()) {
+      if (config_.max_steps >= 0 && global_step_ >= config_.max_steps) break;
+      const StepResult r = train_step(*model_, config_.method, batch->images, batch->labels);
+      if (!std::isfinite(r.loss))
+        throw DivergedError(fmt::format("the loss became {} at epoch {}, step {} (global step {}); lower the learning "
+                                        "rate. The last checkpoint written stays valid.",
+                                        r.loss, epoch_, step, global_step_));
+      loss_sum += r.loss * static_cast<double>(r.samples);
+      correct += r.correct;
+      samples += r.samples;
+      if (++accumulated_ == config_.accumulation) {
+        apply_update(global_step_);
+        accumulated_ = 0;
+      }
+      ++global_step_;
+      ++step;
+      if (on_step) {
+        const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        on_step({epoch_, step, steps_per_epoch(), global_step_, loss_sum / double(samples),
+                 double(correct) / double(samples), double(samples) / std::max(seconds, 1e-9), seconds,
+                 learning_rate_at(global_step_ - 1)});
+      }
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    EpochReport report;
+    report.epoch = epoch_;
+    report.train_loss = samples ? loss_sum / double(samples) : 0;
+    report.train_accuracy = samples ? double(correct) / double(samples) : 0;
+    report.images_per_second = double(samples) / std::max(seconds, 1e-9);
+    report.seconds = seconds;
+    report.lr = learning_rate_at(std::max<std::int64_t>(global_step_ - 1, 0));
+    for (int t = 0; t < kNumMemoryTags; ++t) {
+      const auto tag = static_cast<MemoryTag>(t);
+      report.peak_bytes[std::string(name_of(tag))] = allocator.stats(Device::cpu(), tag).peak;
+    }
+    const Evaluation test = evaluate();
+    report.test_loss = test.loss;
+    report.test_accuracy = test.accuracy;
+    ++epoch_;
+    if (!config_.checkpoint_dir.empty()) save_checkpoint();
+    if (on_epoch) on_epoch(report);
+  }
+}
+
+Evaluation Trainer::evaluate() {
+  NoGradGuard no_grad;
+  model_->eval();
+  test_loader_->start_epoch(0);
+  Evaluation e;
+  double loss_sum = 0;
+  std::int64_t correct = 0;
+  while (auto batch = test_loader_->next()) {
+    const Variable logits = model_->forward(Variable(batch->images));
+    const Variable loss = cross_entropy(logits, batch->labels);
+    loss_sum += loss.data().item() * double(batch->labels.numel());
+    correct += ops::count_correct(logits.data(), batch->labels);
+    e.samples += batch->labels.numel();
+  }
+  model_->train();
+  e.loss = e.samples ? loss_sum / double(e.samples) : 0;
+  e.accuracy = e.samples ? double(correct) / double(e.samples) : 0;
+  return e;
+}
+
+void Trainer::save_checkpoint() {
+  CheckpointMeta meta = describe(config_);
+  meta["format"] = "1";
+  meta["next_epoch"] = std::to_string(epoch_);
+  meta["global_step"] = std::to_string(global_step_);
+  meta["accumulated"] = std::to_string(accumulated_);
+  last_checkpoint_ = write_checkpoint(config_.checkpoint_dir, fmt::format("epoch-{:06d}", epoch_), *model_,
+                                      *optimizer_, meta, accumulated_ > 0);
+}
+
+void Trainer::restore_checkpoint(const std::filesystem::path& dir) {
+  const CheckpointMeta meta = read_checkpoint_meta(dir);
+  const auto mine = describe(config_);
+  for (const char* key : kResumeKeys) {
+    const auto found = meta.find(key);
+    PETRA_CHECK(found != meta.end(), CheckpointError, "checkpoint ", dir.string(), " has no '", key, "'");
+    PETRA_CHECK(found->second == mine.at(key), CheckpointError, "checkpoint ", dir.string(), " was written with ", key,
+                " = ", found->second, " but this run has ", key, " = ", mine.at(key), "; refusing to resume");
+  }
+  pipeline::restore_checkpoint(dir, *model_, *optimizer_);
+  epoch_ = std::stoll(meta.at("next_epoch"));
+  global_step_ = std::stoll(meta.at("global_step"));
+  accumulated_ = std::stoll(meta.at("accumulated"));
+  last_checkpoint_ = dir;
+}
+
+}  // namespace petra::pipeline

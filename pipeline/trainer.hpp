@@ -1,0 +1,134 @@
+// pipeline/trainer.hpp: the training loop behind petra-train.
+//
+// A Trainer owns the data (train and test loaders), the model, the optimizer and the schedule.
+// run() trains epoch by epoch: every mini-batch goes through train_step() with the configured
+// method; every k mini-batches (accumulation) the gradients are averaged and the optimizer steps
+// with the learning rate of that iteration; after each epoch the test set is evaluated, the
+// on_epoch callback receives the numbers, and a checkpoint is written (if a directory is set).
+//
+// Checkpoints (pipeline/checkpoint.hpp) are taken at epoch boundaries: the loader's order and
+// augmentation are functions of (seed, epoch, sample), so a run resumed from a checkpoint reaches
+// bit-identical parameters to an uninterrupted one on the CPU.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/dataset.hpp"
+#include "data/loader.hpp"
+#include "nn/models.hpp"
+#include "nn/optimizer.hpp"
+#include "nn/schedule.hpp"
+#include "pipeline/synchronous.hpp"
+
+namespace petra::pipeline {
+
+// The loss became NaN or infinite: training stops; the last checkpoint written stays valid.
+class DivergedError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct TrainConfig {
+  // data
+  std::string dataset = "fashion-mnist";
+  std::filesystem::path data_dir;  // empty: the dataset's default directory
+  bool augment = true;
+  bool shuffle = true;
+  std::int64_t synthetic_train_size = 5000;  // --dataset synthetic only
+  // model
+  std::string arch = "revnet18";
+  std::int64_t width = 16;
+  std::string stem = "cifar";
+  std::int64_t classes = 0;  // 0: the dataset's
+  // method and optimization
+  Method method = Method::backprop;
+  std::int64_t epochs = 10;
+  std::int64_t max_steps = -1;  // stop after this many mini-batches in total (-1: no limit)
+  std::int64_t batch_size = 64;
+  std::int64_t accumulation = 1;  // k: mini-batches whose gradients are averaged per update
+  std::string optimizer = "sgd";
+  double lr = 0.05;
+  double momentum = 0.9;
+  bool nesterov = true;
+  double weight_decay = 5e-4;
+  bool goyal_scaling = false;  // lr x k x batch / 256
+  double warmup_epochs = 1;
+  std::string schedule = "cosine";  // constant|step|cosine|poly
+  std::vector<double> milestones;   // step schedule, absolute epochs
+  std::uint64_t seed = 0;
+  int threads = 0;  // 0: default_cpu_threads()
+  // state
+  std::filesystem::path checkpoint_dir;  // empty: no checkpoints
+  bool resume = false;
+  std::filesystem::path load_params;  // a Module state directory to start from
+};
+
+struct StepProgress {
+  std::int64_t epoch = 0, step_in_epoch = 0, steps_per_epoch = 0, global_step = 0;
+  double loss = 0, accuracy = 0;  // running means over this epoch so far
+  double images_per_second = 0;   // this epoch so far
+  double seconds = 0;             // since the epoch started
+  double lr = 0;
+};
+
+struct EpochReport {
+  std::int64_t epoch = 0;  // 0-based, the epoch just finished
+  double train_loss = 0, train_accuracy = 0;
+  double test_loss = 0, test_accuracy = 0;
+  double images_per_second = 0;  // training only
+  double seconds = 0;            // training only
+  double lr = 0;                 // at the end of the epoch
+  std::map<std::string, std::int64_t> peak_bytes;  // by allocator tag, during this epoch
+};
+
+struct Evaluation {
+  double loss = 0, accuracy = 0;
+  std::int64_t samples = 0;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(const TrainConfig& config);
+  ~Trainer();
+
+  // Trains from the current epoch to config.epochs (or max_steps). Throws DivergedError on a
+  // non-finite loss.
+  void run(const std::function<void(const StepProgress&)>& on_step,
+           const std::function<void(const EpochReport&)>& on_epoch);
+  Evaluation evaluate();  // the test set, current parameters, evaluation mode
+
+  nn::Model& model() { return *model_; }
+  const TrainConfig& config() const { return config_; }
+  std::int64_t epoch() const { return epoch_; }  // the next epoch to train
+  std::int64_t global_step() const { return global_step_; }
+  std::int64_t steps_per_epoch() const;
+  const data::Split& data() const { return split_; }
+  std::optional<std::filesystem::path> last_checkpoint() const { return last_checkpoint_; }
+
+ private:
+  double learning_rate_at(std::int64_t iteration) const;
+  void apply_update(std::int64_t iteration);
+  void save_checkpoint();
+  void restore_checkpoint(const std::filesystem::path& dir);
+
+  TrainConfig config_;
+  data::Split split_;
+  std::unique_ptr<nn::Model> model_;
+  std::unique_ptr<nn::Optimizer> optimizer_;
+  nn::ScheduleConfig schedule_;
+  std::unique_ptr<data::Loader> train_loader_, test_loader_;
+  std::int64_t epoch_ = 0, global_step_ = 0, accumulated_ = 0;
+  std::optional<std::filesystem::path> last_checkpoint_;
+};
+
+// The configuration as key/value text pairs (for logs and checkpoints).
+std::map<std::string, std::string> describe(const TrainConfig& config);
+
+}  // namespace petra::pipeline
