@@ -108,7 +108,10 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   schedule_.kind = config_.schedule;
   schedule_.base_lr = config_.goyal_scaling ? nn::goyal_lr(config_.lr, config_.accumulation, config_.batch_size)
                                             : config_.lr;
-  schedule_.warmup_epochs = config_.warmup_epochs;
+  // Cosine and polynomial decay need time after the warm-up: the warm-up is capped at half the run.
+  schedule_.warmup_epochs = (config_.schedule == "cosine" || config_.schedule == "poly")
+                                ? std::min(config_.warmup_epochs, 0.5 * static_cast<double>(config_.epochs))
+                                : config_.warmup_epochs;
   schedule_.milestones = config_.milestones;
   schedule_.total_epochs = static_cast<double>(config_.epochs);
   nn::validate(schedule_);
@@ -145,8 +148,12 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
     double loss_sum = 0;
     std::int64_t correct = 0, samples = 0, step = 0;
     const auto start = Clock::now();
+    bool complete = true;  // false when --max-steps stops the epoch early
     while (auto batch = train_loader_->next()) {
-      if (config_.max_steps >= 0 && global_step_ >= config_.max_steps) break;
+      if (config_.max_steps >= 0 && global_step_ >= config_.max_steps) {
+        complete = false;
+        break;
+      }
       const StepResult r = train_step(*model_, config_.method, batch->images, batch->labels);
       if (!std::isfinite(r.loss))
         throw DivergedError(fmt::format("the loss became {} at epoch {}, step {} (global step {}); lower the learning "
@@ -183,9 +190,13 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
     const Evaluation test = evaluate();
     report.test_loss = test.loss;
     report.test_accuracy = test.accuracy;
-    ++epoch_;
-    if (!config_.checkpoint_dir.empty()) save_checkpoint();
+    report.complete = complete;
+    if (complete) {  // a partial epoch is reported but neither counted nor checkpointed
+      ++epoch_;
+      if (!config_.checkpoint_dir.empty()) save_checkpoint();
+    }
     if (on_epoch) on_epoch(report);
+    if (!complete) break;
   }
 }
 

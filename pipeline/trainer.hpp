@@ -59,7 +59,7 @@ struct TrainConfig {
   bool nesterov = true;
   double weight_decay = 5e-4;
   bool goyal_scaling = false;  // lr x k x batch / 256
-  double warmup_epochs = 1;
+  double warmup_epochs = 1;  // capped at half the epochs for cosine and poly
   std::string schedule = "cosine";  // constant|step|cosine|poly
   std::vector<double> milestones;   // step schedule, absolute epochs
   std::uint64_t seed = 0;
@@ -86,6 +86,7 @@ struct EpochReport {
   double seconds = 0;            // training only
   double lr = 0;                 // at the end of the epoch
   std::map<std::string, std::int64_t> peak_bytes;  // by allocator tag, during this epoch
+  bool complete = true;  // false: --max-steps ended it early (not checkpointed, not counted)
 };
 
 struct Evaluation {
