@@ -17,10 +17,13 @@
 // Shortcuts: a 1x1, stride-1, unpadded convolution needs no col (the input already is that
 // matrix), and backward-data of a stride-1 convolution is itself a forward convolution of dy
 // with the flipped, transposed kernel and padding kernel - 1 - pad, which replaces the
-// scatter-add of col2im by a gather and gives a GEMM as deep as the forward one.
+// scatter-add of col2im by a gather and gives a GEMM as deep as the forward one. Building col
+// is the main cost besides the GEMM, so it has three forms: a block copy per tap for "same"
+// stride-1 convs, a table-driven gather for small images, and a row-by-row copy otherwise.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/conv2d.hpp"
 
@@ -79,6 +82,9 @@ struct Lowering {
   int64_t tile_rows;   // output rows per tile (whole images when an image is small)
   bool input_is_col;   // 1x1, stride 1, no padding: x itself is the column matrix
   bool same_size;      // stride 1 and out_w == in_w: a tap's col row is a shifted copy of x
+  // For small images (a tile holds several): tap_sources[(i * kernel_w + j) * pixels + p] is
+  // the offset in an input channel that tap (i, j) of output pixel p reads, or -1 (padding).
+  std::vector<std::int32_t> tap_sources;
 
   explicit Lowering(const Conv2dShape& s)
       : shape(s),
@@ -98,9 +104,26 @@ struct Lowering {
       tile_rows = std::max<int64_t>(1, target / out_w);
     } else {
       tile_rows = std::max<int64_t>(1, target / pixels) * out_h;
+      if (!input_is_col && s.in_h * s.in_w <= INT32_MAX) tap_sources = make_tap_sources();
     }
   }
   int64_t max_tile_columns() const { return std::min(tile_rows, total_rows) * out_w; }
+
+ private:
+  std::vector<std::int32_t> make_tap_sources() const {
+    std::vector<std::int32_t> sources;
+    sources.reserve(static_cast<std::size_t>(shape.kernel_h * shape.kernel_w * pixels));
+    for (int64_t i = 0; i < shape.kernel_h; ++i)
+      for (int64_t j = 0; j < shape.kernel_w; ++j)
+        for (int64_t oh = 0; oh < out_h; ++oh)
+          for (int64_t ow = 0; ow < out_w; ++ow) {
+            const int64_t ih = oh * shape.stride_h - shape.pad_h + i;
+            const int64_t iw = ow * shape.stride_w - shape.pad_w + j;
+            const bool inside = ih >= 0 && ih < shape.in_h && iw >= 0 && iw < shape.in_w;
+            sources.push_back(inside ? static_cast<std::int32_t>(ih * shape.in_w + iw) : -1);
+          }
+    return sources;
+  }
 };
 
 // A tile: the output rows [row0, row1) of the batch; its columns are their pixels.
@@ -252,9 +275,35 @@ void fill_columns_shifted(const Lowering& low, const T* x, Tile tile, T* col, in
   });
 }
 
+// im2col for small images, through the table of the pixel each tap reads: a gather per tap and
+// image, with no per-row bookkeeping (which would cost more than the copy for 4x4 images).
+template <class T>
+void fill_columns_gathered(const Lowering& low, const T* x, Tile tile, T* col, int64_t n) {
+  const auto& s = low.shape;
+  const int64_t kernel_taps = s.kernel_h * s.kernel_w, plane = s.in_h * s.in_w;
+  for_each_image_piece(low, tile, [&](const ImagePiece& p) {
+    for (int64_t c = 0; c < s.in_channels; ++c) {
+      const T* channel = x + (p.image * s.in_channels + c) * plane;
+      for (int64_t tap = 0; tap < kernel_taps; ++tap) {
+        const std::int32_t* source = low.tap_sources.data() + tap * low.pixels + p.pixel0;
+        T* out = col + (c * kernel_taps + tap) * n + p.column0;
+        // Two passes so that the first vectorises as a gather: read every pixel (pixel 0 for
+        // padding), then zero the padding.
+        for (int64_t d = 0; d < p.count; ++d) out[d] = channel[std::max(source[d], std::int32_t{0})];
+        for (int64_t d = 0; d < p.count; ++d)
+          if (source[d] < 0) out[d] = T(0);
+      }
+    }
+  });
+}
+
 // im2col: col[k][column] for the tile's columns, col being taps x columns with row stride n.
 template <class T>
 void fill_columns(const Lowering& low, const T* x, Tile tile, T* col, int64_t n) {
+  if (!low.tap_sources.empty()) {
+    fill_columns_gathered(low, x, tile, col, n);
+    return;
+  }
   if (low.same_size) {
     fill_columns_shifted(low, x, tile, col, n);
     return;
@@ -267,13 +316,17 @@ void fill_columns(const Lowering& low, const T* x, Tile tile, T* col, int64_t n)
       return;
     }
     std::fill(out, out + valid.first, T(0));
+    std::fill(out + valid.last, out + out_w, T(0));
+    const int64_t count = valid.last - valid.first;
+    if (count == 0) return;
     const T* src = row + valid.first * stride + valid.offset;  // read by output column first
     if (stride == 1) {
-      std::copy(src, src + (valid.last - valid.first), out + valid.first);
+      std::copy(src, src + count, out + valid.first);
+    } else if (stride == 2) {  // the downsampling convs: a compile-time stride vectorises
+      for (int64_t m = 0; m < count; ++m) out[valid.first + m] = src[2 * m];
     } else {
-      for (int64_t ow = valid.first; ow < valid.last; ++ow) out[ow] = src[(ow - valid.first) * stride];
+      for (int64_t m = 0; m < count; ++m) out[valid.first + m] = src[m * stride];
     }
-    std::fill(out + valid.last, out + out_w, T(0));
   });
 }
 
@@ -282,10 +335,15 @@ template <class T>
 void add_columns(const Lowering& low, const T* col, int64_t n, Tile tile, T* dx) {
   const int64_t stride = low.shape.stride_w;
   for_each_tap_row(low, dx, tile, [&](int64_t k, T* row, const ValidColumns& valid, int64_t column) {
-    if (row == nullptr) return;
-    const T* in = col + k * n + column;
+    const int64_t count = valid.last - valid.first;
+    if (row == nullptr || count == 0) return;
+    const T* in = col + k * n + column + valid.first;
     T* dst = row + valid.first * stride + valid.offset;
-    for (int64_t ow = valid.first; ow < valid.last; ++ow) dst[(ow - valid.first) * stride] += in[ow];
+    if (stride == 2) {  // the downsampling convs: a compile-time stride vectorises
+      for (int64_t m = 0; m < count; ++m) dst[2 * m] += in[m];
+    } else {
+      for (int64_t m = 0; m < count; ++m) dst[m * stride] += in[m];
+    }
   });
 }
 
@@ -350,6 +408,16 @@ Panel<const T> input_columns(const Lowering& low, const T* x, Tile tile, T* buff
   return {buffer, n};
 }
 
+// The dY panel of a tile (out_channels x its columns): dy in place when the tile lies in one
+// image, else gathered into `buffer`.
+template <class T>
+Panel<const T> output_columns(const Lowering& low, const T* dy, Tile tile, T* buffer) {
+  if (in_one_image(low, tile)) return columns_in_place(low, dy, low.shape.out_channels, tile);
+  const int64_t n = (tile.row1 - tile.row0) * low.out_w;
+  gather_columns(low, dy, low.shape.out_channels, tile, buffer, n);
+  return {buffer, n};
+}
+
 int64_t forward_thread_elements(const Lowering& low) {
   return col_tile_elements(low) + out_tile_elements(low);
 }
@@ -371,9 +439,14 @@ void forward(const StreamHandle& s, const Lowering& low, const T* x, const T* w,
       const bool in_place = in_one_image(low, tile);
       const Panel<T> out = in_place ? columns_in_place(low, y, out_channels, tile) : Panel<T>{out_buffer, n};
       auto result = view(out, out_channels, n);
-      result.noalias() = weight * view(in, low.taps, n);
-      if (bias != nullptr)
-        result.colwise() += Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>(bias, out_channels);
+      // (Eigen zeroes the destination of "= product" before accumulating into it: starting
+      // from the bias instead saves that pass.)
+      if (bias != nullptr) {
+        result.colwise() = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>(bias, out_channels);
+        result.noalias() += weight * view(in, low.taps, n);
+      } else {
+        result.noalias() = weight * view(in, low.taps, n);
+      }
       if (!in_place) scatter_columns(low, out.data, n, out_channels, tile, y);
     });
   });
@@ -431,15 +504,14 @@ void backward_data_col2im(const StreamHandle& s, const Conv2dShape& shape, const
     T* col_buffer = scratch.of_thread(t);
     T* dy_buffer = col_buffer + col_elements;
     const int64_t image0 = share(shape.batch, t, threads), image1 = share(shape.batch, t + 1, threads);
-    std::fill(dx + image0 * image_size, dx + image1 * image_size, T(0));
+    int64_t zeroed = image0;  // dx images [image0, zeroed) are zero or hold their first terms
     for_each_tile(low, image0 * low.out_h, image1 * low.out_h, [&](Tile tile) {
       const int64_t n = (tile.row1 - tile.row0) * low.out_w;
-      Panel<const T> grad{dy_buffer, n};
-      if (in_one_image(low, tile)) {
-        grad = columns_in_place(low, dy, out_channels, tile);
-      } else {
-        gather_columns(low, dy, out_channels, tile, dy_buffer, n);
-      }
+      // Zero each dx image just before its first scatter-add, while it then stays in cache.
+      const int64_t last_image = (tile.row1 - 1) / low.out_h;
+      std::fill(dx + zeroed * image_size, dx + (last_image + 1) * image_size, T(0));
+      zeroed = std::max(zeroed, last_image + 1);
+      const Panel<const T> grad = output_columns(low, dy, tile, dy_buffer);
       view(Panel<T>{col_buffer, n}, low.taps, n).noalias() =
           weight.transpose() * view(grad, out_channels, n);
       add_columns(low, col_buffer, n, tile, dx);
@@ -465,26 +537,23 @@ void backward_weight(const StreamHandle& s, const Conv2dShape& shape, const T* x
                      T* dw) {
   const Lowering low(shape);
   const int64_t out_channels = shape.out_channels, weight_size = shape.weight_size();
-  const int64_t tile_elements = col_tile_elements(low) + out_tile_elements(low);
-  const Scratch<T> scratch = reserve_scratch<T>(s, 0, tile_elements + weight_size);
+  const int partial_sums = std::max(1, s.num_threads) - 1;
+  const Scratch<T> scratch = reserve_scratch<T>(s, partial_sums * weight_size,
+                                                col_tile_elements(low) + out_tile_elements(low));
+  auto partial_of = [&](int thread) { return scratch.shared + (thread - 1) * weight_size; };
   int used_threads = 1;
   run_threads(s, [&](int t, int threads) {
     if (t == 0) used_threads = threads;
     T* col_buffer = scratch.of_thread(t);
     T* dy_buffer = col_buffer + col_tile_elements(low);
-    T* partial = t == 0 ? dw : col_buffer + tile_elements;
+    T* partial = t == 0 ? dw : partial_of(t);
     auto dweight = view(Panel<T>{partial, low.taps}, out_channels, low.taps);
     bool assign = t != 0;  // the first product initialises a partial sum
     for_each_tile(low, share(low.total_rows, t, threads), share(low.total_rows, t + 1, threads),
                   [&](Tile tile) {
       const int64_t n = (tile.row1 - tile.row0) * low.out_w;
       const Panel<const T> in = input_columns(low, x, tile, col_buffer);
-      Panel<const T> grad{dy_buffer, n};
-      if (in_one_image(low, tile)) {
-        grad = columns_in_place(low, dy, out_channels, tile);
-      } else {
-        gather_columns(low, dy, out_channels, tile, dy_buffer, n);
-      }
+      const Panel<const T> grad = output_columns(low, dy, tile, dy_buffer);
       const ConstMatrixView<T> dy_tile = view(grad, out_channels, n), col = view(in, low.taps, n);
       if (assign) {
         dweight.noalias() = dy_tile * col.transpose();
@@ -499,7 +568,7 @@ void backward_weight(const StreamHandle& s, const Conv2dShape& shape, const T* x
   run_threads(s, [&](int t, int threads) {
     const int64_t begin = share(weight_size, t, threads), end = share(weight_size, t + 1, threads);
     for (int u = 1; u < used_threads; ++u) {
-      const T* partial = scratch.of_thread(u) + tile_elements;
+      const T* partial = partial_of(u);
       for (int64_t e = begin; e < end; ++e) dw[e] += partial[e];
     }
   });
@@ -561,7 +630,7 @@ std::size_t conv2d_workspace_bytes(const Conv2dShape& shape, int num_threads) {
   auto per_thread = [&](int64_t elements) { return threads * round_up(elements, line); };
   const int64_t forward_elements = per_thread(forward_thread_elements(low));
   const int64_t weight_elements =
-      per_thread(forward_thread_elements(low) + shape.weight_size());
+      round_up((threads - 1) * shape.weight_size(), line) + per_thread(forward_thread_elements(low));
   const int64_t data_elements =
       backward_data_as_forward(shape)
           ? round_up(shape.weight_size(), line) +

@@ -16,10 +16,18 @@ using ConstRow = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>;
 template <class T>
 using Row = Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>;
 
+// Sets the OpenMP thread count of the GEMM: the stream's, except for products under ~2 MFLOP
+// (a classifier head), which take less time than waking up a second thread.
+void use_threads_for(const StreamHandle& s, const LinearShape& shape) {
+  StreamHandle single = s;
+  single.num_threads = 1;
+  use_threads(shape.flops() < (std::int64_t{1} << 21) ? single : s);
+}
+
 template <class T>
 void forward(const StreamHandle& s, const LinearShape& shape, const T* x, const T* w,
              const T* bias, T* y) {
-  use_threads(s);
+  use_threads_for(s, shape);
   Matrix<T> out(y, shape.batch, shape.out_features);
   out.noalias() = ConstMatrix<T>(x, shape.batch, shape.in_features) *
                   ConstMatrix<T>(w, shape.out_features, shape.in_features).transpose();
@@ -29,7 +37,7 @@ void forward(const StreamHandle& s, const LinearShape& shape, const T* x, const 
 template <class T>
 void backward_data(const StreamHandle& s, const LinearShape& shape, const T* dy, const T* w,
                    T* dx) {
-  use_threads(s);
+  use_threads_for(s, shape);
   Matrix<T>(dx, shape.batch, shape.in_features).noalias() =
       ConstMatrix<T>(dy, shape.batch, shape.out_features) *
       ConstMatrix<T>(w, shape.out_features, shape.in_features);
@@ -38,7 +46,7 @@ void backward_data(const StreamHandle& s, const LinearShape& shape, const T* dy,
 template <class T>
 void backward_weight(const StreamHandle& s, const LinearShape& shape, const T* x, const T* dy,
                      T* dw) {
-  use_threads(s);
+  use_threads_for(s, shape);
   Matrix<T>(dw, shape.out_features, shape.in_features).noalias() +=
       ConstMatrix<T>(dy, shape.batch, shape.out_features).transpose() *
       ConstMatrix<T>(x, shape.batch, shape.in_features);

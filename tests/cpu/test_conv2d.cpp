@@ -32,7 +32,8 @@ std::size_t size_of(std::int64_t n) { return static_cast<std::size_t>(n); }
 
 // The shapes cpu:: is compared on: odd sizes, batch 1, kernels 1/3/7 and non-square, strides 1
 // and 2, paddings 0/1/3 (also larger than kernel - 1), images with few pixels so that one GEMM
-// tile spans many images (and a thread's share starts inside an image), and images with many.
+// tile spans many images (and a thread's share starts inside an image), and images with many
+// (at least 256 output pixels: the tiles are rows of one image).
 std::vector<Conv2dShape> comparison_shapes() {
   std::vector<Conv2dShape> shapes = {
       conv2d_shape(1, 3, 7, 9, 5, 3, 1, 1),      conv2d_shape(2, 4, 11, 8, 6, 1, 1, 0),
@@ -41,7 +42,8 @@ std::vector<Conv2dShape> comparison_shapes() {
       conv2d_shape(2, 2, 6, 5, 3, 3, 1, 3),      conv2d_shape(37, 3, 4, 4, 4, 3, 1, 1),
       conv2d_shape(37, 6, 4, 4, 5, 1, 1, 0),     conv2d_shape(13, 3, 8, 7, 4, 3, 2, 1),
       conv2d_shape(2, 3, 23, 21, 4, 3, 1, 1),    conv2d_shape(1, 4, 29, 31, 3, 1, 1, 0),
-      conv2d_shape(2, 2, 25, 27, 3, 7, 1, 3),    conv2d_shape(1, 1, 1, 1, 1, 1, 1, 0)};
+      conv2d_shape(2, 2, 25, 27, 3, 7, 1, 3),    conv2d_shape(2, 3, 40, 36, 4, 3, 2, 1),
+      conv2d_shape(1, 2, 50, 53, 3, 5, 3, 2),    conv2d_shape(1, 1, 1, 1, 1, 1, 1, 0)};
   // in_channels >= 16: backward-data of stride 1 runs as a forward conv (padding k-1-p < 0 too)
   shapes.push_back(conv2d_shape(3, 16, 7, 9, 5, 3, 1, 1));
   shapes.push_back(conv2d_shape(2, 16, 5, 6, 3, 1, 1, 1));

@@ -62,7 +62,8 @@ void compare_with_reference(const LinearShape& shape, int threads, double tolera
 }
 
 const std::vector<LinearShape> comparison_shapes = {
-    {1, 1, 1}, {1, 7, 3}, {5, 13, 17}, {64, 100, 10}, {33, 257, 65}, {2, 512, 1}, {128, 64, 300}};
+    {1, 1, 1}, {1, 7, 3}, {5, 13, 17}, {64, 100, 10}, {33, 257, 65}, {2, 512, 1}, {128, 64, 300},
+    {61, 200, 130}};  // the last two are large enough for a multi-threaded GEMM
 
 }  // namespace
 
