@@ -17,7 +17,6 @@
 #include <cstdint>
 
 #include "kernels/common.hpp"
-#include "petra/config.hpp"
 
 namespace petra::kernels {
 
@@ -66,20 +65,7 @@ void count_correct(const StreamHandle& s, const CrossEntropyShape& shape, const 
 
 }  // namespace cpu
 
-#if PETRA_HAVE_CUDA
-// Same contracts as ref::, float, launched on s.cuda_stream; every pointer is device memory. The
-// forward's return value needs the label check's result on the host, so it waits for the stream.
-namespace cuda {
-
-std::int64_t cross_entropy_forward(const StreamHandle& s, const CrossEntropyShape& shape, const float* logits,
-                                   const std::int64_t* labels, float* loss, float* probs);
-void cross_entropy_backward(const StreamHandle& s, const CrossEntropyShape& shape, const float* probs,
-                            const std::int64_t* labels, const float* dloss, float* dlogits);
-void argmax(const StreamHandle& s, const CrossEntropyShape& shape, const float* logits, std::int64_t* predicted);
-void count_correct(const StreamHandle& s, const CrossEntropyShape& shape, const float* logits,
-                   const std::int64_t* labels, std::int64_t* correct);
-
-}  // namespace cuda
-#endif
+// kernels::cuda: not written yet. The CUDA issue adds float versions with these signatures; until
+// then petra/ops.cpp raises DeviceError for GPU tensors of this family.
 
 }  // namespace petra::kernels

@@ -32,7 +32,6 @@
 #include <cstdint>
 
 #include "kernels/common.hpp"
-#include "petra/config.hpp"
 
 namespace petra::kernels {
 
@@ -91,18 +90,7 @@ void lars_step(const StreamHandle& s, std::int64_t n, const LarsOptions& options
 
 }  // namespace cpu
 
-#if PETRA_HAVE_CUDA
-// Same contracts as ref::, float, launched on s.cuda_stream; the arrays are device memory.
-namespace cuda {
-
-void sgd_step(const StreamHandle& s, std::int64_t n, const SgdOptions& options, bool first_step, float* param,
-              const float* grad, float* momentum_buffer);
-void adam_step(const StreamHandle& s, std::int64_t n, const AdamOptions& options, std::int64_t step, float* param,
-               const float* grad, float* exp_avg, float* exp_avg_sq);
-void lars_step(const StreamHandle& s, std::int64_t n, const LarsOptions& options, float* param, const float* grad,
-               float* momentum_buffer);
-
-}  // namespace cuda
-#endif
+// kernels::cuda: not written yet. The CUDA issue adds float versions with these signatures; until
+// then petra/ops.cpp raises DeviceError for GPU tensors of this family.
 
 }  // namespace petra::kernels

@@ -18,7 +18,6 @@
 #include <span>
 
 #include "kernels/common.hpp"
-#include "petra/config.hpp"
 
 namespace petra::kernels {
 
@@ -72,21 +71,7 @@ void reduce_mean_backward(const StreamHandle& s, std::span<const std::int64_t> d
 
 }  // namespace cpu
 
-#if PETRA_HAVE_CUDA
-// Same contracts as ref::, float, launched on s.cuda_stream; x, y, dy, dx are device memory
-// (dims is host memory).
-namespace cuda {
-
-void reduce_sum(const StreamHandle& s, std::span<const std::int64_t> dims, std::uint32_t reduce_mask,
-                const float* x, float* y);
-void reduce_mean(const StreamHandle& s, std::span<const std::int64_t> dims, std::uint32_t reduce_mask,
-                 const float* x, float* y);
-void reduce_sum_backward(const StreamHandle& s, std::span<const std::int64_t> dims, std::uint32_t reduce_mask,
-                         const float* dy, float* dx);
-void reduce_mean_backward(const StreamHandle& s, std::span<const std::int64_t> dims, std::uint32_t reduce_mask,
-                          const float* dy, float* dx);
-
-}  // namespace cuda
-#endif
+// kernels::cuda: not written yet. The CUDA issue adds float versions with these signatures; until
+// then petra/ops.cpp raises DeviceError for GPU tensors of this family.
 
 }  // namespace petra::kernels
