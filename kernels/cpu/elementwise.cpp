@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/elementwise.hpp"
+#include "kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
 namespace {
@@ -12,21 +13,6 @@ namespace {
 std::int64_t piece_start(std::int64_t n, int t, int pieces) {
   const std::int64_t start = (n / pieces * t + 15) / 16 * 16;
   return t == pieces ? n : std::min(n, start);
-}
-
-// Calls body(i) for i in [0, count), split statically over `threads` OpenMP threads (in order
-// on the calling thread when threads is 1 or OpenMP is off).
-template <class Body>
-void parallel_for(int threads, std::int64_t count, Body body) {
-#ifdef _OPENMP
-  if (threads > 1) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (std::int64_t i = 0; i < count; ++i) body(i);
-    return;
-  }
-#endif
-  (void)threads;
-  for (std::int64_t i = 0; i < count; ++i) body(i);
 }
 
 // Calls body(begin, end) on [0, n): in one piece below the threshold, else in one contiguous

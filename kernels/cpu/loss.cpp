@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/loss.hpp"
+#include "kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
 namespace {
@@ -18,21 +19,6 @@ template <class T>
 using Row = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
 template <class T>
 using ConstRow = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
-
-// Calls body(i) for i in [0, count), split statically over `threads` OpenMP threads (in order
-// on the calling thread when threads is 1 or OpenMP is off).
-template <class Body>
-void parallel_for(int threads, std::int64_t count, Body body) {
-#ifdef _OPENMP
-  if (threads > 1) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (std::int64_t i = 0; i < count; ++i) body(i);
-    return;
-  }
-#endif
-  (void)threads;
-  for (std::int64_t i = 0; i < count; ++i) body(i);
-}
 
 int threads_for(const StreamHandle& s, const CrossEntropyShape& shape) {
   return shape.batch * shape.classes >= kParallelThreshold ? std::max(1, s.num_threads) : 1;

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "kernels/optim.hpp"
+#include "kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
 namespace {
@@ -15,21 +16,6 @@ constexpr std::int64_t kParallelThreshold = 64 * 1024;  // elements; fewer run o
 
 int threads_for(const StreamHandle& s, std::int64_t n) {
   return n >= kParallelThreshold ? std::max(1, s.num_threads) : 1;
-}
-
-// Calls body(i) for i in [0, count), split statically over `threads` OpenMP threads (in order
-// on the calling thread when threads is 1 or OpenMP is off).
-template <class Body>
-void parallel_for(int threads, std::int64_t count, Body body) {
-#ifdef _OPENMP
-  if (threads > 1) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (std::int64_t i = 0; i < count; ++i) body(i);
-    return;
-  }
-#endif
-  (void)threads;
-  for (std::int64_t i = 0; i < count; ++i) body(i);
 }
 
 // Start of piece t of [0, n) cut into `pieces`, rounded to 16 elements so that two threads never

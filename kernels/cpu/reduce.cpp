@@ -12,6 +12,7 @@
 #include <array>
 
 #include "kernels/reduce.hpp"
+#include "kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
 namespace {
@@ -20,21 +21,6 @@ constexpr std::int64_t kParallelThreshold = 64 * 1024;  // elements; fewer run o
 constexpr std::int64_t kColumnBlock = 2048;              // output columns accumulated at once (16 KB of doubles)
 constexpr std::int64_t kOutputBlock = 256;               // outputs accumulated at once when the inner dim is reduced
 constexpr std::int64_t kBroadcastPiece = 16 * 1024;      // elements of dx written by one work item
-
-// Calls body(i) for i in [0, count), split statically over `threads` OpenMP threads (in order
-// on the calling thread when threads is 1 or OpenMP is off).
-template <class Body>
-void parallel_for(int threads, std::int64_t count, Body body) {
-#ifdef _OPENMP
-  if (threads > 1) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (std::int64_t i = 0; i < count; ++i) body(i);
-    return;
-  }
-#endif
-  (void)threads;
-  for (std::int64_t i = 0; i < count; ++i) body(i);
-}
 
 // A list of dims with the stride of each in x.
 struct DimList {
