@@ -60,18 +60,22 @@ Variable ResidualFunction::forward(const Variable& x) const {
 }
 
 // ---------------------------------------------------------------- buffered stages
-Tensor BufferedStage::recompute_and_backward(const Tensor& x, const Tensor& dy) {
+Tensor backward_from_input(Stage& stage, const Tensor& x, const Tensor& dy, bool input_gradient) {
   GradModeGuard grad(true);
   RunningStatsGuard no_running_stats;  // the forward pass already moved them
-  const Variable input(x, input_gradient_);
-  const Variable outputs[] = {forward(input)};
+  const Variable input(x, input_gradient);
+  const Variable outputs[] = {stage.forward(input)};
   const Tensor seeds[] = {dy};
-  if (!input_gradient_) {
+  if (!input_gradient) {
     petra::backward(outputs, seeds);
     return {};
   }
   const Variable capture[] = {input};
   return petra::backward(outputs, seeds, capture)[0];
+}
+
+Tensor BufferedStage::recompute_and_backward(const Tensor& x, const Tensor& dy) {
+  return backward_from_input(*this, x, dy, input_gradient_);
 }
 
 StemStage::StemStage(std::int64_t in_channels, std::int64_t out_channels, bool imagenet, Init& init)

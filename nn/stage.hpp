@@ -54,4 +54,10 @@ class Stage : public Module {
   virtual HeadResult loss_and_backward(const Tensor& x, const Tensor& labels);
 };
 
+// The backward of any stage from its stored input: rebuilds the stage's graph at x with the
+// current parameters (batch norm's running statistics left alone), back-propagates dy, and returns
+// dx (undefined when input_gradient is false). Buffered stages use it for recompute_and_backward;
+// the delayed-gradient baselines use it for reversible stages too, which then keep their input.
+Tensor backward_from_input(Stage& stage, const Tensor& x, const Tensor& dy, bool input_gradient = true);
+
 }  // namespace petra::nn

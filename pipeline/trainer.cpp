@@ -105,7 +105,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   test_options.augment = false;
   test_loader_ = std::make_unique<data::Loader>(split_.test, test_options);
 
-  schedule_.kind = config_.schedule;
+  schedule_.kind = config_.epochs > 0 ? config_.schedule : "constant";  // --epochs 0: nothing to decay
   schedule_.base_lr = config_.goyal_scaling ? nn::goyal_lr(config_.lr, config_.accumulation, config_.batch_size)
                                             : config_.lr;
   // Cosine and polynomial decay need time after the warm-up: the warm-up is capped at half the run.

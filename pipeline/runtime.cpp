@@ -1,0 +1,224 @@
+// pipeline/runtime.cpp: the per-method stage runtime and the sequential executor.
+#include "pipeline/runtime.hpp"
+
+#include <cmath>
+
+#include "petra/ops.hpp"
+
+namespace petra::pipeline {
+
+Keeping keeping(PipelineMethod method, nn::StageKind kind) {
+  if (kind == nn::StageKind::head) return {};  // forward and backward in the same step
+  const bool reversible = kind == nn::StageKind::reversible;
+  switch (method) {
+    case PipelineMethod::petra: return {!reversible, false};
+    case PipelineMethod::delayed_reversible: return {!reversible, true};
+    case PipelineMethod::dsp: return {true, false};
+    case PipelineMethod::pipedream: return {true, true};
+    case PipelineMethod::revbackprop: return {!reversible, false};
+    case PipelineMethod::backprop: return {true, false};  // recomputes from the stored input: same numbers
+  }
+  return {};
+}
+
+namespace {
+
+double relative_error(const Tensor& approx, const Tensor& exact) {
+  const auto a = approx.to_vector<float>(), e = exact.to_vector<float>();
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - e[i]) * (double(a[i]) - e[i]);
+    den += double(e[i]) * e[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// Runs with the stashed parameters for its lifetime, then puts the current ones back.
+template <class Swap>
+struct StashedParameters {
+  Swap swap;
+  bool active;
+  StashedParameters(Swap s, bool on) : swap(s), active(on) {
+    if (active) swap();
+  }
+  ~StashedParameters() {
+    if (active) swap();
+  }
+};
+
+}  // namespace
+
+StageRuntime::StageRuntime(nn::Stage& stage, int index, int stages, const RuntimeOptions& options,
+                           bool next_keeps_input)
+    : stage_(stage), index_(index), stages_(stages), options_(options), keeping_(keeping(options.method, stage.kind())),
+      next_keeps_input_(next_keeps_input) {
+  optimizer_ = nn::make_optimizer(options.optimizer, nn::decay_groups(stage.named_parameters(), options.weight_decay),
+                                  options.optimizer_options);
+}
+
+void StageRuntime::swap_parameters(std::vector<Tensor>& values) {
+  const auto params = stage_.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    Tensor current = params[i].data();
+    params[i].set_data(values[i]);
+    values[i] = std::move(current);
+  }
+}
+
+StageRuntime::Kept StageRuntime::pop(std::int64_t microbatch, const char* what) {
+  PETRA_CHECK(!fifo_.empty(), Error, "stage ", index_, ": ", what, " of mini-batch ", microbatch,
+              " but no mini-batch is in flight here");
+  PETRA_CHECK(fifo_.front().microbatch == microbatch, Error, "stage ", index_, ": ", what, " of mini-batch ", microbatch,
+              " but the oldest in flight is ", fifo_.front().microbatch, " (messages out of order)");
+  Kept kept = std::move(fifo_.front());
+  fifo_.pop_front();
+  return kept;
+}
+
+ForwardMessage StageRuntime::forward(ForwardMessage in) {
+  Kept kept{in.microbatch, {}, {}};
+  if (keeping_.input || options_.track_reconstruction) kept.input = in.activation;
+  if (keeping_.parameters) {
+    MemoryScope scope(MemoryTag::param_stash, index_);
+    for (const auto& p : stage_.parameters()) kept.parameters.push_back(p.data().clone());
+  }
+  ForwardMessage out{in.microbatch, {}, std::move(in.labels)};
+  {
+    NoGradGuard no_grad;
+    MemoryScope scope(next_keeps_input_ ? MemoryTag::input_buffer : MemoryTag::messages,
+                      next_keeps_input_ ? index_ + 1 : index_);
+    out.activation = stage_.forward(Variable(in.activation)).data();
+  }
+  fifo_.push_back(std::move(kept));
+  return out;
+}
+
+BackwardMessage StageRuntime::backward(BackwardMessage from_above) {
+  Kept kept = pop(from_above.microbatch, "backward");
+  BackwardMessage out{from_above.microbatch, {}, {}};
+  MemoryScope scope(MemoryTag::messages, index_);
+  StashedParameters stash([&] { swap_parameters(kept.parameters); }, keeping_.parameters);
+  if (stage_.kind() == nn::StageKind::reversible && !keeping_.input) {
+    // PETRA (current parameters) or delayed-reversible (stashed ones): rebuild the input from the
+    // output received from above, reusing F's graph for the backward.
+    std::tie(out.input, out.gradient) = stage_.reconstruct_and_backward(from_above.input, from_above.gradient);
+    if (options_.track_reconstruction) last_reconstruction_error_ = relative_error(out.input, kept.input);
+  } else {
+    out.gradient = nn::backward_from_input(stage_, kept.input, from_above.gradient, /*input_gradient=*/index_ > 0);
+    out.input = std::move(kept.input);
+  }
+  ++received_;
+  return out;
+}
+
+BackwardMessage StageRuntime::head_step(ForwardMessage in, HeadStats& stats) {
+  MemoryScope scope(MemoryTag::messages, index_);
+  const nn::HeadResult r = stage_.loss_and_backward(in.activation, in.labels);
+  stats = {in.microbatch, r.loss, r.correct, in.labels.numel()};
+  ++received_;
+  return {in.microbatch, std::move(in.activation), r.dx};
+}
+
+void StageRuntime::update(std::int64_t microbatch) {
+  if (received_ == 0) return;
+  if (options_.apply_updates) {
+    if (received_ > 1) {
+      const double inverse = 1.0 / static_cast<double>(received_);
+      for (const auto& p : stage_.parameters())
+        if (p.grad().defined()) p.set_grad(ops::scale(p.grad(), inverse));
+    }
+    optimizer_->step(nn::learning_rate(options_.schedule, microbatch, options_.iterations_per_epoch));
+    optimizer_->zero_grad();
+  }
+  received_ = 0;
+}
+
+// ---------------------------------------------------------------- sequential executor
+SequentialExecutor::SequentialExecutor(nn::Model& model, const RuntimeOptions& options)
+    : model_(model), to_next_(model.num_stages()), to_previous_(model.num_stages()) {
+  const int J = static_cast<int>(model.num_stages());
+  for (int j = 0; j < J; ++j) {
+    const bool next_keeps = j + 1 < J && keeping(options.method, model.stage(j + 1).kind()).input;
+    stages_.push_back(std::make_unique<StageRuntime>(model.stage(j), j, J, options, next_keeps));
+  }
+}
+
+namespace {
+template <class Message>
+Message receive(std::deque<Message>& channel, std::int64_t microbatch, int stage, const char* what) {
+  PETRA_CHECK(!channel.empty(), Error, "stage ", stage, ": ", what, " of mini-batch ", microbatch,
+              " but no message has arrived (the schedule and the executor disagree)");
+  PETRA_CHECK(channel.front().microbatch == microbatch, Error, "stage ", stage, ": ", what, " of mini-batch ",
+              microbatch, " received the message of mini-batch ", channel.front().microbatch);
+  Message m = std::move(channel.front());
+  channel.pop_front();
+  return m;
+}
+}  // namespace
+
+void SequentialExecutor::execute(const Action& action, const BatchSource& batches, const HeadCallback& on_head) {
+  const int j = action.stage, head = static_cast<int>(stages_.size()) - 1;
+  const std::int64_t m = action.microbatch;
+  switch (action.kind) {
+    case Action::Kind::forward: {
+      ForwardMessage in;
+      if (j == 0) {
+        data::Batch b = batches(m);
+        in = {m, std::move(b.images), std::move(b.labels)};
+      } else {
+        in = receive(to_next_[j - 1], m, j, "forward");
+      }
+      if (j == head)
+        to_next_[head].push_back(std::move(in));  // the head's backward, next in this cell, takes it
+      else
+        to_next_[j].push_back(stages_[j]->forward(std::move(in)));
+      break;
+    }
+    case Action::Kind::backward: {
+      BackwardMessage out;
+      if (j == head) {
+        HeadStats stats;
+        out = stages_[j]->head_step(receive(to_next_[head], m, j, "head step"), stats);
+        if (on_head) on_head(stats);
+      } else {
+        out = stages_[j]->backward(receive(to_previous_[j], m, j, "backward"));
+      }
+      if (j > 0) to_previous_[j - 1].push_back(std::move(out));
+      break;
+    }
+    case Action::Kind::update: stages_[j]->update(last_backward_[j]); break;
+  }
+  if (action.kind == Action::Kind::backward) last_backward_[j] = m;
+}
+
+void SequentialExecutor::run(const Schedule& schedule, std::int64_t first, std::int64_t last,
+                             const BatchSource& batches, const HeadCallback& on_head) {
+  PETRA_CHECK(schedule.stages == static_cast<int>(stages_.size()), ValueError, "executor: schedule for ",
+              schedule.stages, " stages, model has ", stages_.size());
+  PETRA_CHECK(0 <= first && first <= last && last <= schedule.steps, ValueError, "executor: steps [", first, ", ", last,
+              ") outside the schedule's ", schedule.steps);
+  if (last_backward_.empty()) last_backward_.assign(stages_.size(), 0);
+  const int J = schedule.stages;
+  for (std::int64_t t = first; t < last; ++t) {
+    const auto& row = schedule.cells[t];
+    if (is_delayed(schedule.method)) {
+      // Messages produced in step t are consumed in step t + 1, so the stages of one step could
+      // run in any order (and do run concurrently in the concurrent executor).
+      for (int j = 0; j < J; ++j)
+        for (const Action& a : row[j]) execute(a, batches, on_head);
+    } else {
+      // Synchronous: every forward, bottom-up; then every backward, top-down; then the updates.
+      for (int j = 0; j < J; ++j)
+        for (const Action& a : row[j])
+          if (a.kind == Action::Kind::forward) execute(a, batches, on_head);
+      for (int j = J; j-- > 0;)
+        for (const Action& a : row[j])
+          if (a.kind == Action::Kind::backward) execute(a, batches, on_head);
+      for (int j = 0; j < J; ++j)
+        for (const Action& a : row[j])
+          if (a.kind == Action::Kind::update) execute(a, batches, on_head);
+    }
+  }
+}
+
+}  // namespace petra::pipeline

@@ -1,0 +1,134 @@
+// pipeline/runtime.hpp: what a stage keeps and does under each delayed-gradient method, and the
+// sequential executor that runs a schedule (pipeline/schedule.hpp) step by step: the oracle.
+//
+// Per method (../shared/DESIGN.md, section 1):
+//
+//   method               input FIFO        parameter stash   backward of a reversible stage
+//   petra                buffered stages   no                rebuild x from y with the CURRENT parameters
+//   delayed-reversible   buffered stages   yes               rebuild x from y with the STASHED parameters
+//   dsp                  every stage       no                recompute from the stored x, current parameters
+//   pipedream            every stage       yes               recompute from the stored x, stashed parameters
+//
+// Buffered stages (stem, transitions) always keep their input and recompute from it; the head runs
+// forward, loss and backward in one step. Every backward sends (input, input gradient) down: the
+// exact input for buffered stages and the head, the rebuilt one for reversible stages.
+//
+// Messages carry their mini-batch id and the receiver checks it against the schedule. Allocation
+// tags: a stage's output is "input_buffer" of the next stage when that stage keeps it, else
+// "messages" of the sender; stashed parameters are "param_stash".
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "data/loader.hpp"
+#include "nn/models.hpp"
+#include "nn/optimizer.hpp"
+#include "nn/schedule.hpp"
+#include "pipeline/schedule.hpp"
+
+namespace petra::pipeline {
+
+struct ForwardMessage {
+  std::int64_t microbatch = -1;
+  Tensor activation;
+  Tensor labels;  // travel with the activation to the head
+};
+
+struct BackwardMessage {
+  std::int64_t microbatch = -1;
+  Tensor input;     // the sender's input: exact (buffered, head) or rebuilt (reversible)
+  Tensor gradient;  // of the loss with respect to that input
+};
+
+// What a stage keeps between the forward and the backward of one mini-batch.
+struct Keeping {
+  bool input = false;       // a FIFO of inputs
+  bool parameters = false;  // a stash of the parameters the forward used
+};
+Keeping keeping(PipelineMethod method, nn::StageKind kind);
+
+struct RuntimeOptions {
+  PipelineMethod method = PipelineMethod::petra;
+  std::int64_t accumulation = 1;  // k: backwards averaged per update, counted per stage
+  std::string optimizer = "sgd";
+  nn::OptimizerOptions optimizer_options;
+  double weight_decay = 0;
+  nn::ScheduleConfig schedule;  // per stage, indexed by the mini-batch of the update's backward
+  std::int64_t iterations_per_epoch = 1;
+  bool apply_updates = true;       // false: gradients only accumulate (tests)
+  bool track_reconstruction = false;  // keep true inputs to measure the rebuilt ones (debug)
+};
+
+struct HeadStats {
+  std::int64_t microbatch = -1;
+  double loss = 0;
+  std::int64_t correct = 0, samples = 0;
+};
+
+class StageRuntime {
+ public:
+  // next_keeps_input: the stage above keeps this stage's outputs (they are tagged its input_buffer).
+  StageRuntime(nn::Stage& stage, int index, int stages, const RuntimeOptions& options, bool next_keeps_input);
+
+  ForwardMessage forward(ForwardMessage in);              // stages below the head
+  BackwardMessage backward(BackwardMessage from_above);   // stages below the head
+  BackwardMessage head_step(ForwardMessage in, HeadStats& stats);  // the head
+  void update(std::int64_t microbatch);  // averages the k gradients and steps the optimizer
+
+  int index() const { return index_; }
+  std::size_t kept() const { return fifo_.size(); }  // mini-batches in flight at this stage
+  // Relative error ||x_rebuilt - x|| / ||x|| of the last backward (track_reconstruction only).
+  double last_reconstruction_error() const { return last_reconstruction_error_; }
+  nn::Stage& stage() { return stage_; }
+
+ private:
+  struct Kept {
+    std::int64_t microbatch;
+    Tensor input;                    // if the method keeps inputs here (or tracks them)
+    std::vector<Tensor> parameters;  // if the method stashes parameters
+  };
+  void swap_parameters(std::vector<Tensor>& values);  // exchanges the stage's parameter data
+  Kept pop(std::int64_t microbatch, const char* what);
+
+  nn::Stage& stage_;
+  int index_, stages_;
+  RuntimeOptions options_;
+  Keeping keeping_;
+  bool next_keeps_input_;
+  std::deque<Kept> fifo_;
+  std::unique_ptr<nn::Optimizer> optimizer_;
+  std::int64_t received_ = 0;  // backwards since the last update
+  double last_reconstruction_error_ = 0;
+};
+
+// Runs schedules step by step on one thread. Channels and FIFOs persist between run() calls, so
+// one long schedule can be run epoch by epoch without flushing the pipeline.
+class SequentialExecutor {
+ public:
+  using BatchSource = std::function<data::Batch(std::int64_t microbatch)>;
+  using HeadCallback = std::function<void(const HeadStats&)>;
+
+  SequentialExecutor(nn::Model& model, const RuntimeOptions& options);
+
+  // Executes steps [first, last) of `schedule`.
+  void run(const Schedule& schedule, std::int64_t first, std::int64_t last, const BatchSource& batches,
+           const HeadCallback& on_head);
+
+  StageRuntime& stage(std::size_t j) { return *stages_.at(j); }
+  std::size_t num_stages() const { return stages_.size(); }
+
+ private:
+  void execute(const Action& action, const BatchSource& batches, const HeadCallback& on_head);
+
+  nn::Model& model_;
+  std::vector<std::unique_ptr<StageRuntime>> stages_;
+  std::vector<std::deque<ForwardMessage>> to_next_;       // [j]: from stage j to j + 1
+  std::vector<std::deque<BackwardMessage>> to_previous_;  // [j]: from stage j + 1 to j
+  std::vector<std::int64_t> last_backward_;               // [j]: mini-batch of j's latest backward
+};
+
+}  // namespace petra::pipeline
