@@ -20,14 +20,13 @@
 // dbeta, running_mean, running_var, saved_mean, saved_invstd hold one value per channel.
 // The callers pass eps = 1e-5 and momentum = 0.1 (PyTorch's defaults); training needs n > 1.
 //
-// cpu:: works on one channel at a time (its N*H*W values fit in L2 for the ResNet shapes, so the
-// second pass over x reads from cache) and splits the channels over the stream's threads.
+// cpu:: gives each thread a block of channels and walks memory in order, two passes (sums, then
+// the output); its training forward and backward need s.workspace (3 samples' worth of floats).
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/common.hpp"
-#include "petra/config.hpp"
 
 namespace petra::kernels {
 
@@ -79,23 +78,7 @@ void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, cons
 
 }  // namespace cpu
 
-#if PETRA_HAVE_CUDA
-namespace cuda {
-
-void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
-                             double momentum, const float* x, const float* gamma,
-                             const float* beta, float* y, float* saved_mean, float* saved_invstd,
-                             float* running_mean, float* running_var);
-
-void batchnorm_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
-                            const float* x, const float* gamma, const float* beta,
-                            const float* running_mean, const float* running_var, float* y);
-
-void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
-                        const float* dy, const float* gamma, const float* saved_mean,
-                        const float* saved_invstd, float* dx, float* dgamma, float* dbeta);
-
-}  // namespace cuda
-#endif
+// kernels::cuda: not written yet. The CUDA issue adds float versions with these signatures; until
+// then petra/ops.cpp raises DeviceError for GPU tensors of this family.
 
 }  // namespace petra::kernels

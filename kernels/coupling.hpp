@@ -8,12 +8,11 @@
 // comes back up to float rounding of the addition.
 //   backward: given dy = (dy1, dy2) and g = the vector-Jacobian product of F at x1 with dy1,
 //             dx1 = dy2 + g,   dx2 = dy1
-// (the same one-pass copy-and-add: it saves materialising dy2 + g separately).
+// which is the forward's map applied to (dy, g): one pass instead of an add and a concat.
 //
 // All tensors are NCHW, contiguous; `shape.channels` is C, the channels of ONE stream.
 // Memory-bound: each call reads 3 and writes 2 tensors of N*C*H*W floats, in one pass.
-// On the GPU this is a hand-written kernel (the CUDA issue of the coupling): one launch instead
-// of a copy plus an add.
+// A later CUDA issue makes cuda:: a hand-written kernel: one launch instead of a copy plus an add.
 #pragma once
 
 #include <cstdint>

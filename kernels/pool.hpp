@@ -18,7 +18,6 @@
 #include <cstdint>
 
 #include "kernels/common.hpp"
-#include "petra/config.hpp"
 
 namespace petra::kernels {
 
@@ -84,21 +83,7 @@ void global_avg_pool_backward(const StreamHandle& s, const GlobalPoolShape& shap
 
 }  // namespace cpu
 
-#if PETRA_HAVE_CUDA
-namespace cuda {
-
-void max_pool2d_forward(const StreamHandle& s, const Pool2dShape& shape, const float* x, float* y,
-                        std::int32_t* indices);
-void max_pool2d_backward(const StreamHandle& s, const Pool2dShape& shape, const float* dy,
-                         const std::int32_t* indices, float* dx);
-void avg_pool2d_forward(const StreamHandle& s, const Pool2dShape& shape, const float* x, float* y);
-void avg_pool2d_backward(const StreamHandle& s, const Pool2dShape& shape, const float* dy, float* dx);
-void global_avg_pool_forward(const StreamHandle& s, const GlobalPoolShape& shape, const float* x,
-                             float* y);
-void global_avg_pool_backward(const StreamHandle& s, const GlobalPoolShape& shape, const float* dy,
-                              float* dx);
-
-}  // namespace cuda
-#endif
+// kernels::cuda: not written yet. The CUDA issue adds float versions with these signatures; until
+// then petra/ops.cpp raises DeviceError for GPU tensors of this family.
 
 }  // namespace petra::kernels

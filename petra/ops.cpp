@@ -23,10 +23,11 @@ namespace petra::ops {
 namespace {
 
 // The stream an op on tensors of `device` runs on: the current stream if it is on that device,
-// else the calling thread's default stream for the device.
+// else the calling thread's default stream for the device. All CPU devices share one memory
+// ("cpu:1" names a pipeline worker, not a memory space), so any CPU stream runs CPU tensors.
 const kernels::StreamHandle& stream_for(Device device) {
   Stream& current = Stream::current();
-  if (current.device() == device) return current.handle();
+  if (current.device() == device || (current.device().is_cpu() && device.is_cpu())) return current.handle();
   thread_local std::map<int, std::unique_ptr<Stream>> defaults;
   auto& s = defaults[static_cast<int>(device.type) * 4096 + device.index];
   if (!s) s = std::make_unique<Stream>(device);

@@ -2,6 +2,10 @@
 #include "pipeline/runtime.hpp"
 
 #include <cmath>
+#include <exception>
+#include <thread>
+
+#include "petra/stream.hpp"
 
 #include "petra/ops.hpp"
 
@@ -133,9 +137,23 @@ void StageRuntime::update(std::int64_t microbatch) {
   received_ = 0;
 }
 
+// ---------------------------------------------------------------- channels
+template <class Message>
+Message Channel<Message>::pop(bool wait, std::int64_t microbatch, int stage, const char* what) {
+  std::unique_lock lock(mutex_);
+  if (wait) arrived_.wait(lock, [&] { return !queue_.empty(); });
+  PETRA_CHECK(!queue_.empty(), Error, "stage ", stage, ": ", what, " of mini-batch ", microbatch,
+              " but no message has arrived (the schedule and the executor disagree)");
+  PETRA_CHECK(queue_.front().microbatch == microbatch, Error, "stage ", stage, ": ", what, " of mini-batch ",
+              microbatch, " received the message of mini-batch ", queue_.front().microbatch);
+  Message m = std::move(queue_.front());
+  queue_.pop_front();
+  return m;
+}
+
 // ---------------------------------------------------------------- sequential executor
 SequentialExecutor::SequentialExecutor(nn::Model& model, const RuntimeOptions& options)
-    : model_(model), to_next_(model.num_stages()), to_previous_(model.num_stages()) {
+    : to_next_(model.num_stages()), to_previous_(model.num_stages()), last_backward_(model.num_stages(), 0) {
   const int J = static_cast<int>(model.num_stages());
   for (int j = 0; j < J; ++j) {
     const bool next_keeps = j + 1 < J && keeping(options.method, model.stage(j + 1).kind()).input;
@@ -143,20 +161,8 @@ SequentialExecutor::SequentialExecutor(nn::Model& model, const RuntimeOptions& o
   }
 }
 
-namespace {
-template <class Message>
-Message receive(std::deque<Message>& channel, std::int64_t microbatch, int stage, const char* what) {
-  PETRA_CHECK(!channel.empty(), Error, "stage ", stage, ": ", what, " of mini-batch ", microbatch,
-              " but no message has arrived (the schedule and the executor disagree)");
-  PETRA_CHECK(channel.front().microbatch == microbatch, Error, "stage ", stage, ": ", what, " of mini-batch ",
-              microbatch, " received the message of mini-batch ", channel.front().microbatch);
-  Message m = std::move(channel.front());
-  channel.pop_front();
-  return m;
-}
-}  // namespace
-
-void SequentialExecutor::execute(const Action& action, const BatchSource& batches, const HeadCallback& on_head) {
+void SequentialExecutor::execute(const Action& action, bool wait, const BatchSource& batches,
+                                 const HeadCallback& on_head) {
   const int j = action.stage, head = static_cast<int>(stages_.size()) - 1;
   const std::int64_t m = action.microbatch;
   switch (action.kind) {
@@ -166,59 +172,138 @@ void SequentialExecutor::execute(const Action& action, const BatchSource& batche
         data::Batch b = batches(m);
         in = {m, std::move(b.images), std::move(b.labels)};
       } else {
-        in = receive(to_next_[j - 1], m, j, "forward");
+        in = to_next_[j - 1].pop(wait, m, j, "forward");
       }
       if (j == head)
-        to_next_[head].push_back(std::move(in));  // the head's backward, next in this cell, takes it
+        to_next_[head].push(std::move(in));  // the head's backward, next in this cell, takes it
       else
-        to_next_[j].push_back(stages_[j]->forward(std::move(in)));
+        to_next_[j].push(stages_[j]->forward(std::move(in)));
       break;
     }
     case Action::Kind::backward: {
       BackwardMessage out;
       if (j == head) {
         HeadStats stats;
-        out = stages_[j]->head_step(receive(to_next_[head], m, j, "head step"), stats);
+        out = stages_[j]->head_step(to_next_[head].pop(false, m, j, "head step"), stats);
         if (on_head) on_head(stats);
       } else {
-        out = stages_[j]->backward(receive(to_previous_[j], m, j, "backward"));
+        out = stages_[j]->backward(to_previous_[j].pop(wait, m, j, "backward"));
       }
-      if (j > 0) to_previous_[j - 1].push_back(std::move(out));
+      if (j > 0) to_previous_[j - 1].push(std::move(out));
+      last_backward_[j] = m;
       break;
     }
     case Action::Kind::update: stages_[j]->update(last_backward_[j]); break;
   }
-  if (action.kind == Action::Kind::backward) last_backward_[j] = m;
 }
 
-void SequentialExecutor::run(const Schedule& schedule, std::int64_t first, std::int64_t last,
-                             const BatchSource& batches, const HeadCallback& on_head) {
+void SequentialExecutor::execute_cell(const std::vector<Action>& cell, bool wait, const BatchSource& batches,
+                                      const HeadCallback& on_head) {
+  for (const Action& a : cell) execute(a, wait, batches, on_head);
+}
+
+void SequentialExecutor::check_range(const Schedule& schedule, std::int64_t first, std::int64_t last) const {
   PETRA_CHECK(schedule.stages == static_cast<int>(stages_.size()), ValueError, "executor: schedule for ",
               schedule.stages, " stages, model has ", stages_.size());
   PETRA_CHECK(0 <= first && first <= last && last <= schedule.steps, ValueError, "executor: steps [", first, ", ", last,
               ") outside the schedule's ", schedule.steps);
-  if (last_backward_.empty()) last_backward_.assign(stages_.size(), 0);
+}
+
+void SequentialExecutor::run(const Schedule& schedule, std::int64_t first, std::int64_t last,
+                             const BatchSource& batches, const HeadCallback& on_head) {
+  check_range(schedule, first, last);
   const int J = schedule.stages;
   for (std::int64_t t = first; t < last; ++t) {
     const auto& row = schedule.cells[t];
     if (is_delayed(schedule.method)) {
       // Messages produced in step t are consumed in step t + 1, so the stages of one step could
-      // run in any order (and do run concurrently in the concurrent executor).
-      for (int j = 0; j < J; ++j)
-        for (const Action& a : row[j]) execute(a, batches, on_head);
-    } else {
-      // Synchronous: every forward, bottom-up; then every backward, top-down; then the updates.
-      for (int j = 0; j < J; ++j)
+      // run in any order (and do run at the same time in the concurrent executor).
+      for (int j = 0; j < J; ++j) execute_cell(row[j], false, batches, on_head);
+      continue;
+    }
+    // Synchronous: every forward, bottom-up; then every backward, top-down; then the updates.
+    for (const Action::Kind kind : {Action::Kind::forward, Action::Kind::backward, Action::Kind::update}) {
+      for (int i = 0; i < J; ++i) {
+        const int j = kind == Action::Kind::backward ? J - 1 - i : i;
         for (const Action& a : row[j])
-          if (a.kind == Action::Kind::forward) execute(a, batches, on_head);
-      for (int j = J; j-- > 0;)
-        for (const Action& a : row[j])
-          if (a.kind == Action::Kind::backward) execute(a, batches, on_head);
-      for (int j = 0; j < J; ++j)
-        for (const Action& a : row[j])
-          if (a.kind == Action::Kind::update) execute(a, batches, on_head);
+          if (a.kind == kind) execute(a, false, batches, on_head);
+      }
     }
   }
+}
+
+// ---------------------------------------------------------------- concurrent executor
+ConcurrentExecutor::ConcurrentExecutor(nn::Model& model, const RuntimeOptions& options, std::vector<Worker> workers,
+                                       std::vector<int> placement)
+    : SequentialExecutor(model, options), workers_(std::move(workers)), placement_(std::move(placement)) {
+  PETRA_CHECK(!workers_.empty(), ValueError, "concurrent executor: no workers");
+  PETRA_CHECK(placement_.size() == model.num_stages(), ValueError, "concurrent executor: placement of ",
+              placement_.size(), " stages for a model of ", model.num_stages());
+  for (int w : placement_)
+    PETRA_CHECK(0 <= w && w < static_cast<int>(workers_.size()), ValueError, "concurrent executor: worker ", w,
+                " does not exist (", workers_.size(), " workers)");
+  for (const Worker& w : workers_) {
+    PETRA_CHECK(w.threads >= 1, ValueError, "concurrent executor: a worker needs at least one thread");
+    PETRA_CHECK(w.device.is_cpu(), DeviceError, "concurrent executor: ", w.device.str(),
+                " workers come with the CUDA issue; use cpu:N devices");
+  }
+}
+
+void ConcurrentExecutor::run(const Schedule& schedule, std::int64_t first, std::int64_t last,
+                             const BatchSource& batches, const HeadCallback& on_head) {
+  check_range(schedule, first, last);
+  PETRA_CHECK(is_delayed(schedule.method), ValueError, "concurrent executor: ", name_of(schedule.method),
+              " is synchronous; run it with the sequential executor");
+  std::mutex head_mutex;
+  const HeadCallback guarded_head = [&](const HeadStats& s) {
+    std::lock_guard lock(head_mutex);
+    if (on_head) on_head(s);
+  };
+  std::vector<std::exception_ptr> errors(workers_.size());
+  std::vector<std::thread> threads;
+  for (std::size_t w = 0; w < workers_.size(); ++w) {
+    threads.emplace_back([&, w] {
+      try {
+        Stream stream(workers_[w].device, workers_[w].threads);
+        StreamGuard guard(stream);
+        for (std::int64_t t = first; t < last; ++t)
+          for (int j = 0; j < schedule.stages; ++j)
+            if (placement_[j] == static_cast<int>(w)) execute_cell(schedule.cells[t][j], true, batches, guarded_head);
+      } catch (...) {
+        errors[w] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+std::vector<int> balanced_placement(const std::vector<double>& costs, int workers) {
+  PETRA_CHECK(workers >= 1, ValueError, "balanced_placement: need at least one worker");
+  const int n = static_cast<int>(costs.size());
+  // best[w][i]: the smallest possible largest load when stages [0, i) go to w workers.
+  std::vector<std::vector<double>> best(workers + 1, std::vector<double>(n + 1, 1e300));
+  std::vector<std::vector<int>> cut(workers + 1, std::vector<int>(n + 1, 0));
+  best[0][0] = 0;
+  for (int w = 1; w <= workers; ++w)
+    for (int i = 0; i <= n; ++i) {
+      double load = 0;
+      for (int start = i; start >= 0; --start) {  // worker w takes stages [start, i)
+        if (start < i) load += costs[start];
+        const double candidate = std::max(best[w - 1][start], load);
+        if (candidate < best[w][i]) {
+          best[w][i] = candidate;
+          cut[w][i] = start;
+        }
+      }
+    }
+  std::vector<int> placement(n, 0);
+  for (int w = workers, i = n; w >= 1; --w) {
+    for (int j = cut[w][i]; j < i; ++j) placement[j] = w - 1;
+    i = cut[w][i];
+  }
+  return placement;
 }
 
 }  // namespace petra::pipeline

@@ -18,10 +18,12 @@
 // "messages" of the sender; stashed parameters are "param_stash".
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "data/loader.hpp"
@@ -105,30 +107,83 @@ class StageRuntime {
   double last_reconstruction_error_ = 0;
 };
 
-// Runs schedules step by step on one thread. Channels and FIFOs persist between run() calls, so
-// one long schedule can be run epoch by epoch without flushing the pipeline.
+// A FIFO of messages between two neighbouring stages. pop(wait = true) blocks until a message is
+// there (concurrent executor); pop(wait = false) raises if none is (sequential executor: a missing
+// message means the schedule and the executor disagree).
+template <class Message>
+class Channel {
+ public:
+  void push(Message m) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(m));
+    }
+    arrived_.notify_one();
+  }
+  Message pop(bool wait, std::int64_t microbatch, int stage, const char* what);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::deque<Message> queue_;
+};
+
+// Runs schedules step by step on one thread: the oracle. Channels and FIFOs persist between run()
+// calls, so one long schedule can be run epoch by epoch without flushing the pipeline.
 class SequentialExecutor {
  public:
   using BatchSource = std::function<data::Batch(std::int64_t microbatch)>;
   using HeadCallback = std::function<void(const HeadStats&)>;
 
   SequentialExecutor(nn::Model& model, const RuntimeOptions& options);
+  virtual ~SequentialExecutor() = default;
 
   // Executes steps [first, last) of `schedule`.
-  void run(const Schedule& schedule, std::int64_t first, std::int64_t last, const BatchSource& batches,
-           const HeadCallback& on_head);
+  virtual void run(const Schedule& schedule, std::int64_t first, std::int64_t last, const BatchSource& batches,
+                   const HeadCallback& on_head);
 
   StageRuntime& stage(std::size_t j) { return *stages_.at(j); }
   std::size_t num_stages() const { return stages_.size(); }
 
- private:
-  void execute(const Action& action, const BatchSource& batches, const HeadCallback& on_head);
+ protected:
+  void check_range(const Schedule& schedule, std::int64_t first, std::int64_t last) const;
+  // Runs one cell: the actions of stage j at one step, in order. wait: block for messages.
+  void execute_cell(const std::vector<Action>& cell, bool wait, const BatchSource& batches,
+                    const HeadCallback& on_head);
 
-  nn::Model& model_;
+ private:
+  void execute(const Action& action, bool wait, const BatchSource& batches, const HeadCallback& on_head);
+
   std::vector<std::unique_ptr<StageRuntime>> stages_;
-  std::vector<std::deque<ForwardMessage>> to_next_;       // [j]: from stage j to j + 1
-  std::vector<std::deque<BackwardMessage>> to_previous_;  // [j]: from stage j + 1 to j
-  std::vector<std::int64_t> last_backward_;               // [j]: mini-batch of j's latest backward
+  std::vector<Channel<ForwardMessage>> to_next_;       // [j]: from stage j to j + 1 (the head's: to itself)
+  std::vector<Channel<BackwardMessage>> to_previous_;  // [j]: from stage j + 1 to j
+  std::vector<std::int64_t> last_backward_;            // [j]: mini-batch of j's latest backward
 };
+
+// One worker thread per device; each stage is placed on one worker. A worker runs, step after step,
+// the cells of its stages in increasing stage order (forward, backward, update within a cell), with
+// no global barrier: it blocks only on the messages it needs, which were produced one step earlier.
+// Each stage's local order is the sequential executor's and the channels are FIFO, so on the CPU the
+// parameters are bit-identical to the sequential executor's (with the same threads per kernel).
+class ConcurrentExecutor : public SequentialExecutor {
+ public:
+  struct Worker {
+    Device device = Device::cpu();
+    int threads = 1;  // per kernel, on this worker's stream
+  };
+  // placement[j] = the worker of stage j.
+  ConcurrentExecutor(nn::Model& model, const RuntimeOptions& options, std::vector<Worker> workers,
+                     std::vector<int> placement);
+
+  void run(const Schedule& schedule, std::int64_t first, std::int64_t last, const BatchSource& batches,
+           const HeadCallback& on_head) override;
+
+ private:
+  std::vector<Worker> workers_;
+  std::vector<int> placement_;
+};
+
+// Contiguous stages per worker, balancing the sum of `costs` (the largest worker load is minimal).
+std::vector<int> balanced_placement(const std::vector<double>& costs, int workers);
 
 }  // namespace petra::pipeline

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "petra/stream.hpp"
 #include "pipeline/runtime.hpp"
 #include "pipeline/synchronous.hpp"
 #include "tests/support/testing.hpp"
@@ -118,4 +119,50 @@ TEST_CASE("a schedule that disagrees with the messages is refused") {
   Schedule schedule = make_schedule(PipelineMethod::petra, static_cast<int>(model.num_stages()), 6, 1, true);
   std::swap(schedule.cells[1][1], schedule.cells[2][1]);  // stage 1 forwards mini-batch 1 a step late... and 0 never
   CHECK_THROWS_AS(executor.run(schedule, 0, schedule.steps, make_batch, {}), Error);
+}
+
+TEST_CASE("the concurrent executor gives the sequential executor's parameters bit for bit") {
+  for (PipelineMethod method : {PipelineMethod::petra, PipelineMethod::delayed_reversible, PipelineMethod::dsp,
+                                PipelineMethod::pipedream}) {
+    CAPTURE(name_of(method));
+    RuntimeOptions options;
+    options.method = method;
+    options.accumulation = 2;
+    options.optimizer_options.nesterov = true;
+    options.weight_decay = 5e-4;
+    options.schedule.kind = "constant";
+    options.schedule.base_lr = 0.05;
+    nn::Model a(small_revnet()), b(small_revnet());
+    const int J = static_cast<int>(a.num_stages());
+    const Schedule schedule = make_schedule(method, J, 24, 2, /*drain=*/true);
+    std::vector<double> losses_a, losses_b;
+    {
+      Stream one_thread(Device::cpu(), 1);
+      StreamGuard guard(one_thread);
+      SequentialExecutor sequential(a, options);
+      sequential.run(schedule, 0, schedule.steps, make_batch, [&](const HeadStats& s) { losses_a.push_back(s.loss); });
+    }
+    ConcurrentExecutor concurrent(b, options, {{Device::cpu(0), 1}, {Device::cpu(1), 1}},
+                                  balanced_placement(std::vector<double>(J, 1.0), 2));
+    // Epoch by epoch: the pipeline is not flushed in between.
+    concurrent.run(schedule, 0, 10, make_batch, [&](const HeadStats& s) { losses_b.push_back(s.loss); });
+    concurrent.run(schedule, 10, schedule.steps, make_batch, [&](const HeadStats& s) { losses_b.push_back(s.loss); });
+    CHECK(losses_a == losses_b);
+    const auto pa = a.named_parameters(), pb = b.named_parameters();
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      CAPTURE(pa[i].first);
+      CHECK(pa[i].second.data().to_vector<float>() == pb[i].second.data().to_vector<float>());
+    }
+    const auto ba = a.named_buffers(), bb = b.named_buffers();
+    for (std::size_t i = 0; i < ba.size(); ++i) CHECK(ba[i].second.to_vector<float>() == bb[i].second.to_vector<float>());
+    // And the parameters did move.
+    CHECK(pa[0].second.data().to_vector<float>() != nn::Model(small_revnet()).named_parameters()[0].second.data().to_vector<float>());
+  }
+}
+
+TEST_CASE("balanced placement: contiguous stages, smallest largest load") {
+  CHECK(balanced_placement({1, 1, 1, 1}, 2) == std::vector<int>{0, 0, 1, 1});
+  CHECK(balanced_placement({5, 1, 1, 1, 1, 1}, 2) == std::vector<int>{0, 1, 1, 1, 1, 1});
+  CHECK(balanced_placement({1, 2, 3}, 1) == std::vector<int>{0, 0, 0});
+  CHECK(balanced_placement({3, 1, 1, 3}, 3) == std::vector<int>{0, 1, 1, 2});
 }
