@@ -105,6 +105,33 @@ void write_plot(const std::filesystem::path& path, const std::vector<EpochReport
                                      caption));
 }
 
+bool report_memory_after = false;
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::string item;
+  for (char ch : text + ",") {
+    if (ch == ',') {
+      if (!item.empty()) out.push_back(item);
+      item.clear();
+    } else if (ch != ' ') {
+      item += ch;
+    }
+  }
+  return out;
+}
+
+void print_memory_report() {
+  auto& alloc = petra::Allocator::instance();
+  std::printf("peak bytes on cpu by tag: ");
+  for (int t = 0; t < petra::kNumMemoryTags; ++t) {
+    const auto tag = static_cast<petra::MemoryTag>(t);
+    const auto peak = alloc.stats(petra::Device::cpu(), tag).peak;
+    if (peak > 0) std::printf("%s %.2f MB  ", std::string(petra::name_of(tag)).c_str(), double(peak) / 1e6);
+  }
+  std::printf("\n");
+}
+
 int train(const TrainConfig& config, bool eval_only, const std::filesystem::path& save_params,
           const std::filesystem::path& log_json, const std::filesystem::path& plot) {
   const auto start = Clock::now();
@@ -146,7 +173,18 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
     if (!plot.empty()) write_plot(plot, reports, fmt::format("petra-train: {} width {} on {}, {}", config.arch,
                                                              config.width, config.dataset, settings.at("method")));
   };
+  if (!trainer.placement().empty()) {
+    std::printf("placement (stage -> worker):");
+    for (int w : trainer.placement()) std::printf(" %d", w);
+    std::printf("\n");
+  }
   trainer.run(on_step, on_epoch);
+  if (config.track_reconstruction) {
+    std::printf("relative reconstruction error of each stage's last rebuilt input:");
+    for (double e : trainer.reconstruction_errors()) std::printf(" %.2e", e);
+    std::printf("\n");
+  }
+  if (report_memory_after) print_memory_report();
 
   const double total = std::chrono::duration<double>(Clock::now() - start).count();
   const auto final_eval = reports.empty() ? trainer.evaluate() : petra::pipeline::Evaluation{};
@@ -205,8 +243,26 @@ int main(int argc, char** argv) {
   app.add_option("--classes", c.classes, "output classes (default: the dataset's)")->group(model)->check(CLI::PositiveNumber);
   app.add_flag("--print-model", print_model, "print each stage (kind, shapes, parameters) and exit")->group(model);
   auto* training = "Training";
-  app.add_option("--method", method, "backprop or revbackprop (PETRA and the delayed methods: next issue)")
-      ->group(training)->capture_default_str()->check(CLI::IsMember({"backprop", "revbackprop"}));
+  app.add_option("--method", method,
+                 "backprop, revbackprop (synchronous), or the pipelined petra, delayed-reversible, dsp, pipedream")
+      ->group(training)->capture_default_str()
+      ->check(CLI::IsMember({"backprop", "revbackprop", "petra", "delayed-reversible", "dsp", "pipedream"}));
+  auto* pipelining = "Pipelined methods";
+  std::string devices_text, placement_text;
+  std::int64_t print_schedule = 0;
+  bool report_memory = false;
+  app.add_option("--devices", devices_text, "one worker per device, e.g. cpu:0,cpu:1 (default: one sequential worker)")
+      ->group(pipelining);
+  app.add_option("--threads-per-device", c.threads_per_device, "kernel threads of each worker")
+      ->group(pipelining)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--placement", placement_text, "worker of each stage, e.g. 0,0,0,0,1,1,1,1,1,1 (default: balanced by "
+                 "measured stage costs)")->group(pipelining);
+  app.add_option("--print-schedule", print_schedule, "print the first N steps of the schedule grid and exit")
+      ->group(pipelining)->check(CLI::PositiveNumber);
+  app.add_flag("--track-reconstruction", c.track_reconstruction,
+               "keep the true inputs of reversible stages to report each stage's reconstruction error (debug)")
+      ->group(pipelining);
+  app.add_flag("--report-memory", report_memory, "print the peak bytes per stage and tag after training")->group(pipelining);
   app.add_option("--epochs", c.epochs, "epochs to train")->group(training)->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--max-steps", c.max_steps, "stop after this many mini-batches in total")->group(training);
   app.add_option("--batch-size", c.batch_size, "mini-batch size")->group(training)->capture_default_str()->check(CLI::PositiveNumber);
@@ -249,7 +305,21 @@ int main(int argc, char** argv) {
   c.shuffle = !no_shuffle;
 
   try {
-    c.method = petra::pipeline::parse_method(method);
+    c.method = petra::pipeline::parse_pipeline_method(method);
+    if (!devices_text.empty())
+      for (const auto& d : split_list(devices_text)) c.devices.push_back(petra::Device::parse(d));
+    if (!placement_text.empty())
+      for (const auto& p : split_list(placement_text)) c.placement.push_back(std::stoi(p));
+    if (print_schedule > 0) {
+      petra::nn::ModelConfig m;
+      m.arch = c.arch;
+      m.width = 1;
+      const int stages = static_cast<int>(petra::nn::Model(m).num_stages());
+      std::printf("%s", petra::pipeline::to_text(petra::pipeline::make_schedule(c.method, stages, print_schedule,
+                                                                               c.accumulation, false)).c_str());
+      return kOk;
+    }
+    report_memory_after = report_memory;
     if (print_model) {
       petra::nn::ModelConfig m;
       m.arch = c.arch;

@@ -1,10 +1,12 @@
 // pipeline/runtime.cpp: the per-method stage runtime and the sequential executor.
 #include "pipeline/runtime.hpp"
 
+#include <chrono>
 #include <cmath>
 #include <exception>
 #include <thread>
 
+#include "nn/layers.hpp"
 #include "petra/stream.hpp"
 
 #include "petra/ops.hpp"
@@ -277,6 +279,36 @@ void ConcurrentExecutor::run(const Schedule& schedule, std::int64_t first, std::
   for (auto& t : threads) t.join();
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
+}
+
+std::vector<double> measure_stage_costs(nn::Model& model, const data::Batch& batch) {
+  using Clock = std::chrono::steady_clock;
+  const std::size_t J = model.num_stages();
+  std::vector<double> costs(J, 0.0);
+  Tensor x = batch.images;
+  for (std::size_t j = 0; j < J; ++j) {
+    nn::Stage& stage = model.stage(j);
+    double best = 1e300;
+    Tensor y;
+    for (int repeat = 0; repeat < 2; ++repeat) {  // the first run warms the caches and the allocator
+      const auto start = Clock::now();
+      if (stage.kind() == nn::StageKind::head) {
+        stage.loss_and_backward(x, batch.labels);
+      } else {
+        {
+          NoGradGuard no_grad;
+          nn::RunningStatsGuard keep_statistics;
+          y = stage.forward(Variable(x)).data();
+        }
+        nn::backward_from_input(stage, x, Tensor::full(y.shape(), 1e-3), j > 0);
+      }
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    costs[j] = best;
+    stage.zero_grad();
+    if (y.defined()) x = y;
+  }
+  return costs;
 }
 
 std::vector<int> balanced_placement(const std::vector<double>& costs, int workers) {

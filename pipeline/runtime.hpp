@@ -177,11 +177,16 @@ class ConcurrentExecutor : public SequentialExecutor {
 
   void run(const Schedule& schedule, std::int64_t first, std::int64_t last, const BatchSource& batches,
            const HeadCallback& on_head) override;
+  const std::vector<int>& placement() const { return placement_; }
 
  private:
   std::vector<Worker> workers_;
   std::vector<int> placement_;
 };
+
+// Seconds of one forward and one backward of each stage on `batch` (the parameters' gradients are
+// cleared afterwards), for placing stages on workers.
+std::vector<double> measure_stage_costs(nn::Model& model, const data::Batch& batch);
 
 // Contiguous stages per worker, balancing the sum of `costs` (the largest worker load is minimal).
 std::vector<int> balanced_placement(const std::vector<double>& costs, int workers);

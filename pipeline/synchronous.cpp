@@ -8,14 +8,6 @@
 
 namespace petra::pipeline {
 
-Method parse_method(std::string_view name) {
-  if (name == "backprop") return Method::backprop;
-  if (name == "revbackprop") return Method::revbackprop;
-  throw ValueError(detail::concat("unknown method '", name, "' (known: backprop, revbackprop)"));
-}
-
-std::string_view name_of(Method method) { return method == Method::backprop ? "backprop" : "revbackprop"; }
-
 namespace {
 // Stage j's output is kept by stage j+1 when that stage is buffered: tag it as j+1's input buffer.
 MemoryScope output_scope(const nn::Model& model, std::size_t j) {
@@ -74,8 +66,11 @@ StepResult revbackprop_step(nn::Model& model, const Tensor& images, const Tensor
   return {result.loss, result.correct, images.size(0)};
 }
 
-StepResult train_step(nn::Model& model, Method method, const Tensor& images, const Tensor& labels) {
-  return method == Method::backprop ? backprop_step(model, images, labels) : revbackprop_step(model, images, labels);
+StepResult train_step(nn::Model& model, PipelineMethod method, const Tensor& images, const Tensor& labels) {
+  PETRA_CHECK(!is_delayed(method), ValueError, "train_step: ", name_of(method),
+              " is a pipelined method; run it on a schedule (pipeline/runtime.hpp)");
+  return method == PipelineMethod::backprop ? backprop_step(model, images, labels)
+                                            : revbackprop_step(model, images, labels);
 }
 
 }  // namespace petra::pipeline

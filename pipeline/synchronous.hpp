@@ -15,12 +15,10 @@
 #include <string_view>
 
 #include "nn/models.hpp"
+#include "pipeline/schedule.hpp"
 
 namespace petra::pipeline {
 
-enum class Method { backprop, revbackprop };
-Method parse_method(std::string_view name);  // ValueError for an unknown name
-std::string_view name_of(Method method);
 
 struct StepResult {
   double loss = 0;           // mean over the mini-batch
@@ -29,7 +27,8 @@ struct StepResult {
 };
 
 // One forward and backward pass of one mini-batch (images float32 [B, C, H, W], labels int64 [B]).
-StepResult train_step(nn::Model& model, Method method, const Tensor& images, const Tensor& labels);
+// method: backprop or revbackprop (ValueError for a delayed method: those run on a schedule).
+StepResult train_step(nn::Model& model, PipelineMethod method, const Tensor& images, const Tensor& labels);
 
 StepResult backprop_step(nn::Model& model, const Tensor& images, const Tensor& labels);
 StepResult revbackprop_step(nn::Model& model, const Tensor& images, const Tensor& labels);

@@ -24,6 +24,9 @@ void validate(const TrainConfig& c) {
   PETRA_CHECK(c.weight_decay >= 0, ValueError, "weight decay must be >= 0, got ", c.weight_decay);
   PETRA_CHECK(c.threads >= 0, ValueError, "threads must be >= 0, got ", c.threads);
   PETRA_CHECK(!c.resume || !c.checkpoint_dir.empty(), ValueError, "--resume needs --checkpoint-dir");
+  PETRA_CHECK(!is_delayed(c.method) || c.checkpoint_dir.empty(), ValueError, "checkpoints of the pipelined method ",
+              name_of(c.method), " would need the messages in flight; not supported yet (use backprop or revbackprop)");
+  PETRA_CHECK(c.threads_per_device >= 1, ValueError, "threads per device must be >= 1");
 }
 
 // Keys whose values must agree between a checkpoint and the run resuming it.
@@ -117,6 +120,46 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   nn::validate(schedule_);
 
   if (config_.resume) restore_checkpoint(latest_checkpoint(config_.checkpoint_dir));
+  if (is_delayed(config_.method)) start_pipeline();
+}
+
+// The whole run is one schedule: mini-batch m is batch m % S of epoch m / S, the pipeline is not
+// flushed between epochs (as in the official code), and it is drained at the end of the run.
+void Trainer::start_pipeline() {
+  const std::int64_t S = steps_per_epoch();
+  std::int64_t batches = config_.epochs * S;
+  if (config_.max_steps >= 0) batches = std::min(batches, config_.max_steps);
+  const int J = static_cast<int>(model_->num_stages());
+  grid_ = make_schedule(config_.method, J, batches, config_.accumulation, /*drain=*/true);
+  RuntimeOptions options;
+  options.method = config_.method;
+  options.accumulation = config_.accumulation;
+  options.optimizer = config_.optimizer;
+  options.optimizer_options.momentum = config_.momentum;
+  options.optimizer_options.nesterov = config_.nesterov;
+  options.weight_decay = config_.weight_decay;
+  options.schedule = schedule_;
+  options.iterations_per_epoch = S;
+  options.track_reconstruction = config_.track_reconstruction;
+  optimizer_.reset();  // each stage owns an optimizer in the runtime
+  if (config_.devices.size() <= 1) {
+    executor_ = std::make_unique<SequentialExecutor>(*model_, options);
+    return;
+  }
+  std::vector<ConcurrentExecutor::Worker> workers;
+  for (const Device& d : config_.devices) workers.push_back({d, config_.threads_per_device});
+  std::vector<int> placement = config_.placement;
+  if (placement.empty()) {
+    const std::vector<double> costs = measure_stage_costs(*model_, train_loader_->batch(0, 0));
+    placement = balanced_placement(costs, static_cast<int>(workers.size()));
+  }
+  executor_ = std::make_unique<ConcurrentExecutor>(*model_, options, std::move(workers), std::move(placement));
+}
+
+const std::vector<int>& Trainer::placement() const {
+  static const std::vector<int> none;
+  const auto* concurrent = dynamic_cast<const ConcurrentExecutor*>(executor_.get());
+  return concurrent ? concurrent->placement() : none;
 }
 
 Trainer::~Trainer() = default;
@@ -140,6 +183,10 @@ void Trainer::apply_update(std::int64_t iteration) {
 
 void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
                   const std::function<void(const EpochReport&)>& on_epoch) {
+  if (executor_) {
+    run_pipelined(on_step, on_epoch);
+    return;
+  }
   auto& allocator = Allocator::instance();
   while (epoch_ < config_.epochs && (config_.max_steps < 0 || global_step_ < config_.max_steps)) {
     allocator.reset_peaks(Device::cpu());
@@ -198,6 +245,71 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
     if (on_epoch) on_epoch(report);
     if (!complete) break;
   }
+}
+
+void Trainer::run_pipelined(const std::function<void(const StepProgress&)>& on_step,
+                            const std::function<void(const EpochReport&)>& on_epoch) {
+  auto& allocator = Allocator::instance();
+  const std::int64_t S = steps_per_epoch();
+  const auto batch_of = [this, S](std::int64_t m) { return train_loader_->batch(m / S, m % S); };
+  while (epoch_ < config_.epochs && global_step_ < grid_.steps) {
+    allocator.reset_peaks(Device::cpu());
+    model_->train();
+    // This epoch's steps; the last epoch also runs the drain steps that finish the pipeline.
+    const std::int64_t first = global_step_;
+    const bool last_epoch = epoch_ + 1 == config_.epochs || (epoch_ + 1) * S >= grid_.batches;
+    const std::int64_t last = last_epoch ? grid_.steps : std::min((epoch_ + 1) * S, grid_.steps);
+    double loss_sum = 0;
+    std::int64_t correct = 0, samples = 0;
+    bool diverged = false;
+    const auto head = [&](const HeadStats& s) {
+      loss_sum += s.loss * double(s.samples);
+      correct += s.correct;
+      samples += s.samples;
+      diverged = diverged || !std::isfinite(s.loss);
+    };
+    const auto start = Clock::now();
+    const std::int64_t chunk = std::max<std::int64_t>(1, S / 20);  // progress granularity
+    for (std::int64_t t = first; t < last; t += chunk) {
+      const std::int64_t end = std::min(t + chunk, last);
+      executor_->run(grid_, t, end, batch_of, head);
+      global_step_ = end;
+      if (diverged)
+        throw DivergedError(fmt::format("the loss became non-finite at epoch {}, step {}; lower the learning rate",
+                                        epoch_, global_step_));
+      if (on_step && samples > 0) {
+        const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        on_step({epoch_, end - first, last - first, global_step_, loss_sum / double(samples),
+                 double(correct) / double(samples), double(samples) / std::max(seconds, 1e-9), seconds,
+                 learning_rate_at(std::min(global_step_, grid_.batches) - 1)});
+      }
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    EpochReport report;
+    report.epoch = epoch_;
+    report.train_loss = samples ? loss_sum / double(samples) : 0;
+    report.train_accuracy = samples ? double(correct) / double(samples) : 0;
+    report.images_per_second = double(samples) / std::max(seconds, 1e-9);
+    report.seconds = seconds;
+    report.lr = learning_rate_at(std::min(global_step_, grid_.batches) - 1);
+    for (int t = 0; t < kNumMemoryTags; ++t) {
+      const auto tag = static_cast<MemoryTag>(t);
+      report.peak_bytes[std::string(name_of(tag))] = allocator.stats(Device::cpu(), tag).peak;
+    }
+    const Evaluation test = evaluate();  // current parameters; mini-batches are still in flight
+    report.test_loss = test.loss;
+    report.test_accuracy = test.accuracy;
+    report.complete = last - first >= std::min(S, grid_.steps - first);
+    ++epoch_;
+    if (on_epoch) on_epoch(report);
+  }
+}
+
+std::vector<double> Trainer::reconstruction_errors() {
+  std::vector<double> errors;
+  if (!executor_) return errors;
+  for (std::size_t j = 0; j < executor_->num_stages(); ++j) errors.push_back(executor_->stage(j).last_reconstruction_error());
+  return errors;
 }
 
 Evaluation Trainer::evaluate() {

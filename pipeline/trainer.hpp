@@ -25,6 +25,7 @@
 #include "nn/models.hpp"
 #include "nn/optimizer.hpp"
 #include "nn/schedule.hpp"
+#include "pipeline/runtime.hpp"
 #include "pipeline/synchronous.hpp"
 
 namespace petra::pipeline {
@@ -48,7 +49,12 @@ struct TrainConfig {
   std::string stem = "cifar";
   std::int64_t classes = 0;  // 0: the dataset's
   // method and optimization
-  Method method = Method::backprop;
+  PipelineMethod method = PipelineMethod::backprop;
+  // pipelined methods (petra, dsp, pipedream, delayed-reversible)
+  std::vector<Device> devices;  // one worker per device; empty: the sequential executor
+  int threads_per_device = 1;
+  std::vector<int> placement;   // stage -> worker; empty: balanced by measured stage costs
+  bool track_reconstruction = false;
   std::int64_t epochs = 10;
   std::int64_t max_steps = -1;  // stop after this many mini-batches in total (-1: no limit)
   std::int64_t batch_size = 64;
@@ -112,9 +118,15 @@ class Trainer {
   std::int64_t steps_per_epoch() const;
   const data::Split& data() const { return split_; }
   std::optional<std::filesystem::path> last_checkpoint() const { return last_checkpoint_; }
+  const Schedule& schedule() const { return grid_; }        // pipelined methods
+  const std::vector<int>& placement() const;                // stage -> worker (concurrent executor)
+  std::vector<double> reconstruction_errors();              // per stage, --track-reconstruction
 
  private:
   double learning_rate_at(std::int64_t iteration) const;
+  void run_pipelined(const std::function<void(const StepProgress&)>& on_step,
+                     const std::function<void(const EpochReport&)>& on_epoch);
+  void start_pipeline();
   void apply_update(std::int64_t iteration);
   void save_checkpoint();
   void restore_checkpoint(const std::filesystem::path& dir);
@@ -126,6 +138,9 @@ class Trainer {
   nn::ScheduleConfig schedule_;
   std::unique_ptr<data::Loader> train_loader_, test_loader_;
   std::int64_t epoch_ = 0, global_step_ = 0, accumulated_ = 0;
+  // pipelined methods: the whole run's schedule and the executor that runs it
+  Schedule grid_;
+  std::unique_ptr<SequentialExecutor> executor_;
   std::optional<std::filesystem::path> last_checkpoint_;
 };
 

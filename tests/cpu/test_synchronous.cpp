@@ -55,7 +55,7 @@ TEST_CASE("revbackprop gives backprop's loss and parameter gradients") {
 namespace {
 // Peak bytes a training step allocates on top of what exists before it (parameters, gradients,
 // workspaces: a first step is run to create them).
-std::int64_t step_peak_bytes(const std::string& arch, pipeline::Method method) {
+std::int64_t step_peak_bytes(const std::string& arch, pipeline::PipelineMethod method) {
   nn::Model model(small(arch));
   const Tensor x = random_images({8, 1, 16, 16}, 2), labels = random_labels(8, 10);
   pipeline::train_step(model, method, x, labels);
@@ -69,10 +69,10 @@ std::int64_t step_peak_bytes(const std::string& arch, pipeline::Method method) {
 
 TEST_CASE("reversible backprop's activation memory does not grow with the number of reversible blocks") {
   // RevNet34 has 12 reversible blocks, RevNet18 4, with the same transitions and activation shapes.
-  const double bp18 = double(step_peak_bytes("revnet18", pipeline::Method::backprop));
-  const double bp34 = double(step_peak_bytes("revnet34", pipeline::Method::backprop));
-  const double rev18 = double(step_peak_bytes("revnet18", pipeline::Method::revbackprop));
-  const double rev34 = double(step_peak_bytes("revnet34", pipeline::Method::revbackprop));
+  const double bp18 = double(step_peak_bytes("revnet18", pipeline::PipelineMethod::backprop));
+  const double bp34 = double(step_peak_bytes("revnet34", pipeline::PipelineMethod::backprop));
+  const double rev18 = double(step_peak_bytes("revnet18", pipeline::PipelineMethod::revbackprop));
+  const double rev34 = double(step_peak_bytes("revnet34", pipeline::PipelineMethod::revbackprop));
   MESSAGE("peak step bytes: backprop ", bp18, " -> ", bp34, ", revbackprop ", rev18, " -> ", rev34);
   CHECK(bp34 / bp18 > 1.3);
   CHECK(rev34 / rev18 < 1.05);

@@ -25,7 +25,7 @@ TrainConfig tiny(const fs::path& checkpoints) {
   c.lr = 0.05;
   c.warmup_epochs = 1;
   c.schedule = "cosine";
-  c.method = Method::revbackprop;
+  c.method = PipelineMethod::revbackprop;
   c.seed = 3;
   c.threads = 1;
   c.checkpoint_dir = checkpoints;
