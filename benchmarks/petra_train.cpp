@@ -61,8 +61,11 @@ class Progress {
                   duration(eta).c_str());
       std::fflush(stdout);
     } else {
-      const std::int64_t every = std::max<std::int64_t>(p.steps_per_epoch / 10, 1);
-      if (p.step_in_epoch % every != 0 && !last) return;
+      // A line each time the epoch crosses another tenth (steps may arrive in chunks).
+      const std::int64_t tenth = p.step_in_epoch * 10 / std::max<std::int64_t>(p.steps_per_epoch, 1);
+      if (p.epoch != printed_epoch_) printed_epoch_ = p.epoch, printed_tenth_ = 0;
+      if (tenth == printed_tenth_ && !last) return;
+      printed_tenth_ = tenth;
       std::printf("epoch %lld/%lld step %lld/%lld loss %.4f acc %.2f%% %.0f img/s lr %.5f\n",
                   static_cast<long long>(p.epoch + 1), static_cast<long long>(epochs),
                   static_cast<long long>(p.step_in_epoch), static_cast<long long>(p.steps_per_epoch), p.loss,
@@ -77,6 +80,7 @@ class Progress {
  private:
   bool terminal_;
   Clock::time_point last_draw_{};
+  std::int64_t printed_epoch_ = -1, printed_tenth_ = 0;
 };
 
 nlohmann::json epoch_json(const EpochReport& r) {
