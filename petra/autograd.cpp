@@ -201,7 +201,10 @@ struct Engine {
       accumulate(slots[v.output_index()], g);
       return;
     }
-    if (auto it = leaf_capture.find(identity(v)); it != leaf_capture.end()) accumulate(captured[it->second], g);
+    if (auto it = leaf_capture.find(identity(v)); it != leaf_capture.end()) {
+      accumulate(captured[it->second], g);  // returned to the caller instead of stored in .grad()
+      return;
+    }
     if (accumulate_leaves && v.requires_grad()) {
       if (!v.grad().defined()) {
         MemoryScope scope(MemoryTag::gradients, v.data().storage()->owner());

@@ -118,8 +118,9 @@ std::vector<Variable> record(std::vector<Tensor> results, std::string name, std:
 Variable record_one(Tensor result, std::string name, std::vector<Variable> inputs, Node::BackwardFn backward);
 
 // Backward from several outputs at once; each grad_outputs[i] has outputs[i]'s shape. Leaves with
-// requires_grad accumulate into .grad(). Returns the gradients reaching `capture` (assigned;
-// undefined if none reached one). retain_graph keeps the nodes for another pass.
+// requires_grad accumulate into .grad(), except the captured ones: the gradients reaching `capture`
+// are returned instead (assigned; undefined if none reached one). retain_graph keeps the nodes for
+// another pass.
 std::vector<Tensor> backward(std::span<const Variable> outputs, std::span<const Tensor> grad_outputs,
                              std::span<const Variable> capture = {}, bool retain_graph = false);
 

@@ -133,3 +133,15 @@ TEST_CASE("bad gradients are refused with the shapes in the message") {
   CHECK_THROWS_AS(y.backward(), ShapeError);  // non-scalar needs a seed
   CHECK_THROWS_AS(Variable(Tensor::zeros({2}, DType::i64), true), ValueError);
 }
+
+TEST_CASE("backward with a capture list returns the captured gradients and stores the others") {
+  const Variable x = param({1.0, 2.0}), w = param({3.0, 4.0});
+  const Variable y = mul(x, w);
+  const Variable outputs[] = {y};
+  const Tensor seeds[] = {ones_like(y)};
+  const Variable capture[] = {x};
+  const auto got = backward(outputs, seeds, capture);
+  CHECK(got[0].to_vector<double>() == std::vector<double>{3.0, 4.0});
+  CHECK_FALSE(x.grad().defined());  // returned, not also stored: no copy of an input-sized gradient
+  CHECK(w.grad().to_vector<double>() == std::vector<double>{1.0, 2.0});
+}
