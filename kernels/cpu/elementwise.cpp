@@ -85,7 +85,13 @@ void relu(const StreamHandle& s, std::int64_t n, const T* x, T* y) {
 template <class T>
 void relu_backward(const StreamHandle& s, std::int64_t n, const T* y, const T* dy, T* dx) {
   for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) {
-    for (std::int64_t i = b; i < e; ++i) dx[i] = y[i] > T(0) ? dy[i] : T(0);
+    // Local pointers, so that the loop vectorises into a select: inside the OpenMP region GCC 12
+    // otherwise reloads the captures every iteration and branches on the sign, which on random
+    // signs mispredicts half the time (measured 7x slower with 2 threads).
+    const T* __restrict out = y;
+    const T* __restrict grad = dy;
+    T* __restrict result = dx;
+    for (std::int64_t i = b; i < e; ++i) result[i] = out[i] > T(0) ? grad[i] : T(0);
   });
 }
 
