@@ -95,6 +95,14 @@ nlohmann::json epoch_json(const EpochReport& r) {
           {"peak_bytes", r.peak_bytes}};
 }
 
+// Pipelined runs: per-stage peak bytes and reconstruction errors join the epoch's line.
+nlohmann::json epoch_json_with_stages(const EpochReport& r) {
+  nlohmann::json line = epoch_json(r);
+  if (!r.stage_peak_bytes.empty()) line["stage_peak_bytes"] = r.stage_peak_bytes;
+  if (!r.reconstruction_errors.empty()) line["reconstruction_errors"] = r.reconstruction_errors;
+  return line;
+}
+
 void write_plot(const std::filesystem::path& path, const std::vector<EpochReport>& reports, const std::string& caption) {
   petra::tools::Curve train_loss{"train", "#1f77b4", {}}, test_loss{"test", "#d62728", {}};
   petra::tools::Curve train_acc{"train", "#1f77b4", {}}, test_acc{"test", "#d62728", {}};
@@ -125,15 +133,26 @@ std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
-void print_memory_report() {
+// Peak bytes (MB) by tag, then per stage and tag: the allocator's counters since the last epoch began.
+void print_memory_report(std::size_t stages) {
   auto& alloc = petra::Allocator::instance();
+  const auto cpu = petra::Device::cpu();
   std::printf("peak bytes on cpu by tag: ");
   for (int t = 0; t < petra::kNumMemoryTags; ++t) {
     const auto tag = static_cast<petra::MemoryTag>(t);
-    const auto peak = alloc.stats(petra::Device::cpu(), tag).peak;
+    const auto peak = alloc.stats(cpu, tag).peak;
     if (peak > 0) std::printf("%s %.2f MB  ", std::string(petra::name_of(tag)).c_str(), double(peak) / 1e6);
   }
-  std::printf("\n");
+  std::printf("\npeak MB per stage (last epoch):\nstage");
+  for (int t = 0; t < petra::kNumMemoryTags; ++t)
+    std::printf(" %14s", std::string(petra::name_of(static_cast<petra::MemoryTag>(t))).c_str());
+  std::printf(" %14s\n", "total");
+  for (std::size_t j = 0; j < stages; ++j) {
+    std::printf("%5zu", j);
+    for (int t = 0; t < petra::kNumMemoryTags; ++t)
+      std::printf(" %14.3f", double(alloc.stats(cpu, static_cast<petra::MemoryTag>(t), int(j)).peak) / 1e6);
+    std::printf(" %14.3f\n", double(alloc.stats_of_owner(cpu, int(j)).peak) / 1e6);
+  }
 }
 
 int train(const TrainConfig& config, bool eval_only, const std::filesystem::path& save_params,
@@ -169,7 +188,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
                 100 * r.train_accuracy, r.test_loss, 100 * r.test_accuracy, r.images_per_second, r.lr, r.seconds);
     std::fflush(stdout);
     if (!log_json.empty()) {
-      log_lines.push_back(epoch_json(r).dump());
+      log_lines.push_back(epoch_json_with_stages(r).dump());
       std::string text;
       for (const auto& line : log_lines) text += line + "\n";
       petra::tools::write_text_atomically(log_json, text);
@@ -188,7 +207,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
     for (double e : trainer.reconstruction_errors()) std::printf(" %.2e", e);
     std::printf("\n");
   }
-  if (report_memory_after) print_memory_report();
+  if (report_memory_after) print_memory_report(trainer.model().num_stages());
 
   const double total = std::chrono::duration<double>(Clock::now() - start).count();
   const auto final_eval = reports.empty() ? trainer.evaluate() : petra::pipeline::Evaluation{};
@@ -267,6 +286,12 @@ int main(int argc, char** argv) {
                "keep the true inputs of reversible stages to report each stage's reconstruction error (debug)")
       ->group(pipelining);
   app.add_flag("--report-memory", report_memory, "print the peak bytes per stage and tag after training")->group(pipelining);
+  app.add_flag("--flush-each-epoch", c.flush_each_epoch,
+               "drain the pipeline at every epoch end (default: never flushed, as in the paper's code)")->group(pipelining);
+  std::string bn_statistics = "forward";
+  app.add_option("--bn-statistics", bn_statistics,
+                 "which pass moves batch norm's running statistics: the forward, or the recomputation in the backward")
+      ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"forward", "backward"}));
   app.add_option("--epochs", c.epochs, "epochs to train")->group(training)->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--max-steps", c.max_steps, "stop after this many mini-batches in total")->group(training);
   app.add_option("--batch-size", c.batch_size, "mini-batch size")->group(training)->capture_default_str()->check(CLI::PositiveNumber);
@@ -310,6 +335,7 @@ int main(int argc, char** argv) {
 
   try {
     c.method = petra::pipeline::parse_pipeline_method(method);
+    c.bn_statistics = petra::nn::parse_statistics_pass(bn_statistics);
     if (!devices_text.empty())
       for (const auto& d : split_list(devices_text)) c.devices.push_back(petra::Device::parse(d));
     if (!placement_text.empty())

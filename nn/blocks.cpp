@@ -62,7 +62,7 @@ Variable ResidualFunction::forward(const Variable& x) const {
 // ---------------------------------------------------------------- buffered stages
 Tensor backward_from_input(Stage& stage, const Tensor& x, const Tensor& dy, bool input_gradient) {
   GradModeGuard grad(true);
-  RunningStatsGuard no_running_stats;  // the forward pass already moved them
+  RecomputationStatsGuard recomputation;  // by default the forward pass already moved them
   const Variable input(x, input_gradient);
   const Variable outputs[] = {stage.forward(input)};
   const Tensor seeds[] = {dy};
@@ -122,7 +122,7 @@ Tensor ReversibleStage::inverse(const Tensor& y) {
 std::pair<Tensor, Tensor> ReversibleStage::reconstruct_and_backward(const Tensor& y, const Tensor& dy) {
   const std::int64_t c = stream_channels_;
   GradModeGuard grad(true);
-  RunningStatsGuard no_running_stats;
+  RecomputationStatsGuard recomputation;
   // Invert: x1 = y2 exactly; F(x1) is evaluated once, with its graph, ...
   const Variable x1(ops::channel_slice(y, c, c), /*requires_grad=*/true);
   const Variable f = f_->forward(x1);

@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 namespace petra::nn {
 
 Tensor uniform_fan_in(const Shape& shape, std::int64_t fan_in, Init& init) {
@@ -52,9 +54,21 @@ Variable Linear::forward(const Variable& x) const { return linear(x, weight_, bi
 
 namespace {
 thread_local bool tls_running_stats = true;
-}
-RunningStatsGuard::RunningStatsGuard() : saved_(tls_running_stats) { tls_running_stats = false; }
+thread_local StatisticsPass tls_statistics_pass = StatisticsPass::forward;
+}  // namespace
+RunningStatsGuard::RunningStatsGuard(bool update) : saved_(tls_running_stats) { tls_running_stats = update; }
 RunningStatsGuard::~RunningStatsGuard() { tls_running_stats = saved_; }
 bool RunningStatsGuard::updates_enabled() { return tls_running_stats; }
+
+StatisticsPass parse_statistics_pass(std::string_view name) {
+  if (name == "forward") return StatisticsPass::forward;
+  if (name == "backward") return StatisticsPass::backward;
+  throw ValueError(fmt::format("batch-norm statistics pass '{}': expected forward or backward", name));
+}
+StatisticsPassScope::StatisticsPassScope(StatisticsPass pass) : saved_(tls_statistics_pass) {
+  tls_statistics_pass = pass;
+}
+StatisticsPassScope::~StatisticsPassScope() { tls_statistics_pass = saved_; }
+StatisticsPass StatisticsPassScope::current() { return tls_statistics_pass; }
 
 }  // namespace petra::nn

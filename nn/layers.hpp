@@ -8,11 +8,14 @@
 //
 // Batch norm normalises with batch statistics in training mode and with the running statistics
 // in evaluation mode. Whether a training-mode call also moves the running statistics is decided
-// per thread by RunningStatsGuard: PETRA's stages update them in the forward pass (as the official
-// code does) and not when they rebuild or recompute activations in the backward pass.
+// per thread by RunningStatsGuard. By default PETRA's stages update them in the forward pass (as the
+// official code does) and not when they rebuild or recompute activations in the backward pass; a
+// StatisticsPassScope moves the update to that recomputation instead (the pipeline's
+// --bn-statistics backward option: the statistics then follow the mini-batches in backward order).
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "nn/module.hpp"
 #include "petra/ops.hpp"
@@ -66,10 +69,10 @@ class Linear : public Module {
   Variable weight_, bias_;
 };
 
-// While alive, training-mode batch norm on this thread does not move running statistics.
+// While alive, training-mode batch norm on this thread moves its running statistics iff `update`.
 class RunningStatsGuard {
  public:
-  RunningStatsGuard();
+  explicit RunningStatsGuard(bool update = false);
   ~RunningStatsGuard();
   RunningStatsGuard(const RunningStatsGuard&) = delete;
   RunningStatsGuard& operator=(const RunningStatsGuard&) = delete;
@@ -77,6 +80,29 @@ class RunningStatsGuard {
 
  private:
   bool saved_;
+};
+
+// Which pass of a stage moves batch norm's running statistics (per thread, for the stages' backward
+// recomputations: nn::backward_from_input and the reversible reconstruction read it).
+enum class StatisticsPass { forward, backward };
+StatisticsPass parse_statistics_pass(std::string_view name);  // "forward" | "backward"
+class StatisticsPassScope {
+ public:
+  explicit StatisticsPassScope(StatisticsPass pass);
+  ~StatisticsPassScope();
+  StatisticsPassScope(const StatisticsPassScope&) = delete;
+  StatisticsPassScope& operator=(const StatisticsPassScope&) = delete;
+  static StatisticsPass current();
+
+ private:
+  StatisticsPass saved_;
+};
+
+// The guard a stage's backward takes around its recomputation of the forward pass: it moves the
+// running statistics only when this thread's StatisticsPass is backward.
+class RecomputationStatsGuard : public RunningStatsGuard {
+ public:
+  RecomputationStatsGuard() : RunningStatsGuard(StatisticsPassScope::current() == StatisticsPass::backward) {}
 };
 
 // U(-bound, bound) with bound = 1/sqrt(fan_in): PyTorch's default for conv and linear layers.

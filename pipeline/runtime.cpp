@@ -91,6 +91,7 @@ ForwardMessage StageRuntime::forward(ForwardMessage in) {
   ForwardMessage out{in.microbatch, {}, std::move(in.labels)};
   {
     NoGradGuard no_grad;
+    nn::RunningStatsGuard statistics(options_.statistics_pass == nn::StatisticsPass::forward);
     MemoryScope scope(next_keeps_input_ ? MemoryTag::input_buffer : MemoryTag::messages,
                       next_keeps_input_ ? index_ + 1 : index_);
     out.activation = stage_.forward(Variable(in.activation)).data();
@@ -103,6 +104,7 @@ BackwardMessage StageRuntime::backward(BackwardMessage from_above) {
   Kept kept = pop(from_above.microbatch, "backward");
   BackwardMessage out{from_above.microbatch, {}, {}};
   MemoryScope scope(MemoryTag::messages, index_);
+  nn::StatisticsPassScope statistics(options_.statistics_pass);
   StashedParameters stash([&] { swap_parameters(kept.parameters); }, keeping_.parameters);
   if (stage_.kind() == nn::StageKind::reversible && !keeping_.input) {
     // PETRA (current parameters) or delayed-reversible (stashed ones): rebuild the input from the

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "data/loader.hpp"
+#include "nn/layers.hpp"
 #include "nn/models.hpp"
 #include "nn/optimizer.hpp"
 #include "nn/schedule.hpp"
@@ -63,6 +64,9 @@ struct RuntimeOptions {
   std::int64_t iterations_per_epoch = 1;
   bool apply_updates = true;       // false: gradients only accumulate (tests)
   bool track_reconstruction = false;  // keep true inputs to measure the rebuilt ones (debug)
+  // Which pass moves batch norm's running statistics: the forward (default, as the official code)
+  // or the recomputation inside the backward (docs/petra.md, "Batch-norm statistics").
+  nn::StatisticsPass statistics_pass = nn::StatisticsPass::forward;
 };
 
 struct HeadStats {

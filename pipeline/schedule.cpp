@@ -157,6 +157,24 @@ Schedule make_schedule(PipelineMethod method, int stages, std::int64_t batches, 
   return s;
 }
 
+Schedule make_flushed_schedule(PipelineMethod method, int stages, std::int64_t batches, std::int64_t accumulation,
+                               std::int64_t segment) {
+  PETRA_CHECK(segment >= 1, ValueError, "make_flushed_schedule: segment must be >= 1, got ", segment);
+  Schedule whole = make_schedule(method, stages, 0, accumulation, /*drain=*/false);  // no rows yet
+  whole.batches = batches;
+  for (std::int64_t offset = 0; offset < batches; offset += segment) {
+    Schedule part = make_schedule(method, stages, std::min(segment, batches - offset), accumulation, /*drain=*/true);
+    for (auto& row : part.cells) {
+      for (auto& cell : row)
+        for (Action& a : cell)
+          if (a.kind != Action::Kind::update) a.microbatch += offset;
+      whole.cells.push_back(std::move(row));
+    }
+    whole.steps += part.steps;
+  }
+  return whole;
+}
+
 // ---- printing -------------------------------------------------------------------------------
 
 namespace {
@@ -536,21 +554,25 @@ class Checker {
       for (std::int64_t t = 0; t < s_.steps; ++t)
         for (const Action& a : s_.cells[t][j])
           if (a.kind == Action::Kind::backward) last_backward_step = t;
-      std::int64_t since_update = 0;
+      std::int64_t since_update = 0, in_flight = 0;
       for (std::int64_t t = 0; t < s_.steps; ++t) {
         bool backward_here = false, update_here = false;
         for (const Action& a : s_.cells[t][j]) {
-          if (a.kind == Action::Kind::backward) {
+          if (a.kind == Action::Kind::forward) {
+            ++in_flight;
+          } else if (a.kind == Action::Kind::backward) {
             backward_here = true;
             ++since_update;
+            --in_flight;
           } else if (a.kind == Action::Kind::update) {
             update_here = true;
           }
         }
+        const bool flushed = t == last_backward_step || (delayed_ && in_flight == 0);
         if (update_here && !backward_here) {
           report(where(t, j), "update without a backward in the same cell");
         } else if (update_here && since_update != k) {
-          if (since_update > k || t != last_backward_step)  // a short window only as the final flush
+          if (since_update > k || !flushed)  // a short window only when the stage is flushed
             report(where(t, j), "update after ", since_update, " backward", since_update == 1 ? "" : "s",
                    " since the previous update, expected k = ", k);
         } else if (!update_here && backward_here && since_update == k) {

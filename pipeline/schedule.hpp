@@ -107,6 +107,13 @@ struct Schedule {
 Schedule make_schedule(PipelineMethod method, int stages, std::int64_t batches,
                        std::int64_t accumulation, bool drain);
 
+// The pipeline drained every `segment` mini-batches (--flush-each-epoch: segment = one epoch): the
+// drained schedules of consecutive segments of `batches` mini-batches, one after the other, with
+// mini-batch ids continuing across segments (the last segment may be shorter). Each segment ends
+// with its flush updates, so no gradient and no mini-batch crosses a segment boundary.
+Schedule make_flushed_schedule(PipelineMethod method, int stages, std::int64_t batches, std::int64_t accumulation,
+                               std::int64_t segment);
+
 // The grid as text (format above) and back. parse_schedule raises ValueError naming the line and
 // column of the first thing it cannot read; it does not judge the grid (check_schedule does).
 std::string to_text(const Schedule& schedule);
@@ -125,7 +132,8 @@ Schedule parse_schedule(std::string_view text);
 //   - FIFO: at the end of each step stage j holds at most fifo_depth(j, J) mini-batches awaiting
 //     their backward (none in a synchronous method);
 //   - accumulation: an update follows a backward in the same cell, exactly k backwards after the
-//     previous update, except a final flush update after the stage's last backward.
+//     previous update, except a flush update after the stage's last backward or, in a delayed
+//     method, after a backward that leaves the stage with nothing in flight (a flushed pipeline).
 std::vector<std::string> check_schedule(const Schedule& schedule);
 
 }  // namespace petra::pipeline

@@ -31,7 +31,8 @@ void validate(const TrainConfig& c) {
 
 // Keys whose values must agree between a checkpoint and the run resuming it.
 const char* const kResumeKeys[] = {"dataset", "arch", "width", "stem", "classes", "method", "optimizer",
-                                   "batch_size", "accumulation", "seed", "augment", "shuffle"};
+                                   "batch_size", "accumulation", "seed", "augment", "shuffle", "flush_each_epoch",
+                                   "bn_statistics"};
 
 std::string fmt_double(double v) { return fmt::format("{:.17g}", v); }
 
@@ -63,7 +64,9 @@ std::map<std::string, std::string> describe(const TrainConfig& c) {
           {"schedule", c.schedule},
           {"milestones", milestones},
           {"seed", std::to_string(c.seed)},
-          {"threads", std::to_string(c.threads)}};
+          {"threads", std::to_string(c.threads)},
+          {"flush_each_epoch", c.flush_each_epoch ? "true" : "false"},
+          {"bn_statistics", c.bn_statistics == nn::StatisticsPass::forward ? "forward" : "backward"}};
 }
 
 Trainer::Trainer(const TrainConfig& config) : config_(config) {
@@ -124,13 +127,20 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
 }
 
 // The whole run is one schedule: mini-batch m is batch m % S of epoch m / S, the pipeline is not
-// flushed between epochs (as in the official code), and it is drained at the end of the run.
+// flushed between epochs (as in the official code) unless --flush-each-epoch, and it is drained at
+// the end of the run. An epoch is S steps of the grid, or S + 2(J-1) when each epoch is drained.
 void Trainer::start_pipeline() {
   const std::int64_t S = steps_per_epoch();
   std::int64_t batches = config_.epochs * S;
   if (config_.max_steps >= 0) batches = std::min(batches, config_.max_steps);
   const int J = static_cast<int>(model_->num_stages());
-  grid_ = make_schedule(config_.method, J, batches, config_.accumulation, /*drain=*/true);
+  if (config_.flush_each_epoch) {
+    grid_ = make_flushed_schedule(config_.method, J, batches, config_.accumulation, S);
+    grid_steps_per_epoch_ = S + 2 * (J - 1);
+  } else {
+    grid_ = make_schedule(config_.method, J, batches, config_.accumulation, /*drain=*/true);
+    grid_steps_per_epoch_ = S;
+  }
   RuntimeOptions options;
   options.method = config_.method;
   options.accumulation = config_.accumulation;
@@ -141,6 +151,7 @@ void Trainer::start_pipeline() {
   options.schedule = schedule_;
   options.iterations_per_epoch = S;
   options.track_reconstruction = config_.track_reconstruction;
+  options.statistics_pass = config_.bn_statistics;
   optimizer_.reset();  // each stage owns an optimizer in the runtime
   if (config_.devices.size() <= 1) {
     executor_ = std::make_unique<SequentialExecutor>(*model_, options);
@@ -250,7 +261,7 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
 void Trainer::run_pipelined(const std::function<void(const StepProgress&)>& on_step,
                             const std::function<void(const EpochReport&)>& on_epoch) {
   auto& allocator = Allocator::instance();
-  const std::int64_t S = steps_per_epoch();
+  const std::int64_t S = steps_per_epoch(), L = grid_steps_per_epoch_;
   const auto batch_of = [this, S](std::int64_t m) { return train_loader_->batch(m / S, m % S); };
   while (epoch_ < config_.epochs && global_step_ < grid_.steps) {
     allocator.reset_peaks(Device::cpu());
@@ -258,14 +269,15 @@ void Trainer::run_pipelined(const std::function<void(const StepProgress&)>& on_s
     // This epoch's steps; the last epoch also runs the drain steps that finish the pipeline.
     const std::int64_t first = global_step_;
     const bool last_epoch = epoch_ + 1 == config_.epochs || (epoch_ + 1) * S >= grid_.batches;
-    const std::int64_t last = last_epoch ? grid_.steps : std::min((epoch_ + 1) * S, grid_.steps);
+    const std::int64_t last = last_epoch ? grid_.steps : std::min((epoch_ + 1) * L, grid_.steps);
     double loss_sum = 0;
-    std::int64_t correct = 0, samples = 0;
+    std::int64_t correct = 0, samples = 0, newest = 0;  // newest: the last mini-batch the head saw
     bool diverged = false;
     const auto head = [&](const HeadStats& s) {
       loss_sum += s.loss * double(s.samples);
       correct += s.correct;
       samples += s.samples;
+      newest = std::max(newest, s.microbatch);
       diverged = diverged || !std::isfinite(s.loss);
     };
     const auto start = Clock::now();
@@ -281,7 +293,7 @@ void Trainer::run_pipelined(const std::function<void(const StepProgress&)>& on_s
         const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
         on_step({epoch_, end - first, last - first, global_step_, loss_sum / double(samples),
                  double(correct) / double(samples), double(samples) / std::max(seconds, 1e-9), seconds,
-                 learning_rate_at(std::min(global_step_, grid_.batches) - 1)});
+                 learning_rate_at(newest)});
       }
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -291,15 +303,26 @@ void Trainer::run_pipelined(const std::function<void(const StepProgress&)>& on_s
     report.train_accuracy = samples ? double(correct) / double(samples) : 0;
     report.images_per_second = double(samples) / std::max(seconds, 1e-9);
     report.seconds = seconds;
-    report.lr = learning_rate_at(std::min(global_step_, grid_.batches) - 1);
+    report.lr = learning_rate_at(newest);
     for (int t = 0; t < kNumMemoryTags; ++t) {
       const auto tag = static_cast<MemoryTag>(t);
       report.peak_bytes[std::string(name_of(tag))] = allocator.stats(Device::cpu(), tag).peak;
     }
-    const Evaluation test = evaluate();  // current parameters; mini-batches are still in flight
+    for (int j = 0; j < static_cast<int>(model_->num_stages()); ++j) {
+      std::map<std::string, std::int64_t> stage;
+      for (int t = 0; t < kNumMemoryTags; ++t) {
+        const auto tag = static_cast<MemoryTag>(t);
+        const std::int64_t peak = allocator.stats(Device::cpu(), tag, j).peak;
+        if (peak > 0) stage[std::string(name_of(tag))] = peak;
+      }
+      stage["total"] = allocator.stats_of_owner(Device::cpu(), j).peak;
+      report.stage_peak_bytes.push_back(std::move(stage));
+    }
+    if (config_.track_reconstruction) report.reconstruction_errors = reconstruction_errors();
+    const Evaluation test = evaluate();  // current parameters; mini-batches may still be in flight
     report.test_loss = test.loss;
     report.test_accuracy = test.accuracy;
-    report.complete = last - first >= std::min(S, grid_.steps - first);
+    report.complete = last - first >= std::min(L, grid_.steps - first);
     ++epoch_;
     if (on_epoch) on_epoch(report);
   }

@@ -55,6 +55,8 @@ struct TrainConfig {
   int threads_per_device = 1;
   std::vector<int> placement;   // stage -> worker; empty: balanced by measured stage costs
   bool track_reconstruction = false;
+  bool flush_each_epoch = false;  // drain the pipeline at every epoch end (default: never flushed)
+  nn::StatisticsPass bn_statistics = nn::StatisticsPass::forward;  // which pass moves BN running stats
   std::int64_t epochs = 10;
   std::int64_t max_steps = -1;  // stop after this many mini-batches in total (-1: no limit)
   std::int64_t batch_size = 64;
@@ -92,6 +94,11 @@ struct EpochReport {
   double seconds = 0;            // training only
   double lr = 0;                 // at the end of the epoch
   std::map<std::string, std::int64_t> peak_bytes;  // by allocator tag, during this epoch
+  // Pipelined methods: per stage, peak bytes by tag during this epoch (tags with none are left out)
+  // plus "total" (the peak of the stage's sum), and with --track-reconstruction the relative error
+  // of each stage's last rebuilt input (0 where nothing is rebuilt).
+  std::vector<std::map<std::string, std::int64_t>> stage_peak_bytes;
+  std::vector<double> reconstruction_errors;
   bool complete = true;  // false: --max-steps ended it early (not checkpointed, not counted)
 };
 
@@ -138,8 +145,9 @@ class Trainer {
   nn::ScheduleConfig schedule_;
   std::unique_ptr<data::Loader> train_loader_, test_loader_;
   std::int64_t epoch_ = 0, global_step_ = 0, accumulated_ = 0;
-  // pipelined methods: the whole run's schedule and the executor that runs it
+  // pipelined methods: the whole run's schedule, its steps per epoch, and the executor that runs it
   Schedule grid_;
+  std::int64_t grid_steps_per_epoch_ = 0;
   std::unique_ptr<SequentialExecutor> executor_;
   std::optional<std::filesystem::path> last_checkpoint_;
 };

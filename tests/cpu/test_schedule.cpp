@@ -230,6 +230,41 @@ TEST_CASE("a synchronous grid: every stage runs F t and B t at step t, updates e
   CHECK(check_schedule(open).empty());
 }
 
+TEST_CASE("a flushed schedule: drained segments one after the other, ids continuing") {
+  const int J = 4;
+  const std::int64_t batches = 11, k = 2, segment = 5;  // segments of 5, 5 and 1 mini-batches
+  const Schedule s = make_flushed_schedule(PipelineMethod::petra, J, batches, k, segment);
+  const Schedule first = make_schedule(PipelineMethod::petra, J, 5, k, true);
+  const std::int64_t L = first.steps;  // 5 + 2(J-1) = 11 steps per full segment
+  REQUIRE(L == 11);
+  REQUIRE(s.steps == 2 * L + (1 + 2 * (J - 1)));
+  CHECK(s.batches == batches);
+  for (std::int64_t t = 0; t < L; ++t) CHECK(s.cells[t] == first.cells[t]);
+  // The second segment is the first shifted by L steps and 5 mini-batches.
+  for (std::int64_t t = 0; t < L; ++t)
+    for (int j = 0; j < J; ++j) {
+      std::vector<Action> shifted = first.cells[t][j];
+      for (Action& a : shifted)
+        if (a.kind != Action::Kind::update) a.microbatch += 5;
+      CHECK(s.cells[L + t][j] == shifted);
+    }
+  // Nothing is in flight across a boundary: mini-batch 5 enters only after 4 has left stage 0.
+  CHECK(step_of(s, Action::Kind::forward, 0, 5) > step_of(s, Action::Kind::backward, 0, 4));
+  // Each segment of 5 ends with a flush update after its 5th backward (an odd count for k = 2).
+  for (int j = 0; j < J; ++j) {
+    const std::int64_t t4 = step_of(s, Action::Kind::backward, j, 4);
+    CHECK(s.cells[t4][j].back() == update(j));
+  }
+  const auto problems = check_schedule(s);
+  INFO(joined(problems));
+  CHECK(problems.empty());
+  // The checker still refuses a short window while mini-batches are in flight.
+  Schedule broken = make_schedule(PipelineMethod::petra, J, 9, k, true);
+  const std::int64_t t0 = step_of(broken, Action::Kind::backward, 0, 0);
+  broken.cells[t0][0].push_back(update(0));
+  CHECK(mentions(check_schedule(broken), "update after 1 backward since the previous update, expected k = 2"));
+}
+
 TEST_CASE("the four delayed methods share one grid") {
   const Schedule petra = petra_grid(5, 9, 2);
   for (PipelineMethod method : {PipelineMethod::pipedream, PipelineMethod::dsp, PipelineMethod::delayed_reversible})
