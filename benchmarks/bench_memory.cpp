@@ -1,0 +1,2 @@
+// benchmarks/bench_memory.cpp: being written.
+int main() { return 0; }

@@ -1,0 +1,2 @@
+// benchmarks/bench_pipeline.cpp: being written.
+int main() { return 0; }
