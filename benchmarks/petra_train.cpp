@@ -100,7 +100,36 @@ nlohmann::json epoch_json_with_stages(const EpochReport& r) {
   nlohmann::json line = epoch_json(r);
   if (!r.stage_peak_bytes.empty()) line["stage_peak_bytes"] = r.stage_peak_bytes;
   if (!r.reconstruction_errors.empty()) line["reconstruction_errors"] = r.reconstruction_errors;
+  if (!r.gradient_quality.empty()) {
+    nlohmann::json steps = nlohmann::json::array();
+    for (const auto& q : r.gradient_quality) {
+      nlohmann::json stages = nlohmann::json::array();
+      for (const auto& s : q.stages)
+        stages.push_back({{"stage", s.stage}, {"microbatch", s.microbatch}, {"cosine", s.cosine},
+                          {"norm_ratio", s.norm_ratio}, {"relative_error", s.relative_error}});
+      steps.push_back({{"step", q.step}, {"stages", stages}});
+    }
+    line["gradient_quality"] = steps;
+  }
   return line;
+}
+
+// Per stage, the mean cosine and norm ratio of this epoch's gradient-quality measurements.
+void print_gradient_quality(const EpochReport& r, std::size_t stages) {
+  if (r.gradient_quality.empty()) return;
+  std::vector<double> cosine(stages, 0), ratio(stages, 0);
+  std::vector<int> count(stages, 0);
+  for (const auto& q : r.gradient_quality)
+    for (const auto& s : q.stages) {
+      cosine[s.stage] += s.cosine;
+      ratio[s.stage] += s.norm_ratio;
+      ++count[s.stage];
+    }
+  std::printf("gradient quality vs backprop (%zu measurements), per stage cosine / norm ratio:",
+              r.gradient_quality.size());
+  for (std::size_t j = 0; j < stages; ++j)
+    if (count[j] > 0) std::printf(" %zu: %.3f/%.2f", j, cosine[j] / count[j], ratio[j] / count[j]);
+  std::printf("\n");
 }
 
 void write_plot(const std::filesystem::path& path, const std::vector<EpochReport>& reports, const std::string& caption) {
@@ -186,6 +215,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
     std::printf("epoch %lld/%lld: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | %.0f img/s | lr %.5f | %.1f s\n",
                 static_cast<long long>(r.epoch + 1), static_cast<long long>(config.epochs), r.train_loss,
                 100 * r.train_accuracy, r.test_loss, 100 * r.test_accuracy, r.images_per_second, r.lr, r.seconds);
+    print_gradient_quality(r, trainer.model().num_stages());
     std::fflush(stdout);
     if (!log_json.empty()) {
       log_lines.push_back(epoch_json_with_stages(r).dump());
@@ -286,6 +316,10 @@ int main(int argc, char** argv) {
                "keep the true inputs of reversible stages to report each stage's reconstruction error (debug)")
       ->group(pipelining);
   app.add_flag("--report-memory", report_memory, "print the peak bytes per stage and tag after training")->group(pipelining);
+  app.add_option("--track-gradient-quality", c.track_gradient_quality,
+                 "every N steps, per stage: cosine and norm ratio of the delayed gradient against backprop's at the "
+                 "current parameters (costs one backprop per stage at those steps)")
+      ->group(pipelining)->check(CLI::NonNegativeNumber);
   app.add_flag("--flush-each-epoch", c.flush_each_epoch,
                "drain the pipeline at every epoch end (default: never flushed, as in the paper's code)")->group(pipelining);
   std::string bn_statistics = "forward";

@@ -71,6 +71,28 @@ void StageRuntime::swap_parameters(std::vector<Tensor>& values) {
   }
 }
 
+std::vector<Tensor> StageRuntime::gradients_before() const {
+  std::vector<Tensor> copies;
+  if (!capture_gradient_) return copies;
+  for (const auto& p : stage_.parameters()) copies.push_back(p.grad().defined() ? p.grad().clone() : Tensor());
+  return copies;
+}
+
+void StageRuntime::capture(const std::vector<Tensor>& before, std::int64_t microbatch) {
+  if (!capture_gradient_) return;
+  captured_gradient_.clear();
+  const auto params = stage_.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Tensor& after = params[i].grad();
+    if (!after.defined()) {
+      captured_gradient_.push_back(Tensor::zeros(params[i].shape(), params[i].data().dtype()));
+      continue;
+    }
+    captured_gradient_.push_back(before[i].defined() ? ops::sub(after, before[i]) : after.clone());
+  }
+  captured_microbatch_ = microbatch;
+}
+
 StageRuntime::Kept StageRuntime::pop(std::int64_t microbatch, const char* what) {
   PETRA_CHECK(!fifo_.empty(), Error, "stage ", index_, ": ", what, " of mini-batch ", microbatch,
               " but no mini-batch is in flight here");
@@ -104,6 +126,7 @@ BackwardMessage StageRuntime::backward(BackwardMessage from_above) {
   Kept kept = pop(from_above.microbatch, "backward");
   BackwardMessage out{from_above.microbatch, {}, {}};
   MemoryScope scope(MemoryTag::messages, index_);
+  const std::vector<Tensor> before = gradients_before();
   nn::StatisticsPassScope statistics(options_.statistics_pass);
   StashedParameters stash([&] { swap_parameters(kept.parameters); }, keeping_.parameters);
   if (stage_.kind() == nn::StageKind::reversible && !keeping_.input) {
@@ -116,14 +139,17 @@ BackwardMessage StageRuntime::backward(BackwardMessage from_above) {
     out.input = std::move(kept.input);
   }
   ++received_;
+  capture(before, from_above.microbatch);
   return out;
 }
 
 BackwardMessage StageRuntime::head_step(ForwardMessage in, HeadStats& stats) {
   MemoryScope scope(MemoryTag::messages, index_);
+  const std::vector<Tensor> before = gradients_before();
   const nn::HeadResult r = stage_.loss_and_backward(in.activation, in.labels);
   stats = {in.microbatch, r.loss, r.correct, in.labels.numel()};
   ++received_;
+  capture(before, in.microbatch);
   return {in.microbatch, std::move(in.activation), r.dx};
 }
 

@@ -91,6 +91,13 @@ class StageRuntime {
   double last_reconstruction_error() const { return last_reconstruction_error_; }
   nn::Stage& stage() { return stage_; }
 
+  // Gradient-quality tracking: while on, each backward also keeps its own contribution to the
+  // stage's parameter gradients (that mini-batch's delayed gradient, as the difference of the
+  // accumulated gradients after and before it, so the training itself is not perturbed).
+  void set_capture_gradient(bool on) { capture_gradient_ = on; }
+  const std::vector<Tensor>& captured_gradient() const { return captured_gradient_; }
+  std::int64_t captured_microbatch() const { return captured_microbatch_; }
+
  private:
   struct Kept {
     std::int64_t microbatch;
@@ -98,6 +105,8 @@ class StageRuntime {
     std::vector<Tensor> parameters;  // if the method stashes parameters
   };
   void swap_parameters(std::vector<Tensor>& values);  // exchanges the stage's parameter data
+  std::vector<Tensor> gradients_before() const;        // copies of the accumulated gradients (capture)
+  void capture(const std::vector<Tensor>& before, std::int64_t microbatch);
   Kept pop(std::int64_t microbatch, const char* what);
 
   nn::Stage& stage_;
@@ -109,6 +118,9 @@ class StageRuntime {
   std::unique_ptr<nn::Optimizer> optimizer_;
   std::int64_t received_ = 0;  // backwards since the last update
   double last_reconstruction_error_ = 0;
+  bool capture_gradient_ = false;
+  std::vector<Tensor> captured_gradient_;
+  std::int64_t captured_microbatch_ = -1;
 };
 
 // A FIFO of messages between two neighbouring stages. pop(wait = true) blocks until a message is

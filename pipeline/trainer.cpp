@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
 
 #include "petra/ops.hpp"
@@ -27,6 +28,9 @@ void validate(const TrainConfig& c) {
   PETRA_CHECK(!is_delayed(c.method) || c.checkpoint_dir.empty(), ValueError, "checkpoints of the pipelined method ",
               name_of(c.method), " would need the messages in flight; not supported yet (use backprop or revbackprop)");
   PETRA_CHECK(c.threads_per_device >= 1, ValueError, "threads per device must be >= 1");
+  PETRA_CHECK(c.track_gradient_quality >= 0, ValueError, "--track-gradient-quality must be >= 0");
+  PETRA_CHECK(c.track_gradient_quality == 0 || is_delayed(c.method), ValueError,
+              "--track-gradient-quality compares delayed gradients with backprop's: use a pipelined method");
 }
 
 // Keys whose values must agree between a checkpoint and the run resuming it.
@@ -280,11 +284,19 @@ void Trainer::run_pipelined(const std::function<void(const StepProgress&)>& on_s
       newest = std::max(newest, s.microbatch);
       diverged = diverged || !std::isfinite(s.loss);
     };
+    EpochReport report;
     const auto start = Clock::now();
     const std::int64_t chunk = std::max<std::int64_t>(1, S / 20);  // progress granularity
-    for (std::int64_t t = first; t < last; t += chunk) {
-      const std::int64_t end = std::min(t + chunk, last);
-      executor_->run(grid_, t, end, batch_of, head);
+    const std::int64_t every = config_.track_gradient_quality;
+    for (std::int64_t t = first, end = first; t < last; t = end) {
+      end = std::min(t + chunk, last);
+      if (every > 0 && t % every == 0) {  // a tracked step runs alone
+        end = t + 1;
+        report.gradient_quality.push_back(tracked_step(t, batch_of, head));
+      } else {
+        if (every > 0) end = std::min(end, (t / every + 1) * every);
+        executor_->run(grid_, t, end, batch_of, head);
+      }
       global_step_ = end;
       if (diverged)
         throw DivergedError(fmt::format("the loss became non-finite at epoch {}, step {}; lower the learning rate",
@@ -297,7 +309,6 @@ void Trainer::run_pipelined(const std::function<void(const StepProgress&)>& on_s
       }
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    EpochReport report;
     report.epoch = epoch_;
     report.train_loss = samples ? loss_sum / double(samples) : 0;
     report.train_accuracy = samples ? double(correct) / double(samples) : 0;
@@ -326,6 +337,84 @@ void Trainer::run_pipelined(const std::function<void(const StepProgress&)>& on_s
     ++epoch_;
     if (on_epoch) on_epoch(report);
   }
+}
+
+namespace {
+// All gradients of one stage's parameters, flattened (zeros where a parameter has none).
+std::vector<double> flat_gradients(const std::vector<Tensor>& grads) {
+  std::vector<double> flat;
+  for (const Tensor& g : grads) {
+    const auto v = g.to_vector<float>();
+    flat.insert(flat.end(), v.begin(), v.end());
+  }
+  return flat;
+}
+
+StageGradientQuality compare_gradients(const std::vector<double>& delayed, const std::vector<double>& exact) {
+  double dot = 0, dd = 0, ee = 0, diff = 0;
+  for (std::size_t i = 0; i < delayed.size(); ++i) {
+    dot += delayed[i] * exact[i];
+    dd += delayed[i] * delayed[i];
+    ee += exact[i] * exact[i];
+    diff += (delayed[i] - exact[i]) * (delayed[i] - exact[i]);
+  }
+  StageGradientQuality q;
+  q.cosine = dot / std::max(std::sqrt(dd * ee), 1e-300);
+  q.norm_ratio = std::sqrt(dd / std::max(ee, 1e-300));
+  q.relative_error = std::sqrt(diff / std::max(ee, 1e-300));
+  return q;
+}
+}  // namespace
+
+GradientQuality Trainer::tracked_step(std::int64_t t, const SequentialExecutor::BatchSource& batches,
+                                      const SequentialExecutor::HeadCallback& on_head) {
+  const int J = static_cast<int>(model_->num_stages());
+  // Which mini-batch each stage runs backward at step t (one full backprop per mini-batch).
+  std::map<std::int64_t, std::vector<int>> stages_of;
+  for (int j = 0; j < J; ++j)
+    for (const Action& a : grid_.cells[t][j])
+      if (a.kind == Action::Kind::backward) stages_of[a.microbatch].push_back(j);
+  // 1. Exact gradients at the current parameters; the accumulated delayed gradients are set aside
+  //    and batch norm's running statistics are left alone, so training is not disturbed.
+  const auto params = model_->parameters();
+  std::vector<Tensor> accumulated;
+  for (const auto& p : params) {
+    accumulated.push_back(p.grad());
+    p.zero_grad();
+  }
+  std::vector<std::vector<double>> exact(J);
+  for (const auto& [m, stages] : stages_of) {
+    const data::Batch b = batches(m);
+    {
+      nn::RunningStatsGuard frozen;
+      backprop_step(*model_, b.images, b.labels);
+    }
+    for (int j : stages) {
+      std::vector<Tensor> grads;
+      for (const auto& p : model_->stage(j).parameters())
+        grads.push_back(p.grad().defined() ? p.grad() : Tensor::zeros(p.shape(), p.data().dtype()));
+      exact[j] = flat_gradients(grads);
+    }
+    model_->zero_grad();
+  }
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (accumulated[i].defined()) params[i].set_grad(accumulated[i]);
+  // 2. The step itself, each stage keeping the contribution of its backward.
+  for (int j = 0; j < J; ++j) executor_->stage(j).set_capture_gradient(true);
+  executor_->run(grid_, t, t + 1, batches, on_head);
+  for (int j = 0; j < J; ++j) executor_->stage(j).set_capture_gradient(false);
+  // 3. Compare.
+  GradientQuality quality{t, {}};
+  for (const auto& [m, stages] : stages_of)
+    for (int j : stages) {
+      StageGradientQuality q = compare_gradients(flat_gradients(executor_->stage(j).captured_gradient()), exact[j]);
+      q.stage = j;
+      q.microbatch = m;
+      quality.stages.push_back(q);
+    }
+  std::sort(quality.stages.begin(), quality.stages.end(),
+            [](const auto& a, const auto& b) { return a.stage < b.stage; });
+  return quality;
 }
 
 std::vector<double> Trainer::reconstruction_errors() {

@@ -55,6 +55,7 @@ struct TrainConfig {
   int threads_per_device = 1;
   std::vector<int> placement;   // stage -> worker; empty: balanced by measured stage costs
   bool track_reconstruction = false;
+  std::int64_t track_gradient_quality = 0;  // every N steps of the grid (0: off); pipelined only
   bool flush_each_epoch = false;  // drain the pipeline at every epoch end (default: never flushed)
   nn::StatisticsPass bn_statistics = nn::StatisticsPass::forward;  // which pass moves BN running stats
   std::int64_t epochs = 10;
@@ -86,6 +87,21 @@ struct StepProgress {
   double lr = 0;
 };
 
+// --track-gradient-quality: at one step of the grid, for each stage that ran a backward there, its
+// delayed gradient (of that mini-batch, computed with stale activations and/or parameters) against
+// the exact backprop gradient of the same mini-batch at the parameters of that moment.
+struct StageGradientQuality {
+  int stage = 0;
+  std::int64_t microbatch = 0;
+  double cosine = 0;          // <g_delayed, g_exact> / (|g_delayed| |g_exact|)
+  double norm_ratio = 0;      // |g_delayed| / |g_exact|
+  double relative_error = 0;  // |g_delayed - g_exact| / |g_exact|
+};
+struct GradientQuality {
+  std::int64_t step = 0;  // of the grid
+  std::vector<StageGradientQuality> stages;
+};
+
 struct EpochReport {
   std::int64_t epoch = 0;  // 0-based, the epoch just finished
   double train_loss = 0, train_accuracy = 0;
@@ -99,6 +115,7 @@ struct EpochReport {
   // of each stage's last rebuilt input (0 where nothing is rebuilt).
   std::vector<std::map<std::string, std::int64_t>> stage_peak_bytes;
   std::vector<double> reconstruction_errors;
+  std::vector<GradientQuality> gradient_quality;  // --track-gradient-quality, this epoch's steps
   bool complete = true;  // false: --max-steps ended it early (not checkpointed, not counted)
 };
 
@@ -134,6 +151,9 @@ class Trainer {
   void run_pipelined(const std::function<void(const StepProgress&)>& on_step,
                      const std::function<void(const EpochReport&)>& on_epoch);
   void start_pipeline();
+  // Runs step t of the grid and compares each stage's delayed gradient there with backprop's.
+  GradientQuality tracked_step(std::int64_t t, const SequentialExecutor::BatchSource& batches,
+                               const SequentialExecutor::HeadCallback& on_head);
   void apply_update(std::int64_t iteration);
   void save_checkpoint();
   void restore_checkpoint(const std::filesystem::path& dir);

@@ -1,7 +1,9 @@
 // tests/cpu/test_trainer.cpp: the training loop: resuming from a checkpoint is bit-identical to
-// not stopping; damaged or mismatched checkpoints are refused; divergence stops training.
+// not stopping; damaged or mismatched checkpoints are refused; divergence stops training; the
+// pipelined options (--flush-each-epoch, --track-gradient-quality) do what they say.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -118,4 +120,80 @@ TEST_CASE("a diverging run stops with DivergedError and the last checkpoint stay
   CHECK_THROWS_AS(t.run({}, {}), DivergedError);
   CHECK(latest_checkpoint(dir) == good);  // still there, still verified
   fs::remove_all(dir);
+}
+
+namespace {
+TrainConfig tiny_pipelined() {
+  TrainConfig c = tiny({});
+  c.method = PipelineMethod::petra;
+  c.accumulation = 1;
+  c.epochs = 2;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("--flush-each-epoch drains the pipeline at every epoch end") {
+  TrainConfig flushed = tiny_pipelined();
+  flushed.flush_each_epoch = true;
+  Trainer a(flushed);
+  const std::int64_t S = a.steps_per_epoch(), J = static_cast<std::int64_t>(a.model().num_stages());
+  CHECK(a.schedule().steps == 2 * (S + 2 * (J - 1)));
+  CHECK(check_schedule(a.schedule()).empty());
+  std::vector<std::int64_t> ends;
+  a.run({}, [&](const EpochReport&) { ends.push_back(a.global_step()); });
+  CHECK(ends == std::vector<std::int64_t>{S + 2 * (J - 1), 2 * (S + 2 * (J - 1))});
+
+  // One epoch: flushing changes nothing (the run is drained at its end either way), bit for bit.
+  TrainConfig one = tiny_pipelined();
+  one.epochs = 1;
+  TrainConfig one_flushed = one;
+  one_flushed.flush_each_epoch = true;
+  Trainer b(one), c(one_flushed);
+  b.run({}, {});
+  c.run({}, {});
+  CHECK(parameters_of(b) == parameters_of(c));
+  // Two epochs: the flushed pipeline waits for its drain, so the runs differ.
+  Trainer d(tiny_pipelined());
+  d.run({}, {});
+  CHECK(parameters_of(a) != parameters_of(d));
+}
+
+TEST_CASE("--track-gradient-quality: exact with lr = 0, and it does not perturb training") {
+  TrainConfig frozen = tiny_pipelined();
+  frozen.epochs = 1;
+  frozen.lr = 0;
+  frozen.track_gradient_quality = 3;
+  Trainer t(frozen);
+  std::vector<GradientQuality> measured;
+  t.run({}, [&](const EpochReport& r) { measured = r.gradient_quality; });
+  REQUIRE(!measured.empty());
+  CHECK(measured.front().step == 0);
+  std::size_t stages_seen = 0;
+  for (const auto& q : measured) {
+    CHECK(q.step % 3 == 0);
+    for (const auto& s : q.stages) {
+      CAPTURE(s.stage);
+      CHECK(s.cosine == doctest::Approx(1.0).epsilon(1e-5));
+      CHECK(s.norm_ratio == doctest::Approx(1.0).epsilon(1e-4));
+      CHECK(s.relative_error <= 1e-4);
+    }
+    stages_seen = std::max(stages_seen, q.stages.size());
+  }
+  // 4 mini-batches in flight at most (one epoch of 4): at best 4 stages run a backward in one step.
+  CHECK(stages_seen == static_cast<std::size_t>(std::min<std::int64_t>(t.steps_per_epoch(), 10)));
+
+  // With a learning rate the delayed gradients differ from backprop's, and the run is the same
+  // bit for bit as one that does not measure.
+  TrainConfig moving = tiny_pipelined();
+  moving.track_gradient_quality = 2;
+  Trainer tracked(moving);
+  double lowest_cosine = 1;
+  tracked.run({}, [&](const EpochReport& r) {
+    for (const auto& q : r.gradient_quality)
+      for (const auto& s : q.stages) lowest_cosine = std::min(lowest_cosine, s.cosine);
+  });
+  CHECK(lowest_cosine < 0.999);
+  Trainer untracked(tiny_pipelined());
+  untracked.run({}, {});
+  CHECK(parameters_of(tracked) == parameters_of(untracked));
 }
