@@ -81,7 +81,8 @@ void save_gradients(const fs::path& dir, const nn::Module& model) {
 }  // namespace
 
 fs::path write_checkpoint(const fs::path& root, const std::string& name, const nn::Module& model,
-                          const nn::Optimizer& optimizer, const CheckpointMeta& meta, bool with_gradients, int keep) {
+                          const std::vector<CheckpointOptimizer>& optimizers, const CheckpointMeta& meta,
+                          bool with_gradients, const std::function<void(const fs::path&)>& write_pipeline, int keep) {
   std::error_code ec;
   fs::create_directories(root, ec);
   PETRA_CHECK(!ec, CheckpointError, "checkpoint: cannot create ", root.string(), ": ", ec.message());
@@ -89,12 +90,20 @@ fs::path write_checkpoint(const fs::path& root, const std::string& name, const n
   fs::remove_all(staging);
   fs::create_directories(staging);
   model.save_state(staging / "model");  // save_npy writes each file atomically and fsyncs it
-  optimizer.save_state(staging / "optimizer");
+  for (const auto& [subdirectory, optimizer] : optimizers) {
+    const fs::path dir = staging / "optimizer" / subdirectory;
+    optimizer->save_state(dir);
+    fsync_path(dir / "optimizer_state.txt");
+  }
   if (with_gradients) save_gradients(staging / "grads", model);
+  if (write_pipeline) {
+    write_pipeline(staging / "pipeline");
+    for (const auto& entry : fs::recursive_directory_iterator(staging / "pipeline"))
+      if (entry.is_regular_file() && entry.path().extension() == ".txt") fsync_path(entry.path());  // .npy: synced
+  }
   std::ostringstream text;
   for (const auto& [key, value] : meta) text << key << " = " << value << "\n";
   write_file_atomically(staging / kMeta, text.str());
-  fsync_path(staging / "optimizer" / "optimizer_state.txt");
   // The manifest: size and CRC-32 of every file, written last.
   std::ostringstream manifest;
   manifest << "petra-checkpoint 1\n";
@@ -103,8 +112,9 @@ fs::path write_checkpoint(const fs::path& root, const std::string& name, const n
     manifest << file.string() << " " << bytes.size() << " " << crc32_of(bytes) << "\n";
   }
   write_file_atomically(staging / kManifest, manifest.str());
-  for (const char* sub : {"model", "optimizer", "grads", ""})
-    if (fs::exists(staging / sub)) fsync_path(staging / sub);
+  for (const auto& entry : fs::recursive_directory_iterator(staging))
+    if (entry.is_directory()) fsync_path(entry.path());
+  fsync_path(staging);
   fs::remove_all(final_dir);
   fs::rename(staging, final_dir, ec);
   PETRA_CHECK(!ec, CheckpointError, "checkpoint: cannot rename ", staging.string(), ": ", ec.message());
@@ -177,9 +187,9 @@ CheckpointMeta read_checkpoint_meta(const fs::path& dir) {
   return meta;
 }
 
-void restore_checkpoint(const fs::path& dir, const nn::Module& model, nn::Optimizer& optimizer) {
+void restore_checkpoint(const fs::path& dir, const nn::Module& model, const std::vector<CheckpointOptimizer>& optimizers) {
   model.load_state(dir / "model");
-  optimizer.load_state(dir / "optimizer");
+  for (const auto& [subdirectory, optimizer] : optimizers) optimizer->load_state(dir / "optimizer" / subdirectory);
   model.zero_grad();
   if (!fs::exists(dir / "grads")) return;
   for (const auto& [name, p] : model.named_parameters()) {

@@ -2,8 +2,10 @@
 //
 // A checkpoint is a directory <root>/epoch-NNNNNN/ holding
 //   model/       the model's state (one .npy per parameter and buffer, nn::Module::save_state)
-//   optimizer/   the optimizer's state (nn::Optimizer::save_state)
+//   optimizer/   the optimizer's state (nn::Optimizer::save_state); a pipelined run has one
+//                optimizer per stage, in optimizer/stage-NN/
 //   grads/       parameter gradients, only when an accumulation window was open
+//   pipeline/    a pipelined run's mini-batches in flight (SequentialExecutor::save_in_flight)
 //   trainer.txt  key = value lines: configuration and counters
 //   MANIFEST     size and CRC-32 of every other file, written last
 // It is written under a temporary name, every file fsynced, then renamed into place; then the
@@ -13,8 +15,10 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "nn/module.hpp"
 #include "nn/optimizer.hpp"
@@ -28,11 +32,20 @@ class CheckpointError : public IOError {
 
 using CheckpointMeta = std::map<std::string, std::string>;
 
+// An optimizer and the subdirectory of optimizer/ its state goes to ("" = optimizer/ itself).
+struct CheckpointOptimizer {
+  std::string subdirectory;
+  nn::Optimizer* optimizer;
+};
+
 // Writes checkpoint `name` under `root` and makes it the latest; keeps the newest `keep` ones.
-// Returns its directory.
+// `write_pipeline`, if set, writes the pipeline's in-flight state into the directory it is given.
+// Returns the checkpoint's directory.
 std::filesystem::path write_checkpoint(const std::filesystem::path& root, const std::string& name,
-                                       const nn::Module& model, const nn::Optimizer& optimizer,
-                                       const CheckpointMeta& meta, bool with_gradients, int keep = 2);
+                                       const nn::Module& model, const std::vector<CheckpointOptimizer>& optimizers,
+                                       const CheckpointMeta& meta, bool with_gradients,
+                                       const std::function<void(const std::filesystem::path&)>& write_pipeline = {},
+                                       int keep = 2);
 
 // The directory of the newest complete checkpoint under `root`, verified; CheckpointError if there
 // is none or it is damaged.
@@ -43,7 +56,9 @@ void verify_checkpoint(const std::filesystem::path& dir);
 
 CheckpointMeta read_checkpoint_meta(const std::filesystem::path& dir);
 
-// Loads model, optimizer (and gradients, if saved) from a verified checkpoint directory.
-void restore_checkpoint(const std::filesystem::path& dir, const nn::Module& model, nn::Optimizer& optimizer);
+// Loads model, optimizers (and gradients, if saved) from a verified checkpoint directory; the
+// pipeline's state, if any, is the caller's to load from dir / "pipeline".
+void restore_checkpoint(const std::filesystem::path& dir, const nn::Module& model,
+                        const std::vector<CheckpointOptimizer>& optimizers);
 
 }  // namespace petra::pipeline

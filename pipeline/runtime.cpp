@@ -4,12 +4,18 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <fstream>
+#include <sstream>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "nn/layers.hpp"
 #include "petra/stream.hpp"
 
+#include "petra/npy.hpp"
 #include "petra/ops.hpp"
+#include "pipeline/checkpoint.hpp"
 
 namespace petra::pipeline {
 
@@ -165,6 +171,122 @@ void StageRuntime::update(std::int64_t microbatch) {
     optimizer_->zero_grad();
   }
   received_ = 0;
+}
+
+// ---------------------------------------------------------------- in-flight state (checkpoints)
+namespace {
+namespace fs = std::filesystem;
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.flush();
+  PETRA_CHECK(out.good(), CheckpointError, "checkpoint: cannot write ", path.string());
+}
+
+std::vector<std::string> read_lines(const fs::path& path) {
+  std::ifstream in(path);
+  PETRA_CHECK(in.is_open(), CheckpointError, "checkpoint: cannot read ", path.string());
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) lines.push_back(line);
+  return lines;
+}
+
+Tensor load_tensor(const fs::path& path, MemoryTag tag, int owner) {
+  PETRA_CHECK(fs::exists(path), CheckpointError, "checkpoint: ", path.string(), " is missing");
+  MemoryScope scope(tag, owner);
+  return load_npy(path);
+}
+
+std::string stage_dir(int j) { return fmt::format("stage-{:02d}", j); }
+}  // namespace
+
+void StageRuntime::save_in_flight(const fs::path& dir) const {
+  fs::create_directories(dir);
+  std::string index = fmt::format("received {}\n", received_);
+  for (const Kept& k : fifo_) {
+    index += fmt::format("kept {} {} {}\n", k.microbatch, k.input.defined() ? 1 : 0, k.parameters.size());
+    if (k.input.defined()) save_npy(dir / fmt::format("kept-{}-input.npy", k.microbatch), k.input);
+    for (std::size_t i = 0; i < k.parameters.size(); ++i)
+      save_npy(dir / fmt::format("kept-{}-param-{}.npy", k.microbatch, i), k.parameters[i]);
+  }
+  write_text(dir / "state.txt", index);
+}
+
+void StageRuntime::load_in_flight(const fs::path& dir) {
+  fifo_.clear();
+  received_ = 0;
+  for (const std::string& line : read_lines(dir / "state.txt")) {
+    std::istringstream fields(line);
+    std::string what;
+    fields >> what;
+    if (what == "received") {
+      fields >> received_;
+    } else if (what == "kept") {
+      Kept k{-1, {}, {}};
+      int has_input = 0;
+      std::size_t parameters = 0;
+      fields >> k.microbatch >> has_input >> parameters;
+      PETRA_CHECK(!fields.fail() && parameters <= stage_.parameters().size(), CheckpointError, "checkpoint: ",
+                  (dir / "state.txt").string(), ": malformed line '", line, "'");
+      if (has_input) k.input = load_tensor(dir / fmt::format("kept-{}-input.npy", k.microbatch), MemoryTag::input_buffer, index_);
+      for (std::size_t i = 0; i < parameters; ++i)
+        k.parameters.push_back(load_tensor(dir / fmt::format("kept-{}-param-{}.npy", k.microbatch, i),
+                                           MemoryTag::param_stash, index_));
+      fifo_.push_back(std::move(k));
+    }
+    PETRA_CHECK(!fields.fail(), CheckpointError, "checkpoint: ", (dir / "state.txt").string(), ": malformed line '",
+                line, "'");
+  }
+}
+
+void SequentialExecutor::save_in_flight(const fs::path& dir) const {
+  fs::create_directories(dir);
+  std::string index;
+  for (std::size_t j = 0; j < stages_.size(); ++j) {
+    stages_[j]->save_in_flight(dir / stage_dir(static_cast<int>(j)));
+    index += fmt::format("last_backward {} {}\n", j, last_backward_[j]);
+    for (const ForwardMessage& m : to_next_[j].pending()) {
+      index += fmt::format("forward {} {}\n", j, m.microbatch);
+      save_npy(dir / fmt::format("forward-{}-{}-activation.npy", j, m.microbatch), m.activation);
+      save_npy(dir / fmt::format("forward-{}-{}-labels.npy", j, m.microbatch), m.labels);
+    }
+    for (const BackwardMessage& m : to_previous_[j].pending()) {
+      index += fmt::format("backward {} {}\n", j, m.microbatch);
+      save_npy(dir / fmt::format("backward-{}-{}-input.npy", j, m.microbatch), m.input);
+      save_npy(dir / fmt::format("backward-{}-{}-gradient.npy", j, m.microbatch), m.gradient);
+    }
+  }
+  write_text(dir / "channels.txt", index);
+}
+
+void SequentialExecutor::load_in_flight(const fs::path& dir) {
+  const int J = static_cast<int>(stages_.size());
+  for (int j = 0; j < J; ++j) stages_[j]->load_in_flight(dir / stage_dir(j));
+  for (const std::string& line : read_lines(dir / "channels.txt")) {
+    std::istringstream fields(line);
+    std::string what;
+    int j = -1;
+    std::int64_t m = -1;
+    fields >> what >> j >> m;
+    PETRA_CHECK(!fields.fail() && 0 <= j && j < J, CheckpointError, "checkpoint: ", (dir / "channels.txt").string(),
+                ": malformed line '", line, "'");
+    if (what == "last_backward") {
+      last_backward_[j] = m;
+    } else if (what == "forward") {  // from stage j to j + 1: tagged as the sender's forward tags it
+      const bool kept_above = j + 1 < J && stages_[j + 1]->keeps_input();
+      const MemoryTag tag = kept_above ? MemoryTag::input_buffer : MemoryTag::messages;
+      const int owner = kept_above ? j + 1 : j;
+      to_next_[j].push({m, load_tensor(dir / fmt::format("forward-{}-{}-activation.npy", j, m), tag, owner),
+                        load_tensor(dir / fmt::format("forward-{}-{}-labels.npy", j, m), MemoryTag::messages, j)});
+    } else if (what == "backward") {  // from stage j + 1 to j
+      to_previous_[j].push({m, load_tensor(dir / fmt::format("backward-{}-{}-input.npy", j, m), MemoryTag::messages, j + 1),
+                            load_tensor(dir / fmt::format("backward-{}-{}-gradient.npy", j, m), MemoryTag::messages, j + 1)});
+    } else {
+      throw CheckpointError(fmt::format("checkpoint: {}: unknown line '{}'", (dir / "channels.txt").string(), line));
+    }
+  }
 }
 
 // ---------------------------------------------------------------- channels

@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -87,6 +88,7 @@ class StageRuntime {
 
   int index() const { return index_; }
   std::size_t kept() const { return fifo_.size(); }  // mini-batches in flight at this stage
+  bool keeps_input() const { return keeping_.input; }
   // Relative error ||x_rebuilt - x|| / ||x|| of the last backward (track_reconstruction only).
   double last_reconstruction_error() const { return last_reconstruction_error_; }
   nn::Stage& stage() { return stage_; }
@@ -95,6 +97,13 @@ class StageRuntime {
   // stage's parameter gradients (that mini-batch's delayed gradient, as the difference of the
   // accumulated gradients after and before it, so the training itself is not perturbed).
   void set_capture_gradient(bool on) { capture_gradient_ = on; }
+
+  // Checkpoints of a pipeline that is not flushed: what this stage holds between two steps (its
+  // FIFO of inputs and stashed parameters, its count of gradients since the last update), written
+  // as .npy files plus a state.txt index into `dir`, and read back into a fresh stage runtime.
+  void save_in_flight(const std::filesystem::path& dir) const;
+  void load_in_flight(const std::filesystem::path& dir);
+  nn::Optimizer& optimizer() { return *optimizer_; }
   const std::vector<Tensor>& captured_gradient() const { return captured_gradient_; }
   std::int64_t captured_microbatch() const { return captured_microbatch_; }
 
@@ -137,6 +146,8 @@ class Channel {
     arrived_.notify_one();
   }
   Message pop(bool wait, std::int64_t microbatch, int stage, const char* what);
+  // The messages waiting, oldest first (between runs only: no lock is taken).
+  const std::deque<Message>& pending() const { return queue_; }
 
  private:
   std::mutex mutex_;
@@ -159,6 +170,13 @@ class SequentialExecutor {
                    const HeadCallback& on_head);
 
   StageRuntime& stage(std::size_t j) { return *stages_.at(j); }
+
+  // Everything in flight between two steps (run() calls): each stage's state in dir/stage-NN/ and
+  // the messages in the channels in dir/channels.txt + .npy files. load_in_flight restores it
+  // into a fresh executor built for the same model, method and options (CheckpointError if the
+  // files are missing or malformed).
+  void save_in_flight(const std::filesystem::path& dir) const;
+  void load_in_flight(const std::filesystem::path& dir);
   std::size_t num_stages() const { return stages_.size(); }
 
  protected:

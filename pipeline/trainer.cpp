@@ -25,8 +25,6 @@ void validate(const TrainConfig& c) {
   PETRA_CHECK(c.weight_decay >= 0, ValueError, "weight decay must be >= 0, got ", c.weight_decay);
   PETRA_CHECK(c.threads >= 0, ValueError, "threads must be >= 0, got ", c.threads);
   PETRA_CHECK(!c.resume || !c.checkpoint_dir.empty(), ValueError, "--resume needs --checkpoint-dir");
-  PETRA_CHECK(!is_delayed(c.method) || c.checkpoint_dir.empty(), ValueError, "checkpoints of the pipelined method ",
-              name_of(c.method), " would need the messages in flight; not supported yet (use backprop or revbackprop)");
   PETRA_CHECK(c.threads_per_device >= 1, ValueError, "threads per device must be >= 1");
   PETRA_CHECK(c.track_gradient_quality >= 0, ValueError, "--track-gradient-quality must be >= 0");
   PETRA_CHECK(c.track_gradient_quality == 0 || is_delayed(c.method), ValueError,
@@ -126,8 +124,8 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   schedule_.total_epochs = static_cast<double>(config_.epochs);
   nn::validate(schedule_);
 
-  if (config_.resume) restore_checkpoint(latest_checkpoint(config_.checkpoint_dir));
   if (is_delayed(config_.method)) start_pipeline();
+  if (config_.resume) restore_checkpoint(latest_checkpoint(config_.checkpoint_dir));
 }
 
 // The whole run is one schedule: mini-batch m is batch m % S of epoch m / S, the pipeline is not
@@ -335,6 +333,8 @@ void Trainer::run_pipelined(const std::function<void(const StepProgress&)>& on_s
     report.test_accuracy = test.accuracy;
     report.complete = last - first >= std::min(L, grid_.steps - first);
     ++epoch_;
+    // The checkpoint holds the mini-batches in flight: a resumed run continues the same grid.
+    if (report.complete && !config_.checkpoint_dir.empty()) save_checkpoint();
     if (on_epoch) on_epoch(report);
   }
 }
@@ -444,14 +444,27 @@ Evaluation Trainer::evaluate() {
   return e;
 }
 
+// The optimizers a checkpoint holds: the trainer's, or one per stage for a pipelined method.
+std::vector<CheckpointOptimizer> Trainer::checkpoint_optimizers() {
+  if (!executor_) return {{"", optimizer_.get()}};
+  std::vector<CheckpointOptimizer> per_stage;
+  for (std::size_t j = 0; j < executor_->num_stages(); ++j)
+    per_stage.push_back({fmt::format("stage-{:02d}", j), &executor_->stage(j).optimizer()});
+  return per_stage;
+}
+
 void Trainer::save_checkpoint() {
   CheckpointMeta meta = describe(config_);
   meta["format"] = "1";
   meta["next_epoch"] = std::to_string(epoch_);
   meta["global_step"] = std::to_string(global_step_);
   meta["accumulated"] = std::to_string(accumulated_);
+  std::function<void(const std::filesystem::path&)> write_pipeline;
+  if (executor_) write_pipeline = [this](const std::filesystem::path& dir) { executor_->save_in_flight(dir); };
+  // A pipelined run has gradients in flight at any epoch end (each stage's window is its own).
+  const bool gradients = accumulated_ > 0 || executor_ != nullptr;
   last_checkpoint_ = write_checkpoint(config_.checkpoint_dir, fmt::format("epoch-{:06d}", epoch_), *model_,
-                                      *optimizer_, meta, accumulated_ > 0);
+                                      checkpoint_optimizers(), meta, gradients, write_pipeline);
 }
 
 void Trainer::restore_checkpoint(const std::filesystem::path& dir) {
@@ -463,7 +476,8 @@ void Trainer::restore_checkpoint(const std::filesystem::path& dir) {
     PETRA_CHECK(found->second == mine.at(key), CheckpointError, "checkpoint ", dir.string(), " was written with ", key,
                 " = ", found->second, " but this run has ", key, " = ", mine.at(key), "; refusing to resume");
   }
-  pipeline::restore_checkpoint(dir, *model_, *optimizer_);
+  pipeline::restore_checkpoint(dir, *model_, checkpoint_optimizers());
+  if (executor_) executor_->load_in_flight(dir / "pipeline");
   epoch_ = std::stoll(meta.at("next_epoch"));
   global_step_ = std::stoll(meta.at("global_step"));
   accumulated_ = std::stoll(meta.at("accumulated"));

@@ -25,6 +25,7 @@
 #include "nn/models.hpp"
 #include "nn/optimizer.hpp"
 #include "nn/schedule.hpp"
+#include "pipeline/checkpoint.hpp"
 #include "pipeline/runtime.hpp"
 #include "pipeline/synchronous.hpp"
 
@@ -155,6 +156,7 @@ class Trainer {
   GradientQuality tracked_step(std::int64_t t, const SequentialExecutor::BatchSource& batches,
                                const SequentialExecutor::HeadCallback& on_head);
   void apply_update(std::int64_t iteration);
+  std::vector<CheckpointOptimizer> checkpoint_optimizers();
   void save_checkpoint();
   void restore_checkpoint(const std::filesystem::path& dir);
 
