@@ -476,6 +476,11 @@ void Trainer::restore_checkpoint(const std::filesystem::path& dir) {
     PETRA_CHECK(found->second == mine.at(key), CheckpointError, "checkpoint ", dir.string(), " was written with ", key,
                 " = ", found->second, " but this run has ", key, " = ", mine.at(key), "; refusing to resume");
   }
+  // A pipelined run continues its grid, which the number of epochs shapes (mini-batch ids, drain).
+  if (executor_)
+    PETRA_CHECK(meta.count("epochs") && meta.at("epochs") == mine.at("epochs"), CheckpointError, "checkpoint ",
+                dir.string(), " belongs to a pipelined run of ", meta.count("epochs") ? meta.at("epochs") : "?",
+                " epochs; resume it with the same --epochs (this run has ", mine.at("epochs"), ")");
   pipeline::restore_checkpoint(dir, *model_, checkpoint_optimizers());
   if (executor_) executor_->load_in_flight(dir / "pipeline");
   epoch_ = std::stoll(meta.at("next_epoch"));
