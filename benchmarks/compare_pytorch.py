@@ -650,7 +650,7 @@ def check_equivalence(args, tmp: str, report: dict) -> None:
     os.makedirs(data)
     write_npy_directory(data, args.data_dir, steps * args.batch_size, 64)
     data_args = ["--dataset", "npy", "--data-dir", data]
-    run_petra(args, 1, None, data_args + ["--epochs", "0", "--schedule", "constant",
+    run_petra(args, 1, "backprop", data_args + ["--epochs", "0", "--schedule", "constant",
                                           "--save-params", os.path.join(base, "init")], None, quiet=True)
     log = run_petra(args, 1, "backprop", data_args + [
         "--load-params", os.path.join(base, "init"), "--epochs", "1", "--max-steps", str(steps), "--no-shuffle",

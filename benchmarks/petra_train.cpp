@@ -1,6 +1,7 @@
 // benchmarks/petra_train.cpp: petra-train, the main job: train a RevNet or ResNet on real data.
 //
-//   build/petra-train                           # RevNet18 (width 16) on Fashion-MNIST, 3 epochs
+//   build/petra-train                           # PETRA on two CPU workers: RevNet18 (width 16),
+//                                               # Fashion-MNIST, 3 epochs
 //   build/petra-train --model revnet18 --width 16 --epochs 10 --method revbackprop
 //                     --log-json run.jsonl --plot run.svg --checkpoint-dir ckpt
 //   build/petra-train --print-model --model revnet50 --stem imagenet --classes 1000
@@ -269,13 +270,14 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
 int main(int argc, char** argv) {
   TrainConfig c;
   c.epochs = 3;
-  std::string method = "backprop";
+  std::string method = "petra";
   std::string model_arch = c.arch;
   bool eval_only = false, no_augment = false, no_shuffle = false, print_model = false;
   std::filesystem::path save_params, log_json, plot;
 
-  CLI::App app{"petra-train: train a RevNet or ResNet with exact or reversible backpropagation.\n"
-               "With no arguments: RevNet18 (width 16) on Fashion-MNIST from /usr/share/datasets/fashion-mnist."};
+  CLI::App app{"petra-train: train a RevNet or ResNet with PETRA, exact or reversible backpropagation, or a\n"
+               "delayed-gradient baseline. With no arguments: PETRA on two CPU workers (cpu:0,cpu:1, one thread each),\n"
+               "RevNet18 (width 16) on Fashion-MNIST from /usr/share/datasets/fashion-mnist, 3 epochs."};
   app.footer(kExitCodes);
   app.get_formatter()->column_width(34);
   auto* data = "Data";
@@ -304,7 +306,8 @@ int main(int argc, char** argv) {
   std::string devices_text, placement_text;
   std::int64_t print_schedule = 0;
   bool report_memory = false;
-  app.add_option("--devices", devices_text, "one worker per device, e.g. cpu:0,cpu:1 (default: one sequential worker)")
+  app.add_option("--devices", devices_text, "one worker per device (default cpu:0,cpu:1: two CPU workers; cpu:0 alone "
+                 "runs the sequential executor)")
       ->group(pipelining);
   app.add_option("--threads-per-device", c.threads_per_device, "kernel threads of each worker")
       ->group(pipelining)->capture_default_str()->check(CLI::PositiveNumber);
@@ -370,6 +373,7 @@ int main(int argc, char** argv) {
   try {
     c.method = petra::pipeline::parse_pipeline_method(method);
     c.bn_statistics = petra::nn::parse_statistics_pass(bn_statistics);
+    if (devices_text.empty() && petra::pipeline::is_delayed(c.method)) devices_text = "cpu:0,cpu:1";
     if (!devices_text.empty())
       for (const auto& d : split_list(devices_text)) c.devices.push_back(petra::Device::parse(d));
     if (!placement_text.empty())
