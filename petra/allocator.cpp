@@ -189,6 +189,16 @@ void Allocator::deallocate(const Allocation& a) noexcept {
   s.cached += static_cast<std::int64_t>(a.capacity);
 }
 
+void Allocator::retag(Allocation& a, MemoryTag tag, int owner) {
+  if (a.ptr == nullptr) return;
+  std::lock_guard lock(impl_->mutex);
+  DeviceState& s = impl_->state(a.device);
+  impl_->count(s, a, false);
+  a.tag = tag;
+  a.owner = owner;
+  impl_->count(s, a, true);
+}
+
 MemoryStats Allocator::stats(Device device) const {
   std::lock_guard lock(impl_->mutex);
   const DeviceState* s = impl_->find(device);

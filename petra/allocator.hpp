@@ -77,6 +77,9 @@ class Allocator {
   // Thread-safe. Memory is 64-byte aligned (2 MiB for large host blocks, which get huge pages).
   Allocation allocate(std::size_t bytes, Device device, MemoryTag tag, int owner);
   void deallocate(const Allocation& a) noexcept;
+  // Moves a live allocation's bytes to another tag and owner (a stage's output becomes the next
+  // stage's input buffer once the forward that made it is over).
+  void retag(Allocation& a, MemoryTag tag, int owner);
 
   MemoryStats stats(Device device) const;                            // all tags and owners
   MemoryStats stats(Device device, MemoryTag tag) const;

@@ -41,6 +41,7 @@ class Storage {
   Device device() const { return allocation_.device; }
   MemoryTag tag() const { return allocation_.tag; }
   int owner() const { return allocation_.owner; }
+  void retag(MemoryTag tag, int owner) { Allocator::instance().retag(allocation_, tag, owner); }
 
  private:
   Allocation allocation_;

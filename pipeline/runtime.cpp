@@ -120,9 +120,10 @@ ForwardMessage StageRuntime::forward(ForwardMessage in) {
   {
     NoGradGuard no_grad;
     nn::RunningStatsGuard statistics(options_.statistics_pass == nn::StatisticsPass::forward);
-    MemoryScope scope(next_keeps_input_ ? MemoryTag::input_buffer : MemoryTag::messages,
-                      next_keeps_input_ ? index_ + 1 : index_);
+    MemoryScope scope(MemoryTag::activations, index_);  // the forward's temporaries, freed at its end
     out.activation = stage_.forward(Variable(in.activation)).data();
+    out.activation.storage()->retag(next_keeps_input_ ? MemoryTag::input_buffer : MemoryTag::messages,
+                                    next_keeps_input_ ? index_ + 1 : index_);
   }
   fifo_.push_back(std::move(kept));
   return out;
@@ -163,6 +164,7 @@ void StageRuntime::update(std::int64_t microbatch) {
   if (received_ == 0) return;
   if (options_.apply_updates) {
     if (received_ > 1) {
+      MemoryScope scope(MemoryTag::gradients, index_);
       const double inverse = 1.0 / static_cast<double>(received_);
       for (const auto& p : stage_.parameters())
         if (p.grad().defined()) p.set_grad(ops::scale(p.grad(), inverse));

@@ -9,12 +9,12 @@
 namespace petra::pipeline {
 
 namespace {
-// Stage j's output is kept by stage j+1 when that stage is buffered: tag it as j+1's input buffer.
-MemoryScope output_scope(const nn::Model& model, std::size_t j) {
+// Stage j's output is kept by stage j+1 when that stage is buffered: it becomes j+1's input buffer
+// (the forward's temporaries stay stage j's activations).
+void tag_output(const nn::Model& model, std::size_t j, const Tensor& output) {
   const std::size_t next = j + 1;
   if (next < model.num_stages() && model.stage(next).kind() == nn::StageKind::buffered)
-    return MemoryScope(MemoryTag::input_buffer, static_cast<int>(next));
-  return MemoryScope(MemoryTag::activations, static_cast<int>(j));
+    output.storage()->retag(MemoryTag::input_buffer, static_cast<int>(next));
 }
 }  // namespace
 
@@ -42,8 +42,9 @@ StepResult revbackprop_step(nn::Model& model, const Tensor& images, const Tensor
     NoGradGuard no_grad;
     for (std::size_t j = 0; j < head; ++j) {
       if (model.stage(j).kind() == nn::StageKind::buffered) kept_input[j] = h;
-      MemoryScope scope = output_scope(model, j);
+      MemoryScope scope(MemoryTag::activations, static_cast<int>(j));
       h = model.stage(j).forward(Variable(h)).data();
+      tag_output(model, j, h);
     }
   }
   nn::HeadResult result;

@@ -187,8 +187,11 @@ double Trainer::learning_rate_at(std::int64_t iteration) const {
 void Trainer::apply_update(std::int64_t iteration) {
   if (config_.accumulation > 1) {
     const double inverse_k = 1.0 / static_cast<double>(config_.accumulation);
-    for (const auto& p : model_->parameters())
-      if (p.grad().defined()) p.set_grad(ops::scale(p.grad(), inverse_k));
+    for (const auto& p : model_->parameters()) {
+      if (!p.grad().defined()) continue;
+      MemoryScope scope(MemoryTag::gradients, p.grad().storage()->owner());
+      p.set_grad(ops::scale(p.grad(), inverse_k));
+    }
   }
   optimizer_->step(learning_rate_at(iteration));
   optimizer_->zero_grad();

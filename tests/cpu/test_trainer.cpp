@@ -175,7 +175,9 @@ TEST_CASE("--track-gradient-quality: exact with lr = 0, and it does not perturb 
       CAPTURE(s.stage);
       CHECK(s.cosine == doctest::Approx(1.0).epsilon(1e-5));
       CHECK(s.norm_ratio == doctest::Approx(1.0).epsilon(1e-4));
-      CHECK(s.relative_error <= 1e-4);
+      // Looser than the cosine: conv biases followed by batch norm have an analytically zero
+      // gradient, so those entries are pure rounding noise of two different summation orders.
+      CHECK(s.relative_error <= 1e-3);
     }
     stages_seen = std::max(stages_seen, q.stages.size());
   }
