@@ -132,11 +132,12 @@ ForwardMessage StageRuntime::forward(ForwardMessage in) {
 BackwardMessage StageRuntime::backward(BackwardMessage from_above) {
   Kept kept = pop(from_above.microbatch, "backward");
   BackwardMessage out{from_above.microbatch, {}, {}};
-  MemoryScope scope(MemoryTag::messages, index_);
+  MemoryScope scope(MemoryTag::activations, index_);  // the recomputed graph, freed at the end
   const std::vector<Tensor> before = gradients_before();
   nn::StatisticsPassScope statistics(options_.statistics_pass);
   StashedParameters stash([&] { swap_parameters(kept.parameters); }, keeping_.parameters);
-  if (stage_.kind() == nn::StageKind::reversible && !keeping_.input) {
+  const bool rebuilds_input = stage_.kind() == nn::StageKind::reversible && !keeping_.input;
+  if (rebuilds_input) {
     // PETRA (current parameters) or delayed-reversible (stashed ones): rebuild the input from the
     // output received from above, reusing F's graph for the backward.
     std::tie(out.input, out.gradient) = stage_.reconstruct_and_backward(from_above.input, from_above.gradient);
@@ -145,15 +146,18 @@ BackwardMessage StageRuntime::backward(BackwardMessage from_above) {
     out.gradient = nn::backward_from_input(stage_, kept.input, from_above.gradient, /*input_gradient=*/index_ > 0);
     out.input = std::move(kept.input);
   }
+  if (out.gradient.defined()) out.gradient.storage()->retag(MemoryTag::messages, index_);
+  if (rebuilds_input) out.input.storage()->retag(MemoryTag::messages, index_);  // the rebuilt input travels down
   ++received_;
   capture(before, from_above.microbatch);
   return out;
 }
 
 BackwardMessage StageRuntime::head_step(ForwardMessage in, HeadStats& stats) {
-  MemoryScope scope(MemoryTag::messages, index_);
+  MemoryScope scope(MemoryTag::activations, index_);
   const std::vector<Tensor> before = gradients_before();
   const nn::HeadResult r = stage_.loss_and_backward(in.activation, in.labels);
+  r.dx.storage()->retag(MemoryTag::messages, index_);
   stats = {in.microbatch, r.loss, r.correct, in.labels.numel()};
   ++received_;
   capture(before, in.microbatch);
