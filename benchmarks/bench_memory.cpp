@@ -174,9 +174,10 @@ std::size_t tag_index(MemoryTag tag) { return static_cast<std::size_t>(tag); }
 //                    held between steps plus the one this step's forward takes before its
 //                    backward releases the oldest (the head, d = 0, stashes nothing);
 //   input_buffer     delayed methods, stages that keep inputs: (d + 1) inputs for the same reason,
-//                    plus, for j > 0, the next input already waiting in the channel (the sequential
-//                    executor runs stage j-1 before stage j within a step, and that message is
-//                    tagged as j's input buffer); synchronous methods: one input for each stage that
+//                    plus, for j > 0, two messages that share those bytes' tag: the next input
+//                    already waiting in the channel (the sequential executor runs stage j-1 before
+//                    stage j within a step) and the input j sent down with its gradient the step
+//                    before, which stage j-1 reads this step; synchronous methods: one input for each stage that
 //                    keeps it (revbackprop: the buffered stages; backprop: the images of stage 0,
 //                    its graph being activations).
 // It does not count activations, messages, workspace or other: transient, or (backprop's graph)
@@ -190,7 +191,7 @@ TagBytes analytic_stage(PipelineMethod method, const StageSizes& s, int j, int J
   if (petra::pipeline::is_delayed(method)) {
     const std::int64_t d = petra::pipeline::fifo_depth(j, J);
     if (keep.parameters) a[tag_index(MemoryTag::param_stash)] = (d + 1) * s.gradient_bytes;
-    if (keep.input) a[tag_index(MemoryTag::input_buffer)] = (d + 1 + (j > 0 ? 1 : 0)) * s.input_bytes;
+    if (keep.input) a[tag_index(MemoryTag::input_buffer)] = (d + 1 + (j > 0 ? 2 : 0)) * s.input_bytes;
   } else if (method == PipelineMethod::revbackprop ? keep.input : j == 0) {
     a[tag_index(MemoryTag::input_buffer)] = s.input_bytes;
   }
@@ -476,8 +477,6 @@ void print_model(const Options& o, const ModelResult& r) {
 }
 
 void print_verdicts(const std::vector<ModelResult>& results) {
-  fmt::print("\nkept vs analytic: the measured input buffers exceed the estimate by the temporaries of the previous\n"
-             "stage's forward, which the runtime tags like that forward's output (the next stage's input buffer).\n");
   fmt::print("\nPETRA / pipedream, measured total (sum of the stages' peaks) and analytic kept state:\n");
   for (const ModelResult& r : results) {
     if (r.fraction < 0) {
