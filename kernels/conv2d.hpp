@@ -13,8 +13,9 @@
 //   dw[o, c, i, j] += sum_{b, oh, ow} dy[b, o, oh, ow] * x[b, c, oh*stride_h - pad_h + i, ...]
 //   db[o]          += sum_{b, oh, ow} dy[b, o, oh, ow]
 //
-// cpu:: lowers the convolution to matrix products (im2col + Eigen GEMM; kernels/cpu/conv2d.cpp
-// explains how) and needs scratch memory from the stream's workspace: at most
+// cpu:: lowers the convolution to matrix products (im2col + Eigen GEMM) or, for the narrow 3x3
+// layers where that measured slower and AVX-512 is compiled in, runs direct register-blocked
+// kernels on zero-padded planes (kernels/cpu/conv2d.cpp explains both) and needs scratch memory from the stream's workspace: at most
 // cpu::conv2d_workspace_bytes(shape, s.num_threads) bytes. ref:: needs none.
 #pragma once
 

@@ -52,6 +52,12 @@ std::vector<Conv2dShape> comparison_shapes() {
   shapes.push_back({2, 3, 9, 8, 4, 3, 1, 1, 1, 1, 0});   // 3x1 kernel
   shapes.push_back({3, 2, 7, 12, 3, 1, 5, 1, 2, 0, 2});  // 1x5 kernel, stride (1, 2)
   shapes.push_back({2, 3, 10, 9, 2, 4, 2, 2, 1, 1, 0});  // even 4x2 kernel, stride (2, 1)
+  // The direct AVX-512 paths of cpu:: (where compiled): a stride-2 grid of phase planes, several
+  // 7x7 images side by side in one grid, and the 4x4 kernels (one vector per image channel).
+  shapes.push_back(conv2d_shape(5, 16, 14, 14, 32, 3, 2, 1));
+  shapes.push_back(conv2d_shape(5, 8, 7, 7, 12, 3, 1, 1));
+  shapes.push_back(conv2d_shape(9, 64, 4, 4, 64, 3, 1, 1));
+  shapes.push_back(conv2d_shape(3, 16, 28, 28, 16, 3, 1, 1));
   return shapes;
 }
 
