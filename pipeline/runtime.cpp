@@ -437,8 +437,10 @@ void ConcurrentExecutor::run(const Schedule& schedule, std::int64_t first, std::
     if (e) std::rethrow_exception(e);
 }
 
-std::vector<double> measure_stage_costs(nn::Model& model, const data::Batch& batch) {
+std::vector<double> measure_stage_costs(nn::Model& model, const data::Batch& batch, int threads) {
   using Clock = std::chrono::steady_clock;
+  Stream stream(Device::cpu(), threads);  // as a worker will run them
+  StreamGuard guard(stream);
   const std::size_t J = model.num_stages();
   std::vector<double> costs(J, 0.0);
   Tensor x = batch.images;
@@ -446,7 +448,7 @@ std::vector<double> measure_stage_costs(nn::Model& model, const data::Batch& bat
     nn::Stage& stage = model.stage(j);
     double best = 1e300;
     Tensor y;
-    for (int repeat = 0; repeat < 2; ++repeat) {  // the first run warms the caches and the allocator
+    for (int repeat = 0; repeat < 3; ++repeat) {  // the best of 3: the first warms caches and allocator
       const auto start = Clock::now();
       if (stage.kind() == nn::StageKind::head) {
         stage.loss_and_backward(x, batch.labels);
@@ -456,7 +458,11 @@ std::vector<double> measure_stage_costs(nn::Model& model, const data::Batch& bat
           nn::RunningStatsGuard keep_statistics;
           y = stage.forward(Variable(x)).data();
         }
-        nn::backward_from_input(stage, x, Tensor::full(y.shape(), 1e-3), j > 0);
+        const Tensor dy = Tensor::full(y.shape(), 1e-3);
+        if (stage.kind() == nn::StageKind::reversible)
+          stage.reconstruct_and_backward(y, dy);  // what PETRA's backward runs
+        else
+          nn::backward_from_input(stage, x, dy, j > 0);
       }
       best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
     }

@@ -163,7 +163,8 @@ void Trainer::start_pipeline() {
   for (const Device& d : config_.devices) workers.push_back({d, config_.threads_per_device});
   std::vector<int> placement = config_.placement;
   if (placement.empty()) {
-    const std::vector<double> costs = measure_stage_costs(*model_, train_loader_->batch(0, 0));
+    const std::vector<double> costs =
+        measure_stage_costs(*model_, train_loader_->batch(0, 0), config_.threads_per_device);
     placement = balanced_placement(costs, static_cast<int>(workers.size()));
   }
   executor_ = std::make_unique<ConcurrentExecutor>(*model_, options, std::move(workers), std::move(placement));
