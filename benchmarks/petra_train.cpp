@@ -1,7 +1,7 @@
 // benchmarks/petra_train.cpp: petra-train, the main job: train a RevNet or ResNet on real data.
 //
 //   build/petra-train                           # PETRA on two CPU workers: RevNet18 (width 16),
-//                                               # Fashion-MNIST, 3 epochs
+//                                               # Fashion-MNIST, 4 epochs
 //   build/petra-train --model revnet18 --width 16 --epochs 10 --method revbackprop
 //                     --log-json run.jsonl --plot run.svg --checkpoint-dir ckpt
 //   build/petra-train --print-model --model revnet50 --stem imagenet --classes 1000
@@ -269,7 +269,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
 
 int main(int argc, char** argv) {
   TrainConfig c;
-  c.epochs = 3;
+  c.epochs = 4;
   std::string method = "petra";
   std::string model_arch = c.arch;
   bool eval_only = false, no_augment = false, no_shuffle = false, print_model = false;
@@ -277,7 +277,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"petra-train: train a RevNet or ResNet with PETRA, exact or reversible backpropagation, or a\n"
                "delayed-gradient baseline. With no arguments: PETRA on two CPU workers (cpu:0,cpu:1, one thread each),\n"
-               "RevNet18 (width 16) on Fashion-MNIST from /usr/share/datasets/fashion-mnist, 3 epochs."};
+               "RevNet18 (width 16) on Fashion-MNIST from /usr/share/datasets/fashion-mnist, 4 epochs."};
   app.footer(kExitCodes);
   app.get_formatter()->column_width(34);
   auto* data = "Data";
