@@ -213,9 +213,14 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
   auto on_epoch = [&](const EpochReport& r) {
     progress.end_line();
     reports.push_back(r);
-    std::printf("epoch %lld/%lld: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | %.0f img/s | lr %.5f | %.1f s\n",
-                static_cast<long long>(r.epoch + 1), static_cast<long long>(config.epochs), r.train_loss,
-                100 * r.train_accuracy, r.test_loss, 100 * r.test_accuracy, r.images_per_second, r.lr, r.seconds);
+    if (r.images_per_second > 0)
+      std::printf("epoch %lld/%lld: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | %.0f img/s | lr %.5f | %.1f s\n",
+                  static_cast<long long>(r.epoch + 1), static_cast<long long>(config.epochs), r.train_loss,
+                  100 * r.train_accuracy, r.test_loss, 100 * r.test_accuracy, r.images_per_second, r.lr, r.seconds);
+    else  // a pipeline still filling: no mini-batch reached the head (and its loss) yet
+      std::printf("epoch %lld/%lld: train (pipeline filling, no loss yet) | test loss %.4f acc %.2f%% | %.1f s\n",
+                  static_cast<long long>(r.epoch + 1), static_cast<long long>(config.epochs), r.test_loss,
+                  100 * r.test_accuracy, r.seconds);
     print_gradient_quality(r, trainer.model().num_stages());
     std::fflush(stdout);
     if (!log_json.empty()) {
