@@ -57,6 +57,7 @@
 #include "data/loader.hpp"
 #include "nn/models.hpp"
 #include "nn/optimizer.hpp"
+#include "benchmarks/synthetic_setup.hpp"
 #include "petra/petra.hpp"
 #include "pipeline/runtime.hpp"
 #include "pipeline/schedule.hpp"
@@ -111,32 +112,12 @@ void validate(const Options& o) {
 }
 
 petra::nn::ModelConfig model_config(const Options& o, const std::string& arch) {
-  petra::nn::ModelConfig c;
-  c.arch = arch;
-  c.width = o.width;
-  c.in_channels = o.channels;
-  c.classes = 10;
-  c.stem = "cifar";
-  c.seed = 1;
-  return c;
+  return petra::bench::synthetic_model(arch, o.width, o.channels);
 }
 
-// A few synthetic mini-batches, made once and reused in turn (no loading inside the timings).
+// A few synthetic mini-batches, made once and reused in turn.
 std::vector<petra::data::Batch> make_batches(const Options& o, int count) {
-  petra::data::SyntheticSpec spec;
-  spec.train_size = o.batch * count;
-  spec.test_size = 1;
-  spec.channels = o.channels;
-  spec.height = spec.width = o.size;
-  spec.seed = 1;
-  const petra::data::Split split = petra::data::load_dataset("synthetic", {}, spec);
-  petra::data::LoaderOptions lo;
-  lo.batch_size = o.batch;
-  lo.shuffle = lo.augment = lo.prefetch = false;
-  const petra::data::Loader loader(split.train, lo);
-  std::vector<petra::data::Batch> batches;
-  for (int i = 0; i < count; ++i) batches.push_back(loader.batch(0, i));
-  return batches;
+  return petra::bench::synthetic_batches(o.batch, o.channels, o.size, count);
 }
 
 pl::SequentialExecutor::BatchSource source_of(const std::vector<petra::data::Batch>& batches) {
@@ -652,11 +633,7 @@ int main(int argc, char** argv) {
   try {
     if (o.quick) apply_quick(o);
     validate(o);
-    std::ofstream json;  // opened first: a bad path fails before the run, not after it
-    if (!o.json_path.empty()) {
-      json.open(o.json_path);
-      PETRA_CHECK(json.is_open(), petra::IOError, "cannot write ", o.json_path);
-    }
+    if (!o.json_path.empty()) petra::bench::check_output_directory(o.json_path);  // before the run, not after
     fmt::print("bench-pipeline: {} width {}, synthetic {}x{}x{} images, batch {}, CIFAR stem, SGD (momentum), k = 1; "
                "{} warm-up + {} timed steps\n",
                o.model, o.width, o.size, o.size, o.channels, o.batch, o.warmup, o.steps);
@@ -671,9 +648,8 @@ int main(int argc, char** argv) {
     for (const Target& t : targets(r))
       fmt::print("  {:<44} {:>6.2f} (>= {:.2f}) {}\n", t.what, t.value, t.threshold, verdict(t.met()));
     print_contention_warning(r);
-    if (json.is_open()) {
-      json << document(o, r).dump(1) << "\n";
-      PETRA_CHECK(json.good(), petra::IOError, "cannot write ", o.json_path);
+    if (!o.json_path.empty()) {
+      petra::write_file_atomically(o.json_path, document(o, r).dump(1) + "\n");
       fmt::print("wrote {}\n", o.json_path);
     }
   } catch (const petra::Error& e) {

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "benchmarks/training_plot.hpp"
+#include "petra/files.hpp"
 #include "petra/petra.hpp"
 #include "pipeline/checkpoint.hpp"
 #include "pipeline/trainer.hpp"
@@ -142,7 +143,7 @@ void write_plot(const std::filesystem::path& path, const std::vector<EpochReport
     train_acc.values.push_back(100 * r.train_accuracy);
     test_acc.values.push_back(100 * r.test_accuracy);
   }
-  petra::tools::write_text_atomically(
+  petra::write_file_atomically(
       path, petra::tools::render_svg({{"loss", {train_loss, test_loss}}, {"accuracy (%)", {train_acc, test_acc}}},
                                      caption));
 }
@@ -227,7 +228,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
       log_lines.push_back(epoch_json_with_stages(r).dump());
       std::string text;
       for (const auto& line : log_lines) text += line + "\n";
-      petra::tools::write_text_atomically(log_json, text);
+      petra::write_file_atomically(log_json, text);
     }
     if (!plot.empty()) write_plot(plot, reports, fmt::format("petra-train: {} width {} on {}, {}", config.arch,
                                                              config.width, config.dataset, settings.at("method")));
@@ -265,7 +266,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
     log_lines.push_back(nlohmann::json{{"summary", summary}}.dump());
     std::string text;
     for (const auto& line : log_lines) text += line + "\n";
-    petra::tools::write_text_atomically(log_json, text);
+    petra::write_file_atomically(log_json, text);
   }
   return kOk;
 }

@@ -1,13 +1,10 @@
 // benchmarks/training_plot.cpp: SVG line charts and atomic text files for petra-train.
 #include "benchmarks/training_plot.hpp"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
 
 #include "petra/error.hpp"
@@ -83,24 +80,6 @@ std::string render_svg(const std::vector<Panel>& panels, const std::string& capt
   svg += fmt::format("<text x=\"8\" y=\"{:.0f}\" font-size=\"10\" fill=\"#555\">{}</text>\n</svg>\n", kPanelHeight + 12,
                      escape(caption));
   return svg;
-}
-
-void write_text_atomically(const std::filesystem::path& path, const std::string& text) {
-  const std::filesystem::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    PETRA_CHECK(out.good(), IOError, "cannot write ", temporary.string());
-  }
-  const int fd = ::open(temporary.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-  std::error_code ec;
-  std::filesystem::rename(temporary, path, ec);
-  PETRA_CHECK(!ec, IOError, "cannot rename ", temporary.string(), " to ", path.string(), ": ", ec.message());
 }
 
 }  // namespace petra::tools

@@ -22,7 +22,4 @@ struct Panel {
 // Panels side by side; x is the epoch (1-based). Returns the SVG text.
 std::string render_svg(const std::vector<Panel>& panels, const std::string& caption);
 
-// Writes `text` to `path` atomically (temporary file, fsync, rename); throws petra::IOError.
-void write_text_atomically(const std::filesystem::path& path, const std::string& text);
-
 }  // namespace petra::tools

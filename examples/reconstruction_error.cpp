@@ -19,18 +19,6 @@
 
 using namespace petra;
 
-namespace {
-double relative_error(const Tensor& approx, const Tensor& exact) {
-  const auto a = approx.to_vector<float>(), e = exact.to_vector<float>();
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - e[i]) * (double(a[i]) - e[i]);
-    den += double(e[i]) * e[i];
-  }
-  return std::sqrt(num / den);
-}
-}  // namespace
-
 int main(int argc, char** argv) {
   nn::ModelConfig config;
   config.arch = argc > 1 ? argv[1] : "revnet18";
@@ -67,8 +55,8 @@ int main(int argc, char** argv) {
     const Tensor x = model.stage(j).inverse(y);
     const std::int64_t c = x.size(1) / 2;
     std::printf("%5zu  %-10s  %14.3e  %14.3e\n", j, "reversible",
-                relative_error(ops::channel_slice(x, 0, c), ops::channel_slice(true_input[j], 0, c)),
-                relative_error(ops::channel_slice(x, c, c), ops::channel_slice(true_input[j], c, c)));
+                ops::relative_error(ops::channel_slice(x, 0, c), ops::channel_slice(true_input[j], 0, c)),
+                ops::relative_error(ops::channel_slice(x, c, c), ops::channel_slice(true_input[j], c, c)));
     y = x;
   }
   return 0;

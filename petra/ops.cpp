@@ -2,6 +2,7 @@
 //
 // Dispatch rule: float32 on the CPU runs kernels::cpu, float64 on the CPU runs kernels::ref (the
 // oracle, used by the gradient checks), float32 on a GPU runs kernels::cuda.
+#include <cmath>
 #include <map>
 
 #include "kernels/batchnorm.hpp"
@@ -321,6 +322,23 @@ Tensor sum(const Tensor& x, std::span<const int> dims) {
   const auto& s = stream_for(x.device());
   PETRA_CALL_CPU_ONLY(x, reduce_sum, s, x.shape().dims(), mask, x.data<T>(), y.data<T>());
   return y;
+}
+
+double relative_error(const Tensor& approx, const Tensor& exact) {
+  PETRA_CHECK(approx.shape() == exact.shape(), ShapeError, "relative_error: shapes ", approx.shape().str(), " and ",
+              exact.shape().str());
+  const auto as_doubles = [](const Tensor& t) {
+    if (t.dtype() == DType::f64) return t.to_vector<double>();
+    const auto f = t.to_vector<float>();
+    return std::vector<double>(f.begin(), f.end());
+  };
+  const auto a = as_doubles(approx), e = as_doubles(exact);
+  double difference = 0, reference = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    difference += (a[i] - e[i]) * (a[i] - e[i]);
+    reference += e[i] * e[i];
+  }
+  return reference > 0 ? std::sqrt(difference / reference) : std::sqrt(difference);
 }
 
 Tensor mean(const Tensor& x, std::span<const int> dims) {

@@ -61,6 +61,9 @@ Tensor relu_backward(const Tensor& y, const Tensor& dy);      // dy * (y > 0), y
 Tensor sum(const Tensor& x, std::span<const int> dims);
 Tensor mean(const Tensor& x, std::span<const int> dims);
 Tensor broadcast_to(const Tensor& small, const Shape& shape);  // backward of sum: repeat size-1 dims
+// ||approx - exact|| / ||exact|| over all elements, accumulated in double on the host (same
+// shape; a diagnostic, not a hot-path op). 0 when both are zero.
+double relative_error(const Tensor& approx, const Tensor& exact);
 
 // linear: x [batch, in], w [out, in], bias [out] or undefined
 Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias);

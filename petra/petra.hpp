@@ -8,6 +8,7 @@
 #include "petra/device.hpp"
 #include "petra/dtype.hpp"
 #include "petra/error.hpp"
+#include "petra/files.hpp"
 #include "petra/npy.hpp"
 #include "petra/ops.hpp"
 #include "petra/rng.hpp"

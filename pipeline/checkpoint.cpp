@@ -1,8 +1,6 @@
 // pipeline/checkpoint.cpp: atomic, checksummed checkpoint directories.
 #include "pipeline/checkpoint.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -10,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "petra/files.hpp"
 #include "petra/npy.hpp"
 
 namespace petra::pipeline {
@@ -22,35 +21,12 @@ constexpr const char* kManifest = "MANIFEST";
 constexpr const char* kMeta = "trainer.txt";
 constexpr const char* kLatest = "latest";
 
-void fsync_path(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  PETRA_CHECK(fd >= 0, CheckpointError, "checkpoint: cannot open ", path.string(), " to sync it");
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  PETRA_CHECK(rc == 0, CheckpointError, "checkpoint: fsync failed on ", path.string());
-}
-
 std::string read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   PETRA_CHECK(in.is_open(), CheckpointError, "checkpoint: cannot read ", path.string());
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
-}
-
-// Replaces `path` by `text` atomically: temporary file, fsync, rename.
-void write_file_atomically(const fs::path& path, const std::string& text) {
-  const fs::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    PETRA_CHECK(out.good(), CheckpointError, "checkpoint: cannot write ", temporary.string());
-  }
-  fsync_path(temporary);
-  std::error_code ec;
-  fs::rename(temporary, path, ec);
-  PETRA_CHECK(!ec, CheckpointError, "checkpoint: cannot rename ", temporary.string(), ": ", ec.message());
 }
 
 std::uint32_t crc32_of(const std::string& bytes) {
@@ -96,11 +72,7 @@ fs::path write_checkpoint(const fs::path& root, const std::string& name, const n
     fsync_path(dir / "optimizer_state.txt");
   }
   if (with_gradients) save_gradients(staging / "grads", model);
-  if (write_pipeline) {
-    write_pipeline(staging / "pipeline");
-    for (const auto& entry : fs::recursive_directory_iterator(staging / "pipeline"))
-      if (entry.is_regular_file() && entry.path().extension() == ".txt") fsync_path(entry.path());  // .npy: synced
-  }
+  if (write_pipeline) write_pipeline(staging / "pipeline");  // its files are synced as written
   std::ostringstream text;
   for (const auto& [key, value] : meta) text << key << " = " << value << "\n";
   write_file_atomically(staging / kMeta, text.str());

@@ -13,6 +13,7 @@
 #include "nn/layers.hpp"
 #include "petra/stream.hpp"
 
+#include "petra/files.hpp"
 #include "petra/npy.hpp"
 #include "petra/ops.hpp"
 #include "pipeline/checkpoint.hpp"
@@ -34,16 +35,6 @@ Keeping keeping(PipelineMethod method, nn::StageKind kind) {
 }
 
 namespace {
-
-double relative_error(const Tensor& approx, const Tensor& exact) {
-  const auto a = approx.to_vector<float>(), e = exact.to_vector<float>();
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - e[i]) * (double(a[i]) - e[i]);
-    den += double(e[i]) * e[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
 
 // Runs with the stashed parameters for its lifetime, then puts the current ones back.
 template <class Swap>
@@ -141,7 +132,7 @@ BackwardMessage StageRuntime::backward(BackwardMessage from_above) {
     // PETRA (current parameters) or delayed-reversible (stashed ones): rebuild the input from the
     // output received from above, reusing F's graph for the backward.
     std::tie(out.input, out.gradient) = stage_.reconstruct_and_backward(from_above.input, from_above.gradient);
-    if (options_.track_reconstruction) last_reconstruction_error_ = relative_error(out.input, kept.input);
+    if (options_.track_reconstruction) last_reconstruction_error_ = ops::relative_error(out.input, kept.input);
   } else {
     out.gradient = nn::backward_from_input(stage_, kept.input, from_above.gradient, /*input_gradient=*/index_ > 0);
     out.input = std::move(kept.input);
@@ -183,13 +174,6 @@ void StageRuntime::update(std::int64_t microbatch) {
 namespace {
 namespace fs = std::filesystem;
 
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.flush();
-  PETRA_CHECK(out.good(), CheckpointError, "checkpoint: cannot write ", path.string());
-}
-
 std::vector<std::string> read_lines(const fs::path& path) {
   std::ifstream in(path);
   PETRA_CHECK(in.is_open(), CheckpointError, "checkpoint: cannot read ", path.string());
@@ -217,7 +201,7 @@ void StageRuntime::save_in_flight(const fs::path& dir) const {
     for (std::size_t i = 0; i < k.parameters.size(); ++i)
       save_npy(dir / fmt::format("kept-{}-param-{}.npy", k.microbatch, i), k.parameters[i]);
   }
-  write_text(dir / "state.txt", index);
+  write_file_atomically(dir / "state.txt", index);
 }
 
 void StageRuntime::load_in_flight(const fs::path& dir) {
@@ -264,7 +248,7 @@ void SequentialExecutor::save_in_flight(const fs::path& dir) const {
       save_npy(dir / fmt::format("backward-{}-{}-gradient.npy", j, m.microbatch), m.gradient);
     }
   }
-  write_text(dir / "channels.txt", index);
+  write_file_atomically(dir / "channels.txt", index);
 }
 
 void SequentialExecutor::load_in_flight(const fs::path& dir) {

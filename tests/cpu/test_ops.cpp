@@ -225,3 +225,13 @@ TEST_CASE("coupling: the inverse restores the input; gradients flow to both stre
       {random_tensor({2, 6, 3, 3}, 11)});
   CHECK_THROWS_AS(ops::coupling_forward(Tensor::zeros({2, 5, 3, 3}), Tensor::zeros({2, 2, 3, 3})), ShapeError);
 }
+
+TEST_CASE("ops::relative_error: ||a - e|| / ||e|| in double, for float and double tensors") {
+  const Tensor exact = Tensor::from_vector<float>({2, 2}, {3, 0, 0, 4});     // norm 5
+  const Tensor approx = Tensor::from_vector<float>({2, 2}, {3, 1, 0, 4});    // difference norm 1
+  CHECK(ops::relative_error(approx, exact) == doctest::Approx(0.2).epsilon(1e-12));
+  CHECK(ops::relative_error(exact, exact) == 0.0);
+  const Tensor exact64 = Tensor::from_vector<double>({2}, {1e-100, 0});
+  CHECK(ops::relative_error(Tensor::from_vector<double>({2}, {2e-100, 0}), exact64) == doctest::Approx(1.0));
+  CHECK_THROWS_AS(ops::relative_error(approx, Tensor::zeros({4})), ShapeError);
+}
