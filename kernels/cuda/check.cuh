@@ -92,6 +92,9 @@ inline unsigned grid_stride_blocks(std::size_t n) {
   return static_cast<unsigned>(std::clamp<std::size_t>(wanted, 1, 8192));
 }
 
+// True when p may be read or written as float4 (16-byte aligned).
+inline bool aligned_16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
 }  // namespace petra::cuda_detail
 
 #ifdef __CUDACC__

@@ -58,7 +58,7 @@ __global__ void coupling_kernel(std::int64_t batch, std::int64_t size, const V* 
   }
 }
 
-bool aligned_16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+using cuda_detail::aligned_16;
 
 template <Direction direction>
 void launch_coupling(const char* name, const StreamHandle& s, const CouplingShape& shape,

@@ -185,28 +185,31 @@ namespace {
 using ElementwiseOp =
     std::function<void(const StreamHandle&, std::int64_t, const float*, const float*, float*)>;
 
+// Offset 0 runs the float4 path (the allocator's pointers are 256-byte aligned), offset 1 float
+// pointers that are not 16-byte aligned, which must take the float path.
 void check_elementwise(const char* name, const ElementwiseOp& ref_op,
                        const ElementwiseOp& cuda_op) {
   TestStream stream;
-  for (std::int64_t n : kSizes) {
-    const auto count = static_cast<std::size_t>(n);
-    const std::vector<float> a = random_values(count, 100 + n);
-    const std::vector<float> b = random_values(count, 200 + n);
-    const std::vector<float> before = random_values(count, 300 + n, 5.0, 6.0);
+  for (std::int64_t n : kSizes)
+    for (std::size_t offset : {0, 1}) {
+      const auto count = static_cast<std::size_t>(n);
+      std::vector<float> a = random_values(count + offset, 100 + n);
+      std::vector<float> b = random_values(count + offset, 200 + n);
+      std::vector<float> before = random_values(count + offset, 300 + n, 5.0, 6.0);
 
-    std::vector<float> expected = before;
-    ref_op(StreamHandle{}, n, a.data(), b.data(), expected.data());
+      std::vector<float> expected = before;
+      ref_op(StreamHandle{}, n, a.data() + offset, b.data() + offset, expected.data() + offset);
 
-    DeviceArray<float> da(count), db(count), dout(count);
-    da.upload(a, stream.get());
-    db.upload(b, stream.get());
-    dout.upload(before, stream.get());
-    cuda_op(stream.handle(), n, da.get(), db.get(), dout.get());
-    const std::vector<float> got = dout.download(stream.get());
+      DeviceArray<float> da(count + offset), db(count + offset), dout(count + offset);
+      da.upload(a, stream.get());
+      db.upload(b, stream.get());
+      dout.upload(before, stream.get());
+      cuda_op(stream.handle(), n, da.get() + offset, db.get() + offset, dout.get() + offset);
+      const std::vector<float> got = dout.download(stream.get());
 
-    INFO(name, " n=", n);
-    CHECK(relative_error(got, expected) <= 1e-6);
-  }
+      INFO(name, " n=", n, " offset=", offset);
+      CHECK(relative_error(got, expected) <= 1e-6);  // the element before the output included
+    }
 }
 
 }  // namespace
