@@ -331,6 +331,9 @@ int main(int argc, char** argv) {
       ->group(pipelining)->check(CLI::NonNegativeNumber);
   app.add_flag("--flush-each-epoch", c.flush_each_epoch,
                "drain the pipeline at every epoch end (default: never flushed, as in the paper's code)")->group(pipelining);
+  app.add_flag("--delay-compensation", c.delay_compensation,
+               "spike compensation (Kosson et al. 2020) of the momentum of delayed stages: not in the PETRA paper")
+      ->group(pipelining);
   std::string bn_statistics = "forward";
   app.add_option("--bn-statistics", bn_statistics,
                  "which pass moves batch norm's running statistics: the forward, or the recomputation in the backward")

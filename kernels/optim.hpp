@@ -29,6 +29,7 @@
 // order of operations.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/common.hpp"
@@ -41,7 +42,24 @@ struct SgdOptions {
   double dampening = 0;
   double weight_decay = 0;
   bool nesterov = false;
+  // Spike compensation (Kosson et al. 2020, "Pipelined backpropagation at scale") for gradients
+  // that arrive `delay` updates after the parameters they were computed at: the step applies
+  // a * buf + b * g instead of buf (heavy ball) or g + momentum * buf (Nesterov), with
+  //   a = momentum^E,  b = (1 - momentum^E) / (1 - momentum),  E = delay (+ 1 for Nesterov),
+  // so that each gradient moves the parameters, from its arrival on, exactly as it would have
+  // without the delay, the steps it missed being applied at once. delay 0 is plain SGD (a = 1,
+  // b = 0; Nesterov a = momentum, b = 1). Needs momentum in (0, 1) and dampening 0.
+  double delay = 0;
 };
+
+// The (a, b) above. nn::Sgd checks that momentum is in (0, 1) and dampening is 0.
+struct CompensatedMomentum {
+  double velocity_weight, gradient_weight;
+};
+inline CompensatedMomentum compensated_momentum(const SgdOptions& o) {
+  const double a = std::pow(o.momentum, o.delay + (o.nesterov ? 1 : 0));
+  return {a, (1 - a) / (1 - o.momentum)};
+}
 
 struct AdamOptions {
   double lr = 1e-3;

@@ -222,13 +222,17 @@ void Optimizer::load_state(const std::filesystem::path& dir) {
 
 // ---------------------------------------------------------------- SGD
 
-Sgd::Sgd(std::vector<ParamGroup> groups, double momentum, double dampening, bool nesterov)
-    : Optimizer(std::move(groups)), momentum_(momentum), dampening_(dampening), nesterov_(nesterov) {
+Sgd::Sgd(std::vector<ParamGroup> groups, double momentum, double dampening, bool nesterov, double delay)
+    : Optimizer(std::move(groups)), momentum_(momentum), dampening_(dampening), nesterov_(nesterov), delay_(delay) {
   check_hyperparameter(momentum >= 0, "sgd", "momentum", momentum);
   check_hyperparameter(std::isfinite(dampening), "sgd", "dampening", dampening);
   PETRA_CHECK(!nesterov || (momentum > 0 && dampening == 0), ValueError,
               "sgd: Nesterov momentum needs momentum > 0 and dampening 0 (got momentum ", momentum, ", dampening ",
               dampening, ")");
+  check_hyperparameter(delay >= 0 && std::isfinite(delay), "sgd", "delay", delay);
+  PETRA_CHECK(delay == 0 || (momentum > 0 && momentum < 1 && dampening == 0), ValueError,
+              "sgd: delay compensation needs 0 < momentum < 1 and dampening 0 (got momentum ", momentum,
+              ", dampening ", dampening, ")");
 }
 
 std::vector<std::string> Sgd::state_names() const {
@@ -238,7 +242,7 @@ std::vector<std::string> Sgd::state_names() const {
 
 void Sgd::update(const Variable& param, const ParamGroup& group, double lr, ParameterState& state) {
   const SgdOptions options{.lr = lr, .momentum = momentum_, .dampening = dampening_,
-                           .weight_decay = group.weight_decay, .nesterov = nesterov_};
+                           .weight_decay = group.weight_decay, .nesterov = nesterov_, .delay = delay_};
   const Tensor buffer = state.tensors.empty() ? Tensor() : state.tensors[0];
   ops::sgd_step(param.data(), param.grad(), buffer, options, state.steps == 0);
 }
@@ -299,7 +303,8 @@ std::vector<ParamGroup> decay_groups(const NamedParameters& named_params, double
 
 std::unique_ptr<Optimizer> make_optimizer(std::string_view name, std::vector<ParamGroup> groups,
                                           const OptimizerOptions& o) {
-  if (name == "sgd") return std::make_unique<Sgd>(std::move(groups), o.momentum, o.dampening, o.nesterov);
+  if (name == "sgd") return std::make_unique<Sgd>(std::move(groups), o.momentum, o.dampening, o.nesterov, o.delay);
+  PETRA_CHECK(o.delay == 0, ValueError, "make_optimizer: delay compensation is for sgd only (got '", name, "')");
   if (name == "adam") return std::make_unique<Adam>(std::move(groups), o.beta1, o.beta2, o.eps);
   if (name == "lars") return std::make_unique<Lars>(std::move(groups), o.momentum, o.eta);
   throw ValueError(detail::concat("make_optimizer: unknown optimizer '", name, "' (expected sgd, adam or lars)"));

@@ -107,7 +107,10 @@ class Optimizer {
 // torch.optim.SGD. Nesterov needs momentum > 0 and dampening == 0.
 class Sgd final : public Optimizer {
  public:
-  Sgd(std::vector<ParamGroup> groups, double momentum = 0, double dampening = 0, bool nesterov = false);
+  // delay > 0: spike compensation for gradients `delay` updates late (kernels/optim.hpp,
+  // SgdOptions::delay); needs 0 < momentum < 1 and dampening 0.
+  Sgd(std::vector<ParamGroup> groups, double momentum = 0, double dampening = 0, bool nesterov = false,
+      double delay = 0);
   std::string name() const override { return "sgd"; }
   std::vector<std::string> state_names() const override;  // {"momentum_buffer"}, or {} without momentum
 
@@ -115,6 +118,7 @@ class Sgd final : public Optimizer {
   void update(const Variable& param, const ParamGroup& group, double lr, ParameterState& state) override;
   double momentum_, dampening_;
   bool nesterov_;
+  double delay_;
 };
 
 // torch.optim.Adam (L2 weight decay added to the gradient, not AdamW; no amsgrad). Each parameter
@@ -157,6 +161,7 @@ struct OptimizerOptions {
   double momentum = 0.9;   // sgd, lars
   double dampening = 0;    // sgd
   bool nesterov = false;   // sgd
+  double delay = 0;        // sgd: spike compensation for gradients this many updates late
   double beta1 = 0.9;      // adam
   double beta2 = 0.999;    // adam
   double eps = 1e-8;       // adam

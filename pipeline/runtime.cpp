@@ -51,12 +51,19 @@ struct StashedParameters {
 
 }  // namespace
 
+double update_delay(PipelineMethod method, int index, int stages, std::int64_t accumulation) {
+  if (!is_delayed(method)) return 0;
+  return 2.0 * (stages - 1 - index) / static_cast<double>(accumulation);
+}
+
 StageRuntime::StageRuntime(nn::Stage& stage, int index, int stages, const RuntimeOptions& options,
                            bool next_keeps_input)
     : stage_(stage), index_(index), stages_(stages), options_(options), keeping_(keeping(options.method, stage.kind())),
       next_keeps_input_(next_keeps_input) {
+  nn::OptimizerOptions optimizer_options = options.optimizer_options;
+  if (options.delay_compensation) optimizer_options.delay = update_delay(options.method, index, stages, options.accumulation);
   optimizer_ = nn::make_optimizer(options.optimizer, nn::decay_groups(stage.named_parameters(), options.weight_decay),
-                                  options.optimizer_options);
+                                  optimizer_options);
 }
 
 void StageRuntime::swap_parameters(std::vector<Tensor>& values) {

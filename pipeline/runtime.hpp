@@ -68,7 +68,15 @@ struct RuntimeOptions {
   // Which pass moves batch norm's running statistics: the forward (default, as the official code)
   // or the recomputation inside the backward (docs/petra.md, "Batch-norm statistics").
   nn::StatisticsPass statistics_pass = nn::StatisticsPass::forward;
+  // Spike compensation of the delayed methods' momentum (not in the PETRA paper; docs/petra.md,
+  // "Delay compensation"): stage j's SGD treats its gradients as 2(J-1-j)/k updates late.
+  bool delay_compensation = false;
 };
+
+// How many updates of stage `index` (of `stages`) separate the parameters a gradient was computed
+// at from the update that applies it: 2(J-1-j) steps, in updates of k mini-batches; 0 for the
+// synchronous methods and for the head.
+double update_delay(PipelineMethod method, int index, int stages, std::int64_t accumulation);
 
 struct HeadStats {
   std::int64_t microbatch = -1;

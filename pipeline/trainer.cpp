@@ -29,12 +29,15 @@ void validate(const TrainConfig& c) {
   PETRA_CHECK(c.track_gradient_quality >= 0, ValueError, "--track-gradient-quality must be >= 0");
   PETRA_CHECK(c.track_gradient_quality == 0 || is_delayed(c.method), ValueError,
               "--track-gradient-quality compares delayed gradients with backprop's: use a pipelined method");
+  PETRA_CHECK(!c.delay_compensation || (is_delayed(c.method) && c.optimizer == "sgd" && c.momentum > 0 &&
+                                        c.momentum < 1),
+              ValueError, "--delay-compensation needs a pipelined method and sgd with 0 < momentum < 1");
 }
 
 // Keys whose values must agree between a checkpoint and the run resuming it.
 const char* const kResumeKeys[] = {"dataset", "arch", "width", "stem", "classes", "method", "optimizer",
                                    "batch_size", "accumulation", "seed", "augment", "shuffle", "flush_each_epoch",
-                                   "bn_statistics"};
+                                   "bn_statistics", "delay_compensation"};
 
 std::string fmt_double(double v) { return fmt::format("{:.17g}", v); }
 
@@ -68,7 +71,8 @@ std::map<std::string, std::string> describe(const TrainConfig& c) {
           {"seed", std::to_string(c.seed)},
           {"threads", std::to_string(c.threads)},
           {"flush_each_epoch", c.flush_each_epoch ? "true" : "false"},
-          {"bn_statistics", c.bn_statistics == nn::StatisticsPass::forward ? "forward" : "backward"}};
+          {"bn_statistics", c.bn_statistics == nn::StatisticsPass::forward ? "forward" : "backward"},
+          {"delay_compensation", c.delay_compensation ? "true" : "false"}};
 }
 
 Trainer::Trainer(const TrainConfig& config) : config_(config) {
@@ -154,6 +158,7 @@ void Trainer::start_pipeline() {
   options.iterations_per_epoch = S;
   options.track_reconstruction = config_.track_reconstruction;
   options.statistics_pass = config_.bn_statistics;
+  options.delay_compensation = config_.delay_compensation;
   optimizer_.reset();  // each stage owns an optimizer in the runtime
   if (config_.devices.size() <= 1) {
     executor_ = std::make_unique<SequentialExecutor>(*model_, options);

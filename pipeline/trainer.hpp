@@ -59,6 +59,7 @@ struct TrainConfig {
   std::int64_t track_gradient_quality = 0;  // every N steps of the grid (0: off); pipelined only
   bool flush_each_epoch = false;  // drain the pipeline at every epoch end (default: never flushed)
   nn::StatisticsPass bn_statistics = nn::StatisticsPass::forward;  // which pass moves BN running stats
+  bool delay_compensation = false;  // spike compensation of the delayed stages' momentum (sgd only)
   std::int64_t epochs = 10;
   std::int64_t max_steps = -1;  // stop after this many mini-batches in total (-1: no limit)
   std::int64_t batch_size = 64;

@@ -85,6 +85,19 @@ void sgd_step(const StreamHandle& s, std::int64_t n, const SgdOptions& o, bool f
     });
     return;
   }
+  if (o.delay > 0) {  // spike compensation (kernels/optim.hpp)
+    const CompensatedMomentum spike = compensated_momentum(o);
+    const T velocity_weight = T(spike.velocity_weight), gradient_weight = T(spike.gradient_weight);
+    for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) {
+        const T g = grad[i] + weight_decay * param[i];
+        const T buf = first_step ? g : momentum * momentum_buffer[i] + g;
+        momentum_buffer[i] = buf;
+        param[i] -= lr * (velocity_weight * buf + gradient_weight * g);
+      }
+    });
+    return;
+  }
   for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i) {
       const T g = grad[i] + weight_decay * param[i];

@@ -9,12 +9,16 @@ namespace petra::kernels::ref {
 template <class T>
 void sgd_step(const StreamHandle&, std::int64_t n, const SgdOptions& o, bool first_step, T* param, const T* grad,
               T* momentum_buffer) {
+  const CompensatedMomentum spike = o.delay > 0 ? compensated_momentum(o) : CompensatedMomentum{1, 0};
   for (std::int64_t i = 0; i < n; ++i) {
     double g = double(grad[i]) + o.weight_decay * double(param[i]);
     if (o.momentum != 0) {
       const double buf = first_step ? g : o.momentum * double(momentum_buffer[i]) + (1 - o.dampening) * g;
       momentum_buffer[i] = static_cast<T>(buf);
-      g = o.nesterov ? g + o.momentum * buf : buf;
+      if (o.delay > 0)
+        g = spike.velocity_weight * buf + spike.gradient_weight * g;
+      else
+        g = o.nesterov ? g + o.momentum * buf : buf;
     }
     param[i] = static_cast<T>(double(param[i]) - o.lr * g);
   }

@@ -203,7 +203,8 @@ TEST_CASE("optim: cpu matches ref on random arrays, 1 and 2 threads") {
   std::uint64_t seed = 900;
   for (std::int64_t n : kSizes) {
     for (const auto& o : {k::SgdOptions{0.1, 0, 0, 0, false}, k::SgdOptions{0.05, 0.9, 0.1, 1e-4, false},
-                          k::SgdOptions{0.05, 0.9, 0, 5e-4, true}}) {
+                          k::SgdOptions{0.05, 0.9, 0, 5e-4, true}, k::SgdOptions{0.05, 0.9, 0, 5e-4, true, 3.0},
+                          k::SgdOptions{0.05, 0.9, 0, 0, false, 2.5}}) {
       compare_cpu_to_ref<float>(
           n,
           [&](bool fast, const k::StreamHandle& s, int t, float* p, const float* g, float* buf, float*) {
@@ -226,4 +227,34 @@ TEST_CASE("optim: cpu matches ref on random arrays, 1 and 2 threads") {
         },
         1e-6, seed += 100);
   }
+}
+
+// Spike compensation (SgdOptions::delay): one gradient g = 1 arrives D updates late, then only
+// zero gradients follow. From its arrival on, the parameter must be where an undelayed run,
+// which saw g at step 0, is at the same step: the D steps it missed are applied at once.
+TEST_CASE("optim: SGD with delay compensation catches a late gradient up with the undelayed run") {
+  for (bool nesterov : {false, true})
+    for (double delay : {1.0, 3.0, 8.0})
+      for (bool fast : {false, true}) {
+        CAPTURE(nesterov);
+        CAPTURE(delay);
+        CAPTURE(fast);
+        const k::SgdOptions plain{0.1, 0.9, 0, 0, nesterov, 0.0};
+        k::SgdOptions compensated = plain;
+        compensated.delay = delay;
+        const auto step = [&](const k::SgdOptions& o, double& p, double g, double& buf) {
+          fast ? k::cpu::sgd_step(k::StreamHandle{}, 1, o, false, &p, &g, &buf)
+               : k::ref::sgd_step(k::StreamHandle{}, 1, o, false, &p, &g, &buf);
+        };
+        const int late = static_cast<int>(delay);
+        double p_plain = 0, buf_plain = 0, p_late = 0, buf_late = 0;
+        for (int t = 0; t < late + 20; ++t) {
+          step(plain, p_plain, t == 0 ? 1.0 : 0.0, buf_plain);
+          step(compensated, p_late, t == late ? 1.0 : 0.0, buf_late);
+          if (t < late) CHECK(p_late == 0.0);  // nothing has arrived yet
+          if (t >= late) CHECK(p_late == doctest::Approx(p_plain).epsilon(1e-12));
+        }
+        // near the whole displacement of one gradient, -lr / (1 - m) = -1 (0.9^20 of it is left)
+        CHECK(p_late < -0.8);
+      }
 }

@@ -249,6 +249,11 @@ TEST_CASE("make_optimizer builds each kind and refuses unknown names and bad set
   CHECK_THROWS_AS(nn::make_optimizer("sgd", groups(), {.momentum = 0.9, .dampening = 0.1, .nesterov = true}),
                   petra::ValueError);
   CHECK_THROWS_AS(nn::make_optimizer("adam", groups(), {.beta1 = 1.0}), petra::ValueError);
+  // delay compensation: sgd with 0 < momentum < 1 only
+  CHECK(nn::make_optimizer("sgd", groups(), {.momentum = 0.9, .nesterov = true, .delay = 4})->name() == "sgd");
+  CHECK_THROWS_AS(nn::make_optimizer("sgd", groups(), {.momentum = 0, .delay = 4}), petra::ValueError);
+  CHECK_THROWS_AS(nn::make_optimizer("sgd", groups(), {.momentum = 0.9, .delay = -1}), petra::ValueError);
+  CHECK_THROWS_AS(nn::make_optimizer("adam", groups(), {.delay = 4}), petra::ValueError);
   CHECK_THROWS_AS(nn::Sgd({group_of({{"w", parameter(DType::f32)}}), group_of({{"w", parameter(DType::f32)}})}),
                   petra::ValueError);  // a name twice
   CHECK_THROWS_AS(nn::Sgd({group_of({{"w", parameter(DType::f32)}}, -1)}), petra::ValueError);

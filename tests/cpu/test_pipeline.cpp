@@ -164,11 +164,19 @@ TEST_CASE("a schedule that disagrees with the messages is refused") {
 }
 
 TEST_CASE("the concurrent executor gives the sequential executor's parameters bit for bit") {
-  for (PipelineMethod method : {PipelineMethod::petra, PipelineMethod::delayed_reversible, PipelineMethod::dsp,
-                                PipelineMethod::pipedream}) {
+  struct Variant {
+    PipelineMethod method;
+    bool delay_compensation;
+  };
+  for (const Variant& variant : {Variant{PipelineMethod::petra, false}, Variant{PipelineMethod::delayed_reversible, false},
+                                 Variant{PipelineMethod::dsp, false}, Variant{PipelineMethod::pipedream, false},
+                                 Variant{PipelineMethod::petra, true}}) {
+    const PipelineMethod method = variant.method;
     CAPTURE(name_of(method));
+    CAPTURE(variant.delay_compensation);
     RuntimeOptions options;
     options.method = method;
+    options.delay_compensation = variant.delay_compensation;
     options.accumulation = 2;
     options.optimizer_options.nesterov = true;
     options.weight_decay = 5e-4;
@@ -207,4 +215,39 @@ TEST_CASE("balanced placement: contiguous stages, smallest largest load") {
   CHECK(balanced_placement({5, 1, 1, 1, 1, 1}, 2) == std::vector<int>{0, 1, 1, 1, 1, 1});
   CHECK(balanced_placement({1, 2, 3}, 1) == std::vector<int>{0, 0, 0});
   CHECK(balanced_placement({3, 1, 1, 3}, 3) == std::vector<int>{0, 1, 1, 2});
+}
+
+TEST_CASE("delay compensation: stage j's gradients count as 2(J-1-j)/k updates late, and it changes the run") {
+  CHECK(update_delay(PipelineMethod::petra, 0, 10, 1) == 18.0);
+  CHECK(update_delay(PipelineMethod::petra, 0, 10, 4) == 4.5);
+  CHECK(update_delay(PipelineMethod::pipedream, 7, 10, 2) == 2.0);
+  CHECK(update_delay(PipelineMethod::dsp, 9, 10, 2) == 0.0);  // the head: no delay
+  CHECK(update_delay(PipelineMethod::backprop, 0, 10, 1) == 0.0);
+  CHECK(update_delay(PipelineMethod::revbackprop, 0, 10, 1) == 0.0);
+
+  // Same run with and without: stage 0 (delay 2(J-1)) ends elsewhere; the first update of the
+  // head (delay 0) is the same in both, as nothing below it has moved when mini-batch 0 passes.
+  std::vector<std::vector<float>> first_stage, head;
+  for (bool compensated : {false, true}) {
+    RuntimeOptions options;
+    options.method = PipelineMethod::petra;
+    options.optimizer_options.nesterov = true;
+    options.schedule.kind = "constant";
+    options.schedule.base_lr = 0.05;
+    options.delay_compensation = compensated;
+    nn::Model model(small_revnet());
+    const int J = static_cast<int>(model.num_stages());
+    Stream one_thread(Device::cpu(), 1);
+    StreamGuard guard(one_thread);
+    SequentialExecutor executor(model, options);
+    const Schedule schedule = make_schedule(PipelineMethod::petra, J, 24, 1, /*drain=*/true);
+    executor.run(schedule, 0, J, make_batch, [](const HeadStats&) {});  // the head's first update only
+    head.push_back(model.stage(J - 1).parameters()[0].data().to_vector<float>());
+    executor.run(schedule, J, schedule.steps, make_batch, [](const HeadStats&) {});
+    first_stage.push_back(model.stage(0).parameters()[0].data().to_vector<float>());
+  }
+  CHECK(head[0] == head[1]);
+  nn::Model initial(small_revnet());
+  CHECK(head[0] != initial.stage(initial.num_stages() - 1).parameters()[0].data().to_vector<float>());  // it moved
+  CHECK(testing::relative_error(first_stage[1], first_stage[0]) > 1e-4);
 }
