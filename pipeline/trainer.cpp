@@ -38,6 +38,8 @@ void validate(const TrainConfig& c) {
 const char* const kResumeKeys[] = {"dataset", "arch", "width", "stem", "classes", "method", "optimizer",
                                    "batch_size", "accumulation", "seed", "augment", "shuffle", "flush_each_epoch",
                                    "bn_statistics", "delay_compensation"};
+// Resume keys that checkpoints written before they existed lack, with the value those runs had.
+const std::map<std::string, std::string> kKeysAddedLater = {{"delay_compensation", "false"}};
 
 std::string fmt_double(double v) { return fmt::format("{:.17g}", v); }
 
@@ -481,9 +483,12 @@ void Trainer::restore_checkpoint(const std::filesystem::path& dir) {
   const auto mine = describe(config_);
   for (const char* key : kResumeKeys) {
     const auto found = meta.find(key);
-    PETRA_CHECK(found != meta.end(), CheckpointError, "checkpoint ", dir.string(), " has no '", key, "'");
-    PETRA_CHECK(found->second == mine.at(key), CheckpointError, "checkpoint ", dir.string(), " was written with ", key,
-                " = ", found->second, " but this run has ", key, " = ", mine.at(key), "; refusing to resume");
+    const auto default_value = kKeysAddedLater.find(key);
+    PETRA_CHECK(found != meta.end() || default_value != kKeysAddedLater.end(), CheckpointError, "checkpoint ",
+                dir.string(), " has no '", key, "'");
+    const std::string& theirs = found != meta.end() ? found->second : default_value->second;
+    PETRA_CHECK(theirs == mine.at(key), CheckpointError, "checkpoint ", dir.string(), " was written with ", key, " = ",
+                theirs, " but this run has ", key, " = ", mine.at(key), "; refusing to resume");
   }
   // A pipelined run continues its grid, which the number of epochs shapes (mini-batch ids, drain).
   if (executor_)
