@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fmt/format.h>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "benchmarks/training_plot.hpp"
@@ -186,6 +187,20 @@ void print_memory_report(std::size_t stages) {
   }
 }
 
+// The epoch records of an existing --log-json for epochs 1..completed_epochs, so that a resumed run
+// keeps its history (its own records follow; a summary line of the earlier process is dropped).
+std::vector<std::string> earlier_log_lines(const std::filesystem::path& log_json, std::int64_t completed_epochs) {
+  std::vector<std::string> kept;
+  std::ifstream in(log_json);
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (record.is_object() && record.contains("epoch") && record["epoch"].is_number_integer() &&
+        record["epoch"].get<std::int64_t>() <= completed_epochs)
+      kept.push_back(line);
+  }
+  return kept;
+}
+
 int train(const TrainConfig& config, bool eval_only, const std::filesystem::path& save_params,
           const std::filesystem::path& log_json, const std::filesystem::path& plot) {
   const auto start = Clock::now();
@@ -209,6 +224,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
 
   std::vector<EpochReport> reports;
   std::vector<std::string> log_lines;
+  if (trainer.last_checkpoint() && !log_json.empty()) log_lines = earlier_log_lines(log_json, trainer.epoch());
   Progress progress;
   auto on_step = [&](const StepProgress& p) { progress.step(p, config.epochs); };
   auto on_epoch = [&](const EpochReport& r) {
