@@ -193,9 +193,9 @@ void check_elementwise(const char* name, const ElementwiseOp& ref_op,
   for (std::int64_t n : kSizes)
     for (std::size_t offset : {0, 1}) {
       const auto count = static_cast<std::size_t>(n);
-      std::vector<float> a = random_values(count + offset, 100 + n);
-      std::vector<float> b = random_values(count + offset, 200 + n);
-      std::vector<float> before = random_values(count + offset, 300 + n, 5.0, 6.0);
+      const std::vector<float> a = random_values(count + offset, 100 + n);
+      const std::vector<float> b = random_values(count + offset, 200 + n);
+      const std::vector<float> before = random_values(count + offset, 300 + n, 5.0, 6.0);
 
       std::vector<float> expected = before;
       ref_op(StreamHandle{}, n, a.data() + offset, b.data() + offset, expected.data() + offset);
