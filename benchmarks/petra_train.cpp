@@ -225,6 +225,12 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
   std::vector<EpochReport> reports;
   std::vector<std::string> log_lines;
   if (trainer.last_checkpoint() && !log_json.empty()) log_lines = earlier_log_lines(log_json, trainer.epoch());
+  const auto append_to_log = [&](const std::string& line) {  // the whole log, rewritten atomically
+    log_lines.push_back(line);
+    std::string text;
+    for (const auto& l : log_lines) text += l + "\n";
+    petra::write_file_atomically(log_json, text);
+  };
   Progress progress;
   auto on_step = [&](const StepProgress& p) { progress.step(p, config.epochs); };
   auto on_epoch = [&](const EpochReport& r) {
@@ -240,12 +246,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
                   100 * r.test_accuracy, r.seconds);
     print_gradient_quality(r, trainer.model().num_stages());
     std::fflush(stdout);
-    if (!log_json.empty()) {
-      log_lines.push_back(epoch_json_with_stages(r).dump());
-      std::string text;
-      for (const auto& line : log_lines) text += line + "\n";
-      petra::write_file_atomically(log_json, text);
-    }
+    if (!log_json.empty()) append_to_log(epoch_json_with_stages(r).dump());
     if (!plot.empty()) write_plot(plot, reports, fmt::format("petra-train: {} width {} on {}, {}", config.arch,
                                                              config.width, config.dataset, settings.at("method")));
   };
@@ -279,10 +280,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
                               {"epochs_run", reports.size()},
                               {"total_seconds", total},
                               {"peak_bytes", peak}};
-    log_lines.push_back(nlohmann::json{{"summary", summary}}.dump());
-    std::string text;
-    for (const auto& line : log_lines) text += line + "\n";
-    petra::write_file_atomically(log_json, text);
+    append_to_log(nlohmann::json{{"summary", summary}}.dump());
   }
   return kOk;
 }

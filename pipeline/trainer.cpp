@@ -77,6 +77,20 @@ std::map<std::string, std::string> describe(const TrainConfig& c) {
           {"delay_compensation", c.delay_compensation ? "true" : "false"}};
 }
 
+std::string resume_mismatch(const CheckpointMeta& meta, const TrainConfig& config) {
+  const auto mine = describe(config);
+  for (const char* key : kResumeKeys) {
+    const auto found = meta.find(key);
+    const auto added_later = kKeysAddedLater.find(key);
+    if (found == meta.end() && added_later == kKeysAddedLater.end()) return fmt::format("has no '{}'", key);
+    const std::string& theirs = found != meta.end() ? found->second : added_later->second;
+    if (theirs != mine.at(key))
+      return fmt::format("was written with {} = {} but this run has {} = {}; refusing to resume", key, theirs, key,
+                         mine.at(key));
+  }
+  return {};
+}
+
 Trainer::Trainer(const TrainConfig& config) : config_(config) {
   validate(config_);
   if (config_.threads > 0) {
@@ -481,15 +495,8 @@ void Trainer::save_checkpoint() {
 void Trainer::restore_checkpoint(const std::filesystem::path& dir) {
   const CheckpointMeta meta = read_checkpoint_meta(dir);
   const auto mine = describe(config_);
-  for (const char* key : kResumeKeys) {
-    const auto found = meta.find(key);
-    const auto default_value = kKeysAddedLater.find(key);
-    PETRA_CHECK(found != meta.end() || default_value != kKeysAddedLater.end(), CheckpointError, "checkpoint ",
-                dir.string(), " has no '", key, "'");
-    const std::string& theirs = found != meta.end() ? found->second : default_value->second;
-    PETRA_CHECK(theirs == mine.at(key), CheckpointError, "checkpoint ", dir.string(), " was written with ", key, " = ",
-                theirs, " but this run has ", key, " = ", mine.at(key), "; refusing to resume");
-  }
+  const std::string mismatch = resume_mismatch(meta, config_);
+  PETRA_CHECK(mismatch.empty(), CheckpointError, "checkpoint ", dir.string(), " ", mismatch);
   // A pipelined run continues its grid, which the number of epochs shapes (mini-batch ids, drain).
   if (executor_)
     PETRA_CHECK(meta.count("epochs") && meta.at("epochs") == mine.at("epochs"), CheckpointError, "checkpoint ",

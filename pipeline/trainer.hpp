@@ -178,4 +178,9 @@ class Trainer {
 // The configuration as key/value text pairs (for logs and checkpoints).
 std::map<std::string, std::string> describe(const TrainConfig& config);
 
+// Why a run of `config` may not resume a checkpoint written with `meta`: the first resume key
+// (dataset, model, method, optimizer, batch, k, seed, ...) that differs or is missing; empty when
+// none does. A key added after a checkpoint was written counts with the value runs had before it.
+std::string resume_mismatch(const CheckpointMeta& meta, const TrainConfig& config);
+
 }  // namespace petra::pipeline

@@ -107,6 +107,24 @@ TEST_CASE("damaged or mismatched checkpoints are refused with a clear message") 
   fs::remove_all(dir);
 }
 
+TEST_CASE("resume keys: a mismatch is named; a key added later counts with its old value") {
+  TrainConfig c;
+  c.method = PipelineMethod::petra;
+  CheckpointMeta meta = describe(c);
+  CHECK(resume_mismatch(meta, c).empty());
+  meta["seed"] = "7";
+  CHECK(resume_mismatch(meta, c).find("seed = 7") != std::string::npos);
+  meta = describe(c);
+  meta.erase("arch");
+  CHECK(resume_mismatch(meta, c) == "has no 'arch'");
+  // A checkpoint from before --delay-compensation existed: resumable without it, not with it.
+  meta = describe(c);
+  meta.erase("delay_compensation");
+  CHECK(resume_mismatch(meta, c).empty());
+  c.delay_compensation = true;
+  CHECK(resume_mismatch(meta, c).find("delay_compensation = false") != std::string::npos);
+}
+
 TEST_CASE("a diverging run stops with DivergedError and the last checkpoint stays valid") {
   const fs::path dir = fresh("diverge");
   TrainConfig c = tiny(dir);
