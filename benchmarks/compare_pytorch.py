@@ -36,6 +36,12 @@ What it does
                    of black padding, horizontal flip with p = 1/2), normalisation mean 0.2860 std 0.3530,
                    test set evaluated after every epoch; prints the final test accuracy. --also-petra runs
                    petra-train with the same settings afterwards and prints both.
+  evaluate         Loads petra's parameters from --params DIR (a `petra-train --save-params` directory or the
+                   model/ directory of a checkpoint) into the PyTorch network and evaluates the test set twice:
+                   with batch norm's running statistics (eval mode, what petra-train reports) and with each
+                   test batch's own statistics (--batch-size images; the running statistics are not touched).
+                   The first must reproduce petra-train's test accuracy; a large difference between the two
+                   says the running statistics lag the parameters (docs/results-cpu.md section 7).
 
 How to run (from the repository root, after building build/petra-train)
   python3 benchmarks/compare_pytorch.py                            # speed, revnet18 w16, batch 64, 1 and 2 threads
@@ -43,6 +49,7 @@ How to run (from the repository root, after building build/petra-train)
   python3 benchmarks/compare_pytorch.py --steps 8 --warmup 2 --threads 1       # a quick check (~1 minute)
   python3 benchmarks/compare_pytorch.py --mode accuracy --epochs 10 --threads 2 --also-petra
   python3 benchmarks/compare_pytorch.py --mode accuracy --epochs 1 --limit-train 2000 --limit-test 1000   # a quick check
+  python3 benchmarks/compare_pytorch.py --mode evaluate --skip-checks --params ckpt/epoch-000005/model
   Any python3 can start it: the PyTorch work runs in child processes of --python (default /usr/bin/python3).
 
 What it needs
@@ -530,6 +537,33 @@ def worker_main(config_path: str) -> None:
                   f"{100 * row['test_accuracy']:.2f}% | {row['images_per_second']:.0f} img/s | lr {lr:.5f} | "
                   f"{seconds:.1f} s", flush=True)
         result.update({"epochs": history, "final_test_accuracy": history[-1]["test_accuracy"] if history else None})
+    elif cfg["task"] == "evaluate":
+        state = model.state_dict()
+        with torch.no_grad():
+            for k in state:
+                if not k.endswith("num_batches_tracked"):
+                    path = os.path.join(cfg["params"], k + ".npy")
+                    if not os.path.exists(path):
+                        raise SystemExit(f"torch: {path} is missing: not a petra parameter directory of this network")
+                    state[k].copy_(torch.from_numpy(np.load(path)).reshape(state[k].shape))
+        test_u8, test_y = split("test", cfg["limit_test"])
+        test_x = normalise(test_u8)
+
+        def evaluate(batch_statistics):
+            model.train(batch_statistics)
+            for m in model.modules():  # momentum 0: batch statistics used, running ones left as loaded
+                if isinstance(m, nn.BatchNorm2d):
+                    m.momentum = 0.0
+            loss, correct = 0.0, 0
+            with torch.no_grad():
+                for b in range(0, test_x.shape[0], batch):
+                    logits = model(test_x[b:b + batch])
+                    y = test_y[b:b + batch]
+                    loss += float(F.cross_entropy(logits, y, reduction="sum"))
+                    correct += int((logits.argmax(1) == y).sum())
+            return {"test_loss": loss / test_x.shape[0], "test_accuracy": correct / test_x.shape[0]}
+
+        result.update({"running_statistics": evaluate(False), "batch_statistics": evaluate(True)})
     with open(cfg["result"], "w") as f:
         json.dump(result, f)
 
@@ -832,6 +866,16 @@ def accuracy_mode(args, tmp: str, report: dict) -> None:
           + (f", petra {100 * petra_final:.2f}%" if petra_final is not None else ""))
 
 
+def evaluate_mode(args, tmp: str, report: dict) -> None:
+    t = run_torch(args, "evaluate", 1, tmp, params=os.path.abspath(args.params))
+    report.update({k: t[k] for k in ("running_statistics", "batch_statistics")})
+    print(f"{args.params}: {args.model} width {args.width}, Fashion-MNIST test set ({args.limit_test or 10000} images)")
+    for name in ("running_statistics", "batch_statistics"):
+        r = t[name]
+        print(f"  BN {name.replace('_', ' ')}: test accuracy {100 * r['test_accuracy']:.2f}%, "
+              f"loss {r['test_loss']:.4f}")
+
+
 def parse_threads(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -849,7 +893,7 @@ def main() -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ap = argparse.ArgumentParser(description="petra-train side by side with PyTorch (see the file's docstring).",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--mode", choices=["speed", "accuracy"], default="speed")
+    ap.add_argument("--mode", choices=["speed", "accuracy", "evaluate"], default="speed")
     ap.add_argument("--model", choices=ARCHITECTURES, default="revnet18")
     ap.add_argument("--width", type=int, default=16, help="channels of one stream in the first group")
     ap.add_argument("--stem", choices=["cifar", "imagenet"], default="cifar")
@@ -886,10 +930,14 @@ def main() -> None:
     ac.add_argument("--epochs", type=int, default=10)
     ac.add_argument("--no-augment", action="store_true", help="no random crop or flip")
     ac.add_argument("--also-petra", action="store_true", help="also train with petra-train, same settings")
+    ev = ap.add_argument_group("evaluate mode")
+    ev.add_argument("--params", help="a directory of petra's .npy parameters (--save-params, or a checkpoint's model/)")
     args = ap.parse_args()
 
     if min(args.width, args.batch_size, args.steps, args.epochs, args.repeats) < 1 or args.warmup < 0:
         die("--width, --batch-size, --steps, --epochs and --repeats must be >= 1, --warmup >= 0")
+    if args.mode == "evaluate" and not (args.params and os.path.isdir(args.params)):
+        die("--mode evaluate needs --params DIR, a directory of petra's .npy parameters")
     torch_version = check_torch(args.python)
     fashion_files(args.data_dir)
     needs_petra = args.mode == "speed" or args.also_petra
@@ -914,6 +962,8 @@ def main() -> None:
             print(f"parameters: torch {t['parameters']} (not checked against petra)", flush=True)
         if args.mode == "speed":
             speed_mode(args, tmp, report)
+        elif args.mode == "evaluate":
+            evaluate_mode(args, tmp, report)
         else:
             accuracy_mode(args, tmp, report)
     finally:

@@ -30,6 +30,11 @@ def label(summary, path):
     if not c:
         return path
     parts = [c["method"], f"k = {c['accumulation']}", f"lr {float(c['lr']):g}", f"seed {c['seed']}"]
+    momentum = float(c.get("momentum", 0.9))
+    if momentum != 0.9 or c.get("nesterov", "true") != "true":  # the configuration of section 2 is Nesterov 0.9
+        parts.append(f"momentum {momentum:g}" + (" Nesterov" if c.get("nesterov") == "true" else ""))
+    if float(c.get("warmup_epochs", 1)) != 1:
+        parts.append(f"warm-up {float(c['warmup_epochs']):g} epochs")
     if c.get("delay_compensation") == "true":
         parts.append("delay comp.")
     return ", ".join(parts)
