@@ -545,7 +545,11 @@ def worker_main(config_path: str) -> None:
                     path = os.path.join(cfg["params"], k + ".npy")
                     if not os.path.exists(path):
                         raise SystemExit(f"torch: {path} is missing: not a petra parameter directory of this network")
-                    state[k].copy_(torch.from_numpy(np.load(path)).reshape(state[k].shape))
+                    value = torch.from_numpy(np.load(path))
+                    if value.numel() != state[k].numel():
+                        raise SystemExit(f"torch: {path} holds {list(value.shape)}, this network's {k} is "
+                                         f"{list(state[k].shape)}: pass petra-train's --model and --width")
+                    state[k].copy_(value.reshape(state[k].shape))
         test_u8, test_y = split("test", cfg["limit_test"])
         test_x = normalise(test_u8)
 
