@@ -340,6 +340,21 @@ def worker_main(config_path: str) -> None:
         rows = padded[:, 0].gather(1, ys[:, :, None].expand(n, h, w + 2 * pad))      # [n, h, w + 2 pad]
         return rows.gather(2, xs[:, None, :].expand(n, h, w)).unsqueeze(1)
 
+    def load_petra_parameters(net, directory):
+        """petra's .npy parameters and running statistics (--save-params, a checkpoint's model/) into net."""
+        with torch.no_grad():
+            for k, tensor in net.state_dict().items():
+                if k.endswith("num_batches_tracked"):
+                    continue
+                path = os.path.join(directory, k + ".npy")
+                if not os.path.exists(path):
+                    raise SystemExit(f"torch: {path} is missing: not a petra parameter directory of this network")
+                value = torch.from_numpy(np.load(path))
+                if value.numel() != tensor.numel():
+                    raise SystemExit(f"torch: {path} holds {list(value.shape)}, this network's {k} is "
+                                     f"{list(tensor.shape)}: pass petra-train's --model and --width")
+                tensor.copy_(value.reshape(tensor.shape))
+
     # ---------------------------------------------------------------- optimisation, as petra's trainer
     model = make_model(cfg["model"], cfg["width"], 1, CLASSES, cfg["stem"])
     params = sum(p.numel() for p in model.parameters())
@@ -409,10 +424,8 @@ def worker_main(config_path: str) -> None:
             runs = {}
             for dtype in (torch.float64, torch.float32):
                 net = make_model(cfg["model"], cfg["width"], 1, CLASSES, cfg["stem"]).to(dtype)
+                load_petra_parameters(net, init_dir)
                 st = net.state_dict()
-                with torch.no_grad():
-                    for k in names:
-                        st[k].copy_(load(init_dir, k))
                 sgd = torch.optim.SGD([{"params": [p for p in net.parameters() if p.ndim > 1],
                                         "weight_decay": cfg["weight_decay"]},
                                        {"params": [p for p in net.parameters() if p.ndim <= 1], "weight_decay": 0.0}],
@@ -538,18 +551,7 @@ def worker_main(config_path: str) -> None:
                   f"{seconds:.1f} s", flush=True)
         result.update({"epochs": history, "final_test_accuracy": history[-1]["test_accuracy"] if history else None})
     elif cfg["task"] == "evaluate":
-        state = model.state_dict()
-        with torch.no_grad():
-            for k in state:
-                if not k.endswith("num_batches_tracked"):
-                    path = os.path.join(cfg["params"], k + ".npy")
-                    if not os.path.exists(path):
-                        raise SystemExit(f"torch: {path} is missing: not a petra parameter directory of this network")
-                    value = torch.from_numpy(np.load(path))
-                    if value.numel() != state[k].numel():
-                        raise SystemExit(f"torch: {path} holds {list(value.shape)}, this network's {k} is "
-                                         f"{list(state[k].shape)}: pass petra-train's --model and --width")
-                    state[k].copy_(value.reshape(state[k].shape))
+        load_petra_parameters(model, cfg["params"])
         test_u8, test_y = split("test", cfg["limit_test"])
         test_x = normalise(test_u8)
 
