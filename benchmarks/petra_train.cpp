@@ -165,6 +165,25 @@ std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
+// --stages: "J" (J runs of blocks as equal as possible) or "a,b,c" (blocks per stage, in order).
+std::vector<std::int64_t> parse_stages(const std::string& text, const std::string& arch) {
+  std::vector<std::int64_t> sizes;
+  for (const std::string& item : split_list(text)) {
+    std::size_t used = 0;
+    std::int64_t value = -1;
+    try {
+      value = std::stoll(item, &used);
+    } catch (const std::exception&) {
+    }
+    PETRA_CHECK(used == item.size() && value >= 1, petra::ValueError, "--stages '", text,
+                "': expected a stage count or a comma-separated list of blocks per stage, not '", item, "'");
+    sizes.push_back(value);
+  }
+  PETRA_CHECK(!sizes.empty(), petra::ValueError, "--stages is empty");
+  if (text.find(',') != std::string::npos) return sizes;
+  return petra::nn::even_stage_sizes(petra::nn::block_count(arch), sizes.front());
+}
+
 // Peak bytes (MB) by tag, then per stage and tag: the allocator's counters since the last epoch began.
 void print_memory_report(std::size_t stages) {
   auto& alloc = petra::Allocator::instance();
@@ -316,6 +335,9 @@ int main(int argc, char** argv) {
   app.add_option("--stem", c.stem, "cifar (conv3x3) or imagenet (conv7x7 stride 2 + max-pool)")
       ->group(model)->capture_default_str()->check(CLI::IsMember({"cifar", "imagenet"}));
   app.add_option("--classes", c.classes, "output classes (default: the dataset's)")->group(model)->check(CLI::PositiveNumber);
+  std::string stages_text;
+  app.add_option("--stages", stages_text, "pipeline stages: J (blocks split as evenly as possible) or blocks per stage, "
+                 "e.g. 1,2,7 (default: one block per stage, J = 10 for revnet18)")->group(model);
   app.add_flag("--print-model", print_model, "print each stage (kind, shapes, parameters) and exit")->group(model);
   auto* training = "Training";
   app.add_option("--method", method,
@@ -399,12 +421,14 @@ int main(int argc, char** argv) {
     if (devices_text.empty() && petra::pipeline::is_delayed(c.method)) devices_text = "cpu:0,cpu:1";
     if (!devices_text.empty())
       for (const auto& d : split_list(devices_text)) c.devices.push_back(petra::Device::parse(d));
+    if (!stages_text.empty()) c.stage_sizes = parse_stages(stages_text, c.arch);
     if (!placement_text.empty())
       for (const auto& p : split_list(placement_text)) c.placement.push_back(std::stoi(p));
     if (print_schedule > 0) {
       petra::nn::ModelConfig m;
       m.arch = c.arch;
       m.width = 1;
+      m.stage_sizes = c.stage_sizes;
       const int stages = static_cast<int>(petra::nn::Model(m).num_stages());
       std::printf("%s", petra::pipeline::to_text(petra::pipeline::make_schedule(c.method, stages, print_schedule,
                                                                                c.accumulation, false)).c_str());
@@ -416,6 +440,7 @@ int main(int argc, char** argv) {
       m.arch = c.arch;
       m.width = c.width;
       m.stem = c.stem;
+      m.stage_sizes = c.stage_sizes;
       // Fashion-MNIST's shape unless another dataset is named (a summary does not load the data).
       const bool gray = c.dataset == "fashion-mnist" || c.dataset == "mnist";
       m.in_channels = gray ? 1 : 3;

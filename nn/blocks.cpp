@@ -231,9 +231,13 @@ std::string HeadStage::describe() const {
 Variable HeadStage::forward(const Variable& x) { return fc_->forward(global_avg_pool(x)); }
 
 HeadResult HeadStage::loss_and_backward(const Tensor& x, const Tensor& labels) {
+  return head_loss_and_backward(*this, x, labels);
+}
+
+HeadResult head_loss_and_backward(Stage& stage, const Tensor& x, const Tensor& labels) {
   GradModeGuard grad(true);
   const Variable input(x, /*requires_grad=*/true);
-  const Variable logits = forward(input);
+  const Variable logits = stage.forward(input);
   const Variable loss = cross_entropy(logits, labels);
   HeadResult result;
   result.loss = loss.data().item();

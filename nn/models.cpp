@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "nn/blocks.hpp"
+#include "nn/stage_group.hpp"
 
 namespace petra::nn {
 
@@ -78,7 +79,41 @@ void build_resnet(const ModelConfig& c, const Architecture& a, Init& init, const
   add([&] { return std::make_shared<HeadStage>(channels, c.classes, init); });
 }
 
+// The stage of every block, from the blocks per stage (checked against the architecture).
+std::vector<int> stage_of_blocks(const ModelConfig& c) {
+  const std::int64_t blocks = block_count(c.arch);
+  if (c.stage_sizes.empty()) {
+    std::vector<int> stage(static_cast<std::size_t>(blocks));
+    for (std::size_t i = 0; i < stage.size(); ++i) stage[i] = static_cast<int>(i);
+    return stage;
+  }
+  std::vector<int> stage;
+  for (std::size_t j = 0; j < c.stage_sizes.size(); ++j) {
+    PETRA_CHECK(c.stage_sizes[j] >= 1, ValueError, "make_model: stage ", j, " has ", c.stage_sizes[j],
+                " blocks; every stage needs at least one");
+    stage.insert(stage.end(), static_cast<std::size_t>(c.stage_sizes[j]), static_cast<int>(j));
+  }
+  PETRA_CHECK(static_cast<std::int64_t>(stage.size()) == blocks, ValueError, "make_model: the stage sizes add up to ",
+              stage.size(), " blocks but ", c.arch, " has ", blocks, " (stem, residual blocks, head)");
+  return stage;
+}
+
 }  // namespace
+
+std::int64_t block_count(const std::string& arch) {
+  const Architecture a = architecture_of(arch);
+  std::int64_t blocks = 2;  // the stem and the head
+  for (int b : a.blocks) blocks += b;
+  return blocks;
+}
+
+std::vector<std::int64_t> even_stage_sizes(std::int64_t blocks, std::int64_t stages) {
+  PETRA_CHECK(stages >= 1 && stages <= blocks, ValueError, "even_stage_sizes: ", stages, " stages of ", blocks,
+              " blocks (1 to ", blocks, ")");
+  std::vector<std::int64_t> sizes(static_cast<std::size_t>(stages), blocks / stages);
+  for (std::int64_t j = stages - blocks % stages; j < stages; ++j) ++sizes[static_cast<std::size_t>(j)];
+  return sizes;
+}
 
 const std::vector<std::string>& known_architectures() {
   static const std::vector<std::string> names{"revnet18", "revnet34", "revnet50", "resnet18", "resnet34", "resnet50"};
@@ -91,16 +126,27 @@ Model::Model(const ModelConfig& config) : config_(config) {
               "make_model: width ", config.width, ", input channels ", config.in_channels, ", classes ", config.classes);
   PETRA_CHECK(config.stem == "cifar" || config.stem == "imagenet", ValueError, "make_model: unknown stem '",
               config.stem, "' (cifar or imagenet)");
+  const std::vector<int> stage_of_block = stage_of_blocks(config);
   Init init(config.seed, config.dtype);
-  const auto add = [this](const auto& make) {
-    MemoryScope scope(MemoryTag::parameters, static_cast<int>(stages_.size()));
-    std::shared_ptr<Stage> stage = make();
-    stages_.push_back(register_module("stages." + std::to_string(stages_.size()), std::move(stage)));
+  const auto add = [&](const auto& make) {
+    MemoryScope scope(MemoryTag::parameters, stage_of_block.at(blocks_.size()));
+    std::shared_ptr<Stage> block = make();
+    blocks_.push_back(register_module("stages." + std::to_string(blocks_.size()), std::move(block)));
   };
   if (a.reversible)
     build_revnet(config, a, init, add);
   else
     build_resnet(config, a, init, add);
+  for (std::size_t first = 0; first < blocks_.size();) {  // one stage per run of blocks
+    std::size_t last = first;
+    while (last + 1 < blocks_.size() && stage_of_block[last + 1] == stage_of_block[first]) ++last;
+    if (last == first)
+      stages_.push_back(blocks_[first]);
+    else
+      stages_.push_back(std::make_shared<StageGroup>(
+          std::vector<std::shared_ptr<Stage>>(blocks_.begin() + first, blocks_.begin() + last + 1), first));
+    first = last + 1;
+  }
 }
 
 bool Model::is_reversible() const { return architecture_of(config_.arch).reversible; }

@@ -2,6 +2,7 @@
 //
 // RevNet18/34/50 and ResNet18/34/50 as in the official PETRA code: one residual block per stage,
 // plus the stem and the head, so J = 10 / 18 / 18 for RevNet18 / 34 / 50 (and for the ResNets).
+// ModelConfig::stage_sizes groups consecutive blocks into fewer stages (shorter delays).
 // Stream widths are [w, 2w, 4w, 8w] (bottleneck outputs 4x that); w = 64 gives the paper's models,
 // smaller widths run on a laptop. Stems: "cifar" (conv3x3 stride 1; CIFAR, ImageNet32, MNIST)
 // or "imagenet" (conv7x7 stride 2 and a 2x2 max-pool, as the official code).
@@ -27,7 +28,17 @@ struct ModelConfig {
   std::string stem = "cifar";     // cifar|imagenet
   std::uint64_t seed = 0;         // initialisation (Philox stream 0 of this seed)
   DType dtype = DType::f32;       // float64 for finite-difference checks
+  // Blocks per pipeline stage, in order (nn/stage_group.hpp); empty: one block per stage, as the
+  // paper. The sizes must add up to block_count(arch).
+  std::vector<std::int64_t> stage_sizes;
 };
+
+// Blocks of an architecture: the stem, the residual blocks and the head (10 for RevNet18).
+std::int64_t block_count(const std::string& arch);
+
+// `stages` runs of consecutive blocks as equal as possible, the longer ones last (where the blocks
+// are cheaper: lower resolution): even_stage_sizes(10, 3) = {3, 3, 4}.
+std::vector<std::int64_t> even_stage_sizes(std::int64_t blocks, std::int64_t stages);
 
 class Model : public Module {
  public:
@@ -35,6 +46,7 @@ class Model : public Module {
 
   const ModelConfig& config() const { return config_; }
   std::size_t num_stages() const { return stages_.size(); }
+  std::size_t num_blocks() const { return blocks_.size(); }
   Stage& stage(std::size_t j) const { return *stages_.at(j); }
   const std::vector<std::shared_ptr<Stage>>& stages() const { return stages_; }
   bool is_reversible() const;  // a RevNet
@@ -48,7 +60,8 @@ class Model : public Module {
 
  private:
   ModelConfig config_;
-  std::vector<std::shared_ptr<Stage>> stages_;
+  std::vector<std::shared_ptr<Stage>> blocks_;  // registered as "stages.<block>"
+  std::vector<std::shared_ptr<Stage>> stages_;  // the blocks, or StageGroups of them
 };
 
 // The architectures make_model knows, for --help texts and errors.

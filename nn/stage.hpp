@@ -60,4 +60,8 @@ class Stage : public Module {
 // the delayed-gradient baselines use it for reversible stages too, which then keep their input.
 Tensor backward_from_input(Stage& stage, const Tensor& x, const Tensor& dy, bool input_gradient = true);
 
+// The head's step from its input: forward (moving batch norm's running statistics once), mean
+// cross-entropy, and its backward, with the parameter gradients accumulated.
+HeadResult head_loss_and_backward(Stage& stage, const Tensor& x, const Tensor& labels);
+
 }  // namespace petra::nn

@@ -2,6 +2,7 @@
 #include "pipeline/trainer.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <algorithm>
@@ -37,9 +38,15 @@ void validate(const TrainConfig& c) {
 // Keys whose values must agree between a checkpoint and the run resuming it.
 const char* const kResumeKeys[] = {"dataset", "arch", "width", "stem", "classes", "method", "optimizer",
                                    "batch_size", "accumulation", "seed", "augment", "shuffle", "flush_each_epoch",
-                                   "bn_statistics", "delay_compensation"};
+                                   "bn_statistics", "delay_compensation", "stage_sizes"};
 // Resume keys that checkpoints written before they existed lack, with the value those runs had.
-const std::map<std::string, std::string> kKeysAddedLater = {{"delay_compensation", "false"}};
+const std::map<std::string, std::string> kKeysAddedLater = {{"delay_compensation", "false"}, {"stage_sizes", ""}};
+
+// "3,3,4"; "" for one block per stage (the default, however it was spelled).
+std::string stage_sizes_text(const std::vector<std::int64_t>& sizes) {
+  if (std::all_of(sizes.begin(), sizes.end(), [](std::int64_t s) { return s == 1; })) return "";
+  return fmt::format("{}", fmt::join(sizes, ","));
+}
 
 std::string fmt_double(double v) { return fmt::format("{:.17g}", v); }
 
@@ -56,6 +63,7 @@ std::map<std::string, std::string> describe(const TrainConfig& c) {
           {"width", std::to_string(c.width)},
           {"stem", c.stem},
           {"classes", std::to_string(c.classes)},
+          {"stage_sizes", stage_sizes_text(c.stage_sizes)},
           {"method", std::string(name_of(c.method))},
           {"epochs", std::to_string(c.epochs)},
           {"max_steps", std::to_string(c.max_steps)},
@@ -113,6 +121,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   model.classes = config_.classes;
   model.stem = config_.stem;
   model.seed = config_.seed;
+  model.stage_sizes = config_.stage_sizes;
   model_ = std::make_unique<nn::Model>(model);
   if (!config_.load_params.empty()) model_->load_state(config_.load_params);
 

@@ -49,6 +49,7 @@ struct TrainConfig {
   std::int64_t width = 16;
   std::string stem = "cifar";
   std::int64_t classes = 0;  // 0: the dataset's
+  std::vector<std::int64_t> stage_sizes;  // blocks per pipeline stage; empty: one block per stage
   // method and optimization
   PipelineMethod method = PipelineMethod::backprop;
   // pipelined methods (petra, dsp, pipedream, delayed-reversible)

@@ -1,10 +1,12 @@
-// tests/cpu/test_models.cpp: the paper's models: stage layout, parameter counts against the
-// official code, exact inversion of reversible stages, reconstruct_and_backward against the stored-
-// input gradients, and finite-difference checks of every kind of stage in float64.
+// tests/cpu/test_models.cpp: the paper's models: stage layout (one block per stage, or grouped),
+// parameter counts against the official code, exact inversion of reversible stages,
+// reconstruct_and_backward against the stored-input gradients, and finite-difference checks of
+// every kind of stage (grouped ones included) in float64.
 #include <doctest/doctest.h>
 
 #include "nn/blocks.hpp"
 #include "nn/models.hpp"
+#include "nn/stage_group.hpp"
 #include "tests/support/testing.hpp"
 
 using namespace petra;
@@ -88,6 +90,50 @@ TEST_CASE("parameters are tagged with their stage; names are dotted paths") {
   const std::string text = m.summary({1, 3, 32, 32});
   CHECK(text.find("reversible") != std::string::npos);
   CHECK(text.find("[1, 64, 4, 4]") != std::string::npos);  // the head's input: 2 x 8w channels at 4x4
+}
+
+TEST_CASE("grouped stages: sizes, kinds, and the same parameters under the same names") {
+  CHECK(block_count("revnet18") == 10);
+  CHECK(block_count("revnet50") == 18);
+  CHECK(even_stage_sizes(10, 3) == std::vector<std::int64_t>{3, 3, 4});
+  CHECK(even_stage_sizes(18, 4) == std::vector<std::int64_t>{4, 4, 5, 5});
+  CHECK(even_stage_sizes(10, 10) == std::vector<std::int64_t>(10, 1));
+  CHECK_THROWS_AS(even_stage_sizes(10, 0), ValueError);
+  CHECK_THROWS_AS(even_stage_sizes(10, 11), ValueError);
+
+  ModelConfig c;
+  c.width = 4;
+  const Model blocks(c);
+  c.stage_sizes = {1, 2, 2, 5};  // stem | 2 reversible | transition, reversible | the rest and the head
+  const Model grouped(c);
+  REQUIRE(grouped.num_stages() == 4);
+  CHECK(grouped.num_blocks() == 10);
+  CHECK(grouped.stage(0).kind() == StageKind::buffered);
+  CHECK(grouped.stage(1).kind() == StageKind::reversible);
+  CHECK(grouped.stage(2).kind() == StageKind::buffered);
+  CHECK(grouped.stage(3).kind() == StageKind::head);
+  CHECK(grouped.stage(1).describe() == "blocks 1-2: reversible, reversible");
+  // Same names and values as one block per stage (same seed), each tagged with its group.
+  const auto a = blocks.named_parameters(), b = grouped.named_parameters();
+  REQUIRE(a.size() == b.size());
+  const int stage_of_block[] = {0, 1, 1, 2, 2, 3, 3, 3, 3, 3};
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CAPTURE(a[i].first);
+    CHECK(a[i].first == b[i].first);
+    CHECK(a[i].second.data().to_vector<float>() == b[i].second.data().to_vector<float>());
+    const int block = std::stoi(b[i].first.substr(7, b[i].first.find('.', 7) - 7));
+    CHECK(b[i].second.data().storage()->owner() == stage_of_block[block]);
+  }
+  std::int64_t per_stage = 0;
+  for (std::size_t j = 0; j < grouped.num_stages(); ++j) per_stage += grouped.stage(j).parameter_count();
+  CHECK(per_stage == blocks.parameter_count());
+
+  c.stage_sizes = {3, 3};
+  CHECK_THROWS_WITH_AS(Model{c}, doctest::Contains("add up to 6 blocks but revnet18 has 10"), ValueError);
+  c.stage_sizes = {0, 10};
+  CHECK_THROWS_AS(Model{c}, ValueError);
+  c.stage_sizes = {10};  // one stage: the whole network is the head
+  CHECK(Model(c).stage(0).kind() == StageKind::head);
 }
 
 TEST_CASE("reversible stages invert exactly in the first stream and within 1e-6 in the second") {
@@ -219,6 +265,20 @@ TEST_CASE("finite differences of every kind of stage, float64") {
     ResidualStage s(true, 4, 2, 4, 1, init);
     check_stage_gradients(s, {2, 4, 4, 4}, 17);
   }
+  SUBCASE("a group of two reversible blocks: rebuilt block by block") {
+    StageGroup s({std::make_shared<ReversibleStage>(ResidualFunction::basic(3, 3, 1, init), 3, "basic"),
+                  std::make_shared<ReversibleStage>(ResidualFunction::basic(3, 3, 1, init), 3, "basic")},
+                 1);
+    REQUIRE(s.kind() == StageKind::reversible);
+    check_stage_gradients(s, {2, 6, 4, 4}, 18);
+  }
+  SUBCASE("a buffered group: a transition then a reversible block") {
+    StageGroup s({std::make_shared<BasicTransitionStage>(2, 3, init),
+                  std::make_shared<ReversibleStage>(ResidualFunction::basic(3, 3, 1, init), 3, "basic")},
+                 3);
+    REQUIRE(s.kind() == StageKind::buffered);
+    check_stage_gradients(s, {2, 4, 6, 6}, 19);
+  }
 }
 
 TEST_CASE("the head: loss, accuracy and input gradient") {
@@ -236,4 +296,28 @@ TEST_CASE("the head: loss, accuracy and input gradient") {
   CHECK_MESSAGE(check.ok, check.worst);
   CHECK(r.correct >= 0);
   CHECK(r.correct <= 5);
+}
+
+TEST_CASE("a head group (reversible block, head): loss and input gradient through both") {
+  Init init(4, DType::f64);
+  StageGroup group({std::make_shared<ReversibleStage>(ResidualFunction::basic(2, 2, 1, init), 2, "basic"),
+                    std::make_shared<HeadStage>(4, 3, init)},
+                   8);
+  REQUIRE(group.kind() == StageKind::head);
+  const Tensor x = random_tensor({5, 4, 3, 3}, 21, DType::f64);
+  const Tensor labels = Tensor::from_vector<std::int64_t>({5}, {0, 2, 1, 1, 0});
+  const HeadResult r = group.loss_and_backward(x, labels);
+  auto loss = [&](const std::vector<double>& values) {
+    NoGradGuard no_grad;
+    RunningStatsGuard keep_stats;
+    return cross_entropy(group.forward(Variable(Tensor::from_vector<double>(x.shape(), values))), labels).data().item();
+  };
+  CHECK(r.loss == doctest::Approx(loss(x.to_vector<double>())));
+  const auto check = testing::check_gradient(loss, x.to_vector<double>(), r.dx.to_vector<double>());
+  CHECK_MESSAGE(check.ok, check.worst);
+  CHECK_THROWS_AS(group.inverse(x), ValueError);
+  CHECK_THROWS_AS(StageGroup({std::make_shared<HeadStage>(4, 3, init),
+                              std::make_shared<ReversibleStage>(ResidualFunction::basic(2, 2, 1, init), 2, "basic")},
+                             0),
+                  ValueError);
 }

@@ -50,30 +50,37 @@ std::vector<std::vector<float>> stage_gradients(nn::Model& model) {
 }  // namespace
 
 TEST_CASE("with lr = 0, every delayed method's per-stage gradients equal backprop's") {
-  const std::int64_t batches = 5;
-  nn::Model reference(small_revnet());
-  for (std::int64_t m = 0; m < batches; ++m) {
-    const data::Batch b = make_batch(m);
-    backprop_step(reference, b.images, b.labels);  // gradients add up over the 5 mini-batches
-  }
-  const auto expected = stage_gradients(reference);
+  // One block per stage (J = 10), and blocks grouped into 4 stages of every kind: a buffered stem,
+  // a reversible pair, a buffered transition + reversible, and a head holding the last five blocks.
+  for (const std::vector<std::int64_t>& sizes : {std::vector<std::int64_t>{}, std::vector<std::int64_t>{1, 2, 2, 5}}) {
+    CAPTURE(sizes.size());
+    nn::ModelConfig config = small_revnet();
+    config.stage_sizes = sizes;
+    const std::int64_t batches = 5;
+    nn::Model reference(config);
+    for (std::int64_t m = 0; m < batches; ++m) {
+      const data::Batch b = make_batch(m);
+      backprop_step(reference, b.images, b.labels);  // gradients add up over the 5 mini-batches
+    }
+    const auto expected = stage_gradients(reference);
 
-  for (PipelineMethod method : {PipelineMethod::petra, PipelineMethod::delayed_reversible, PipelineMethod::dsp,
-                                PipelineMethod::pipedream, PipelineMethod::revbackprop}) {
-    CAPTURE(name_of(method));
-    nn::Model model(small_revnet());
-    RuntimeOptions options;
-    options.method = method;
-    options.apply_updates = false;  // lr = 0: the parameters never move
-    SequentialExecutor executor(model, options);
-    const Schedule schedule = make_schedule(method, static_cast<int>(model.num_stages()), batches, 1, /*drain=*/true);
-    double loss = 0;
-    executor.run(schedule, 0, schedule.steps, make_batch, [&](const HeadStats& s) { loss += s.loss; });
-    CHECK(loss > 0);
-    const auto got = stage_gradients(model);
-    for (std::size_t j = 0; j < got.size(); ++j) {
-      CAPTURE(j);
-      CHECK(testing::relative_error(got[j], expected[j]) <= 1e-6);
+    for (PipelineMethod method : {PipelineMethod::petra, PipelineMethod::delayed_reversible, PipelineMethod::dsp,
+                                  PipelineMethod::pipedream, PipelineMethod::revbackprop}) {
+      CAPTURE(name_of(method));
+      nn::Model model(config);
+      RuntimeOptions options;
+      options.method = method;
+      options.apply_updates = false;  // lr = 0: the parameters never move
+      SequentialExecutor executor(model, options);
+      const Schedule schedule = make_schedule(method, static_cast<int>(model.num_stages()), batches, 1, /*drain=*/true);
+      double loss = 0;
+      executor.run(schedule, 0, schedule.steps, make_batch, [&](const HeadStats& s) { loss += s.loss; });
+      CHECK(loss > 0);
+      const auto got = stage_gradients(model);
+      for (std::size_t j = 0; j < got.size(); ++j) {
+        CAPTURE(j);
+        CHECK(testing::relative_error(got[j], expected[j]) <= 1e-6);
+      }
     }
   }
 }
