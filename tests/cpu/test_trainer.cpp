@@ -123,6 +123,14 @@ TEST_CASE("resume keys: a mismatch is named; a key added later counts with its o
   CHECK(resume_mismatch(meta, c).empty());
   c.delay_compensation = true;
   CHECK(resume_mismatch(meta, c).find("delay_compensation = false") != std::string::npos);
+  // Likewise --stages: one block per stage, however spelled, resumes an older checkpoint.
+  c.delay_compensation = false;
+  meta = describe(c);
+  meta.erase("stage_sizes");
+  c.stage_sizes = std::vector<std::int64_t>(10, 1);
+  CHECK(resume_mismatch(meta, c).empty());
+  c.stage_sizes = {5, 5};
+  CHECK(resume_mismatch(meta, c).find("this run has stage_sizes = 5,5") != std::string::npos);
 }
 
 TEST_CASE("a diverging run stops with DivergedError and the last checkpoint stays valid") {
