@@ -36,8 +36,8 @@ struct ModelConfig {
 // Blocks of an architecture: the stem, the residual blocks and the head (10 for RevNet18).
 std::int64_t block_count(const std::string& arch);
 
-// `stages` runs of consecutive blocks as equal as possible, the longer ones last (where the blocks
-// are cheaper: lower resolution): even_stage_sizes(10, 3) = {3, 3, 4}.
+// `stages` runs of consecutive blocks as equal as possible, the longer ones last:
+// even_stage_sizes(10, 3) = {3, 3, 4}.
 std::vector<std::int64_t> even_stage_sizes(std::int64_t blocks, std::int64_t stages);
 
 class Model : public Module {
