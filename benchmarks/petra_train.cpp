@@ -165,25 +165,6 @@ std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
-// --stages: "J" (J runs of blocks as equal as possible) or "a,b,c" (blocks per stage, in order).
-std::vector<std::int64_t> parse_stages(const std::string& text, const std::string& arch) {
-  std::vector<std::int64_t> sizes;
-  for (const std::string& item : split_list(text)) {
-    std::size_t used = 0;
-    std::int64_t value = -1;
-    try {
-      value = std::stoll(item, &used);
-    } catch (const std::exception&) {
-    }
-    PETRA_CHECK(used == item.size() && value >= 1, petra::ValueError, "--stages '", text,
-                "': expected a stage count or a comma-separated list of blocks per stage, not '", item, "'");
-    sizes.push_back(value);
-  }
-  PETRA_CHECK(!sizes.empty(), petra::ValueError, "--stages is empty");
-  if (text.find(',') != std::string::npos) return sizes;
-  return petra::nn::even_stage_sizes(petra::nn::block_count(arch), sizes.front());
-}
-
 // Peak bytes (MB) by tag, then per stage and tag: the allocator's counters since the last epoch began.
 void print_memory_report(std::size_t stages) {
   auto& alloc = petra::Allocator::instance();
@@ -421,7 +402,7 @@ int main(int argc, char** argv) {
     if (devices_text.empty() && petra::pipeline::is_delayed(c.method)) devices_text = "cpu:0,cpu:1";
     if (!devices_text.empty())
       for (const auto& d : split_list(devices_text)) c.devices.push_back(petra::Device::parse(d));
-    if (!stages_text.empty()) c.stage_sizes = parse_stages(stages_text, c.arch);
+    if (!stages_text.empty()) c.stage_sizes = petra::nn::parse_stage_sizes(stages_text, c.arch);
     if (!placement_text.empty())
       for (const auto& p : split_list(placement_text)) c.placement.push_back(std::stoi(p));
     if (print_schedule > 0) {

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 
 #include "nn/blocks.hpp"
 #include "nn/stage_group.hpp"
@@ -113,6 +114,23 @@ std::vector<std::int64_t> even_stage_sizes(std::int64_t blocks, std::int64_t sta
   std::vector<std::int64_t> sizes(static_cast<std::size_t>(stages), blocks / stages);
   for (std::int64_t j = stages - blocks % stages; j < stages; ++j) ++sizes[static_cast<std::size_t>(j)];
   return sizes;
+}
+
+std::vector<std::int64_t> parse_stage_sizes(const std::string& text, const std::string& arch) {
+  std::vector<std::int64_t> sizes;
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    const std::size_t end = std::min(text.find(',', begin), text.size());
+    const std::string item = text.substr(begin, end - begin);
+    std::int64_t value = 0;
+    const auto [rest, error] = std::from_chars(item.data(), item.data() + item.size(), value);
+    PETRA_CHECK(error == std::errc() && rest == item.data() + item.size() && value >= 1, ValueError, "--stages '",
+                text, "': expected a stage count or blocks per stage separated by commas, not '", item, "'");
+    sizes.push_back(value);
+    begin = end + 1;
+  }
+  if (sizes.size() > 1) return sizes;
+  return even_stage_sizes(block_count(arch), sizes.front());
 }
 
 const std::vector<std::string>& known_architectures() {

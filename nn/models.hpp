@@ -40,6 +40,10 @@ std::int64_t block_count(const std::string& arch);
 // even_stage_sizes(10, 3) = {3, 3, 4}.
 std::vector<std::int64_t> even_stage_sizes(std::int64_t blocks, std::int64_t stages);
 
+// petra-train's --stages: "J" (even_stage_sizes of the architecture's blocks) or "a,b,c" (blocks
+// per stage, in order; Model checks that they add up). ValueError names a malformed item.
+std::vector<std::int64_t> parse_stage_sizes(const std::string& text, const std::string& arch);
+
 class Model : public Module {
  public:
   explicit Model(const ModelConfig& config);

@@ -100,6 +100,13 @@ TEST_CASE("grouped stages: sizes, kinds, and the same parameters under the same 
   CHECK(even_stage_sizes(10, 10) == std::vector<std::int64_t>(10, 1));
   CHECK_THROWS_AS(even_stage_sizes(10, 0), ValueError);
   CHECK_THROWS_AS(even_stage_sizes(10, 11), ValueError);
+  CHECK(parse_stage_sizes("3", "revnet18") == std::vector<std::int64_t>{3, 3, 4});
+  CHECK(parse_stage_sizes("1,2,2,5", "revnet18") == std::vector<std::int64_t>{1, 2, 2, 5});
+  CHECK(parse_stage_sizes("18", "revnet50") == std::vector<std::int64_t>(18, 1));
+  for (const char* bad : {"", "0", "3,", "x", "2,-1", "1 ,2", "11"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(parse_stage_sizes(bad, "revnet18"), ValueError);
+  }
 
   ModelConfig c;
   c.width = 4;
