@@ -35,6 +35,9 @@ def label(summary, path):
         parts.append(f"momentum {momentum:g}" + (" Nesterov" if c.get("nesterov") == "true" else ""))
     if float(c.get("warmup_epochs", 1)) != 1:
         parts.append(f"warm-up {float(c['warmup_epochs']):g} epochs")
+    if c.get("stage_sizes"):  # empty: one block per stage (J = 10 for RevNet18)
+        sizes = c["stage_sizes"].split(",")
+        parts.append(f"J = {len(sizes)} ({c['stage_sizes']})")
     if c.get("delay_compensation") == "true":
         parts.append("delay comp.")
     return ", ".join(parts)
