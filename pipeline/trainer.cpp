@@ -28,6 +28,8 @@ void validate(const TrainConfig& c) {
   PETRA_CHECK(!c.resume || !c.checkpoint_dir.empty(), ValueError, "--resume needs --checkpoint-dir");
   PETRA_CHECK(c.threads_per_device >= 1, ValueError, "threads per device must be >= 1");
   PETRA_CHECK(c.track_gradient_quality >= 0, ValueError, "--track-gradient-quality must be >= 0");
+  PETRA_CHECK(!c.track_reconstruction || is_delayed(c.method), ValueError,
+              "--track-reconstruction measures the rebuilt inputs of the pipeline's stages: use a pipelined method");
   PETRA_CHECK(c.track_gradient_quality == 0 || is_delayed(c.method), ValueError,
               "--track-gradient-quality compares delayed gradients with backprop's: use a pipelined method");
   PETRA_CHECK(!c.delay_compensation || (is_delayed(c.method) && c.optimizer == "sgd" && c.momentum > 0 &&

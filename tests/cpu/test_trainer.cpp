@@ -107,6 +107,15 @@ TEST_CASE("damaged or mismatched checkpoints are refused with a clear message") 
   fs::remove_all(dir);
 }
 
+TEST_CASE("options of the pipelined methods are refused, with a reason, for the synchronous ones") {
+  TrainConfig c = tiny({});
+  c.track_reconstruction = true;
+  CHECK_THROWS_WITH_AS(Trainer{c}, doctest::Contains("--track-reconstruction"), ValueError);
+  c.track_reconstruction = false;
+  c.track_gradient_quality = 2;
+  CHECK_THROWS_WITH_AS(Trainer{c}, doctest::Contains("--track-gradient-quality"), ValueError);
+}
+
 TEST_CASE("resume keys: a mismatch is named; a key added later counts with its old value") {
   TrainConfig c;
   c.method = PipelineMethod::petra;
