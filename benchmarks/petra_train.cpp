@@ -318,7 +318,7 @@ int main(int argc, char** argv) {
   app.add_option("--classes", c.classes, "output classes (default: the dataset's)")->group(model)->check(CLI::PositiveNumber);
   std::string stages_text;
   app.add_option("--stages", stages_text, "pipeline stages: J (blocks split as evenly as possible) or blocks per stage, "
-                 "e.g. 1,2,7 (default: one block per stage, J = 10 for revnet18)")->group(model);
+                 "e.g. 1,2,2,5 (default: one block per stage, J = 10 for revnet18)")->group(model);
   app.add_flag("--print-model", print_model, "print each stage (kind, shapes, parameters) and exit")->group(model);
   auto* training = "Training";
   app.add_option("--method", method,
