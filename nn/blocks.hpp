@@ -49,6 +49,7 @@ class BufferedStage : public Stage {
   Tensor recompute_and_backward(const Tensor& x, const Tensor& dy) override;
   // Whether recompute_and_backward computes dx (off for the stem: its input is the image).
   void set_input_gradient(bool on) { input_gradient_ = on; }
+  bool input_gradient() const { return input_gradient_; }
 
  protected:
   bool input_gradient_ = true;

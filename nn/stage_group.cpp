@@ -27,7 +27,8 @@ StageGroup::StageGroup(std::vector<std::shared_ptr<Stage>> blocks, std::size_t f
     PETRA_CHECK(blocks_[i]->kind() != StageKind::head, ValueError, "StageGroup: block ", first_ + i,
                 " is the head, which must be the last block of its stage");
   kind_ = kind_of_group(blocks_);
-  input_gradient_ = dynamic_cast<const StemStage*>(blocks_.front().get()) == nullptr;
+  const auto* first_buffered = dynamic_cast<const BufferedStage*>(blocks_.front().get());
+  input_gradient_ = first_buffered == nullptr || first_buffered->input_gradient();
   for (std::size_t i = 0; i < blocks_.size(); ++i) register_module(std::to_string(i), blocks_[i]);
 }
 

@@ -37,13 +37,11 @@ class StageGroup : public Stage {
   Tensor recompute_and_backward(const Tensor& x, const Tensor& dy) override;
   HeadResult loss_and_backward(const Tensor& x, const Tensor& labels) override;
 
-  const std::vector<std::shared_ptr<Stage>>& blocks() const { return blocks_; }
-
  private:
   std::vector<std::shared_ptr<Stage>> blocks_;
   std::size_t first_;
   StageKind kind_;
-  bool input_gradient_;  // false when the group starts with the stem (its input is the image)
+  bool input_gradient_;  // the first block's, when it is buffered (off for the stem: its input is the image)
 };
 
 }  // namespace petra::nn

@@ -174,13 +174,18 @@ TEST_CASE("the concurrent executor gives the sequential executor's parameters bi
   struct Variant {
     PipelineMethod method;
     bool delay_compensation;
+    std::vector<std::int64_t> stage_sizes;  // empty: one block per stage
   };
-  for (const Variant& variant : {Variant{PipelineMethod::petra, false}, Variant{PipelineMethod::delayed_reversible, false},
-                                 Variant{PipelineMethod::dsp, false}, Variant{PipelineMethod::pipedream, false},
-                                 Variant{PipelineMethod::petra, true}}) {
+  for (const Variant& variant : {Variant{PipelineMethod::petra, false, {}},
+                                 Variant{PipelineMethod::delayed_reversible, false, {}},
+                                 Variant{PipelineMethod::dsp, false, {}}, Variant{PipelineMethod::pipedream, false, {}},
+                                 Variant{PipelineMethod::petra, true, {}}, Variant{PipelineMethod::petra, false, {1, 2, 2, 5}}}) {
     const PipelineMethod method = variant.method;
     CAPTURE(name_of(method));
     CAPTURE(variant.delay_compensation);
+    CAPTURE(variant.stage_sizes.size());
+    nn::ModelConfig config = small_revnet();
+    config.stage_sizes = variant.stage_sizes;
     RuntimeOptions options;
     options.method = method;
     options.delay_compensation = variant.delay_compensation;
@@ -189,7 +194,7 @@ TEST_CASE("the concurrent executor gives the sequential executor's parameters bi
     options.weight_decay = 5e-4;
     options.schedule.kind = "constant";
     options.schedule.base_lr = 0.05;
-    nn::Model a(small_revnet()), b(small_revnet());
+    nn::Model a(config), b(config);
     const int J = static_cast<int>(a.num_stages());
     const Schedule schedule = make_schedule(method, J, 24, 2, /*drain=*/true);
     std::vector<double> losses_a, losses_b;
