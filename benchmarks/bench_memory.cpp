@@ -5,10 +5,11 @@
 // What runs. For every model and method, a fresh model (same seed) trains on synthetic images
 // with SGD (momentum 0.9, Nesterov, weight decay 5e-4, constant learning rate 0.01, k = 1):
 //   - delayed methods (pipedream, dsp, delayed-reversible, petra) on the sequential executor
-//     (pipeline/runtime.hpp): 2(J-1) steps fill the pipeline, then the allocator's peaks are reset
+//     (pipeline/executor.hpp): 2(J-1) steps fill the pipeline, then the allocator's peaks are reset
 //     and --steps more steps run in the steady state, every stage busy with a forward, a backward
 //     and an update at every step;
-//   - backprop and revbackprop (pipeline/synchronous.hpp): one warm-up step, then --steps steps.
+//   - backprop and revbackprop: their synchronous schedules on the same executor, one warm-up step,
+//     then --steps steps.
 // The peaks are those of the measured window. Every number is a count of the allocator (bytes
 // requested by live tensors, petra/allocator.hpp), per tag and per owner (owner = stage index);
 // nothing measured is estimated.
@@ -54,9 +55,8 @@
 #include "nn/optimizer.hpp"
 #include "benchmarks/synthetic_setup.hpp"
 #include "petra/petra.hpp"
-#include "pipeline/runtime.hpp"
+#include "pipeline/executor.hpp"
 #include "pipeline/schedule.hpp"
-#include "pipeline/synchronous.hpp"
 
 namespace {
 
@@ -104,15 +104,15 @@ petra::nn::ModelConfig model_config(const Options& o, const std::string& arch) {
 }
 
 // A few synthetic mini-batches, made once (tagged "other", no owner) and reused in turn.
-std::vector<petra::data::Batch> make_batches(const Options& o, int count) {
+std::vector<petra::pipeline::MiniBatch> make_batches(const Options& o, int count) {
   return petra::bench::synthetic_batches(o.batch, o.channels, o.size, count, MemoryTag::other);
 }
 
 // Mini-batch m, its images copied as stage 0's input buffer, so the stem's FIFO is counted.
-petra::data::Batch batch_for_stage0(const std::vector<petra::data::Batch>& batches, std::int64_t m) {
-  const petra::data::Batch& b = batches[static_cast<std::size_t>(m) % batches.size()];
+petra::pipeline::MiniBatch batch_for_stage0(const std::vector<petra::pipeline::MiniBatch>& batches, std::int64_t m) {
+  const petra::pipeline::MiniBatch& b = batches[static_cast<std::size_t>(m) % batches.size()];
   petra::MemoryScope scope(MemoryTag::input_buffer, 0);
-  return {b.images.clone(), b.labels, 0, m};
+  return {b.images.clone(), b.labels};
 }
 
 // ---------------------------------------------------------------- sizes and the analytic estimate
@@ -258,7 +258,7 @@ petra::pipeline::RuntimeOptions runtime_options(PipelineMethod method) {
 
 // A delayed method on the sequential executor: fill the pipeline, reset the peaks, run `steps`.
 MethodMemory measure_delayed(PipelineMethod method, petra::nn::Model& model, const std::vector<StageSizes>& sizes,
-                             const std::vector<petra::data::Batch>& batches, std::int64_t steps) {
+                             const std::vector<petra::pipeline::MiniBatch>& batches, std::int64_t steps) {
   const int J = static_cast<int>(model.num_stages());
   const std::int64_t fill = 2 * (J - 1);
   petra::pipeline::SequentialExecutor executor(model, runtime_options(method));
@@ -273,21 +273,17 @@ MethodMemory measure_delayed(PipelineMethod method, petra::nn::Model& model, con
   return r;
 }
 
-// backprop or revbackprop: train_step and an SGD step, as the trainer does; one warm-up step.
+// backprop or revbackprop: their synchronous schedule (one step per mini-batch, with its update) on
+// the executor, as the trainer runs them; one warm-up step.
 MethodMemory measure_synchronous(PipelineMethod method, petra::nn::Model& model, const std::vector<StageSizes>& sizes,
-                                 const std::vector<petra::data::Batch>& batches, std::int64_t steps) {
-  petra::nn::OptimizerOptions oo;
-  oo.momentum = 0.9;
-  oo.nesterov = true;
-  auto optimizer = petra::nn::make_optimizer("sgd", petra::nn::decay_groups(model.named_parameters(), kWeightDecay), oo);
-  std::int64_t baseline = 0;
-  for (std::int64_t step = 0; step <= steps; ++step) {
-    if (step == 1) baseline = start_window();
-    const petra::data::Batch b = batch_for_stage0(batches, step);
-    petra::pipeline::train_step(model, method, b.images, b.labels);
-    optimizer->step(kLearningRate);
-    optimizer->zero_grad();
-  }
+                                 const std::vector<petra::pipeline::MiniBatch>& batches, std::int64_t steps) {
+  petra::pipeline::SequentialExecutor executor(model, runtime_options(method));
+  const auto grid = petra::pipeline::make_schedule(method, static_cast<int>(model.num_stages()), steps + 1, 1,
+                                                   /*drain=*/false);
+  const auto source = [&](std::int64_t m) { return batch_for_stage0(batches, m); };
+  executor.run(grid, 0, 1, source, {});
+  const std::int64_t baseline = start_window();
+  executor.run(grid, 1, grid.steps, source, {});
   MethodMemory r = read_peaks(method, sizes, baseline);
   r.steps = steps + 1;
   r.measured_steps = steps;
@@ -295,7 +291,7 @@ MethodMemory measure_synchronous(PipelineMethod method, petra::nn::Model& model,
 }
 
 MethodMemory measure(PipelineMethod method, const Options& o, const std::string& arch,
-                     const std::vector<petra::data::Batch>& batches) {
+                     const std::vector<petra::pipeline::MiniBatch>& batches) {
   const auto start = Clock::now();
   petra::nn::Model model(model_config(o, arch));
   const std::vector<StageSizes> sizes = stage_sizes(model, batches.front().images);
@@ -425,7 +421,7 @@ struct ModelResult {
   double fraction = -1, analytic_fraction = -1;  // petra / pipedream (-1: one of them not run)
 };
 
-ModelResult run_model(const Options& o, const std::string& arch, const std::vector<petra::data::Batch>& batches) {
+ModelResult run_model(const Options& o, const std::string& arch, const std::vector<petra::pipeline::MiniBatch>& batches) {
   ModelResult r{arch, {}, {}};
   {
     petra::nn::Model model(model_config(o, arch));
@@ -536,7 +532,7 @@ int main(int argc, char** argv) {
     fmt::print("bench-memory: synthetic {}x{}x{} images, batch {}, width {}, CIFAR stem, SGD (momentum), k = 1, {} "
                "thread(s); delayed methods: 2(J-1) filling steps + {} measured steps\n",
                o.size, o.size, o.channels, o.batch, o.width, o.threads, o.steps);
-    const std::vector<petra::data::Batch> batches = make_batches(o, 4);
+    const std::vector<petra::pipeline::MiniBatch> batches = make_batches(o, 4);
     std::vector<ModelResult> results;
     for (const std::string& arch : o.models) {
       results.push_back(run_model(o, arch, batches));

@@ -6,7 +6,7 @@
 // per second of wall time after --warmup untimed steps; the --steps timed steps are split into
 // --windows windows and the best window is reported (the least disturbed by other processes on a
 // shared machine), the median beside it.
-//   (a) backprop and revbackprop: train_step and an SGD step per mini-batch, as the trainer does,
+//   (a) backprop and revbackprop: their synchronous schedules on the sequential executor, as the trainer runs them,
 //       on one worker with 1 thread and with 2 threads (threads per kernel).
 //   (b) PETRA on the ConcurrentExecutor with D = 1 and D = 2 workers (cpu:0, cpu:1), 1 thread
 //       each; the stages are placed as the trainer places them (balanced_placement of
@@ -59,9 +59,9 @@
 #include "nn/optimizer.hpp"
 #include "benchmarks/synthetic_setup.hpp"
 #include "petra/petra.hpp"
-#include "pipeline/runtime.hpp"
+#include "pipeline/executor.hpp"
+#include "pipeline/placement.hpp"
 #include "pipeline/schedule.hpp"
-#include "pipeline/synchronous.hpp"
 
 namespace {
 
@@ -116,11 +116,11 @@ petra::nn::ModelConfig model_config(const Options& o, const std::string& arch) {
 }
 
 // A few synthetic mini-batches, made once and reused in turn.
-std::vector<petra::data::Batch> make_batches(const Options& o, int count) {
+std::vector<pl::MiniBatch> make_batches(const Options& o, int count) {
   return petra::bench::synthetic_batches(o.batch, o.channels, o.size, count);
 }
 
-pl::SequentialExecutor::BatchSource source_of(const std::vector<petra::data::Batch>& batches) {
+pl::BatchSource source_of(const std::vector<pl::MiniBatch>& batches) {
   return [&batches](std::int64_t m) { return batches[static_cast<std::size_t>(m) % batches.size()]; };
 }
 
@@ -200,22 +200,17 @@ struct Throughput {
 };
 
 Throughput measure_synchronous(PipelineMethod method, int threads, const Options& o,
-                               const std::vector<petra::data::Batch>& batches) {
+                               const std::vector<pl::MiniBatch>& batches) {
   petra::Stream::current().set_num_threads(threads);
   petra::nn::Model model(model_config(o, o.model));
-  petra::nn::OptimizerOptions oo;
-  oo.momentum = 0.9;
-  oo.nesterov = true;
-  auto optimizer = petra::nn::make_optimizer("sgd", petra::nn::decay_groups(model.named_parameters(), kWeightDecay), oo);
-  const auto step = [&](std::int64_t i) {
-    const petra::data::Batch& b = batches[static_cast<std::size_t>(i) % batches.size()];
-    pl::train_step(model, method, b.images, b.labels);
-    optimizer->step(kLearningRate);
-    optimizer->zero_grad();
-  };
-  for (std::int64_t i = 0; i < o.warmup; ++i) step(i);
+  pl::RuntimeOptions options = petra_options();
+  options.method = method;
+  pl::SequentialExecutor executor(model, options);  // one step per mini-batch, with its update
+  const auto grid = pl::make_schedule(method, static_cast<int>(model.num_stages()),
+                                      o.warmup + o.steps, 1, /*drain=*/false);
+  executor.run(grid, 0, o.warmup, source_of(batches), {});
   const Rate rate = time_windows(o, [&](std::int64_t first, std::int64_t count) {
-    for (std::int64_t i = first; i < first + count; ++i) step(o.warmup + i);
+    executor.run(grid, o.warmup + first, o.warmup + first + count, source_of(batches), {});
   });
   return {std::string(pl::name_of(method)), threads, rate};
 }
@@ -251,7 +246,7 @@ class TimedExecutor : public pl::SequentialExecutor {
       : SequentialExecutor(model, options), samples_(model.num_stages()) {}
 
   // Runs steps [first, last) in the executor's order; records the actions' times when `record`.
-  void run_timed(const pl::Schedule& schedule, std::int64_t first, std::int64_t last, const BatchSource& batches,
+  void run_timed(const pl::Schedule& schedule, std::int64_t first, std::int64_t last, const pl::BatchSource& batches,
                  bool record) {
     check_range(schedule, first, last);
     for (std::int64_t t = first; t < last; ++t)
@@ -274,7 +269,7 @@ class TimedExecutor : public pl::SequentialExecutor {
 // PETRA on the sequential executor, 1 thread: 2(J-1) + warmup steps, then cost_steps timed steps
 // in which every stage runs F, B and U. Also returns the images/s of those steps.
 StageCosts measure_stage_costs_steady(const Options& o, const std::string& arch,
-                                      const std::vector<petra::data::Batch>& batches, double* images_per_second) {
+                                      const std::vector<pl::MiniBatch>& batches, double* images_per_second) {
   petra::Stream::current().set_num_threads(1);
   petra::nn::Model model(model_config(o, arch));
   TimedExecutor executor(model, petra_options());
@@ -380,13 +375,13 @@ struct PipelineRun {
   double bound = 0, replay_images_per_second = 0;
 };
 
-std::vector<int> trainer_placement(const Options& o, const std::vector<petra::data::Batch>& batches, int workers) {
+std::vector<int> trainer_placement(const Options& o, const std::vector<pl::MiniBatch>& batches, int workers) {
   petra::Stream::current().set_num_threads(1);
   petra::nn::Model model(model_config(o, o.model));
   return pl::balanced_placement(pl::measure_stage_costs(model, batches.front()), workers);
 }
 
-Rate measure_concurrent(const Options& o, const std::vector<petra::data::Batch>& batches, const std::vector<int>& placement,
+Rate measure_concurrent(const Options& o, const std::vector<pl::MiniBatch>& batches, const std::vector<int>& placement,
                         int workers) {
   petra::nn::Model model(model_config(o, o.model));
   std::vector<pl::ConcurrentExecutor::Worker> ws;
@@ -582,7 +577,7 @@ nlohmann::json document(const Options& o, const Report& r) {
           {"targets", goals}};
 }
 
-Report run(const Options& o, const std::vector<petra::data::Batch>& batches) {
+Report run(const Options& o, const std::vector<pl::MiniBatch>& batches) {
   Report r;
   r.costs = measure_stage_costs_steady(o, o.model, batches, &r.sequential_petra);
   for (PipelineMethod m : {PipelineMethod::backprop, PipelineMethod::revbackprop})
@@ -639,7 +634,7 @@ int main(int argc, char** argv) {
                o.model, o.width, o.size, o.size, o.channels, o.batch, o.warmup, o.steps);
     fmt::print("machine: {} cores, {}\n", std::thread::hardware_concurrency(), load_average());
     std::fflush(stdout);
-    const std::vector<petra::data::Batch> batches = make_batches(o, 4);
+    const std::vector<pl::MiniBatch> batches = make_batches(o, 4);
     const Report r = run(o, batches);
     print_costs(o.model, r.costs, r.pipelines.back().placement);
     print_report(o, r);

@@ -23,6 +23,7 @@
 #include "petra/files.hpp"
 #include "petra/petra.hpp"
 #include "pipeline/checkpoint.hpp"
+#include "pipeline/memory_report.hpp"
 #include "pipeline/trainer.hpp"
 
 namespace {
@@ -165,28 +166,6 @@ std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
-// Peak bytes (MB) by tag, then per stage and tag: the allocator's counters since the last epoch began.
-void print_memory_report(std::size_t stages) {
-  auto& alloc = petra::Allocator::instance();
-  const auto cpu = petra::Device::cpu();
-  std::printf("peak bytes on cpu by tag: ");
-  for (int t = 0; t < petra::kNumMemoryTags; ++t) {
-    const auto tag = static_cast<petra::MemoryTag>(t);
-    const auto peak = alloc.stats(cpu, tag).peak;
-    if (peak > 0) std::printf("%s %.2f MB  ", std::string(petra::name_of(tag)).c_str(), double(peak) / 1e6);
-  }
-  std::printf("\npeak MB per stage (last epoch):\nstage");
-  for (int t = 0; t < petra::kNumMemoryTags; ++t)
-    std::printf(" %14s", std::string(petra::name_of(static_cast<petra::MemoryTag>(t))).c_str());
-  std::printf(" %14s\n", "total");
-  for (std::size_t j = 0; j < stages; ++j) {
-    std::printf("%5zu", j);
-    for (int t = 0; t < petra::kNumMemoryTags; ++t)
-      std::printf(" %14.3f", double(alloc.stats(cpu, static_cast<petra::MemoryTag>(t), int(j)).peak) / 1e6);
-    std::printf(" %14.3f\n", double(alloc.stats_of_owner(cpu, int(j)).peak) / 1e6);
-  }
-}
-
 // The epoch records of an existing --log-json for epochs 1..completed_epochs, so that a resumed run
 // keeps its history (its own records follow; a summary line of the earlier process is dropped).
 std::vector<std::string> earlier_log_lines(const std::filesystem::path& log_json, std::int64_t completed_epochs) {
@@ -261,7 +240,9 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
     for (double e : trainer.reconstruction_errors()) std::printf(" %.2e", e);
     std::printf("\n");
   }
-  if (report_memory_after) print_memory_report(trainer.model().num_stages());
+  if (report_memory_after)
+    std::printf("%s", petra::pipeline::format_memory_report(petra::pipeline::read_memory_report(
+                          petra::Device::cpu(), static_cast<int>(trainer.model().num_stages()))).c_str());
 
   const double total = std::chrono::duration<double>(Clock::now() - start).count();
   const auto final_eval = reports.empty() ? trainer.evaluate() : petra::pipeline::Evaluation{};

@@ -13,6 +13,7 @@
 #include "nn/models.hpp"
 #include "petra/allocator.hpp"
 #include "petra/error.hpp"
+#include "pipeline/messages.hpp"
 
 namespace petra::bench {
 
@@ -29,7 +30,7 @@ inline nn::ModelConfig synthetic_model(const std::string& arch, std::int64_t wid
 }
 
 // `count` mini-batches of `batch` synthetic channels x size x size images, allocated under `tag`.
-inline std::vector<data::Batch> synthetic_batches(std::int64_t batch, std::int64_t channels, std::int64_t size,
+inline std::vector<pipeline::MiniBatch> synthetic_batches(std::int64_t batch, std::int64_t channels, std::int64_t size,
                                                   int count, MemoryTag tag = MemoryTag::messages) {
   data::SyntheticSpec spec;
   spec.train_size = batch * count;
@@ -43,8 +44,11 @@ inline std::vector<data::Batch> synthetic_batches(std::int64_t batch, std::int64
   options.shuffle = options.augment = options.prefetch = false;
   options.memory_tag = tag;
   const data::Loader loader(split.train, options);
-  std::vector<data::Batch> batches;
-  for (int i = 0; i < count; ++i) batches.push_back(loader.batch(0, i));
+  std::vector<pipeline::MiniBatch> batches;
+  for (int i = 0; i < count; ++i) {
+    data::Batch b = loader.batch(0, i);
+    batches.push_back({std::move(b.images), std::move(b.labels)});
+  }
   return batches;
 }
 

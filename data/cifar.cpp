@@ -70,8 +70,8 @@ Dataset read_cifar_batches(std::span<const fs::path> files, int label_bytes, std
   dataset.classes = classes;
   dataset.images = Tensor::empty({total, 3, kSide, kSide}, DType::u8);
   dataset.labels = Tensor::empty({total}, DType::i64);
-  std::uint8_t* image = dataset.images.data<std::uint8_t>();
-  std::int64_t* label = dataset.labels.data<std::int64_t>();
+  std::uint8_t* image = dataset.images.data_ptr<std::uint8_t>();
+  std::int64_t* label = dataset.labels.data_ptr<std::int64_t>();
 
   std::vector<std::uint8_t> chunk(static_cast<std::size_t>(kChunkRecords * record_bytes));
   for (std::size_t f = 0; f < files.size(); ++f) {

@@ -48,7 +48,7 @@ Normalization compute_normalization(const Tensor& images) {
     if (images.dtype() == DType::u8) {
       // A histogram per channel: exact, and one add per pixel.
       std::array<std::int64_t, 256> count{};
-      const std::uint8_t* base = images.data<std::uint8_t>();
+      const std::uint8_t* base = images.data_ptr<std::uint8_t>();
       for (std::int64_t i = 0; i < n; ++i) {
         const std::uint8_t* p = base + (i * channels + c) * plane;
         for (std::int64_t k = 0; k < plane; ++k) ++count[p[k]];
@@ -59,7 +59,7 @@ Normalization compute_normalization(const Tensor& images) {
         sum_of_squares += static_cast<double>(count[static_cast<std::size_t>(v)]) * x * x;
       }
     } else {
-      const float* base = images.data<float>();
+      const float* base = images.data_ptr<float>();
       for (std::int64_t i = 0; i < n; ++i) {
         const float* p = base + (i * channels + c) * plane;
         for (std::int64_t k = 0; k < plane; ++k) {

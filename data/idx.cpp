@@ -80,7 +80,7 @@ Dataset read_idx(const fs::path& images_file, const fs::path& labels_file, std::
   const std::uint64_t pixels = static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(height * width);
   images_in.expect_total_size(16 + pixels, concat(n, " images of ", height, "x", width));
   dataset.images = Tensor::empty({n, 1, height, width}, DType::u8);
-  images_in.read(dataset.images.data<std::uint8_t>(), pixels, concat("the pixels of ", n, " images"));
+  images_in.read(dataset.images.data_ptr<std::uint8_t>(), pixels, concat("the pixels of ", n, " images"));
   images_in.expect_end();
 
   detail::ByteStream labels_in(labels_file, "idx");
@@ -92,7 +92,7 @@ Dataset read_idx(const fs::path& images_file, const fs::path& labels_file, std::
   labels_in.read(bytes.data(), bytes.size(), concat(n, " labels"));
   labels_in.expect_end();
   dataset.labels = Tensor::empty({n}, DType::i64);
-  std::int64_t* label = dataset.labels.data<std::int64_t>();
+  std::int64_t* label = dataset.labels.data_ptr<std::int64_t>();
   for (std::int64_t i = 0; i < n; ++i) label[i] = bytes[static_cast<std::size_t>(i)];
   detail::check_labels(dataset.labels, classes, "idx", labels_file, 8, 1, labels_in.compressed());
   return dataset;

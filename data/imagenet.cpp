@@ -111,8 +111,8 @@ Dataset read_imagenet_npz(std::span<const fs::path> files) {
   dataset.classes = kClasses;
   dataset.images = Tensor::empty({total, 3, side, side}, DType::u8);
   dataset.labels = Tensor::empty({total}, DType::i64);
-  auto* image = reinterpret_cast<std::byte*>(dataset.images.data<std::uint8_t>());
-  std::int64_t* label = dataset.labels.data<std::int64_t>();
+  auto* image = reinterpret_cast<std::byte*>(dataset.images.data_ptr<std::uint8_t>());
+  std::int64_t* label = dataset.labels.data_ptr<std::int64_t>();
   for (Part& part : parts) {
     std::memcpy(image, part.images.data.data(), part.images.data.size());
     image += part.images.data.size();

@@ -60,9 +60,9 @@ Batch Loader::make_batch(Position position, std::span<const std::int64_t> order)
   batch.index = position.index;
   batch.images = Tensor::empty({count, dataset_.channels(), dataset_.height(), dataset_.width()}, DType::f32);
   batch.labels = Tensor::empty({count}, DType::i64);
-  std::int64_t* labels = batch.labels.data<std::int64_t>();
+  std::int64_t* labels = batch.labels.data_ptr<std::int64_t>();
   assembler_.assemble(order.subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(count)), options_.seed,
-                      position.epoch, batch.images.data<float>(), labels);
+                      position.epoch, batch.images.data_ptr<float>(), labels);
   for (std::int64_t i = 0; i < count; ++i)
     PETRA_CHECK(labels[i] >= 0 && labels[i] < dataset_.classes, ValueError, "Loader(", dataset_.name, "): sample ",
                 order[static_cast<std::size_t>(first + i)], " has label ", labels[i], ", outside [0, ", dataset_.classes, ")");

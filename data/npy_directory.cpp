@@ -49,14 +49,14 @@ Tensor read_images(const fs::path& file) {
     std::memcpy(images.raw_data(), array.data.data(), array.data.size());
   } else {
     const auto* in = reinterpret_cast<const std::uint8_t*>(array.data.data());
-    std::uint8_t* out = images.data<std::uint8_t>();
+    std::uint8_t* out = images.data_ptr<std::uint8_t>();
     const std::int64_t plane = height * width;
     for (std::int64_t i = 0; i < n; ++i, in += plane * channels, out += plane * channels)
       for (std::int64_t p = 0; p < plane; ++p)
         for (std::int64_t c = 0; c < channels; ++c) out[c * plane + p] = in[p * channels + c];
   }
   if (array.dtype == DType::f32) {
-    const float* value = images.data<float>();
+    const float* value = images.data_ptr<float>();
     const std::uint64_t first = data_offset(file, array);
     for (std::int64_t i = 0; i < images.numel(); ++i)
       if (!std::isfinite(value[i]))
@@ -74,7 +74,7 @@ Tensor read_labels(const fs::path& file, std::int64_t expected, const fs::path& 
     detail::fail("npy", file, 0, false, concat(array.shape[0], " labels, but '", images_file.string(), "' has ",
                                                expected, " images"));
   Tensor labels = Tensor::empty({expected}, DType::i64);
-  std::int64_t* label = labels.data<std::int64_t>();
+  std::int64_t* label = labels.data_ptr<std::int64_t>();
   const std::size_t item = size_of(array.dtype);
   for (std::int64_t i = 0; i < expected; ++i) {
     const std::byte* p = array.data.data() + static_cast<std::size_t>(i) * item;
@@ -89,7 +89,7 @@ Tensor read_labels(const fs::path& file, std::int64_t expected, const fs::path& 
 }
 
 std::int64_t largest_label(const Tensor& labels) {
-  const std::int64_t* label = labels.data<std::int64_t>();
+  const std::int64_t* label = labels.data_ptr<std::int64_t>();
   return labels.numel() == 0 ? -1 : *std::max_element(label, label + labels.numel());
 }
 

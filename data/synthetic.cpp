@@ -59,8 +59,8 @@ Dataset make_samples(const SyntheticSpec& spec, std::int64_t n, std::uint64_t st
   d.images = Tensor::empty({n, spec.channels, spec.height, spec.width}, DType::u8);
   d.labels = Tensor::empty({n}, DType::i64);
   const Philox rng(spec.seed, stream);
-  std::int64_t* labels = d.labels.data<std::int64_t>();
-  std::uint8_t* images = d.images.data<std::uint8_t>();
+  std::int64_t* labels = d.labels.data_ptr<std::int64_t>();
+  std::uint8_t* images = d.images.data_ptr<std::uint8_t>();
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t label = i % spec.classes;
     labels[i] = label;

@@ -107,12 +107,12 @@ void BatchAssembler::transform_sample(std::int64_t sample, const SampleTransform
   const std::int64_t pixels = channels_ * height_ * width_;
   if (dataset_.images.dtype() == DType::u8) {
     const float* table = byte_table_.data();
-    transform_planes(dataset_.images.data<std::uint8_t>() + sample * pixels, t, out,
+    transform_planes(dataset_.images.data_ptr<std::uint8_t>() + sample * pixels, t, out,
                      [table](std::int64_t c, std::uint8_t v) { return table[c * 256 + v]; });
   } else {
     const float* mean = dataset_.normalization.mean.data();
     const float* std = dataset_.normalization.std.data();
-    transform_planes(dataset_.images.data<float>() + sample * pixels, t, out,
+    transform_planes(dataset_.images.data_ptr<float>() + sample * pixels, t, out,
                      [mean, std](std::int64_t c, float v) { return (v - mean[c]) / std[c]; });
   }
 }
@@ -121,7 +121,7 @@ void BatchAssembler::assemble(std::span<const std::int64_t> samples, std::uint64
                               float* images, std::int64_t* labels) const {
   const std::int64_t pixels = channels_ * height_ * width_;
   const std::int64_t n = dataset_.size();
-  const std::int64_t* label = dataset_.labels.data<std::int64_t>();
+  const std::int64_t* label = dataset_.labels.data_ptr<std::int64_t>();
   for (std::size_t i = 0; i < samples.size(); ++i) {
     const std::int64_t sample = samples[i];
     PETRA_CHECK(sample >= 0 && sample < n, ValueError, "BatchAssembler::assemble(", dataset_.name, "): sample ", sample,

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "nn/models.hpp"
-#include "petra/ops.hpp"
+#include "petra/functions.hpp"
 #include "petra/rng.hpp"
 
 using namespace petra;
@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
 
   Philox rng(1);
   Tensor images = Tensor::empty({32, 1, 28, 28});
-  rng.fill_normal(images.data<float>(), static_cast<std::size_t>(images.numel()));
+  rng.fill_normal(images.data_ptr<float>(), static_cast<std::size_t>(images.numel()));
 
   // Forward, keeping the true input of every stage (PETRA keeps none of the reversible ones).
   const std::size_t head = model.num_stages() - 1;

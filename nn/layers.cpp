@@ -10,7 +10,7 @@ namespace petra::nn {
 Tensor uniform_fan_in(const Shape& shape, std::int64_t fan_in, Init& init) {
   const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
   Tensor t = Tensor::empty(shape, DType::f32);
-  init.rng.fill_uniform(t.data<float>(), static_cast<std::size_t>(t.numel()), -bound, bound);
+  init.rng.fill_uniform(t.data_ptr<float>(), static_cast<std::size_t>(t.numel()), -bound, bound);
   return t.to(init.dtype);
 }
 

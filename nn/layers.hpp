@@ -18,7 +18,7 @@
 #include <string_view>
 
 #include "nn/module.hpp"
-#include "petra/ops.hpp"
+#include "petra/functions.hpp"
 #include "petra/rng.hpp"
 
 namespace petra::nn {

@@ -12,7 +12,8 @@
 #include "petra/allocator.hpp"
 #include "petra/error.hpp"
 #include "petra/npy.hpp"
-#include "petra/ops.hpp"
+#include "petra/functions.hpp"
+#include "petra/optimizer_steps.hpp"
 
 namespace petra::nn {
 

@@ -4,9 +4,9 @@
 // starts and runs on machines without a GPU or driver, where device_count() is simply 0.
 #include "petra/cuda_backend.hpp"
 
-#include <cublas_api.h>
 #include <cuda_runtime_api.h>
-#include <cudnn.h>
+
+#include <utility>
 
 #include <cstdio>
 #include <sstream>
@@ -14,10 +14,6 @@
 #include "kernels/cuda/check.cuh"
 #include "petra/config.hpp"
 #include "petra/error.hpp"
-
-#if PETRA_HAVE_NCCL
-#include <nccl.h>
-#endif
 
 namespace petra::cuda_backend {
 namespace {
@@ -63,28 +59,14 @@ std::string cuda_version_string(int v) {
   return detail::concat(v / 1000, ".", (v % 1000) / 10);
 }
 
-// "9.19.0" from 91900; cuDNN >= 9 and NCCL >= 2.9 encode 10000 * major + 100 * minor + patch.
-std::string library_version_string(long v) {
-  return detail::concat(v / 10000, ".", (v / 100) % 100, ".", v % 100);
-}
-
-std::string cublas_version_string() {
-  int major = 0, minor = 0, patch = 0;
-  if (cublasGetProperty(MAJOR_VERSION, &major) != CUBLAS_STATUS_SUCCESS ||
-      cublasGetProperty(MINOR_VERSION, &minor) != CUBLAS_STATUS_SUCCESS ||
-      cublasGetProperty(PATCH_LEVEL, &patch) != CUBLAS_STATUS_SUCCESS)
-    return "unknown";
-  return detail::concat(major, ".", minor, ".", patch);
-}
-
-std::string nccl_version_string() {
-#if PETRA_HAVE_NCCL
-  int v = 0;
-  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
-  return library_version_string(v);
-#else
-  return "not built";
-#endif
+// The CUDA libraries this build found. Each is linked only into the code that calls it, and none
+// is needed for the backend to build: their kernels come with their own families.
+std::string libraries_found() {
+  std::string found;
+  for (const auto& [name, have] : {std::pair{"cuBLAS", PETRA_HAVE_CUBLAS}, std::pair{"cuDNN", PETRA_HAVE_CUDNN},
+                                   std::pair{"NCCL", PETRA_HAVE_NCCL}})
+    if (have) found += found.empty() ? name : detail::concat(", ", name);
+  return found.empty() ? "none" : found;
 }
 
 // "[0] NVIDIA H200 sm_90 139.8 GiB" for each device.
@@ -123,9 +105,7 @@ std::string describe() {
   if (cudaDriverGetVersion(&driver) != cudaSuccess) (void)cudaGetLastError();
   return detail::concat("CUDA runtime ", cuda_version_string(runtime), ", driver ",
                         driver == 0 ? std::string("none") : cuda_version_string(driver),
-                        ", cuDNN ", library_version_string(static_cast<long>(cudnnGetVersion())),
-                        ", cuBLAS ", cublas_version_string(), ", NCCL ", nccl_version_string(),
-                        "; ", devices_string());
+                        ", libraries found at build time: ", libraries_found(), "; ", devices_string());
 }
 
 void* malloc_device(std::size_t bytes, int device) {

@@ -3,7 +3,7 @@
 // Every op has the same three parts: compute with ops::, a backward closure that captures only
 // what the derivative needs (by value: Tensors are cheap shared views), and record. A closure
 // computes a gradient only for inputs that require one.
-#include "petra/ops.hpp"
+#include "petra/functions.hpp"
 
 namespace petra {
 

@@ -17,6 +17,7 @@
 #include "kernels/reduce.hpp"
 #include "petra/config.hpp"
 #include "petra/ops.hpp"
+#include "petra/optimizer_steps.hpp"
 #include "petra/stream.hpp"
 
 namespace petra::ops {
@@ -74,33 +75,25 @@ void check_shape(const Tensor& t, const Shape& expected, const char* op, const c
     }                                           \
   } while (0)
 
-// Runs kernels::cuda::NAME on float32 when petra has CUDA (T = float).
-#if PETRA_HAVE_CUDA
-#define PETRA_CUDA_CALL(NAME, ...) \
-  do {                             \
-    using T = float;               \
+// Runs kernels::cuda::NAME (T = float) when the op's family has a CUDA kernel in this build, else
+// raises DeviceError naming the op. PETRA_CUDA_<FAMILY> comes from the family table in
+// kernels/meson.build (1 where the family has kernels/cuda/<family>.cu and petra is built with CUDA).
+#define PETRA_CUDA_CALL_1(NAME, ...)  \
+  do {                                \
+    using T = float;                  \
     kernels::cuda::NAME(__VA_ARGS__); \
   } while (0)
-#else
-#define PETRA_CUDA_CALL(NAME, ...) no_cuda_kernel(#NAME)
-#endif
+#define PETRA_CUDA_CALL_0(NAME, ...) no_cuda_kernel(#NAME)
+#define PETRA_PASTE_(a, b) a##b
+#define PETRA_PASTE(a, b) PETRA_PASTE_(a, b)
 
-// Either of the above, by device.
-#define PETRA_CALL(tensor, NAME, ...)                          \
-  do {                                                         \
-    if ((tensor).device().is_cuda())                           \
-      PETRA_CUDA_CALL(NAME, __VA_ARGS__);                      \
-    else                                                       \
-      PETRA_CPU_CALL(tensor, NAME, __VA_ARGS__);               \
-  } while (0)
-
-// For the families that have no CUDA kernel yet (the CUDA issue adds them): CPU, or DeviceError.
-#define PETRA_CALL_CPU_ONLY(tensor, NAME, ...)                 \
-  do {                                                         \
-    if ((tensor).device().is_cuda())                           \
-      no_cuda_kernel(#NAME);                                   \
-    else                                                       \
-      PETRA_CPU_CALL(tensor, NAME, __VA_ARGS__);               \
+// The one dispatch point of every op: family FAMILY's kernel NAME for `tensor`'s device and dtype.
+#define PETRA_CALL(FAMILY, tensor, NAME, ...)                                          \
+  do {                                                                                 \
+    if ((tensor).device().is_cuda())                                                   \
+      PETRA_PASTE(PETRA_CUDA_CALL_, PETRA_CUDA_##FAMILY)(NAME, __VA_ARGS__);           \
+    else                                                                               \
+      PETRA_CPU_CALL(tensor, NAME, __VA_ARGS__);                                       \
   } while (0)
 
 // ---------------------------------------------------------------- element-wise
@@ -116,21 +109,21 @@ Tensor binary(const Tensor& a, const Tensor& b, const char* op) {
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor z = binary(a, b, "add");
   const auto& s = stream_for(a.device());
-  PETRA_CALL(a, add, s, a.numel(), a.data<T>(), b.data<T>(), z.data<T>());
+  PETRA_CALL(ELEMENTWISE, a, add, s, a.numel(), a.data_ptr<T>(), b.data_ptr<T>(), z.data_ptr<T>());
   return z;
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor z = binary(a, b, "sub");
   const auto& s = stream_for(a.device());
-  PETRA_CALL(a, sub, s, a.numel(), a.data<T>(), b.data<T>(), z.data<T>());
+  PETRA_CALL(ELEMENTWISE, a, sub, s, a.numel(), a.data_ptr<T>(), b.data_ptr<T>(), z.data_ptr<T>());
   return z;
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor z = binary(a, b, "mul");
   const auto& s = stream_for(a.device());
-  PETRA_CALL(a, mul, s, a.numel(), a.data<T>(), b.data<T>(), z.data<T>());
+  PETRA_CALL(ELEMENTWISE, a, mul, s, a.numel(), a.data_ptr<T>(), b.data_ptr<T>(), z.data_ptr<T>());
   return z;
 }
 
@@ -138,7 +131,7 @@ Tensor scale(const Tensor& a, double factor) {
   check_float(a, "scale", "a");
   Tensor y = Tensor::empty(a.shape(), a.dtype(), a.device());
   const auto& s = stream_for(a.device());
-  PETRA_CALL(a, scale, s, a.numel(), factor, a.data<T>(), y.data<T>());
+  PETRA_CALL(ELEMENTWISE, a, scale, s, a.numel(), factor, a.data_ptr<T>(), y.data_ptr<T>());
   return y;
 }
 
@@ -147,7 +140,7 @@ void add_into(const Tensor& dst, const Tensor& src) {
   check_like(dst, src, "add_into", "src");
   require_same_shape(dst, src, "add_into");
   const auto& s = stream_for(dst.device());
-  PETRA_CALL(dst, add_inplace, s, dst.numel(), src.data<T>(), dst.data<T>());
+  PETRA_CALL(ELEMENTWISE, dst, add_inplace, s, dst.numel(), src.data_ptr<T>(), dst.data_ptr<T>());
 }
 
 void axpy_into(const Tensor& dst, double a, const Tensor& x) {
@@ -155,21 +148,21 @@ void axpy_into(const Tensor& dst, double a, const Tensor& x) {
   check_like(dst, x, "axpy_into", "x");
   require_same_shape(dst, x, "axpy_into");
   const auto& s = stream_for(dst.device());
-  PETRA_CALL(dst, axpy, s, dst.numel(), a, x.data<T>(), dst.data<T>());
+  PETRA_CALL(ELEMENTWISE, dst, axpy, s, dst.numel(), a, x.data_ptr<T>(), dst.data_ptr<T>());
 }
 
 Tensor relu(const Tensor& x) {
   check_float(x, "relu", "x");
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
-  PETRA_CALL(x, relu, s, x.numel(), x.data<T>(), y.data<T>());
+  PETRA_CALL(ELEMENTWISE, x, relu, s, x.numel(), x.data_ptr<T>(), y.data_ptr<T>());
   return y;
 }
 
 Tensor relu_backward(const Tensor& y, const Tensor& dy) {
   Tensor dx = binary(y, dy, "relu_backward");
   const auto& s = stream_for(y.device());
-  PETRA_CALL(y, relu_backward, s, y.numel(), y.data<T>(), dy.data<T>(), dx.data<T>());
+  PETRA_CALL(ELEMENTWISE, y, relu_backward, s, y.numel(), y.data_ptr<T>(), dy.data_ptr<T>(), dx.data_ptr<T>());
   return dx;
 }
 
@@ -197,7 +190,7 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, cons
   }
   Tensor y = Tensor::empty(conv_out_shape(k), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
-  PETRA_CALL_CPU_ONLY(x, conv2d_forward, s, k, x.data<T>(), w.data<T>(), bias.defined() ? bias.data<T>() : nullptr, y.data<T>());
+  PETRA_CALL(CONV2D, x, conv2d_forward, s, k, x.data_ptr<T>(), w.data_ptr<T>(), bias.defined() ? bias.data_ptr<T>() : nullptr, y.data_ptr<T>());
   return y;
 }
 
@@ -208,7 +201,7 @@ Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_sh
   check_shape(dy, conv_out_shape(k), "conv2d_backward_data", "dy");
   Tensor dx = Tensor::empty(x_shape, dy.dtype(), dy.device());
   const auto& s = stream_for(dy.device());
-  PETRA_CALL_CPU_ONLY(dy, conv2d_backward_data, s, k, dy.data<T>(), w.data<T>(), dx.data<T>());
+  PETRA_CALL(CONV2D, dy, conv2d_backward_data, s, k, dy.data_ptr<T>(), w.data_ptr<T>(), dx.data_ptr<T>());
   return dx;
 }
 
@@ -219,7 +212,7 @@ void conv2d_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw,
   const auto k = conv_shape(x.shape(), dw.shape(), o, "conv2d_backward_weight");
   check_shape(dy, conv_out_shape(k), "conv2d_backward_weight", "dy");
   const auto& s = stream_for(x.device());
-  PETRA_CALL_CPU_ONLY(x, conv2d_backward_weight, s, k, x.data<T>(), dy.data<T>(), dw.data<T>());
+  PETRA_CALL(CONV2D, x, conv2d_backward_weight, s, k, x.data_ptr<T>(), dy.data_ptr<T>(), dw.data_ptr<T>());
 }
 
 void conv2d_backward_bias(const Tensor& dy, const Tensor& db) {
@@ -229,7 +222,7 @@ void conv2d_backward_bias(const Tensor& dy, const Tensor& db) {
   check_shape(db, {dy.size(1)}, "conv2d_backward_bias", "db");
   kernels::Conv2dShape k{dy.size(0), 1, dy.size(2), dy.size(3), dy.size(1), 1, 1, 1, 1, 0, 0};
   const auto& s = stream_for(dy.device());
-  PETRA_CALL_CPU_ONLY(dy, conv2d_backward_bias, s, k, dy.data<T>(), db.data<T>());
+  PETRA_CALL(CONV2D, dy, conv2d_backward_bias, s, k, dy.data_ptr<T>(), db.data_ptr<T>());
 }
 
 // ---------------------------------------------------------------- batch norm
@@ -264,14 +257,14 @@ Tensor batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& bet
     PETRA_CHECK(saved != nullptr, ValueError, op, ": training mode needs somewhere to save the statistics");
     saved->mean = Tensor::empty(per_channel, x.dtype(), x.device());
     saved->invstd = Tensor::empty(per_channel, x.dtype(), x.device());
-    PETRA_CALL_CPU_ONLY(x, batchnorm_forward_train, s, k, o.eps, o.momentum, x.data<T>(), gamma.data<T>(), beta.data<T>(),
-               y.data<T>(), saved->mean.data<T>(), saved->invstd.data<T>(),
-               running_mean.defined() ? running_mean.data<T>() : nullptr,
-               running_var.defined() ? running_var.data<T>() : nullptr);
+    PETRA_CALL(BATCHNORM, x, batchnorm_forward_train, s, k, o.eps, o.momentum, x.data_ptr<T>(), gamma.data_ptr<T>(), beta.data_ptr<T>(),
+               y.data_ptr<T>(), saved->mean.data_ptr<T>(), saved->invstd.data_ptr<T>(),
+               running_mean.defined() ? running_mean.data_ptr<T>() : nullptr,
+               running_var.defined() ? running_var.data_ptr<T>() : nullptr);
   } else {
     PETRA_CHECK(running_mean.defined(), ValueError, op, ": evaluation mode needs the running statistics");
-    PETRA_CALL_CPU_ONLY(x, batchnorm_forward_eval, s, k, o.eps, x.data<T>(), gamma.data<T>(), beta.data<T>(),
-               running_mean.data<T>(), running_var.data<T>(), y.data<T>());
+    PETRA_CALL(BATCHNORM, x, batchnorm_forward_eval, s, k, o.eps, x.data_ptr<T>(), gamma.data_ptr<T>(), beta.data_ptr<T>(),
+               running_mean.data_ptr<T>(), running_var.data_ptr<T>(), y.data_ptr<T>());
   }
   return y;
 }
@@ -290,8 +283,8 @@ Tensor batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma
   }
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
-  PETRA_CALL_CPU_ONLY(x, batchnorm_backward, s, k, x.data<T>(), dy.data<T>(), gamma.data<T>(), saved.mean.data<T>(),
-             saved.invstd.data<T>(), dx.data<T>(), dgamma.data<T>(), dbeta.data<T>());
+  PETRA_CALL(BATCHNORM, x, batchnorm_backward, s, k, x.data_ptr<T>(), dy.data_ptr<T>(), gamma.data_ptr<T>(), saved.mean.data_ptr<T>(),
+             saved.invstd.data_ptr<T>(), dx.data_ptr<T>(), dgamma.data_ptr<T>(), dbeta.data_ptr<T>());
   return dx;
 }
 
@@ -320,7 +313,7 @@ Tensor sum(const Tensor& x, std::span<const int> dims) {
   const std::uint32_t mask = reduce_mask(x.shape(), dims, "sum");
   Tensor y = Tensor::empty(reduced_shape(x.shape(), mask), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
-  PETRA_CALL_CPU_ONLY(x, reduce_sum, s, x.shape().dims(), mask, x.data<T>(), y.data<T>());
+  PETRA_CALL(REDUCE, x, reduce_sum, s, x.shape().dims(), mask, x.data_ptr<T>(), y.data_ptr<T>());
   return y;
 }
 
@@ -346,7 +339,7 @@ Tensor mean(const Tensor& x, std::span<const int> dims) {
   const std::uint32_t mask = reduce_mask(x.shape(), dims, "mean");
   Tensor y = Tensor::empty(reduced_shape(x.shape(), mask), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
-  PETRA_CALL_CPU_ONLY(x, reduce_mean, s, x.shape().dims(), mask, x.data<T>(), y.data<T>());
+  PETRA_CALL(REDUCE, x, reduce_mean, s, x.shape().dims(), mask, x.data_ptr<T>(), y.data_ptr<T>());
   return y;
 }
 
@@ -361,7 +354,7 @@ Tensor broadcast_to(const Tensor& small, const Shape& shape) {
   }
   Tensor big = Tensor::empty(shape, small.dtype(), small.device());
   const auto& s = stream_for(small.device());
-  PETRA_CALL_CPU_ONLY(small, reduce_sum_backward, s, shape.dims(), mask, small.data<T>(), big.data<T>());
+  PETRA_CALL(REDUCE, small, reduce_sum_backward, s, shape.dims(), mask, small.data_ptr<T>(), big.data_ptr<T>());
   return big;
 }
 
@@ -386,15 +379,15 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, CrossEn
   saved->probs = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
   const auto& s = stream_for(logits.device());
   if (logits.device().is_cuda()) no_cuda_kernel("cross_entropy");
-  const std::int64_t* label_data = labels.data<std::int64_t>();
+  const std::int64_t* label_data = labels.data_ptr<std::int64_t>();
   const std::int64_t bad =
       logits.dtype() == DType::f32
-          ? kernels::cpu::cross_entropy_forward(s, k, logits.data<float>(), label_data, loss.data<float>(),
-                                                saved->probs.data<float>())
-          : kernels::ref::cross_entropy_forward<double>(s, k, logits.data<double>(), label_data, loss.data<double>(),
-                                                        saved->probs.data<double>());
+          ? kernels::cpu::cross_entropy_forward(s, k, logits.data_ptr<float>(), label_data, loss.data_ptr<float>(),
+                                                saved->probs.data_ptr<float>())
+          : kernels::ref::cross_entropy_forward<double>(s, k, logits.data_ptr<double>(), label_data, loss.data_ptr<double>(),
+                                                        saved->probs.data_ptr<double>());
   if (bad >= 0)
-    throw ValueError(detail::concat("cross_entropy: label ", labels.data<std::int64_t>()[bad], " of sample ", bad,
+    throw ValueError(detail::concat("cross_entropy: label ", labels.data_ptr<std::int64_t>()[bad], " of sample ", bad,
                                     " is outside [0, ", k.classes, ")"));
   return loss;
 }
@@ -405,8 +398,8 @@ Tensor cross_entropy_backward(const CrossEntropySaved& saved, const Tensor& labe
   PETRA_CHECK(dloss.numel() == 1, ShapeError, "cross_entropy_backward: dloss ", dloss.str(), " must be a scalar");
   Tensor dlogits = Tensor::empty(saved.probs.shape(), saved.probs.dtype(), saved.probs.device());
   const auto& s = stream_for(dlogits.device());
-  PETRA_CALL_CPU_ONLY(dlogits, cross_entropy_backward, s, k, saved.probs.data<T>(), labels.data<std::int64_t>(),
-                      dloss.data<T>(), dlogits.data<T>());
+  PETRA_CALL(LOSS, dlogits, cross_entropy_backward, s, k, saved.probs.data_ptr<T>(), labels.data_ptr<std::int64_t>(),
+                      dloss.data_ptr<T>(), dlogits.data_ptr<T>());
   return dlogits;
 }
 
@@ -416,7 +409,7 @@ Tensor argmax(const Tensor& logits) {
   Tensor predicted = Tensor::empty({logits.size(0)}, DType::i64, logits.device());
   const auto& s = stream_for(logits.device());
   const kernels::CrossEntropyShape k{logits.size(0), logits.size(1)};
-  PETRA_CALL_CPU_ONLY(logits, argmax, s, k, logits.data<T>(), predicted.data<std::int64_t>());
+  PETRA_CALL(LOSS, logits, argmax, s, k, logits.data_ptr<T>(), predicted.data_ptr<std::int64_t>());
   return predicted;
 }
 
@@ -424,7 +417,7 @@ std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
   const auto k = loss_shape(logits, labels, "count_correct");
   std::int64_t correct = 0;
   const auto& s = stream_for(logits.device());
-  PETRA_CALL_CPU_ONLY(logits, count_correct, s, k, logits.data<T>(), labels.data<std::int64_t>(), &correct);
+  PETRA_CALL(LOSS, logits, count_correct, s, k, logits.data_ptr<T>(), labels.data_ptr<std::int64_t>(), &correct);
   return correct;
 }
 
@@ -449,8 +442,8 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
   else
     check_state(param, {&grad}, "sgd");
   const auto& s = stream_for(param.device());
-  PETRA_CALL_CPU_ONLY(param, sgd_step, s, param.numel(), o, first_step, param.data<T>(), grad.data<T>(),
-                      uses_buffer ? momentum_buffer.data<T>() : nullptr);
+  PETRA_CALL(OPTIM, param, sgd_step, s, param.numel(), o, first_step, param.data_ptr<T>(), grad.data_ptr<T>(),
+                      uses_buffer ? momentum_buffer.data_ptr<T>() : nullptr);
 }
 
 void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
@@ -458,14 +451,14 @@ void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, c
   PETRA_CHECK(step >= 1, ValueError, "adam: steps count from 1, got ", step);
   check_state(param, {&grad, &exp_avg, &exp_avg_sq}, "adam");
   const auto& s = stream_for(param.device());
-  PETRA_CALL_CPU_ONLY(param, adam_step, s, param.numel(), o, step, param.data<T>(), grad.data<T>(),
-                      exp_avg.data<T>(), exp_avg_sq.data<T>());
+  PETRA_CALL(OPTIM, param, adam_step, s, param.numel(), o, step, param.data_ptr<T>(), grad.data_ptr<T>(),
+                      exp_avg.data_ptr<T>(), exp_avg_sq.data_ptr<T>());
 }
 
 void lars_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const LarsOptions& o) {
   check_state(param, {&grad, &momentum_buffer}, "lars");
   const auto& s = stream_for(param.device());
-  PETRA_CALL_CPU_ONLY(param, lars_step, s, param.numel(), o, param.data<T>(), grad.data<T>(), momentum_buffer.data<T>());
+  PETRA_CALL(OPTIM, param, lars_step, s, param.numel(), o, param.data_ptr<T>(), grad.data_ptr<T>(), momentum_buffer.data_ptr<T>());
 }
 
 // ---------------------------------------------------------------- linear
@@ -487,8 +480,8 @@ Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias) {
   }
   Tensor y = Tensor::empty({k.batch, k.out_features}, x.dtype(), x.device());
   const auto& s = stream_for(x.device());
-  PETRA_CALL_CPU_ONLY(x, linear_forward, s, k, x.data<T>(), w.data<T>(), bias.defined() ? bias.data<T>() : nullptr,
-                      y.data<T>());
+  PETRA_CALL(LINEAR, x, linear_forward, s, k, x.data_ptr<T>(), w.data_ptr<T>(), bias.defined() ? bias.data_ptr<T>() : nullptr,
+                      y.data_ptr<T>());
   return y;
 }
 
@@ -500,7 +493,7 @@ Tensor linear_backward_data(const Tensor& dy, const Tensor& w) {
   check_shape(dy, {k.batch, k.out_features}, "linear_backward_data", "dy");
   Tensor dx = Tensor::empty({k.batch, k.in_features}, dy.dtype(), dy.device());
   const auto& s = stream_for(dy.device());
-  PETRA_CALL_CPU_ONLY(dy, linear_backward_data, s, k, dy.data<T>(), w.data<T>(), dx.data<T>());
+  PETRA_CALL(LINEAR, dy, linear_backward_data, s, k, dy.data_ptr<T>(), w.data_ptr<T>(), dx.data_ptr<T>());
   return dx;
 }
 
@@ -511,7 +504,7 @@ void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw)
   const auto k = linear_shape(x.shape(), dw.shape(), "linear_backward_weight");
   check_shape(dy, {k.batch, k.out_features}, "linear_backward_weight", "dy");
   const auto& s = stream_for(x.device());
-  PETRA_CALL_CPU_ONLY(x, linear_backward_weight, s, k, x.data<T>(), dy.data<T>(), dw.data<T>());
+  PETRA_CALL(LINEAR, x, linear_backward_weight, s, k, x.data_ptr<T>(), dy.data_ptr<T>(), dw.data_ptr<T>());
 }
 
 void linear_backward_bias(const Tensor& dy, const Tensor& db) {
@@ -521,7 +514,7 @@ void linear_backward_bias(const Tensor& dy, const Tensor& db) {
   check_shape(db, {dy.size(1)}, "linear_backward_bias", "db");
   const kernels::LinearShape k{dy.size(0), 1, dy.size(1)};
   const auto& s = stream_for(dy.device());
-  PETRA_CALL_CPU_ONLY(dy, linear_backward_bias, s, k, dy.data<T>(), db.data<T>());
+  PETRA_CALL(LINEAR, dy, linear_backward_bias, s, k, dy.data_ptr<T>(), db.data_ptr<T>());
 }
 
 // ---------------------------------------------------------------- pooling
@@ -549,10 +542,10 @@ Tensor max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, Tensor* argma
   std::int32_t* indices = nullptr;
   if (argmax != nullptr) {
     *argmax = Tensor::empty(y.shape(), DType::i32, x.device());
-    indices = argmax->data<std::int32_t>();
+    indices = argmax->data_ptr<std::int32_t>();
   }
   const auto& s = stream_for(x.device());
-  PETRA_CALL_CPU_ONLY(x, max_pool2d_forward, s, k, x.data<T>(), y.data<T>(), indices);
+  PETRA_CALL(POOL, x, max_pool2d_forward, s, k, x.data_ptr<T>(), y.data_ptr<T>(), indices);
   return y;
 }
 
@@ -565,7 +558,7 @@ Tensor max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& 
               "max_pool2d_backward: argmax ", argmax.str(), " must be int32 of dy's shape ", dy.shape().str());
   Tensor dx = Tensor::empty(x_shape, dy.dtype(), dy.device());
   const auto& s = stream_for(dy.device());
-  PETRA_CALL_CPU_ONLY(dy, max_pool2d_backward, s, k, dy.data<T>(), argmax.data<std::int32_t>(), dx.data<T>());
+  PETRA_CALL(POOL, dy, max_pool2d_backward, s, k, dy.data_ptr<T>(), argmax.data_ptr<std::int32_t>(), dx.data_ptr<T>());
   return dx;
 }
 
@@ -574,7 +567,7 @@ Tensor avg_pool2d_forward(const Tensor& x, const Pool2dOptions& o) {
   const auto k = pool_shape(x.shape(), o, "avg_pool2d");
   Tensor y = Tensor::empty(pool_out_shape(k), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
-  PETRA_CALL_CPU_ONLY(x, avg_pool2d_forward, s, k, x.data<T>(), y.data<T>());
+  PETRA_CALL(POOL, x, avg_pool2d_forward, s, k, x.data_ptr<T>(), y.data_ptr<T>());
   return y;
 }
 
@@ -584,7 +577,7 @@ Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x_shape, const Pool2dO
   check_shape(dy, pool_out_shape(k), "avg_pool2d_backward", "dy");
   Tensor dx = Tensor::empty(x_shape, dy.dtype(), dy.device());
   const auto& s = stream_for(dy.device());
-  PETRA_CALL_CPU_ONLY(dy, avg_pool2d_backward, s, k, dy.data<T>(), dx.data<T>());
+  PETRA_CALL(POOL, dy, avg_pool2d_backward, s, k, dy.data_ptr<T>(), dx.data_ptr<T>());
   return dx;
 }
 
@@ -593,7 +586,7 @@ Tensor global_avg_pool_forward(const Tensor& x) {
   const auto k = global_pool_shape(x.shape(), "global_avg_pool");
   Tensor y = Tensor::empty({k.batch, k.channels}, x.dtype(), x.device());
   const auto& s = stream_for(x.device());
-  PETRA_CALL_CPU_ONLY(x, global_avg_pool_forward, s, k, x.data<T>(), y.data<T>());
+  PETRA_CALL(POOL, x, global_avg_pool_forward, s, k, x.data_ptr<T>(), y.data_ptr<T>());
   return y;
 }
 
@@ -603,7 +596,7 @@ Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape) {
   check_shape(dy, {k.batch, k.channels}, "global_avg_pool_backward", "dy");
   Tensor dx = Tensor::empty(x_shape, dy.dtype(), dy.device());
   const auto& s = stream_for(dy.device());
-  PETRA_CALL_CPU_ONLY(dy, global_avg_pool_backward, s, k, dy.data<T>(), dx.data<T>());
+  PETRA_CALL(POOL, dy, global_avg_pool_backward, s, k, dy.data_ptr<T>(), dx.data_ptr<T>());
   return dx;
 }
 
@@ -623,7 +616,7 @@ Tensor channel_slice(const Tensor& x, std::int64_t first, std::int64_t count) {
               ", ", first + count, ") of ", x.str());
   Tensor part = Tensor::empty(x.shape().with(1, count), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
-  PETRA_CALL_CPU_ONLY(x, channel_split, s, k, x.data<T>(), first, count, part.data<T>());
+  PETRA_CALL(CHANNEL, x, channel_split, s, k, x.data_ptr<T>(), first, count, part.data_ptr<T>());
   return part;
 }
 
@@ -643,7 +636,7 @@ Tensor channel_concat(std::span<const Tensor> parts) {
   const auto& s = stream_for(first.device());
   std::int64_t at = 0;
   for (const Tensor& p : parts) {
-    PETRA_CALL_CPU_ONLY(p, channel_insert, s, k, p.data<T>(), at, p.size(1), full.data<T>());
+    PETRA_CALL(CHANNEL, p, channel_insert, s, k, p.data_ptr<T>(), at, p.size(1), full.data_ptr<T>());
     at += p.size(1);
   }
   return full;
@@ -666,7 +659,7 @@ Tensor coupling_forward(const Tensor& x, const Tensor& f) {
   const auto k = coupling_shape(x, f, "coupling_forward");
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
-  PETRA_CALL(x, coupling_forward, s, k, x.data<T>(), f.data<T>(), y.data<T>());
+  PETRA_CALL(COUPLING, x, coupling_forward, s, k, x.data_ptr<T>(), f.data_ptr<T>(), y.data_ptr<T>());
   return y;
 }
 
@@ -674,7 +667,7 @@ Tensor coupling_inverse(const Tensor& y, const Tensor& f) {
   const auto k = coupling_shape(y, f, "coupling_inverse");
   Tensor x = Tensor::empty(y.shape(), y.dtype(), y.device());
   const auto& s = stream_for(y.device());
-  PETRA_CALL(y, coupling_inverse, s, k, y.data<T>(), f.data<T>(), x.data<T>());
+  PETRA_CALL(COUPLING, y, coupling_inverse, s, k, y.data_ptr<T>(), f.data_ptr<T>(), x.data_ptr<T>());
   return x;
 }
 
@@ -682,7 +675,7 @@ Tensor coupling_backward(const Tensor& dy, const Tensor& g) {
   const auto k = coupling_shape(dy, g, "coupling_backward");
   Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
   const auto& s = stream_for(dy.device());
-  PETRA_CALL(dy, coupling_backward, s, k, dy.data<T>(), g.data<T>(), dx.data<T>());
+  PETRA_CALL(COUPLING, dy, coupling_backward, s, k, dy.data_ptr<T>(), g.data_ptr<T>(), dx.data_ptr<T>());
   return dx;
 }
 

@@ -1,5 +1,6 @@
-// petra/ops.hpp: the operations of petra, on Tensors (namespace petra::ops) and differentiable on
-// Variables (namespace petra).
+// petra/ops.hpp: the operations of petra on Tensors (namespace petra::ops), with no graph. Their
+// differentiable versions on Variables are in petra/functions.hpp; the optimizer steps in
+// petra/optimizer_steps.hpp. Includes run one way: tensor -> ops -> autograd -> functions.
 //
 // Each op validates its operands (shape, dtype, device; a mistake raises petra::ShapeError or
 // DeviceError naming the op and the shapes), allocates its outputs with the calling thread's
@@ -7,26 +8,17 @@
 // (Stream::current(), or the thread's default stream of that device):
 //   float32 on the CPU -> kernels::cpu,  float64 on the CPU -> kernels::ref (the oracle; float64
 //   exists for gradient checks),  float32 on a GPU -> kernels::cuda.
-//
-// A differentiable op has three parts, in this order: compute with the ops:: functions; a backward
-// closure that captures only what the derivative needs; record it (petra/autograd.hpp).
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
-#include "kernels/optim.hpp"
-#include "petra/autograd.hpp"
 #include "petra/tensor.hpp"
 
 namespace petra {
 
 // ---------------------------------------------------------------- options
-using kernels::AdamOptions;
-using kernels::LarsOptions;
-using kernels::SgdOptions;
-
 struct Conv2dOptions {
   std::int64_t stride = 1;
   std::int64_t padding = 0;
@@ -108,13 +100,6 @@ Tensor cross_entropy_backward(const CrossEntropySaved& saved, const Tensor& labe
 Tensor argmax(const Tensor& logits);                                  // int64 [batch]
 std::int64_t count_correct(const Tensor& logits, const Tensor& labels);
 
-// optimizer steps on one parameter tensor, in place (PyTorch semantics: kernels/optim.hpp)
-void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const SgdOptions& o,
-              bool first_step);
-void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-               const AdamOptions& o, std::int64_t step);
-void lars_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const LarsOptions& o);
-
 // additive coupling with swap: x has 2C channels, f has C
 Tensor coupling_forward(const Tensor& x, const Tensor& f);   // (x2 + f, x1)
 Tensor coupling_inverse(const Tensor& y, const Tensor& f);   // (y2, y1 - f)
@@ -123,28 +108,5 @@ Tensor coupling_inverse(const Tensor& y, const Tensor& f);   // (y2, y1 - f)
 Tensor coupling_backward(const Tensor& dy, const Tensor& g);
 
 }  // namespace ops
-
-// ---------------------------------------------------------------- differentiable (Variables)
-Variable add(const Variable& a, const Variable& b);
-Variable sub(const Variable& a, const Variable& b);
-Variable mul(const Variable& a, const Variable& b);
-Variable scale(const Variable& a, double factor);
-Variable relu(const Variable& x);
-Variable sum(const Variable& x, std::span<const int> dims);
-Variable mean(const Variable& x, std::span<const int> dims);
-Variable reshape(const Variable& x, const Shape& shape);
-Variable linear(const Variable& x, const Variable& w, const Variable& bias);
-Variable conv2d(const Variable& x, const Variable& w, const Variable& bias, const Conv2dOptions& o);
-// running_mean / running_var are buffers (plain tensors, updated in place in training mode).
-Variable batch_norm(const Variable& x, const Variable& gamma, const Variable& beta, const Tensor& running_mean,
-                    const Tensor& running_var, const BatchNormOptions& o);
-Variable max_pool2d(const Variable& x, const Pool2dOptions& o);
-Variable avg_pool2d(const Variable& x, const Pool2dOptions& o);
-Variable global_avg_pool(const Variable& x);
-std::vector<Variable> split_channels(const Variable& x, std::span<const std::int64_t> sizes);
-Variable concat_channels(std::span<const Variable> parts);
-Variable slice_channels(const Variable& x, std::int64_t first, std::int64_t count);  // a packed copy
-Variable cross_entropy(const Variable& logits, const Tensor& labels);  // mean over the batch
-Variable coupling(const Variable& x, const Variable& f);                // (x2 + f, x1)
 
 }  // namespace petra

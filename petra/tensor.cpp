@@ -144,11 +144,11 @@ template <class To>
 void convert_into(const Tensor& src, To* dst) {
   const std::int64_t n = src.numel();
   switch (src.dtype()) {
-    case DType::f32: { const float* p = src.data<float>(); for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(p[i]); break; }
-    case DType::f64: { const double* p = src.data<double>(); for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(p[i]); break; }
-    case DType::i32: { const std::int32_t* p = src.data<std::int32_t>(); for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(p[i]); break; }
-    case DType::i64: { const std::int64_t* p = src.data<std::int64_t>(); for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(p[i]); break; }
-    case DType::u8: { const std::uint8_t* p = src.data<std::uint8_t>(); for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(p[i]); break; }
+    case DType::f32: { const float* p = src.data_ptr<float>(); for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(p[i]); break; }
+    case DType::f64: { const double* p = src.data_ptr<double>(); for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(p[i]); break; }
+    case DType::i32: { const std::int32_t* p = src.data_ptr<std::int32_t>(); for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(p[i]); break; }
+    case DType::i64: { const std::int64_t* p = src.data_ptr<std::int64_t>(); for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(p[i]); break; }
+    case DType::u8: { const std::uint8_t* p = src.data_ptr<std::uint8_t>(); for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(p[i]); break; }
   }
 }
 }  // namespace
@@ -160,11 +160,11 @@ Tensor Tensor::to(DType target) const {
   const Tensor src = contiguous();
   Tensor out = empty(shape_, target, Device::cpu());
   switch (target) {
-    case DType::f32: convert_into(src, out.data<float>()); break;
-    case DType::f64: convert_into(src, out.data<double>()); break;
-    case DType::i32: convert_into(src, out.data<std::int32_t>()); break;
-    case DType::i64: convert_into(src, out.data<std::int64_t>()); break;
-    case DType::u8: convert_into(src, out.data<std::uint8_t>()); break;
+    case DType::f32: convert_into(src, out.data_ptr<float>()); break;
+    case DType::f64: convert_into(src, out.data_ptr<double>()); break;
+    case DType::i32: convert_into(src, out.data_ptr<std::int32_t>()); break;
+    case DType::i64: convert_into(src, out.data_ptr<std::int64_t>()); break;
+    case DType::u8: convert_into(src, out.data_ptr<std::uint8_t>()); break;
   }
   return out;
 }
@@ -189,7 +189,7 @@ void Tensor::copy_from(const Tensor& source) const {
 namespace {
 template <class T>
 void fill_as(const Tensor& t, double value) {
-  T* p = t.data<T>();
+  T* p = t.data_ptr<T>();
   std::fill(p, p + t.numel(), static_cast<T>(value));
 }
 }  // namespace
@@ -209,7 +209,7 @@ void Tensor::fill(double value) const {
 double Tensor::item() const {
   PETRA_CHECK(defined() && numel() == 1, ShapeError, "Tensor::item: needs exactly one element, got ", str());
   const Tensor t = to(Device::cpu()).contiguous().to(DType::f64);
-  return *t.data<double>();
+  return *t.data_ptr<double>();
 }
 
 void require_contiguous(const Tensor& t, const char* op, const char* what) {

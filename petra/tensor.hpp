@@ -7,7 +7,7 @@
 // along dim 1 (the channels: the two streams of a reversible block are channel halves) gives a
 // strided view, which contiguous() turns into a packed copy. Kernels require contiguous operands.
 //
-// Element access from host code (data<T>(), to_vector, item) is for CPU tensors only; use to()
+// Element access from host code (data_ptr<T>(), to_vector, item) is for CPU tensors only; use to()
 // to move a tensor between devices.
 #pragma once
 
@@ -72,7 +72,7 @@ class Tensor {
   std::string str() const;  // "Tensor[64, 3, 32, 32] float32 cpu:0"
 
   // Typed pointer to the first element; throws ShapeError if T is not the dtype.
-  template <class T> T* data() const;
+  template <class T> T* data_ptr() const;
   void* raw_data() const;
 
   // Views (share storage).
@@ -105,9 +105,9 @@ void require_same_shape(const Tensor& a, const Tensor& b, const char* op);
 
 // --- template definitions
 template <class T>
-T* Tensor::data() const {
+T* Tensor::data_ptr() const {
   PETRA_CHECK(defined(), ShapeError, "Tensor::data: undefined tensor");
-  PETRA_CHECK(dtype_v<T> == dtype_, ShapeError, "Tensor::data<", name_of(dtype_v<T>), ">: tensor is ", name_of(dtype_));
+  PETRA_CHECK(dtype_v<T> == dtype_, ShapeError, "Tensor::data_ptr<", name_of(dtype_v<T>), ">: tensor is ", name_of(dtype_));
   return static_cast<T*>(storage_->data()) + offset_;
 }
 
@@ -116,14 +116,14 @@ Tensor Tensor::from_vector(const Shape& shape, const std::vector<T>& values, Dev
   PETRA_CHECK(static_cast<std::int64_t>(values.size()) == shape.numel(), ShapeError, "Tensor::from_vector: ",
               values.size(), " values for shape ", shape.str());
   Tensor host = empty(shape, dtype_v<T>, Device::cpu());
-  std::copy(values.begin(), values.end(), host.data<T>());
+  std::copy(values.begin(), values.end(), host.data_ptr<T>());
   return host.to(device);
 }
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
   const Tensor packed = to(Device::cpu()).contiguous();
-  const T* p = packed.data<T>();
+  const T* p = packed.data_ptr<T>();
   return std::vector<T>(p, p + numel());
 }
 

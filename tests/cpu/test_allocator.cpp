@@ -57,7 +57,7 @@ TEST_CASE("freed blocks are reused instead of asking the system again") {
   const auto before = alloc().system_allocations();
   for (int i = 0; i < 50; ++i) {
     const Tensor t = Tensor::empty({1 << 20}, DType::f32);
-    t.data<float>()[0] = 1.0f;
+    t.data_ptr<float>()[0] = 1.0f;
   }
   CHECK(alloc().system_allocations() == before);
   CHECK(alloc().cached_bytes(kCpu) >= (4 << 20));

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "petra/ops.hpp"
+#include "petra/functions.hpp"
 #include "tests/support/testing.hpp"
 
 using namespace petra;

@@ -267,8 +267,8 @@ Dataset small_dataset(std::int64_t n, std::int64_t c, std::int64_t h, std::int64
   d.images = Tensor::empty({n, c, h, w}, DType::u8);
   d.labels = Tensor::empty({n}, DType::i64);
   for (std::int64_t i = 0; i < n; ++i) {
-    for (std::int64_t k = 0; k < c * h * w; ++k) d.images.data<std::uint8_t>()[i * c * h * w + k] = fixture_pixel(i, k);
-    d.labels.data<std::int64_t>()[i] = i % classes;
+    for (std::int64_t k = 0; k < c * h * w; ++k) d.images.data_ptr<std::uint8_t>()[i * c * h * w + k] = fixture_pixel(i, k);
+    d.labels.data_ptr<std::int64_t>()[i] = i % classes;
   }
   for (std::int64_t ch = 0; ch < c; ++ch) {
     d.normalization.mean.push_back(0.25f + 0.1f * static_cast<float>(ch));
@@ -303,7 +303,7 @@ TEST_CASE("data: IDX images and labels are read raw and gzipped, values and shap
     CHECK(d.images.dtype() == DType::u8);
     CHECK(d.labels.to_vector<std::int64_t>() == std::vector<std::int64_t>{3, 1, 4, 1, 5});
     for (std::int64_t i = 0; i < 5; ++i)
-      for (std::int64_t k = 0; k < 12; ++k) CHECK(d.images.data<std::uint8_t>()[i * 12 + k] == fixture_pixel(i, k));
+      for (std::int64_t k = 0; k < 12; ++k) CHECK(d.images.data_ptr<std::uint8_t>()[i * 12 + k] == fixture_pixel(i, k));
   }
 
   const Split split = read_fashion_mnist(dir.path());
@@ -412,8 +412,8 @@ TEST_CASE("data: CIFAR-10 and CIFAR-100 binary batches are read, and bad ones re
   CHECK(cifar.train.labels.to_vector<std::int64_t>() == std::vector<std::int64_t>{1, 8, 2, 7, 3, 6, 4, 5, 5, 4});
   CHECK(cifar.test.labels.to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 1, 2});
   for (std::int64_t i = 0; i < 10; ++i)
-    for (std::int64_t k = 0; k < 3072; k += 97) CHECK(cifar.train.images.data<std::uint8_t>()[i * 3072 + k] == fixture_pixel(i, k));
-  CHECK(cifar.test.images.data<std::uint8_t>()[2 * 3072 + 5] == fixture_pixel(102, 5));
+    for (std::int64_t k = 0; k < 3072; k += 97) CHECK(cifar.train.images.data_ptr<std::uint8_t>()[i * 3072 + k] == fixture_pixel(i, k));
+  CHECK(cifar.test.images.data_ptr<std::uint8_t>()[2 * 3072 + 5] == fixture_pixel(102, 5));
   CHECK(cifar.train.normalization.std == std::vector<float>{0.2470f, 0.2435f, 0.2616f});
   CHECK(cifar.train.augmentation.crop_padding == 4);
   CHECK(read_cifar10(root).train.size() == 10);
@@ -426,7 +426,7 @@ TEST_CASE("data: CIFAR-10 and CIFAR-100 binary batches are read, and bad ones re
   const Split c100 = read_cifar100(dir.path());
   CHECK(c100.train.labels.to_vector<std::int64_t>() == std::vector<std::int64_t>{99, 42});
   CHECK(c100.train.classes == 100);
-  CHECK(c100.test.images.data<std::uint8_t>()[100] == fixture_pixel(5, 100));
+  CHECK(c100.test.images.data_ptr<std::uint8_t>()[100] == fixture_pixel(5, 100));
 
   // Truncated record, label out of range, missing file.
   Bytes truncated = records(0, {{1}, {2}, {3}});
@@ -479,14 +479,14 @@ TEST_CASE("data: ImageNet32 .npz batches are read (stored and deflated data, 1-b
   CHECK(d.classes == 1000);
   CHECK(d.labels.to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 999, 6, 499, 1});
   for (std::int64_t i = 0; i < 5; ++i)
-    for (std::int64_t k = 0; k < 48; ++k) CHECK(d.images.data<std::uint8_t>()[i * 48 + k] == fixture_pixel(i, k));
+    for (std::int64_t k = 0; k < 48; ++k) CHECK(d.images.data_ptr<std::uint8_t>()[i * 48 + k] == fixture_pixel(i, k));
 
   // A file written by NumPy itself: 2 images of 2x2, labels 1 and 1000.
   write_file(dir / "numpy.npz", Bytes(std::begin(kNumpySavez), std::end(kNumpySavez)));
   const Dataset from_numpy = read_imagenet_npz(std::vector<fs::path>{dir / "numpy.npz"});
   CHECK(from_numpy.images.shape() == Shape{2, 3, 2, 2});
   CHECK(from_numpy.labels.to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 999});
-  for (std::int64_t k = 0; k < 24; ++k) CHECK(from_numpy.images.data<std::uint8_t>()[k] == 10 * k);
+  for (std::int64_t k = 0; k < 24; ++k) CHECK(from_numpy.images.data_ptr<std::uint8_t>()[k] == 10 * k);
 
   // The directory layout: train_data_batch_1..10.npz and val_data.npz (32x32 here).
   const fs::path root = dir / "imagenet";
@@ -497,7 +497,7 @@ TEST_CASE("data: ImageNet32 .npz batches are read (stored and deflated data, 1-b
   const Split split = read_imagenet32(root);
   CHECK(split.train.images.shape() == Shape{10, 3, 32, 32});
   CHECK(split.train.labels.to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
-  CHECK(split.test.images.data<std::uint8_t>()[3072 + 17] == fixture_pixel(51, 17));
+  CHECK(split.test.images.data_ptr<std::uint8_t>()[3072 + 17] == fixture_pixel(51, 17));
   CHECK(split.train.normalization.mean == std::vector<float>{0.481f, 0.457f, 0.408f});
   CHECK(split.test.name == "imagenet32/val");
 }
@@ -568,7 +568,7 @@ TEST_CASE("data: an npy directory (uint8 NHWC and float32 NCHW) is read, normali
   write_file(dir / "labels.npy", npy_bytes(DType::i64, {3}, labels.data(), 24));
   Split split = read_npy_directory(dir.path());
   REQUIRE(split.train.images.shape() == Shape{3, 2, 2, 2});
-  const std::uint8_t* chw = split.train.images.data<std::uint8_t>();
+  const std::uint8_t* chw = split.train.images.data_ptr<std::uint8_t>();
   for (int i = 0; i < 3; ++i)
     for (int c = 0; c < 2; ++c)
       for (int y = 0; y < 2; ++y)
@@ -658,7 +658,7 @@ TEST_CASE("data: the synthetic data set is deterministic, balanced and learnable
   SyntheticSpec other = spec;
   other.seed = 12;
   CHECK_FALSE(same_bits(make_synthetic(other).train.images, a.train.images));
-  for (std::int64_t i = 0; i < 600; ++i) REQUIRE(a.train.labels.data<std::int64_t>()[i] == i % 6);
+  for (std::int64_t i = 0; i < 600; ++i) REQUIRE(a.train.labels.data_ptr<std::int64_t>()[i] == i % 6);
   CHECK(a.train.normalization.mean.size() == 3);
 
   // Learnable: the nearest class mean (of the training images) classifies most test images.
@@ -666,7 +666,7 @@ TEST_CASE("data: the synthetic data set is deterministic, balanced and learnable
   std::vector<double> means(static_cast<std::size_t>(6 * pixels), 0.0);
   for (std::int64_t i = 0; i < 600; ++i)
     for (std::int64_t k = 0; k < pixels; ++k)
-      means[static_cast<std::size_t>((i % 6) * pixels + k)] += a.train.images.data<std::uint8_t>()[i * pixels + k] / 100.0;
+      means[static_cast<std::size_t>((i % 6) * pixels + k)] += a.train.images.data_ptr<std::uint8_t>()[i * pixels + k] / 100.0;
   int correct = 0;
   for (std::int64_t i = 0; i < 200; ++i) {
     std::int64_t best = -1;
@@ -674,12 +674,12 @@ TEST_CASE("data: the synthetic data set is deterministic, balanced and learnable
     for (std::int64_t k = 0; k < 6; ++k) {
       double distance = 0;
       for (std::int64_t p = 0; p < pixels; ++p) {
-        const double d = a.test.images.data<std::uint8_t>()[i * pixels + p] - means[static_cast<std::size_t>(k * pixels + p)];
+        const double d = a.test.images.data_ptr<std::uint8_t>()[i * pixels + p] - means[static_cast<std::size_t>(k * pixels + p)];
         distance += d * d;
       }
       if (distance < best_distance) best_distance = distance, best = k;
     }
-    correct += best == a.test.labels.data<std::int64_t>()[i];
+    correct += best == a.test.labels.data_ptr<std::int64_t>()[i];
   }
   MESSAGE("synthetic: nearest class mean gets ", correct, " / 200 test images");
   CHECK(correct >= 150);
@@ -697,7 +697,7 @@ TEST_CASE("data: load_dataset names, defaults and errors") {
   const Dataset d = small_dataset(10, 1, 4, 4);
   const Dataset head = take(d, 3);
   CHECK(head.size() == 3);
-  CHECK(head.images.data<std::uint8_t>() == d.images.data<std::uint8_t>());  // a view
+  CHECK(head.images.data_ptr<std::uint8_t>() == d.images.data_ptr<std::uint8_t>());  // a view
   CHECK_THROWS_AS(take(d, 11), ValueError);
 }
 
@@ -719,7 +719,7 @@ TEST_CASE("data: normalisation gives (x - mean) / std per channel, for uint8 and
   // Fashion-MNIST's constants: byte 0 -> -0.2860 / 0.3530, byte 255 -> (1 - 0.2860) / 0.3530.
   Dataset fm = small_dataset(1, 1, 2, 2);
   fm.normalization = kFashionMnistNormalization;
-  std::uint8_t* px = fm.images.data<std::uint8_t>();
+  std::uint8_t* px = fm.images.data_ptr<std::uint8_t>();
   px[0] = 0, px[1] = 255, px[2] = 73, px[3] = 128;
   std::vector<float> fm_out(4);
   BatchAssembler(fm, Augmentation{}).transform_sample(0, {}, fm_out.data());
@@ -905,7 +905,7 @@ TEST_CASE("data: the same seed gives bit-identical batches with and without pref
 
 TEST_CASE("data: an exception in the prefetch thread is rethrown by next(); shutdown is clean") {
   Dataset d = small_dataset(100, 1, 4, 4);
-  d.labels.data<std::int64_t>()[70] = 10;  // out of range for 10 classes: batch 1 (samples 64..99) fails
+  d.labels.data_ptr<std::int64_t>()[70] = 10;  // out of range for 10 classes: batch 1 (samples 64..99) fails
   for (const bool prefetch : {false, true}) {
     CAPTURE(prefetch);
     Loader loader(d, {.batch_size = 64, .shuffle = false, .prefetch = prefetch});

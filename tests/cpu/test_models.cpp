@@ -219,7 +219,7 @@ void check_stage_gradients(Stage& stage, const Shape& x_shape, std::uint64_t see
   }
   for (const auto& [name, p] : stage.named_parameters()) {
     const auto analytic = p.grad().to_vector<double>();
-    double* data = p.data().data<double>();
+    double* data = p.data().data_ptr<double>();
     for (std::int64_t i = 0; i < p.data().numel(); i += std::max<std::int64_t>(1, p.data().numel() / 5)) {
       const double saved = data[i];
       const double h = 1e-6;

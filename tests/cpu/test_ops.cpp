@@ -5,7 +5,8 @@
 
 #include <functional>
 
-#include "petra/ops.hpp"
+#include "petra/functions.hpp"
+#include "petra/optimizer_steps.hpp"
 #include "tests/support/testing.hpp"
 
 using namespace petra;

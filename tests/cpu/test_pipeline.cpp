@@ -5,8 +5,9 @@
 #include <cmath>
 
 #include "petra/stream.hpp"
-#include "pipeline/runtime.hpp"
-#include "pipeline/synchronous.hpp"
+#include "pipeline/backprop_reference.hpp"
+#include "pipeline/executor.hpp"
+#include "pipeline/placement.hpp"
 #include "tests/support/testing.hpp"
 
 using namespace petra;
@@ -24,8 +25,8 @@ nn::ModelConfig small_revnet(const std::string& arch = "revnet18") {
   return c;
 }
 
-data::Batch make_batch(std::int64_t m) {
-  data::Batch b;
+MiniBatch make_batch(std::int64_t m) {
+  MiniBatch b;
   b.images = Tensor::from_vector<float>({4, 1, 12, 12}, testing::random_values<float>(4 * 144, 100 + m));
   std::vector<std::int64_t> labels(4);
   for (int i = 0; i < 4; ++i) labels[i] = (m * 3 + i * 7) % 10;
@@ -59,7 +60,7 @@ TEST_CASE("with lr = 0, every delayed method's per-stage gradients equal backpro
     const std::int64_t batches = 5;
     nn::Model reference(config);
     for (std::int64_t m = 0; m < batches; ++m) {
-      const data::Batch b = make_batch(m);
+      const MiniBatch b = make_batch(m);
       backprop_step(reference, b.images, b.labels);  // gradients add up over the 5 mini-batches
     }
     const auto expected = stage_gradients(reference);

@@ -1,10 +1,12 @@
-// tests/cpu/test_synchronous.cpp: exact backprop and reversible backprop agree, and reversible
-// backprop's activation memory does not grow with the number of reversible blocks.
+// tests/cpu/test_synchronous.cpp: the synchronous methods as the trainer runs them, on the executor:
+// backprop there is the one-graph reference bit for bit, reversible backprop agrees with it, and
+// reversible backprop's activation memory does not grow with the number of reversible blocks.
 #include <doctest/doctest.h>
 
 #include <cmath>
 
-#include "pipeline/synchronous.hpp"
+#include "pipeline/backprop_reference.hpp"
+#include "pipeline/executor.hpp"
 #include "tests/support/testing.hpp"
 
 using namespace petra;
@@ -27,7 +29,44 @@ nn::ModelConfig small(const std::string& arch) {
   c.seed = 5;
   return c;
 }
+
+// Runs `steps` mini-batches (all the same: x, labels) of a synchronous method on the executor, with
+// no optimizer step, so the gradients add up. Returns the head's numbers of the last one.
+pipeline::HeadStats executor_steps(nn::Model& model, pipeline::PipelineMethod method, const Tensor& x,
+                                   const Tensor& labels, std::int64_t steps = 1) {
+  pipeline::RuntimeOptions options;
+  options.method = method;
+  options.apply_updates = false;
+  pipeline::SequentialExecutor executor(model, options);
+  const auto grid = pipeline::make_schedule(method, static_cast<int>(model.num_stages()), steps, 1, false);
+  pipeline::HeadStats last;
+  executor.run(grid, 0, steps, [&](std::int64_t) { return pipeline::MiniBatch{x, labels}; },
+               [&](const pipeline::HeadStats& s) { last = s; });
+  return last;
+}
 }  // namespace
+
+TEST_CASE("backprop on the executor is the one-graph reference, bit for bit") {
+  for (const std::string arch : {"revnet18", "resnet18"}) {
+    CAPTURE(arch);
+    nn::Model a(small(arch)), b(small(arch));
+    const Tensor x = random_images({6, 1, 12, 12}, 3), labels = random_labels(6, 10);
+    const auto ra = pipeline::backprop_step(a, x, labels);
+    const auto rb = executor_steps(b, pipeline::PipelineMethod::backprop, x, labels);
+    CHECK(ra.loss == rb.loss);
+    CHECK(ra.correct == rb.correct);
+    const auto pa = a.named_parameters(), pb = b.named_parameters();
+    REQUIRE(pa.size() == pb.size());
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      CAPTURE(pa[i].first);
+      REQUIRE(pb[i].second.grad().defined());
+      CHECK(pa[i].second.grad().to_vector<float>() == pb[i].second.grad().to_vector<float>());
+    }
+    const auto ba = a.named_buffers(), bb = b.named_buffers();  // batch norm's running statistics, moved once
+    REQUIRE(ba.size() == bb.size());
+    for (std::size_t i = 0; i < ba.size(); ++i) CHECK(ba[i].second.to_vector<float>() == bb[i].second.to_vector<float>());
+  }
+}
 
 TEST_CASE("revbackprop gives backprop's loss and parameter gradients") {
   for (const std::string arch : {"revnet18", "revnet50"}) {
@@ -35,7 +74,7 @@ TEST_CASE("revbackprop gives backprop's loss and parameter gradients") {
     nn::Model a(small(arch)), b(small(arch));  // same seed: same parameters
     const Tensor x = random_images({6, 1, 12, 12}, 1), labels = random_labels(6, 10);
     const auto ra = pipeline::backprop_step(a, x, labels);
-    const auto rb = pipeline::revbackprop_step(b, x, labels);
+    const auto rb = executor_steps(b, pipeline::PipelineMethod::revbackprop, x, labels);
     CHECK(ra.loss == doctest::Approx(rb.loss).epsilon(1e-6));
     CHECK(ra.correct == rb.correct);
     const auto pa = a.named_parameters(), pb = b.named_parameters();
@@ -58,11 +97,17 @@ namespace {
 std::int64_t step_peak_bytes(const std::string& arch, pipeline::PipelineMethod method) {
   nn::Model model(small(arch));
   const Tensor x = random_images({8, 1, 16, 16}, 2), labels = random_labels(8, 10);
-  pipeline::train_step(model, method, x, labels);
+  pipeline::RuntimeOptions options;
+  options.method = method;
+  options.apply_updates = false;
+  pipeline::SequentialExecutor executor(model, options);
+  const auto grid = pipeline::make_schedule(method, static_cast<int>(model.num_stages()), 2, 1, false);
+  const pipeline::BatchSource batch = [&](std::int64_t) { return pipeline::MiniBatch{x, labels}; };
+  executor.run(grid, 0, 1, batch, {});
   auto& alloc = Allocator::instance();
   alloc.reset_peaks(Device::cpu());
   const std::int64_t before = alloc.stats(Device::cpu()).current;
-  pipeline::train_step(model, method, x, labels);
+  executor.run(grid, 1, 2, batch, {});
   return alloc.stats(Device::cpu()).peak - before;
 }
 }  // namespace

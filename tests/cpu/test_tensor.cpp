@@ -24,7 +24,7 @@ TEST_CASE("from_vector, to_vector, item, fill") {
   CHECK(Tensor::full({1}, 2.5).item() == 2.5);
   CHECK_THROWS_AS(Tensor::from_vector<float>({2, 2}, {1, 2, 3}), ShapeError);
   CHECK_THROWS_AS(t.item(), ShapeError);
-  CHECK_THROWS_AS(t.data<double>(), ShapeError);
+  CHECK_THROWS_AS(t.data_ptr<double>(), ShapeError);
   t.fill(7);
   CHECK(t.to_vector<float>() == std::vector<float>(6, 7.0f));
 }
@@ -33,7 +33,7 @@ TEST_CASE("reshape shares storage; wrong sizes are refused") {
   const Tensor t = Tensor::from_vector<float>({2, 3}, {1, 2, 3, 4, 5, 6});
   const Tensor r = t.reshape({3, 2});
   CHECK(r.storage() == t.storage());
-  r.data<float>()[0] = 42;
+  r.data_ptr<float>()[0] = 42;
   CHECK(t.to_vector<float>()[0] == 42);
   CHECK_THROWS_AS(t.reshape({4, 2}), ShapeError);
 }

@@ -97,7 +97,7 @@ TEST_CASE("damaged or mismatched checkpoints are refused with a clear message") 
     }
   }
   SUBCASE("a missing file") {
-    fs::remove(checkpoint / "optimizer" / "optimizer_state.txt");
+    REQUIRE(fs::remove(checkpoint / "optimizer" / "stage-01" / "optimizer_state.txt"));  // one per stage
     CHECK_THROWS_AS(Trainer{c}, CheckpointError);
   }
   SUBCASE("an unfinished checkpoint (no manifest)") {

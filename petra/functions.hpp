@@ -1,0 +1,39 @@
+// petra/functions.hpp: the differentiable operations of petra, on Variables (petra/autograd.hpp).
+//
+// Each one computes with the Tensor ops of petra/ops.hpp and records a graph node when gradients are
+// recorded. A differentiable op has three parts, in this order: compute with the ops:: functions; a
+// backward closure that captures only what the derivative needs; record it (petra::record_one).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "petra/autograd.hpp"
+#include "petra/ops.hpp"
+
+namespace petra {
+
+Variable add(const Variable& a, const Variable& b);
+Variable sub(const Variable& a, const Variable& b);
+Variable mul(const Variable& a, const Variable& b);
+Variable scale(const Variable& a, double factor);
+Variable relu(const Variable& x);
+Variable sum(const Variable& x, std::span<const int> dims);
+Variable mean(const Variable& x, std::span<const int> dims);
+Variable reshape(const Variable& x, const Shape& shape);
+Variable linear(const Variable& x, const Variable& w, const Variable& bias);
+Variable conv2d(const Variable& x, const Variable& w, const Variable& bias, const Conv2dOptions& o);
+// running_mean / running_var are buffers (plain tensors, updated in place in training mode).
+Variable batch_norm(const Variable& x, const Variable& gamma, const Variable& beta, const Tensor& running_mean,
+                    const Tensor& running_var, const BatchNormOptions& o);
+Variable max_pool2d(const Variable& x, const Pool2dOptions& o);
+Variable avg_pool2d(const Variable& x, const Pool2dOptions& o);
+Variable global_avg_pool(const Variable& x);
+std::vector<Variable> split_channels(const Variable& x, std::span<const std::int64_t> sizes);
+Variable concat_channels(std::span<const Variable> parts);
+Variable slice_channels(const Variable& x, std::int64_t first, std::int64_t count);  // a packed copy
+Variable cross_entropy(const Variable& logits, const Tensor& labels);  // mean over the batch
+Variable coupling(const Variable& x, const Variable& f);                // (x2 + f, x1)
+
+}  // namespace petra

@@ -1,0 +1,157 @@
+// pipeline/executor.cpp: the executors that interpret a schedule: the sequential one (the oracle)
+// and the concurrent one (a worker thread per device, blocking only on the messages it needs).
+#include "pipeline/executor.hpp"
+
+#include <exception>
+#include <thread>
+
+#include "petra/stream.hpp"
+
+namespace petra::pipeline {
+
+// ---------------------------------------------------------------- channels
+template <class Message>
+Message Channel<Message>::pop(bool wait, std::int64_t microbatch, int stage, const char* what) {
+  std::unique_lock lock(mutex_);
+  if (wait) arrived_.wait(lock, [&] { return !queue_.empty(); });
+  PETRA_CHECK(!queue_.empty(), Error, "stage ", stage, ": ", what, " of mini-batch ", microbatch,
+              " but no message has arrived (the schedule and the executor disagree)");
+  PETRA_CHECK(queue_.front().microbatch == microbatch, Error, "stage ", stage, ": ", what, " of mini-batch ",
+              microbatch, " received the message of mini-batch ", queue_.front().microbatch);
+  Message m = std::move(queue_.front());
+  queue_.pop_front();
+  return m;
+}
+
+template class Channel<ForwardMessage>;
+template class Channel<BackwardMessage>;
+
+// ---------------------------------------------------------------- sequential executor
+SequentialExecutor::SequentialExecutor(nn::Model& model, const RuntimeOptions& options)
+    : to_next_(model.num_stages()), to_previous_(model.num_stages()), last_backward_(model.num_stages(), 0) {
+  const int J = static_cast<int>(model.num_stages());
+  for (int j = 0; j < J; ++j) {
+    const bool next_keeps = j + 1 < J && keeping(options.method, model.stage(j + 1).kind()).input;
+    stages_.push_back(std::make_unique<StageRuntime>(model.stage(j), j, J, options, next_keeps));
+  }
+}
+
+void SequentialExecutor::execute(const Action& action, bool wait, const BatchSource& batches,
+                                 const HeadCallback& on_head) {
+  const int j = action.stage, head = static_cast<int>(stages_.size()) - 1;
+  const std::int64_t m = action.microbatch;
+  switch (action.kind) {
+    case Action::Kind::forward: {
+      ForwardMessage in;
+      if (j == 0) {
+        MiniBatch b = batches(m);
+        in = {m, std::move(b.images), std::move(b.labels)};
+      } else {
+        in = to_next_[j - 1].pop(wait, m, j, "forward");
+      }
+      if (j == head)
+        to_next_[head].push(std::move(in));  // the head's backward, next in this cell, takes it
+      else
+        to_next_[j].push(stages_[j]->forward(std::move(in)));
+      break;
+    }
+    case Action::Kind::backward: {
+      BackwardMessage out;
+      if (j == head) {
+        HeadStats stats;
+        out = stages_[j]->head_step(to_next_[head].pop(false, m, j, "head step"), stats);
+        if (on_head) on_head(stats);
+      } else {
+        out = stages_[j]->backward(to_previous_[j].pop(wait, m, j, "backward"));
+      }
+      if (j > 0) to_previous_[j - 1].push(std::move(out));
+      last_backward_[j] = m;
+      break;
+    }
+    case Action::Kind::update: stages_[j]->update(last_backward_[j]); break;
+  }
+}
+
+void SequentialExecutor::execute_cell(const std::vector<Action>& cell, bool wait, const BatchSource& batches,
+                                      const HeadCallback& on_head) {
+  for (const Action& a : cell) execute(a, wait, batches, on_head);
+}
+
+void SequentialExecutor::check_range(const Schedule& schedule, std::int64_t first, std::int64_t last) const {
+  PETRA_CHECK(schedule.stages == static_cast<int>(stages_.size()), ValueError, "executor: schedule for ",
+              schedule.stages, " stages, model has ", stages_.size());
+  PETRA_CHECK(0 <= first && first <= last && last <= schedule.steps, ValueError, "executor: steps [", first, ", ", last,
+              ") outside the schedule's ", schedule.steps);
+}
+
+void SequentialExecutor::run(const Schedule& schedule, std::int64_t first, std::int64_t last,
+                             const BatchSource& batches, const HeadCallback& on_head) {
+  check_range(schedule, first, last);
+  const int J = schedule.stages;
+  for (std::int64_t t = first; t < last; ++t) {
+    const auto& row = schedule.cells[t];
+    if (is_delayed(schedule.method)) {
+      // Messages produced in step t are consumed in step t + 1, so the stages of one step could
+      // run in any order (and do run at the same time in the concurrent executor).
+      for (int j = 0; j < J; ++j) execute_cell(row[j], false, batches, on_head);
+      continue;
+    }
+    // Synchronous: every forward, bottom-up; then every backward, top-down; then the updates.
+    for (const Action::Kind kind : {Action::Kind::forward, Action::Kind::backward, Action::Kind::update}) {
+      for (int i = 0; i < J; ++i) {
+        const int j = kind == Action::Kind::backward ? J - 1 - i : i;
+        for (const Action& a : row[j])
+          if (a.kind == kind) execute(a, false, batches, on_head);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- concurrent executor
+ConcurrentExecutor::ConcurrentExecutor(nn::Model& model, const RuntimeOptions& options, std::vector<Worker> workers,
+                                       std::vector<int> placement)
+    : SequentialExecutor(model, options), workers_(std::move(workers)), placement_(std::move(placement)) {
+  PETRA_CHECK(!workers_.empty(), ValueError, "concurrent executor: no workers");
+  PETRA_CHECK(placement_.size() == model.num_stages(), ValueError, "concurrent executor: placement of ",
+              placement_.size(), " stages for a model of ", model.num_stages());
+  for (int w : placement_)
+    PETRA_CHECK(0 <= w && w < static_cast<int>(workers_.size()), ValueError, "concurrent executor: worker ", w,
+                " does not exist (", workers_.size(), " workers)");
+  for (const Worker& w : workers_) {
+    PETRA_CHECK(w.threads >= 1, ValueError, "concurrent executor: a worker needs at least one thread");
+    PETRA_CHECK(w.device.is_cpu(), DeviceError, "concurrent executor: ", w.device.str(),
+                " workers are not supported yet (the concurrent executor runs CPU workers); use cpu:N devices");
+  }
+}
+
+void ConcurrentExecutor::run(const Schedule& schedule, std::int64_t first, std::int64_t last,
+                             const BatchSource& batches, const HeadCallback& on_head) {
+  check_range(schedule, first, last);
+  PETRA_CHECK(is_delayed(schedule.method), ValueError, "concurrent executor: ", name_of(schedule.method),
+              " is synchronous; run it with the sequential executor");
+  std::mutex head_mutex;
+  const HeadCallback guarded_head = [&](const HeadStats& s) {
+    std::lock_guard lock(head_mutex);
+    if (on_head) on_head(s);
+  };
+  std::vector<std::exception_ptr> errors(workers_.size());
+  std::vector<std::thread> threads;
+  for (std::size_t w = 0; w < workers_.size(); ++w) {
+    threads.emplace_back([&, w] {
+      try {
+        Stream stream(workers_[w].device, workers_[w].threads);
+        StreamGuard guard(stream);
+        for (std::int64_t t = first; t < last; ++t)
+          for (int j = 0; j < schedule.stages; ++j)
+            if (placement_[j] == static_cast<int>(w)) execute_cell(schedule.cells[t][j], true, batches, guarded_head);
+      } catch (...) {
+        errors[w] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace petra::pipeline

@@ -1,0 +1,84 @@
+// pipeline/executor.hpp: the executors that run a schedule (pipeline/schedule.hpp) on a model's
+// stages. An executor only interprets the grid: for each cell it calls the stage runtime
+// (pipeline/stage_runtime.hpp) and moves messages through the channels between stages.
+//
+// Every training method runs here, synchronous ones included: a backprop or revbackprop grid has one
+// step per mini-batch, whose forwards run bottom-up and backwards top-down in the same step; a
+// delayed grid's messages are read one step after they are sent, so its cells can run in any order
+// within a step, and at the same time on several workers.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "nn/models.hpp"
+#include "pipeline/messages.hpp"
+#include "pipeline/schedule.hpp"
+#include "pipeline/stage_runtime.hpp"
+
+namespace petra::pipeline {
+
+// Runs schedules step by step on one thread: the oracle. Channels and FIFOs persist between run()
+// calls, so one long schedule can be run epoch by epoch without flushing the pipeline.
+class SequentialExecutor {
+ public:
+  SequentialExecutor(nn::Model& model, const RuntimeOptions& options);
+  virtual ~SequentialExecutor() = default;
+
+  // Executes steps [first, last) of `schedule`.
+  virtual void run(const Schedule& schedule, std::int64_t first, std::int64_t last, const BatchSource& batches,
+                   const HeadCallback& on_head);
+
+  StageRuntime& stage(std::size_t j) { return *stages_.at(j); }
+  std::size_t num_stages() const { return stages_.size(); }
+
+  // Everything in flight between two steps (run() calls): each stage's state in dir/stage-NN/ and
+  // the messages in the channels in dir/channels.txt + .npy files (pipeline/in_flight.cpp).
+  // load_in_flight restores it into a fresh executor built for the same model, method and options
+  // (CheckpointError if the files are missing or malformed).
+  void save_in_flight(const std::filesystem::path& dir) const;
+  void load_in_flight(const std::filesystem::path& dir);
+
+ protected:
+  void check_range(const Schedule& schedule, std::int64_t first, std::int64_t last) const;
+  // Runs one cell: the actions of stage j at one step, in order. wait: block for messages.
+  void execute_cell(const std::vector<Action>& cell, bool wait, const BatchSource& batches,
+                    const HeadCallback& on_head);
+
+ private:
+  void execute(const Action& action, bool wait, const BatchSource& batches, const HeadCallback& on_head);
+
+  std::vector<std::unique_ptr<StageRuntime>> stages_;
+  std::vector<Channel<ForwardMessage>> to_next_;       // [j]: from stage j to j + 1 (the head's: to itself)
+  std::vector<Channel<BackwardMessage>> to_previous_;  // [j]: from stage j + 1 to j
+  std::vector<std::int64_t> last_backward_;            // [j]: mini-batch of j's latest backward
+};
+
+// One worker thread per device; each stage is placed on one worker. A worker runs, step after step,
+// the cells of its stages in increasing stage order (forward, backward, update within a cell), with
+// no global barrier: it blocks only on the messages it needs, which were produced one step earlier.
+// Each stage's local order is the sequential executor's and the channels are FIFO, so on the CPU the
+// parameters are bit-identical to the sequential executor's (with the same threads per kernel).
+// Delayed methods only: a synchronous step has nothing to overlap.
+class ConcurrentExecutor : public SequentialExecutor {
+ public:
+  struct Worker {
+    Device device = Device::cpu();
+    int threads = 1;  // per kernel, on this worker's stream
+  };
+  // placement[j] = the worker of stage j.
+  ConcurrentExecutor(nn::Model& model, const RuntimeOptions& options, std::vector<Worker> workers,
+                     std::vector<int> placement);
+
+  void run(const Schedule& schedule, std::int64_t first, std::int64_t last, const BatchSource& batches,
+           const HeadCallback& on_head) override;
+  const std::vector<int>& placement() const { return placement_; }
+
+ private:
+  std::vector<Worker> workers_;
+  std::vector<int> placement_;
+};
+
+}  // namespace petra::pipeline

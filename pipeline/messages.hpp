@@ -1,0 +1,76 @@
+// pipeline/messages.hpp: what travels between the stages of a pipeline, and the FIFO it travels in.
+//
+// A mini-batch enters stage 0 as a MiniBatch {images, labels} (the runtime's own input type: the
+// pipeline does not know where data comes from). Going up, a ForwardMessage carries a stage's
+// output; the labels travel with it to the head. Going down, a BackwardMessage carries the pair
+// PETRA sends: the sender's input (exact, or rebuilt by a reversible stage) and the gradient of the
+// loss with respect to it. Every message names its mini-batch, and the receiver checks that id
+// against the one the schedule expects.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+
+#include "petra/tensor.hpp"
+
+namespace petra::pipeline {
+
+struct MiniBatch {
+  Tensor images;  // float32 [B, C, H, W]
+  Tensor labels;  // int64 [B]
+};
+
+// Mini-batch m of a run, on demand (the trainer maps m to batch m % S of epoch m / S).
+using BatchSource = std::function<MiniBatch(std::int64_t microbatch)>;
+
+struct ForwardMessage {
+  std::int64_t microbatch = -1;
+  Tensor activation;
+  Tensor labels;  // travel with the activation to the head
+};
+
+struct BackwardMessage {
+  std::int64_t microbatch = -1;
+  Tensor input;     // the sender's input: exact (buffered, head) or rebuilt (reversible)
+  Tensor gradient;  // of the loss with respect to that input
+};
+
+// What the head reports for each mini-batch it trained on.
+struct HeadStats {
+  std::int64_t microbatch = -1;
+  double loss = 0;
+  std::int64_t correct = 0, samples = 0;
+};
+using HeadCallback = std::function<void(const HeadStats&)>;
+
+// A FIFO of messages between two neighbouring stages. pop(wait = true) blocks until a message is
+// there (concurrent executor); pop(wait = false) raises if none is (sequential executor: a missing
+// message means the schedule and the executor disagree). Either way the message popped must be the
+// expected mini-batch's.
+template <class Message>
+class Channel {
+ public:
+  void push(Message m) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(m));
+    }
+    arrived_.notify_one();
+  }
+  Message pop(bool wait, std::int64_t microbatch, int stage, const char* what);
+  // The messages waiting, oldest first (between runs only: no lock is taken).
+  const std::deque<Message>& pending() const { return queue_; }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::deque<Message> queue_;
+};
+
+extern template class Channel<ForwardMessage>;
+extern template class Channel<BackwardMessage>;
+
+}  // namespace petra::pipeline

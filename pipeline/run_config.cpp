@@ -1,0 +1,99 @@
+// pipeline/run_config.cpp: validation, description and resume keys of a run's configuration.
+#include "pipeline/run_config.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace petra::pipeline {
+
+void validate(const TrainConfig& c) {
+  PETRA_CHECK(c.epochs >= 0, ValueError, "epochs must be >= 0, got ", c.epochs);
+  PETRA_CHECK(c.batch_size >= 1, ValueError, "batch size must be >= 1, got ", c.batch_size);
+  PETRA_CHECK(c.accumulation >= 1, ValueError, "accumulation must be >= 1, got ", c.accumulation);
+  PETRA_CHECK(c.lr >= 0, ValueError, "learning rate must be >= 0, got ", c.lr);
+  PETRA_CHECK(c.weight_decay >= 0, ValueError, "weight decay must be >= 0, got ", c.weight_decay);
+  PETRA_CHECK(c.threads >= 0, ValueError, "threads must be >= 0, got ", c.threads);
+  PETRA_CHECK(!c.resume || !c.checkpoint_dir.empty(), ValueError, "--resume needs --checkpoint-dir");
+  PETRA_CHECK(c.threads_per_device >= 1, ValueError, "threads per device must be >= 1");
+  PETRA_CHECK(c.track_gradient_quality >= 0, ValueError, "--track-gradient-quality must be >= 0");
+  PETRA_CHECK(!c.track_reconstruction || is_delayed(c.method), ValueError,
+              "--track-reconstruction measures the rebuilt inputs of the pipeline's stages: use a pipelined method");
+  PETRA_CHECK(c.track_gradient_quality == 0 || is_delayed(c.method), ValueError,
+              "--track-gradient-quality compares delayed gradients with backprop's: use a pipelined method");
+  PETRA_CHECK(!c.delay_compensation || (is_delayed(c.method) && c.optimizer == "sgd" && c.momentum > 0 &&
+                                        c.momentum < 1),
+              ValueError, "--delay-compensation needs a pipelined method and sgd with 0 < momentum < 1");
+  PETRA_CHECK(c.method != PipelineMethod::backprop || c.bn_statistics == nn::StatisticsPass::forward, ValueError,
+              "--bn-statistics backward moves batch norm's statistics in a backward's recomputation, and backprop "
+              "recomputes nothing: use it with revbackprop or a pipelined method");
+}
+
+namespace {
+
+// Keys whose values must agree between a checkpoint and the run resuming it.
+const char* const kResumeKeys[] = {"dataset", "arch", "width", "stem", "classes", "method", "optimizer",
+                                   "batch_size", "accumulation", "seed", "augment", "shuffle", "flush_each_epoch",
+                                   "bn_statistics", "delay_compensation", "stage_sizes"};
+// Resume keys that checkpoints written before they existed lack, with the value those runs had.
+const std::map<std::string, std::string> kKeysAddedLater = {{"delay_compensation", "false"}, {"stage_sizes", ""}};
+
+// "3,3,4"; "" for one block per stage (the default, however it was spelled).
+std::string stage_sizes_text(const std::vector<std::int64_t>& sizes) {
+  if (std::all_of(sizes.begin(), sizes.end(), [](std::int64_t s) { return s == 1; })) return "";
+  return fmt::format("{}", fmt::join(sizes, ","));
+}
+
+std::string fmt_double(double v) { return fmt::format("{:.17g}", v); }
+
+}  // namespace
+
+std::map<std::string, std::string> describe(const TrainConfig& c) {
+  std::string milestones;
+  for (double m : c.milestones) milestones += (milestones.empty() ? "" : ",") + fmt_double(m);
+  return {{"dataset", c.dataset},
+          {"data_dir", c.data_dir.string()},
+          {"augment", c.augment ? "true" : "false"},
+          {"shuffle", c.shuffle ? "true" : "false"},
+          {"arch", c.arch},
+          {"width", std::to_string(c.width)},
+          {"stem", c.stem},
+          {"classes", std::to_string(c.classes)},
+          {"stage_sizes", stage_sizes_text(c.stage_sizes)},
+          {"method", std::string(name_of(c.method))},
+          {"epochs", std::to_string(c.epochs)},
+          {"max_steps", std::to_string(c.max_steps)},
+          {"batch_size", std::to_string(c.batch_size)},
+          {"accumulation", std::to_string(c.accumulation)},
+          {"optimizer", c.optimizer},
+          {"lr", fmt_double(c.lr)},
+          {"momentum", fmt_double(c.momentum)},
+          {"nesterov", c.nesterov ? "true" : "false"},
+          {"weight_decay", fmt_double(c.weight_decay)},
+          {"goyal_scaling", c.goyal_scaling ? "true" : "false"},
+          {"warmup_epochs", fmt_double(c.warmup_epochs)},
+          {"schedule", c.schedule},
+          {"milestones", milestones},
+          {"seed", std::to_string(c.seed)},
+          {"threads", std::to_string(c.threads)},
+          {"flush_each_epoch", c.flush_each_epoch ? "true" : "false"},
+          {"bn_statistics", c.bn_statistics == nn::StatisticsPass::forward ? "forward" : "backward"},
+          {"delay_compensation", c.delay_compensation ? "true" : "false"}};
+}
+
+std::string resume_mismatch(const CheckpointMeta& meta, const TrainConfig& config) {
+  const auto mine = describe(config);
+  for (const char* key : kResumeKeys) {
+    const auto found = meta.find(key);
+    const auto added_later = kKeysAddedLater.find(key);
+    if (found == meta.end() && added_later == kKeysAddedLater.end()) return fmt::format("has no '{}'", key);
+    const std::string& theirs = found != meta.end() ? found->second : added_later->second;
+    if (theirs != mine.at(key))
+      return fmt::format("was written with {} = {} but this run has {} = {}; refusing to resume", key, theirs, key,
+                         mine.at(key));
+  }
+  return {};
+}
+
+}  // namespace petra::pipeline

@@ -1,0 +1,75 @@
+// pipeline/run_config.hpp: everything a training run is configured with (petra-train's flags), its
+// validation, its description as key/value text (for logs and checkpoints), and the rule that says
+// whether a checkpoint may be resumed by a run of this configuration.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "nn/layers.hpp"
+#include "petra/device.hpp"
+#include "pipeline/checkpoint.hpp"
+#include "pipeline/schedule.hpp"
+
+namespace petra::pipeline {
+
+struct TrainConfig {
+  // data
+  std::string dataset = "fashion-mnist";
+  std::filesystem::path data_dir;  // empty: the dataset's default directory
+  bool augment = true;
+  bool shuffle = true;
+  std::int64_t synthetic_train_size = 5000;  // --dataset synthetic only
+  // model
+  std::string arch = "revnet18";
+  std::int64_t width = 16;
+  std::string stem = "cifar";
+  std::int64_t classes = 0;  // 0: the dataset's
+  std::vector<std::int64_t> stage_sizes;  // blocks per pipeline stage; empty: one block per stage
+  // method and optimization
+  PipelineMethod method = PipelineMethod::backprop;
+  // pipelined methods (petra, dsp, pipedream, delayed-reversible)
+  std::vector<Device> devices;  // one worker per device; empty: the sequential executor
+  int threads_per_device = 1;
+  std::vector<int> placement;   // stage -> worker; empty: balanced by measured stage costs
+  bool track_reconstruction = false;
+  std::int64_t track_gradient_quality = 0;  // every N steps of the grid (0: off); pipelined only
+  bool flush_each_epoch = false;  // drain the pipeline at every epoch end (default: never flushed)
+  nn::StatisticsPass bn_statistics = nn::StatisticsPass::forward;  // which pass moves BN running stats
+  bool delay_compensation = false;  // spike compensation of the delayed stages' momentum (sgd only)
+  std::int64_t epochs = 10;
+  std::int64_t max_steps = -1;  // stop after this many mini-batches in total (-1: no limit)
+  std::int64_t batch_size = 64;
+  std::int64_t accumulation = 1;  // k: mini-batches whose gradients are averaged per update
+  std::string optimizer = "sgd";
+  double lr = 0.05;
+  double momentum = 0.9;
+  bool nesterov = true;
+  double weight_decay = 5e-4;
+  bool goyal_scaling = false;  // lr x k x batch / 256
+  double warmup_epochs = 1;  // capped at half the epochs for cosine and poly
+  std::string schedule = "cosine";  // constant|step|cosine|poly
+  std::vector<double> milestones;   // step schedule, absolute epochs
+  std::uint64_t seed = 0;
+  int threads = 0;  // 0: default_cpu_threads()
+  // state
+  std::filesystem::path checkpoint_dir;  // empty: no checkpoints
+  bool resume = false;
+  std::filesystem::path load_params;  // a Module state directory to start from
+};
+
+// ValueError naming the first setting out of range or the first combination that makes no sense.
+void validate(const TrainConfig& config);
+
+// The configuration as key/value text pairs (for logs and checkpoints).
+std::map<std::string, std::string> describe(const TrainConfig& config);
+
+// Why a run of `config` may not resume a checkpoint written with `meta`: the first resume key
+// (dataset, model, method, optimizer, batch, k, seed, ...) that differs or is missing; empty when
+// none does. A key added after a checkpoint was written counts with the value runs had before it.
+std::string resume_mismatch(const CheckpointMeta& meta, const TrainConfig& config);
+
+}  // namespace petra::pipeline

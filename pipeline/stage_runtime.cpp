@@ -1,0 +1,195 @@
+// pipeline/stage_runtime.cpp: one stage under a training method: what its forward keeps, how its
+// backward gets its input back (kept graph, stored input, or rebuilt from the output), and its update.
+#include "pipeline/stage_runtime.hpp"
+
+#include <tuple>
+
+#include "petra/functions.hpp"
+
+namespace petra::pipeline {
+
+Keeping keeping(PipelineMethod method, nn::StageKind kind) {
+  if (kind == nn::StageKind::head) return {};  // forward and backward in the same step
+  const bool reversible = kind == nn::StageKind::reversible;
+  switch (method) {
+    case PipelineMethod::backprop: return {.graph = true};
+    case PipelineMethod::revbackprop: return {.input = !reversible};
+    case PipelineMethod::petra: return {.input = !reversible};
+    case PipelineMethod::delayed_reversible: return {.input = !reversible, .parameters = true};
+    case PipelineMethod::dsp: return {.input = true};
+    case PipelineMethod::pipedream: return {.input = true, .parameters = true};
+  }
+  return {};
+}
+
+namespace {
+
+// Runs with the stashed parameters for its lifetime, then puts the current ones back.
+template <class Swap>
+struct StashedParameters {
+  Swap swap;
+  bool active;
+  StashedParameters(Swap s, bool on) : swap(s), active(on) {
+    if (active) swap();
+  }
+  ~StashedParameters() {
+    if (active) swap();
+  }
+};
+
+}  // namespace
+
+double update_delay(PipelineMethod method, int index, int stages, std::int64_t accumulation) {
+  if (!is_delayed(method)) return 0;
+  return 2.0 * (stages - 1 - index) / static_cast<double>(accumulation);
+}
+
+StageRuntime::StageRuntime(nn::Stage& stage, int index, int stages, const RuntimeOptions& options,
+                           bool next_keeps_input)
+    : stage_(stage), index_(index), stages_(stages), options_(options), keeping_(keeping(options.method, stage.kind())),
+      next_keeps_input_(next_keeps_input) {
+  nn::OptimizerOptions optimizer_options = options.optimizer_options;
+  if (options.delay_compensation) optimizer_options.delay = update_delay(options.method, index, stages, options.accumulation);
+  optimizer_ = nn::make_optimizer(options.optimizer, nn::decay_groups(stage.named_parameters(), options.weight_decay),
+                                  optimizer_options);
+}
+
+void StageRuntime::swap_parameters(std::vector<Tensor>& values) {
+  const auto params = stage_.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    Tensor current = params[i].data();
+    params[i].set_data(values[i]);
+    values[i] = std::move(current);
+  }
+}
+
+std::vector<Tensor> StageRuntime::gradients_before() const {
+  std::vector<Tensor> copies;
+  if (!capture_gradient_) return copies;
+  for (const auto& p : stage_.parameters()) copies.push_back(p.grad().defined() ? p.grad().clone() : Tensor());
+  return copies;
+}
+
+void StageRuntime::capture(const std::vector<Tensor>& before, std::int64_t microbatch) {
+  if (!capture_gradient_) return;
+  captured_gradient_.clear();
+  const auto params = stage_.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Tensor& after = params[i].grad();
+    if (!after.defined()) {
+      captured_gradient_.push_back(Tensor::zeros(params[i].shape(), params[i].data().dtype()));
+      continue;
+    }
+    captured_gradient_.push_back(before[i].defined() ? ops::sub(after, before[i]) : after.clone());
+  }
+  captured_microbatch_ = microbatch;
+}
+
+StageRuntime::Kept StageRuntime::pop(std::int64_t microbatch, const char* what) {
+  PETRA_CHECK(!fifo_.empty(), Error, "stage ", index_, ": ", what, " of mini-batch ", microbatch,
+              " but no mini-batch is in flight here");
+  PETRA_CHECK(fifo_.front().microbatch == microbatch, Error, "stage ", index_, ": ", what, " of mini-batch ", microbatch,
+              " but the oldest in flight is ", fifo_.front().microbatch, " (messages out of order)");
+  Kept kept = std::move(fifo_.front());
+  fifo_.pop_front();
+  return kept;
+}
+
+ForwardMessage StageRuntime::forward(ForwardMessage in) {
+  Kept kept{in.microbatch, {}, {}, {}, {}};
+  if (keeping_.input || options_.track_reconstruction) kept.input = in.activation;
+  if (keeping_.parameters) {
+    MemoryScope scope(MemoryTag::param_stash, index_);
+    for (const auto& p : stage_.parameters()) kept.parameters.push_back(p.data().clone());
+  }
+  ForwardMessage out{in.microbatch, {}, std::move(in.labels)};
+  MemoryScope scope(MemoryTag::activations, index_);  // the forward's temporaries (or its kept graph)
+  if (keeping_.graph) {
+    // Exact backprop: record the graph and keep it until this mini-batch's backward. The output is
+    // part of that graph, so it stays this stage's activation.
+    GradModeGuard grad(true);
+    nn::RunningStatsGuard statistics(true);  // no recomputation follows: the forward moves them
+    kept.graph_input = Variable(in.activation, /*requires_grad=*/index_ > 0);
+    kept.graph_output = stage_.forward(kept.graph_input);
+    out.activation = kept.graph_output.data();
+  } else {
+    NoGradGuard no_grad;
+    nn::RunningStatsGuard statistics(options_.statistics_pass == nn::StatisticsPass::forward);
+    out.activation = stage_.forward(Variable(in.activation)).data();
+    out.activation.storage()->retag(next_keeps_input_ ? MemoryTag::input_buffer : MemoryTag::messages,
+                                    next_keeps_input_ ? index_ + 1 : index_);
+  }
+  fifo_.push_back(std::move(kept));
+  return out;
+}
+
+// Back-propagates dy through the graph the forward kept, returning the input's gradient (none for
+// stage 0, whose input is the images). The graph is freed as it is walked.
+Tensor StageRuntime::backward_through_graph(Kept& kept, const Tensor& dy) {
+  const Variable outputs[] = {kept.graph_output};
+  const Tensor seeds[] = {dy};
+  Tensor dx;
+  if (index_ == 0) {
+    petra::backward(outputs, seeds);
+  } else {
+    const Variable capture[] = {kept.graph_input};
+    dx = petra::backward(outputs, seeds, capture)[0];
+  }
+  kept.graph_output = {};
+  return dx;
+}
+
+BackwardMessage StageRuntime::backward(BackwardMessage from_above) {
+  Kept kept = pop(from_above.microbatch, "backward");
+  BackwardMessage out{from_above.microbatch, {}, {}};
+  MemoryScope scope(MemoryTag::activations, index_);  // the recomputed graph, freed at the end
+  const std::vector<Tensor> before = gradients_before();
+  nn::StatisticsPassScope statistics(options_.statistics_pass);
+  StashedParameters stash([&] { swap_parameters(kept.parameters); }, keeping_.parameters);
+  const bool rebuilds_input = stage_.kind() == nn::StageKind::reversible && !keeping_.input && !keeping_.graph;
+  if (keeping_.graph) {
+    out.gradient = backward_through_graph(kept, from_above.gradient);
+    out.input = kept.graph_input.data();
+  } else if (rebuilds_input) {
+    // PETRA (current parameters) or delayed-reversible (stashed ones): rebuild the input from the
+    // output received from above, reusing F's graph for the backward.
+    std::tie(out.input, out.gradient) = stage_.reconstruct_and_backward(from_above.input, from_above.gradient);
+    if (options_.track_reconstruction) last_reconstruction_error_ = ops::relative_error(out.input, kept.input);
+  } else {
+    out.gradient = nn::backward_from_input(stage_, kept.input, from_above.gradient, /*input_gradient=*/index_ > 0);
+    out.input = std::move(kept.input);
+  }
+  if (out.gradient.defined()) out.gradient.storage()->retag(MemoryTag::messages, index_);
+  if (rebuilds_input) out.input.storage()->retag(MemoryTag::messages, index_);  // the rebuilt input travels down
+  ++received_;
+  capture(before, from_above.microbatch);
+  return out;
+}
+
+BackwardMessage StageRuntime::head_step(ForwardMessage in, HeadStats& stats) {
+  MemoryScope scope(MemoryTag::activations, index_);
+  const std::vector<Tensor> before = gradients_before();
+  const nn::HeadResult r = stage_.loss_and_backward(in.activation, in.labels);
+  r.dx.storage()->retag(MemoryTag::messages, index_);
+  stats = {in.microbatch, r.loss, r.correct, in.labels.numel()};
+  ++received_;
+  capture(before, in.microbatch);
+  return {in.microbatch, std::move(in.activation), r.dx};
+}
+
+void StageRuntime::update(std::int64_t microbatch) {
+  if (received_ == 0) return;
+  if (options_.apply_updates) {
+    if (received_ > 1) {
+      MemoryScope scope(MemoryTag::gradients, index_);
+      const double inverse = 1.0 / static_cast<double>(received_);
+      for (const auto& p : stage_.parameters())
+        if (p.grad().defined()) p.set_grad(ops::scale(p.grad(), inverse));
+    }
+    optimizer_->step(nn::learning_rate(options_.schedule, microbatch, options_.iterations_per_epoch));
+    optimizer_->zero_grad();
+  }
+  received_ = 0;
+}
+
+}  // namespace petra::pipeline
