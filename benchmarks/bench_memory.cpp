@@ -56,6 +56,7 @@
 #include "benchmarks/synthetic_setup.hpp"
 #include "petra/petra.hpp"
 #include "pipeline/executor.hpp"
+#include "pipeline/memory_report.hpp"
 #include "pipeline/schedule.hpp"
 
 namespace {
@@ -236,10 +237,15 @@ MethodMemory read_peaks(PipelineMethod method, const std::vector<StageSizes>& si
   const int J = static_cast<int>(sizes.size());
   MethodMemory r{method, {}, allocator.stats_of_owner(cpu, petra::kNoOwner).peak - unowned_baseline,
                  allocator.stats(cpu).peak - unowned_baseline};
+  const petra::pipeline::MemoryReport report = petra::pipeline::read_memory_report(cpu, J);
   for (int j = 0; j < J; ++j) {
+    const auto& stage = report.stage_peak_bytes[std::size_t(j)];
     StageMemory s;
-    for (int t = 0; t < petra::kNumMemoryTags; ++t) s.peak[std::size_t(t)] = allocator.stats(cpu, MemoryTag(t), j).peak;
-    s.owner_peak = allocator.stats_of_owner(cpu, j).peak;
+    for (int t = 0; t < petra::kNumMemoryTags; ++t) {
+      const auto found = stage.find(std::string(petra::name_of(MemoryTag(t))));
+      s.peak[std::size_t(t)] = found == stage.end() ? 0 : found->second;
+    }
+    s.owner_peak = stage.at("total");
     s.analytic = analytic_stage(method, sizes[std::size_t(j)], j, J);
     r.stages.push_back(s);
   }

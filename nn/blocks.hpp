@@ -1,5 +1,5 @@
 // nn/blocks.hpp: the stages of the paper's RevNets and ResNets, laid out as in the official PETRA
-// code (stephane-rivaud/PETRA, async_torch/models; ../shared/notes/petra-method.md section 4.4).
+// code (github.com/stephane-rivaud/PETRA, async_torch/models).
 //
 // A RevNet activation has two streams, the channel halves (x1, x2) of one tensor, each of the
 // ResNet width. F is the residual function of a block:

@@ -2,7 +2,7 @@
 //
 // A network is a chain of J stages. The pipeline (pipeline/) decides *when* a stage runs and
 // *what is kept* between its forward and its backward; the stage decides *how* to compute
-// (../shared/DESIGN.md, section 2b). Three kinds:
+// (docs/architecture.md, "The stage contract"). Three kinds:
 //
 //   buffered   (stem, downsampling transitions, ResNet blocks): not invertible. The runtime keeps
 //              its input and, in the backward, calls recompute_and_backward(x, dy) -> dx, which
