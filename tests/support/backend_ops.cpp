@@ -87,16 +87,23 @@ std::uint64_t seed_of(const std::string& name) {
   return h;
 }
 
+// Runs the case on a stream of its own: a CPU stream with the backend's thread count, or a stream
+// on the GPU, which is synchronised before the outputs are read back. (Without a StreamGuard an
+// op on a GPU tensor runs on the thread's default stream of that device, while Tensor::to(cpu)
+// copies on the current stream's, which does not wait for it.)
 Outputs run_on(const Case& c, const Backend& backend) {
   InputMaker maker(seed_of(c.name), backend);
   std::unique_ptr<Stream> stream;
   std::optional<StreamGuard> guard;
-  if (backend.kind == Backend::Kind::cpu && backend.cpu_threads > 0) {
+  if (backend.kind == Backend::Kind::cpu && backend.cpu_threads > 0)
     stream = std::make_unique<Stream>(Device::cpu(), backend.cpu_threads);
-    guard.emplace(*stream);
-  }
+  else if (backend.kind == Backend::Kind::cuda)
+    stream = std::make_unique<Stream>(backend.device);
+  if (stream) guard.emplace(*stream);
   const std::vector<Tensor> inputs = c.inputs(maker);
-  return c.run(inputs);
+  Outputs outputs = c.run(inputs);
+  if (stream) stream->synchronize();
+  return outputs;
 }
 
 bool is_integer(DType t) { return !is_floating(t); }
