@@ -5,35 +5,16 @@
 #include <cmath>
 
 #include "pipeline/synchronous.hpp"
+#include "tests/support/fixtures.hpp"
 #include "tests/support/testing.hpp"
 
 using namespace petra;
 
-namespace {
-Tensor random_images(const Shape& shape, std::uint64_t seed) {
-  return Tensor::from_vector<float>(shape, testing::random_values<float>(shape.numel(), seed));
-}
-Tensor random_labels(std::int64_t n, std::int64_t classes) {
-  std::vector<std::int64_t> v(n);
-  for (std::int64_t i = 0; i < n; ++i) v[i] = (i * 7 + 3) % classes;
-  return Tensor::from_vector<std::int64_t>({n}, v);
-}
-nn::ModelConfig small(const std::string& arch) {
-  nn::ModelConfig c;
-  c.arch = arch;
-  c.width = 4;
-  c.in_channels = 1;
-  c.classes = 10;
-  c.seed = 5;
-  return c;
-}
-}  // namespace
-
 TEST_CASE("revbackprop gives backprop's loss and parameter gradients") {
   for (const std::string arch : {"revnet18", "revnet50"}) {
     CAPTURE(arch);
-    nn::Model a(small(arch)), b(small(arch));  // same seed: same parameters
-    const Tensor x = random_images({6, 1, 12, 12}, 1), labels = random_labels(6, 10);
+    nn::Model a(testing::tiny_model_config(arch, 5)), b(testing::tiny_model_config(arch, 5));  // same seed: same parameters
+    const Tensor x = testing::random_tensor({6, 1, 12, 12}, 1, DType::f32), labels = testing::cyclic_labels(6, 10, 3);
     const auto ra = pipeline::backprop_step(a, x, labels);
     const auto rb = pipeline::revbackprop_step(b, x, labels);
     CHECK(ra.loss == doctest::Approx(rb.loss).epsilon(1e-6));
@@ -56,8 +37,8 @@ namespace {
 // Peak bytes a training step allocates on top of what exists before it (parameters, gradients,
 // workspaces: a first step is run to create them).
 std::int64_t step_peak_bytes(const std::string& arch, pipeline::PipelineMethod method) {
-  nn::Model model(small(arch));
-  const Tensor x = random_images({8, 1, 16, 16}, 2), labels = random_labels(8, 10);
+  nn::Model model(testing::tiny_model_config(arch, 5));
+  const Tensor x = testing::random_tensor({8, 1, 16, 16}, 2, DType::f32), labels = testing::cyclic_labels(8, 10, 3);
   pipeline::train_step(model, method, x, labels);
   auto& alloc = Allocator::instance();
   alloc.reset_peaks(Device::cpu());
