@@ -1,4 +1,5 @@
-// tests/support/fixtures.hpp: tensors, batches and small models shared by the test files.
+// tests/support/fixtures.hpp: tensors, batches, small models and temporary directories shared by
+// the test files.
 //
 //   random_tensor(shape, seed, dtype)       testing::random_values in [-1, 1) as a CPU tensor
 //                                           (float64 by default: gradient checks run in float64)
@@ -10,14 +11,22 @@
 //   tiny_model_config(arch, seed)           a ModelConfig of width 4 on 1-channel images with 10
 //                                           classes: a whole RevNet/ResNet that steps in
 //                                           milliseconds (the pipeline and synchronous tests)
+//   TemporaryDirectory                      a new directory under the system's temporary
+//                                           directory, removed with its contents at scope exit
 #pragma once
 
+#include <stdlib.h>
+
 #include <cstdint>
+#include <filesystem>
+#include <set>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "data/loader.hpp"
 #include "nn/models.hpp"
+#include "petra/error.hpp"
 #include "petra/tensor.hpp"
 #include "tests/support/testing.hpp"
 
@@ -51,5 +60,33 @@ inline nn::ModelConfig tiny_model_config(const std::string& arch, std::uint64_t 
   c.seed = seed;
   return c;
 }
+
+class TemporaryDirectory {
+ public:
+  // <temp>/petra-test-<name>-XXXXXX, unique (mkdtemp), created empty.
+  explicit TemporaryDirectory(const std::string& name) {
+    std::string pattern = (std::filesystem::temp_directory_path() / ("petra-test-" + name + "-XXXXXX")).string();
+    PETRA_CHECK(::mkdtemp(pattern.data()) != nullptr, IOError, "TemporaryDirectory: cannot create ", pattern);
+    path_ = pattern;
+  }
+  ~TemporaryDirectory() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TemporaryDirectory(const TemporaryDirectory&) = delete;
+  TemporaryDirectory& operator=(const TemporaryDirectory&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+  // The names of what the directory holds (not recursive).
+  std::set<std::string> entries() const {
+    std::set<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(path_)) names.insert(entry.path().filename().string());
+    return names;
+  }
+
+ private:
+  std::filesystem::path path_;
+};
 
 }  // namespace petra::testing
