@@ -157,6 +157,27 @@ TEST_CASE("backend ops: the comparison catches a wrong value, a missed accumulat
     CHECK_FALSE(r.no_kernel);
     CHECK(r.error.find("no CUDA kernel yet") != std::string::npos);
   }
+  SUBCASE("on a GPU backend, \"no CUDA kernel yet\" is a skip, never a pass; other DeviceErrors fail") {
+    // A stand-in for cuda:0 whose tensors stay on the CPU, so that this runs without a GPU.
+    const bo::Backend gpu{bo::Backend::Kind::cuda, Device::cpu(), DType::f32, 0};
+    const auto throwing = [&](const char* message) {
+      return bo::Case{"relu", std::string("relu throwing ") + message,
+                      [](bo::InputMaker& m) { return std::vector<Tensor>{m.uniform({4})}; },
+                      [&is_f32, message](const std::vector<Tensor>& x) {
+                        if (is_f32(x[0])) throw DeviceError(message);
+                        return bo::Outputs{{"y", ops::relu(x[0])}};
+                      },
+                      1e-6};
+    };
+    const bo::Case missing = throwing("relu: no CUDA kernel yet (this op runs on the CPU only)");
+    const auto r = bo::compare(missing, gpu);
+    CHECK(r.no_kernel);
+    CHECK_FALSE(r.ok());
+    CHECK(bo::check_backend(gpu, {missing}) == 0);  // reported with MESSAGE, not counted as compared
+    const auto other = bo::compare(throwing("relu: x is on cuda:1, expected cuda:0"), gpu);
+    CHECK_FALSE(other.no_kernel);
+    CHECK_FALSE(other.ok());
+  }
   SUBCASE("a wrong dtype or shape") {
     const bo::Case c{"scale", "scale returning float64 with one element more",
                      [](bo::InputMaker& m) { return std::vector<Tensor>{m.uniform({4})}; },
