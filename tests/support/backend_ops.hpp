@@ -122,8 +122,9 @@ CaseResult compare(const Case& c, const Backend& backend);
 // Runs every case of `cases` on `backend` with doctest checks, one failure per mismatching output
 // naming the case. Ops that have no kernel on the backend are reported with MESSAGE ("no CUDA
 // kernel yet for <op>", once per op) and counted as skipped, never as passed; on the CPU backends
-// a missing kernel is a failure. Ends with a one-line MESSAGE summary. Returns the number of
-// cases compared.
+// a missing kernel is a failure. Ends with a one-line MESSAGE summary (with
+// PETRA_BACKEND_OPS_LIST set in the environment, also the cases per op and each op's worst
+// error / tolerance). Returns the number of cases compared.
 std::size_t check_backend(const Backend& backend, const std::vector<Case>& cases = registry());
 
 }  // namespace petra::testing::backend_ops
