@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "petra/functions.hpp"
+#include "tests/support/gradcheck.hpp"
 #include "tests/support/testing.hpp"
 
 using namespace petra;
@@ -41,13 +42,9 @@ TEST_CASE("the engine's gradient matches finite differences (float64)") {
   const Variable a = param(av), b = param(bv), c = param(cv);
   const Variable y = chain(a, b, c);
   y.backward(Tensor::from_vector<double>({6}, gv));
-  auto loss_in_a = [&](const std::vector<double>& x) {
-    NoGradGuard no_grad;
-    const auto out = chain(Variable(Tensor::from_vector<double>({6}, x)), b.detach(), c.detach()).data().to_vector<double>();
-    double l = 0;
-    for (int i = 0; i < 6; ++i) l += gv[i] * out[i];
-    return l;
-  };
+  // L(a) = <g, chain(a, b, c)> with b and c fixed.
+  const auto loss_in_a = testing::vjp_loss([](const auto& v) { return chain(v[0], v[1], v[2]); },
+                                           {a.data(), b.data(), c.data()}, 0, Tensor::from_vector<double>({6}, gv));
   const auto r = testing::check_gradient(loss_in_a, av, a.grad().to_vector<double>());
   CHECK_MESSAGE(r.ok, r.worst);
 }

@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "kernels/batchnorm.hpp"
+#include "tests/support/gradcheck.hpp"
 #include "tests/support/testing.hpp"
 
 namespace pk = petra::kernels;
-using petra::testing::check_gradient;
 using petra::testing::random_values;
 using petra::testing::relative_error;
 
@@ -208,17 +208,6 @@ TEST_CASE("batchnorm: ref backward matches finite differences (training mode)") 
   const auto g = random_values<double>(shape.size(), 203);  // L = <g, y>
   pk::StreamHandle s;
 
-  auto loss = [&](const std::vector<double>& x, const std::vector<double>& gamma,
-                  const std::vector<double>& beta) {
-    std::vector<double> y(shape.size()), mean(shape.channels), invstd(shape.channels);
-    pk::ref::batchnorm_forward_train(s, shape, kEps, kMomentum, x.data(), gamma.data(),
-                                     beta.data(), y.data(), mean.data(), invstd.data(),
-                                     static_cast<double*>(nullptr), static_cast<double*>(nullptr));
-    double l = 0;
-    for (std::size_t i = 0; i < y.size(); ++i) l += g[i] * y[i];
-    return l;
-  };
-
   std::vector<double> y(shape.size()), mean(shape.channels), invstd(shape.channels);
   pk::ref::batchnorm_forward_train(s, shape, kEps, kMomentum, x0.data(), gamma0.data(),
                                    beta0.data(), y.data(), mean.data(), invstd.data(),
@@ -227,13 +216,13 @@ TEST_CASE("batchnorm: ref backward matches finite differences (training mode)") 
   pk::ref::batchnorm_backward(s, shape, x0.data(), g.data(), gamma0.data(), mean.data(),
                               invstd.data(), dx.data(), dgamma.data(), dbeta.data());
 
-  const auto rx = check_gradient([&](const std::vector<double>& v) { return loss(v, gamma0, beta0); },
-                                 x0, dx);
-  CHECK_MESSAGE(rx.ok, "dx: ", rx.worst);
-  const auto rg = check_gradient([&](const std::vector<double>& v) { return loss(x0, v, beta0); },
-                                 gamma0, dgamma);
-  CHECK_MESSAGE(rg.ok, "dgamma: ", rg.worst);
-  const auto rb = check_gradient([&](const std::vector<double>& v) { return loss(x0, gamma0, v); },
-                                 beta0, dbeta);
-  CHECK_MESSAGE(rb.ok, "dbeta: ", rb.worst);
+  petra::testing::check_vjp(
+      [&](const auto& in) {
+        std::vector<double> y(shape.size()), mean(shape.channels), invstd(shape.channels);
+        pk::ref::batchnorm_forward_train(s, shape, kEps, kMomentum, in[0].data(), in[1].data(),
+                                         in[2].data(), y.data(), mean.data(), invstd.data(),
+                                         static_cast<double*>(nullptr), static_cast<double*>(nullptr));
+        return y;
+      },
+      {x0, gamma0, beta0}, g, {dx, dgamma, dbeta}, {"dx", "dgamma", "dbeta"});
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/conv2d.hpp"
+#include "tests/support/gradcheck.hpp"
 #include "tests/support/testing.hpp"
 
 namespace {
@@ -157,29 +158,18 @@ TEST_CASE("conv2d: ref backward passes match finite differences") {
     auto w = random_values<double>(size_of(shape.weight_size()), 12);
     auto bias = random_values<double>(size_of(shape.out_channels), 13);
     const auto g = random_values<double>(size_of(shape.output_size()), 14);
-    // L = <g, conv(x, w) + bias>; its gradients are the backward passes applied to g.
-    auto loss = [&](const std::vector<double>& xs, const std::vector<double>& ws,
-                    const std::vector<double>& bs) {
-      std::vector<double> y(g.size());
-      ref::conv2d_forward(s, shape, xs.data(), ws.data(), bs.data(), y.data());
-      double sum = 0;
-      for (std::size_t i = 0; i < y.size(); ++i) sum += g[i] * y[i];
-      return sum;
-    };
     std::vector<double> dx(x.size()), dw(w.size(), 0.0), db(bias.size(), 0.0);
     ref::conv2d_backward_data(s, shape, g.data(), w.data(), dx.data());
     ref::conv2d_backward_weight(s, shape, x.data(), g.data(), dw.data());
     ref::conv2d_backward_bias(s, shape, g.data(), db.data());
-
-    const auto by_x = petra::testing::check_gradient(
-        [&](const std::vector<double>& v) { return loss(v, w, bias); }, x, dx);
-    CHECK_MESSAGE(by_x.ok, "dx: " << by_x.worst);
-    const auto by_w = petra::testing::check_gradient(
-        [&](const std::vector<double>& v) { return loss(x, v, bias); }, w, dw);
-    CHECK_MESSAGE(by_w.ok, "dw: " << by_w.worst);
-    const auto by_b = petra::testing::check_gradient(
-        [&](const std::vector<double>& v) { return loss(x, w, v); }, bias, db);
-    CHECK_MESSAGE(by_b.ok, "db: " << by_b.worst);
+    // L = <g, conv(x, w) + bias>; its gradients are the backward passes applied to g.
+    petra::testing::check_vjp(
+        [&](const auto& in) {
+          std::vector<double> y(g.size());
+          ref::conv2d_forward(s, shape, in[0].data(), in[1].data(), in[2].data(), y.data());
+          return y;
+        },
+        {x, w, bias}, g, {dx, dw, db}, {"dx", "dw", "db"});
   }
 }
 

@@ -34,33 +34,17 @@
 #include "data/zip.hpp"
 #include "petra/error.hpp"
 #include "petra/npy.hpp"
+#include "tests/support/fixtures.hpp"
 
 namespace fs = std::filesystem;
 using namespace petra;
 using namespace petra::data;
 using Bytes = std::vector<std::uint8_t>;
+using petra::testing::TemporaryDirectory;
 
 namespace {
 
 // ---- fixture helpers ----
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "petra-data-XXXXXX").string();
-    REQUIRE(mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code error;
-    fs::remove_all(path_, error);
-  }
-  const fs::path& path() const { return path_; }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  fs::path path_;
-};
 
 void write_file(const fs::path& path, const Bytes& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -287,7 +271,7 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 // ================================================================ IDX
 
 TEST_CASE("data: IDX images and labels are read raw and gzipped, values and shapes exact") {
-  TempDir dir;
+  TemporaryDirectory dir("data");
   const Bytes labels{3, 1, 4, 1, 5};
   write_file(dir / "train-images-idx3-ubyte", idx_images(5, 3, 4));
   write_gzip(dir / "train-labels-idx1-ubyte.gz", idx_labels(labels));
@@ -319,7 +303,7 @@ TEST_CASE("data: IDX images and labels are read raw and gzipped, values and shap
 }
 
 TEST_CASE("data: corrupted and truncated IDX files raise IOError with file and byte offset") {
-  TempDir dir;
+  TemporaryDirectory dir("data");
   const fs::path labels = dir / "labels";
   write_file(labels, idx_labels({3, 1, 4, 1, 5}));
   auto read_with = [&](const std::string& name, const Bytes& images_bytes, bool gz) {
@@ -390,7 +374,7 @@ TEST_CASE("data: corrupted and truncated IDX files raise IOError with file and b
 // ================================================================ CIFAR
 
 TEST_CASE("data: CIFAR-10 and CIFAR-100 binary batches are read, and bad ones rejected") {
-  TempDir dir;
+  TemporaryDirectory dir("data");
   const fs::path root = dir / "cifar-10-batches-bin";
   fs::create_directory(root);
   auto records = [](std::int64_t first, const std::vector<Bytes>& labels) {
@@ -446,7 +430,7 @@ TEST_CASE("data: CIFAR-10 and CIFAR-100 binary batches are read, and bad ones re
 // ================================================================ zip / npz / ImageNet32
 
 TEST_CASE("data: zip archives with stored, deflated and ZIP64 entries are read and CRC-checked") {
-  TempDir dir;
+  TemporaryDirectory dir("data");
   Bytes text(5000);
   for (std::size_t k = 0; k < text.size(); ++k) text[k] = static_cast<std::uint8_t>("petra zip "[k % 10]);
   for (const bool zip64 : {false, true}) {
@@ -470,7 +454,7 @@ TEST_CASE("data: zip archives with stored, deflated and ZIP64 entries are read a
 }
 
 TEST_CASE("data: ImageNet32 .npz batches are read (stored and deflated data, 1-based labels)") {
-  TempDir dir;
+  TemporaryDirectory dir("data");
   write_file(dir / "a.npz", imagenet_npz(0, 3, 4, {1, 1000, 7}, false, true));  // numpy's ZIP64 form
   write_file(dir / "b.npz", imagenet_npz(3, 2, 4, {500, 2}, true, false));      // deflated data.npy
   const std::vector<fs::path> files{dir / "a.npz", dir / "b.npz"};
@@ -503,7 +487,7 @@ TEST_CASE("data: ImageNet32 .npz batches are read (stored and deflated data, 1-b
 }
 
 TEST_CASE("data: corrupted and truncated .npz files raise IOError with file and byte offset") {
-  TempDir dir;
+  TemporaryDirectory dir("data");
   const fs::path file = dir / "bad.npz";
   auto read = [&] { read_imagenet_npz(std::vector<fs::path>{file}); };
   const Bytes good = imagenet_npz(0, 3, 4, {1, 2, 3}, false, false);
@@ -556,7 +540,7 @@ TEST_CASE("data: corrupted and truncated .npz files raise IOError with file and 
 // ================================================================ npy directory
 
 TEST_CASE("data: an npy directory (uint8 NHWC and float32 NCHW) is read, normalisation computed") {
-  TempDir dir;
+  TemporaryDirectory dir("data");
   // uint8 [N=3, H=2, W=2, C=2], pixel (i, y, x, c) = 10 i + 4 y + 2 x + c.
   Bytes hwc;
   for (int i = 0; i < 3; ++i)
@@ -607,7 +591,7 @@ TEST_CASE("data: an npy directory (uint8 NHWC and float32 NCHW) is read, normali
 }
 
 TEST_CASE("data: bad npy directories raise IOError naming the file") {
-  TempDir dir;
+  TemporaryDirectory dir("data");
   const std::vector<float> values(8, 0.5f);
   const std::vector<std::int64_t> labels{1, 0};
   auto write_good = [&] {

@@ -7,16 +7,15 @@
 #include "nn/blocks.hpp"
 #include "nn/models.hpp"
 #include "nn/stage_group.hpp"
+#include "tests/support/fixtures.hpp"
+#include "tests/support/gradcheck.hpp"
 #include "tests/support/testing.hpp"
 
 using namespace petra;
 using namespace petra::nn;
+using testing::random_tensor;
 
 namespace {
-
-Tensor random_tensor(const Shape& shape, std::uint64_t seed, DType dtype = DType::f32) {
-  return Tensor::from_vector<double>(shape, testing::random_values<double>(shape.numel(), seed)).to(dtype);
-}
 
 std::vector<int> non_reversible_stages(const Model& m) {
   std::vector<int> out;
@@ -31,13 +30,6 @@ ModelConfig imagenet(const std::string& arch) {
   c.classes = 1000;
   c.stem = "imagenet";
   return c;
-}
-
-double dot(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
-  double s = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) s += x[i] * y[i];
-  return s;
 }
 
 }  // namespace
@@ -151,7 +143,7 @@ TEST_CASE("reversible stages invert exactly in the first stream and within 1e-6 
     c.width = 8;
     Model m(c);
     NoGradGuard no_grad;
-    Variable h(random_tensor({4, 3, 16, 16}, 1));
+    Variable h(random_tensor({4, 3, 16, 16}, 1, DType::f32));
     for (std::size_t j = 0; j + 1 < m.num_stages(); ++j) {
       const Variable y = m.stage(j).forward(h);
       if (m.stage(j).kind() == StageKind::reversible) {
@@ -171,7 +163,7 @@ TEST_CASE("reconstruct_and_backward gives the gradients of the stored input") {
   Model m(c);
   Stage& stage = m.stage(1);
   REQUIRE(stage.kind() == StageKind::reversible);
-  const Tensor x = random_tensor({4, 16, 8, 8}, 2), dy = random_tensor({4, 16, 8, 8}, 3);
+  const Tensor x = random_tensor({4, 16, 8, 8}, 2, DType::f32), dy = random_tensor({4, 16, 8, 8}, 3, DType::f32);
   // Exact backprop: the graph of the stage from its true input.
   const Variable input(x, true);
   const Variable y = stage.forward(input);
@@ -208,31 +200,20 @@ void check_stage_gradients(Stage& stage, const Shape& x_shape, std::uint64_t see
     dx = stage.reconstruct_and_backward(y, g).second;
   else
     dx = stage.recompute_and_backward(x, g);
-  auto loss_of_input = [&](const std::vector<double>& values) {
-    NoGradGuard no_grad;
-    RunningStatsGuard keep_stats;
-    return dot(stage.forward(Variable(Tensor::from_vector<double>(x_shape, values))).data(), g);
-  };
+  // L(x) = <g, stage(x)>, the running statistics left alone.
+  const auto loss_of_input = testing::vjp_loss(
+      [&stage](const std::vector<Variable>& v) {
+        RunningStatsGuard keep_stats;
+        return stage.forward(v[0]);
+      },
+      {x}, 0, g);
   if (dx.defined()) {
     const auto r = testing::check_gradient(loss_of_input, x.to_vector<double>(), dx.to_vector<double>());
     CHECK_MESSAGE(r.ok, stage.describe(), ": input: ", r.worst);
   }
-  for (const auto& [name, p] : stage.named_parameters()) {
-    const auto analytic = p.grad().to_vector<double>();
-    double* data = p.data().data_ptr<double>();
-    for (std::int64_t i = 0; i < p.data().numel(); i += std::max<std::int64_t>(1, p.data().numel() / 5)) {
-      const double saved = data[i];
-      const double h = 1e-6;
-      data[i] = saved + h;
-      const double up = loss_of_input(x.to_vector<double>());
-      data[i] = saved - h;
-      const double down = loss_of_input(x.to_vector<double>());
-      data[i] = saved;
-      const double numeric = (up - down) / (2 * h);
-      CHECK_MESSAGE(std::abs(analytic[i] - numeric) <= 1e-7 + 1e-5 * std::abs(numeric), stage.describe(), ": ", name,
-                    "[", i, "] analytic ", analytic[i], " numeric ", numeric);
-    }
-  }
+  for (const auto& [name, p] : stage.named_parameters())
+    testing::check_sampled_gradient([&] { return loss_of_input(x.to_vector<double>()); }, p.data(),
+                                    p.grad().to_vector<double>(), stage.describe() + ": " + name);
 }
 }  // namespace
 

@@ -8,18 +8,12 @@
 #include "nn/layers.hpp"
 #include "nn/models.hpp"
 #include "petra/npy.hpp"
+#include "tests/support/fixtures.hpp"
 
 using namespace petra;
 using namespace petra::nn;
 namespace fs = std::filesystem;
-
-namespace {
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("petra-test-nn-" + name);
-  fs::remove_all(dir);
-  return dir;
-}
-}  // namespace
+using petra::testing::TemporaryDirectory;
 
 TEST_CASE("PyTorch's default initialisation: U(+-1/sqrt(fan_in)), reproducible from the seed") {
   Init a(1), b(1), c(2);
@@ -53,7 +47,8 @@ TEST_CASE("state directories: one .npy per parameter and buffer, round trip, cle
   Model a(config);
   config.seed = 99;
   Model b(config);
-  const fs::path dir = fresh_dir("state");
+  const TemporaryDirectory temporary("nn-state");
+  const fs::path& dir = temporary.path();
   a.save_state(dir);
   CHECK(fs::exists(dir / "stages.1.f.conv1.weight.npy"));
   CHECK(fs::exists(dir / "stages.0.bn.running_mean.npy"));
@@ -75,7 +70,6 @@ TEST_CASE("state directories: one .npy per parameter and buffer, round trip, cle
     CHECK(std::string(e.what()).find("stages.9.fc.weight.npy") != std::string::npos);
   }
   CHECK(b.named_parameters()[0].second.data().to_vector<float>() == before);
-  fs::remove_all(dir);
 }
 
 TEST_CASE("batch norm: running statistics move in training, are read in eval, and the guard freezes them") {

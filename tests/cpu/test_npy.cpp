@@ -3,8 +3,6 @@
 // of malformed file (each must raise petra::IOError naming the byte offset), and atomic writes.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -17,10 +15,12 @@
 
 #include "petra/error.hpp"
 #include "petra/npy.hpp"
+#include "tests/support/fixtures.hpp"
 
 namespace fs = std::filesystem;
 using petra::DType;
 using petra::NpyArray;
+using petra::testing::TemporaryDirectory;
 
 namespace {
 
@@ -85,25 +85,6 @@ std::vector<T> values_of(const NpyArray& array) {
   std::memcpy(values.data(), array.data.data(), array.data.size());
   return values;
 }
-
-// A fresh directory under the system temp dir, removed with everything in it at scope exit.
-struct TemporaryDirectory {
-  fs::path path;
-  TemporaryDirectory() {
-    static int count = 0;
-    path = fs::temp_directory_path() / ("petra-test-npy-" + std::to_string(::getpid()) + "-" + std::to_string(count++));
-    fs::create_directories(path);
-  }
-  ~TemporaryDirectory() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-  std::set<std::string> entries() const {
-    std::set<std::string> names;
-    for (const auto& entry : fs::directory_iterator(path)) names.insert(entry.path().filename().string());
-    return names;
-  }
-};
 
 // The test pattern of every round trip, also recomputed by the NumPy script below:
 // floats k / 4 - 3, signed ints (7919 k mod 2001) - 1000, uint8 k mod 251.
@@ -201,10 +182,10 @@ TEST_CASE("npy: the header is byte for byte what numpy.save writes") {
   CHECK(std::equal(header.begin(), header.end(), golden.begin()));
 
   // The whole file, written through the atomic writer.
-  TemporaryDirectory dir;
+  TemporaryDirectory dir("npy");
   const float values[6] = {-1.0f, -0.5f, 0.0f, 0.5f, 1.0f, 1.5f};
-  petra::write_npy(dir.path / "a.npy", DType::f32, shape, values);
-  const auto written = file_bytes(dir.path / "a.npy");
+  petra::write_npy(dir / "a.npy", DType::f32, shape, values);
+  const auto written = file_bytes(dir / "a.npy");
   CHECK(std::equal(written.begin(), written.end(), golden.begin(), golden.end()));
 
   const std::vector<std::int64_t> scalar;
@@ -236,11 +217,11 @@ TEST_CASE("npy: files written by NumPy are read") {
 }
 
 TEST_CASE("npy: every dtype and shape survives a write and a read") {
-  TemporaryDirectory dir;
+  TemporaryDirectory dir("npy");
   for (DType dtype : kAllDTypes) {
     for (const auto& shape : kShapes) {
       const NpyArray original = pattern_array(dtype, shape);
-      const fs::path path = dir.path / file_name_for(dtype, shape);
+      const fs::path path = dir / file_name_for(dtype, shape);
       INFO(path.filename().string());
       petra::write_npy(path, original);
       const NpyArray back = petra::read_npy(path);
@@ -262,10 +243,10 @@ TEST_CASE("npy: a header beyond 64 KiB is written in version 2.0") {
   REQUIRE(header.size() > 0xFFFF);
   CHECK(std::to_integer<int>(header[6]) == 2);
   CHECK(header.size() % 64 == 0);
-  TemporaryDirectory dir;
+  TemporaryDirectory dir("npy");
   const std::uint8_t value = 42;
-  petra::write_npy(dir.path / "wide.npy", DType::u8, shape, &value);
-  const NpyArray back = petra::read_npy(dir.path / "wide.npy");
+  petra::write_npy(dir / "wide.npy", DType::u8, shape, &value);
+  const NpyArray back = petra::read_npy(dir / "wide.npy");
   CHECK(back.shape == shape);
   CHECK(values_of<std::uint8_t>(back) == std::vector<std::uint8_t>{42});
 }
@@ -275,10 +256,10 @@ TEST_CASE("npy: NumPy reads petra's files and writes the same bytes (needs /usr/
     MESSAGE("skipped: /usr/bin/python3 with numpy is not available");
     return;
   }
-  TemporaryDirectory dir;
+  TemporaryDirectory dir("npy");
   for (DType dtype : kAllDTypes)
-    for (const auto& shape : kShapes) petra::write_npy(dir.path / ("petra_" + file_name_for(dtype, shape)), pattern_array(dtype, shape));
-  std::ofstream(dir.path / "check.py") << R"(
+    for (const auto& shape : kShapes) petra::write_npy(dir / ("petra_" + file_name_for(dtype, shape)), pattern_array(dtype, shape));
+  std::ofstream(dir / "check.py") << R"(
 import os, sys
 import numpy as np
 d = sys.argv[1]
@@ -300,14 +281,14 @@ for name in sorted(os.listdir(d)):
     assert got.dtype == expected.dtype and got.shape == shape and np.array_equal(got, expected), name
     np.save(os.path.join(d, 'numpy_' + name[len('petra_'):]), expected)
 )";
-  const std::string command = "/usr/bin/python3 " + (dir.path / "check.py").string() + " " + dir.path.string();
+  const std::string command = "/usr/bin/python3 " + (dir / "check.py").string() + " " + dir.path().string();
   REQUIRE(std::system(command.c_str()) == 0);
   for (DType dtype : kAllDTypes) {
     for (const auto& shape : kShapes) {
       const std::string name = file_name_for(dtype, shape);
       INFO(name);
-      CHECK(file_bytes(dir.path / ("petra_" + name)) == file_bytes(dir.path / ("numpy_" + name)));
-      const NpyArray from_numpy = petra::read_npy(dir.path / ("numpy_" + name));
+      CHECK(file_bytes(dir / ("petra_" + name)) == file_bytes(dir / ("numpy_" + name)));
+      const NpyArray from_numpy = petra::read_npy(dir / ("numpy_" + name));
       CHECK(from_numpy.dtype == dtype);
       CHECK(from_numpy.shape == shape);
       CHECK(from_numpy.data == pattern_array(dtype, shape).data);
@@ -397,48 +378,48 @@ TEST_CASE("npy: a malformed file raises IOError naming the byte offset and the p
 }
 
 TEST_CASE("npy: read_npy reports missing and truncated files") {
-  TemporaryDirectory dir;
-  CHECK_THROWS_WITH_AS(petra::read_npy(dir.path / "missing.npy"), doctest::Contains("missing.npy"), petra::IOError);
-  CHECK_THROWS_AS(petra::read_npy(dir.path), petra::IOError);  // a directory
+  TemporaryDirectory dir("npy");
+  CHECK_THROWS_WITH_AS(petra::read_npy(dir / "missing.npy"), doctest::Contains("missing.npy"), petra::IOError);
+  CHECK_THROWS_AS(petra::read_npy(dir.path()), petra::IOError);  // a directory
 
   const auto golden = bytes_of(kNumpyFloat32_2x3);
-  std::ofstream(dir.path / "cut.npy", std::ios::binary).write(reinterpret_cast<const char*>(golden.data()), 150);
-  CHECK_THROWS_WITH_AS(petra::read_npy(dir.path / "cut.npy"), doctest::Contains("byte 128: the shape (2, 3) of float32 needs 24"),
+  std::ofstream(dir / "cut.npy", std::ios::binary).write(reinterpret_cast<const char*>(golden.data()), 150);
+  CHECK_THROWS_WITH_AS(petra::read_npy(dir / "cut.npy"), doctest::Contains("byte 128: the shape (2, 3) of float32 needs 24"),
                        petra::IOError);
 }
 
 TEST_CASE("npy: write_npy is atomic and leaves no temporary file on failure") {
-  TemporaryDirectory dir;
+  TemporaryDirectory dir("npy");
   const float value = 1.0f;
   const std::vector<std::int64_t> shape = {1};
 
   // A directory that does not exist: IOError, nothing created.
-  CHECK_THROWS_AS(petra::write_npy(dir.path / "no" / "such" / "dir.npy", DType::f32, shape, &value), petra::IOError);
+  CHECK_THROWS_AS(petra::write_npy(dir / "no" / "such" / "dir.npy", DType::f32, shape, &value), petra::IOError);
   CHECK(dir.entries().empty());
 
   // The target is a directory: the temporary file is written, the rename fails, the temporary is removed.
-  fs::create_directory(dir.path / "taken.npy");
-  fs::create_directory(dir.path / "taken.npy" / "inside");
-  CHECK_THROWS_WITH_AS(petra::write_npy(dir.path / "taken.npy", DType::f32, shape, &value), doctest::Contains("rename"),
+  fs::create_directory(dir / "taken.npy");
+  fs::create_directory(dir / "taken.npy" / "inside");
+  CHECK_THROWS_WITH_AS(petra::write_npy(dir / "taken.npy", DType::f32, shape, &value), doctest::Contains("rename"),
                        petra::IOError);
   CHECK(dir.entries() == std::set<std::string>{"taken.npy"});
 
   // Overwriting replaces the old contents completely.
   const std::vector<std::int64_t> long_shape = {100};
   const std::vector<float> hundred(100, 2.0f);
-  petra::write_npy(dir.path / "x.npy", DType::f32, long_shape, hundred.data());
-  petra::write_npy(dir.path / "x.npy", DType::f32, shape, &value);
-  const NpyArray back = petra::read_npy(dir.path / "x.npy");
+  petra::write_npy(dir / "x.npy", DType::f32, long_shape, hundred.data());
+  petra::write_npy(dir / "x.npy", DType::f32, shape, &value);
+  const NpyArray back = petra::read_npy(dir / "x.npy");
   CHECK(back.shape == shape);
   CHECK(values_of<float>(back) == std::vector<float>{1.0f});
   CHECK(dir.entries() == std::set<std::string>{"taken.npy", "x.npy"});
 
   // Arguments that cannot describe an array are ValueErrors, before any file is touched.
   const std::vector<std::int64_t> negative = {-1};
-  CHECK_THROWS_AS(petra::write_npy(dir.path / "y.npy", DType::f32, negative, &value), petra::ValueError);
-  CHECK_THROWS_AS(petra::write_npy(dir.path / "y.npy", DType::f32, shape, nullptr), petra::ValueError);
+  CHECK_THROWS_AS(petra::write_npy(dir / "y.npy", DType::f32, negative, &value), petra::ValueError);
+  CHECK_THROWS_AS(petra::write_npy(dir / "y.npy", DType::f32, shape, nullptr), petra::ValueError);
   NpyArray inconsistent{DType::f64, {3}, std::vector<std::byte>(8)};
-  CHECK_THROWS_AS(petra::write_npy(dir.path / "y.npy", inconsistent), petra::ValueError);
+  CHECK_THROWS_AS(petra::write_npy(dir / "y.npy", inconsistent), petra::ValueError);
   CHECK(dir.entries() == std::set<std::string>{"taken.npy", "x.npy"});
 }
 

@@ -7,51 +7,16 @@
 
 #include "petra/functions.hpp"
 #include "petra/optimizer_steps.hpp"
+#include "tests/support/fixtures.hpp"
+#include "tests/support/gradcheck.hpp"
 #include "tests/support/testing.hpp"
 
 using namespace petra;
+using testing::check_op_gradients;
+using testing::OpFn;
+using testing::random_tensor;
 
 namespace {
-
-using OpFn = std::function<Variable(const std::vector<Variable>&)>;
-
-Tensor random_tensor(const Shape& shape, std::uint64_t seed, DType dtype = DType::f64) {
-  return Tensor::from_vector<double>(shape, testing::random_values<double>(shape.numel(), seed)).to(dtype);
-}
-
-double dot(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
-  double s = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) s += x[i] * y[i];
-  return s;
-}
-
-// For every input k, compares the autograd gradient of L = <g, f(inputs)> with central
-// differences, in float64.
-void check_op_gradients(const OpFn& f, const std::vector<Tensor>& inputs, std::uint64_t seed = 99,
-                        double rtol = 1e-5) {
-  std::vector<Variable> vars;
-  for (const Tensor& t : inputs) vars.emplace_back(t.clone(), true);
-  const Variable y = f(vars);
-  const Tensor g = random_tensor(y.shape(), seed);
-  const Variable outputs[] = {y};
-  const Tensor seeds[] = {g};
-  const auto grads = vjp(outputs, seeds, vars);
-  for (std::size_t k = 0; k < inputs.size(); ++k) {
-    CAPTURE(k);
-    REQUIRE(grads[k].defined());
-    auto loss = [&](const std::vector<double>& values) {
-      NoGradGuard no_grad;
-      std::vector<Variable> probe;
-      for (std::size_t j = 0; j < inputs.size(); ++j)
-        probe.emplace_back(j == k ? Tensor::from_vector<double>(inputs[j].shape(), values) : inputs[j]);
-      return dot(f(probe).data(), g);
-    };
-    const auto r = testing::check_gradient(loss, inputs[k].to_vector<double>(), grads[k].to_vector<double>(), 1e-6,
-                                           1e-7, rtol);
-    CHECK_MESSAGE(r.ok, r.worst);
-  }
-}
 
 // float32 (cpu kernels) against float64 (ref kernels) on the same values.
 void check_float32_matches_float64(const OpFn& f, const std::vector<Tensor>& inputs, double tolerance = 1e-5) {

@@ -9,18 +9,18 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include "nn/optimizer.hpp"
 #include "nn/schedule.hpp"
 #include "petra/allocator.hpp"
 #include "petra/error.hpp"
+#include "tests/support/fixtures.hpp"
 #include "tests/support/testing.hpp"
 
 using petra::DType;
 using petra::Tensor;
 using petra::Variable;
 using petra::testing::max_abs_diff;
+using petra::testing::TemporaryDirectory;
 namespace nn = petra::nn;
 using Values = std::vector<double>;
 
@@ -61,16 +61,6 @@ void step_with_example_gradients(nn::Optimizer& optimizer, int step, double lr) 
     for (const auto& [name, param] : group.params) param.set_grad(tensor_of(kGrads[step], param.data().dtype()));
   optimizer.step(lr);
 }
-
-// A fresh directory under the system's temporary directory, removed when the test ends.
-struct TemporaryDirectory {
-  std::filesystem::path path;
-  explicit TemporaryDirectory(const std::string& name)
-      : path(std::filesystem::temp_directory_path() / ("petra-test-" + name + "-" + std::to_string(::getpid()))) {
-    std::filesystem::remove_all(path);
-  }
-  ~TemporaryDirectory() { std::filesystem::remove_all(path); }
-};
 
 }  // namespace
 
@@ -304,17 +294,17 @@ TEST_CASE("save_state / load_state: the next steps are identical") {
     original->step(0.1);
     w.set_grad(tensor_of(kGrads[1], DType::f32));
     original->step(0.1);  // bias keeps its gradient: two updates each; "unused" never has one
-    original->save_state(dir.path);
-    CHECK(std::filesystem::exists(dir.path / "optimizer_state.txt"));
-    CHECK(std::filesystem::exists(dir.path / ("stages.1.conv.weight." + original->state_names()[0] + ".npy")));
-    CHECK_FALSE(std::filesystem::exists(dir.path / ("stages.1.bn.weight." + original->state_names()[0] + ".npy")));
+    original->save_state(dir.path());
+    CHECK(std::filesystem::exists(dir / "optimizer_state.txt"));
+    CHECK(std::filesystem::exists(dir / ("stages.1.conv.weight." + original->state_names()[0] + ".npy")));
+    CHECK_FALSE(std::filesystem::exists(dir / ("stages.1.bn.weight." + original->state_names()[0] + ".npy")));
 
     // Same parameter values, fresh optimizers: one loads the state, one does not.
     Variable w2(w.data().clone(), true), bias2(bias.data().clone(), true), unused2(unused.data().clone(), true);
     Variable w3(w.data().clone(), true), bias3(bias.data().clone(), true), unused3(unused.data().clone(), true);
     auto restored = make(w2, bias2, unused2);
     auto fresh = make(w3, bias3, unused3);
-    restored->load_state(dir.path);
+    restored->load_state(dir.path());
     CHECK(restored->step_count() == 2);
     CHECK(restored->parameter_steps("stages.1.conv.weight") == 2);
     CHECK(restored->parameter_steps("stages.1.bn.weight") == 0);
@@ -341,18 +331,18 @@ TEST_CASE("load_state refuses another optimizer's state, other shapes, and missi
   Variable w = parameter(DType::f32);
   nn::Sgd sgd({group_of({{"w", w}})}, 0.9);
   step_with_example_gradients(sgd, 0, 0.1);
-  sgd.save_state(dir.path);
+  sgd.save_state(dir.path());
 
   nn::Adam adam({group_of({{"w", parameter(DType::f32)}})});
-  CHECK_THROWS_AS(adam.load_state(dir.path), petra::ValueError);
+  CHECK_THROWS_AS(adam.load_state(dir.path()), petra::ValueError);
   nn::Sgd wider({group_of({{"w", parameter(DType::f32, {1, 2, 3, 4})}})}, 0.9);
-  CHECK_THROWS_AS(wider.load_state(dir.path), petra::ValueError);
+  CHECK_THROWS_AS(wider.load_state(dir.path()), petra::ValueError);
   nn::Sgd renamed({group_of({{"v", parameter(DType::f32)}})}, 0.9);
-  CHECK_THROWS_AS(renamed.load_state(dir.path), petra::ValueError);
-  CHECK_THROWS_AS(sgd.load_state(dir.path / "missing"), petra::IOError);
-  std::filesystem::remove(dir.path / "w.momentum_buffer.npy");
+  CHECK_THROWS_AS(renamed.load_state(dir.path()), petra::ValueError);
+  CHECK_THROWS_AS(sgd.load_state(dir / "missing"), petra::IOError);
+  std::filesystem::remove(dir / "w.momentum_buffer.npy");
   nn::Sgd other({group_of({{"w", parameter(DType::f32)}})}, 0.9);
-  CHECK_THROWS_AS(other.load_state(dir.path), petra::IOError);
+  CHECK_THROWS_AS(other.load_state(dir.path()), petra::IOError);
   CHECK(other.parameter_steps("w") == 0);  // a failed load changes nothing
 }
 

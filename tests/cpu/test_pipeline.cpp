@@ -8,6 +8,7 @@
 #include "pipeline/backprop_reference.hpp"
 #include "pipeline/executor.hpp"
 #include "pipeline/placement.hpp"
+#include "tests/support/fixtures.hpp"
 #include "tests/support/testing.hpp"
 
 using namespace petra;
@@ -15,24 +16,9 @@ using namespace petra::pipeline;
 
 namespace {
 
-nn::ModelConfig small_revnet(const std::string& arch = "revnet18") {
-  nn::ModelConfig c;
-  c.arch = arch;
-  c.width = 4;
-  c.in_channels = 1;
-  c.classes = 10;
-  c.seed = 11;
-  return c;
-}
-
-MiniBatch make_batch(std::int64_t m) {
-  MiniBatch b;
-  b.images = Tensor::from_vector<float>({4, 1, 12, 12}, testing::random_values<float>(4 * 144, 100 + m));
-  std::vector<std::int64_t> labels(4);
-  for (int i = 0; i < 4; ++i) labels[i] = (m * 3 + i * 7) % 10;
-  b.labels = Tensor::from_vector<std::int64_t>({4}, labels);
-  return b;
-}
+// RevNet18 of width 4 on 12x12 single-channel images; mini-batch m has its own images and labels.
+nn::ModelConfig small_revnet() { return testing::tiny_model_config("revnet18", 11); }
+MiniBatch make_batch(std::int64_t m) { return testing::random_batch({4, 1, 12, 12}, 100 + m, 10, 3 * m); }
 
 // Per stage: all parameter gradients concatenated.
 std::vector<std::vector<float>> stage_gradients(nn::Model& model) {

@@ -7,28 +7,15 @@
 
 #include "pipeline/backprop_reference.hpp"
 #include "pipeline/executor.hpp"
+#include "tests/support/fixtures.hpp"
 #include "tests/support/testing.hpp"
 
 using namespace petra;
 
 namespace {
-Tensor random_images(const Shape& shape, std::uint64_t seed) {
-  return Tensor::from_vector<float>(shape, testing::random_values<float>(shape.numel(), seed));
-}
-Tensor random_labels(std::int64_t n, std::int64_t classes) {
-  std::vector<std::int64_t> v(n);
-  for (std::int64_t i = 0; i < n; ++i) v[i] = (i * 7 + 3) % classes;
-  return Tensor::from_vector<std::int64_t>({n}, v);
-}
-nn::ModelConfig small(const std::string& arch) {
-  nn::ModelConfig c;
-  c.arch = arch;
-  c.width = 4;
-  c.in_channels = 1;
-  c.classes = 10;
-  c.seed = 5;
-  return c;
-}
+nn::ModelConfig small(const std::string& arch) { return testing::tiny_model_config(arch, 5); }
+Tensor random_images(const Shape& shape, std::uint64_t seed) { return testing::random_tensor(shape, seed, DType::f32); }
+Tensor random_labels(std::int64_t n, std::int64_t classes) { return testing::cyclic_labels(n, classes, 3); }
 
 // Runs `steps` mini-batches (all the same: x, labels) of a synchronous method on the executor, with
 // no optimizer step, so the gradients add up. Returns the head's numbers of the last one.
@@ -71,8 +58,8 @@ TEST_CASE("backprop on the executor is the one-graph reference, bit for bit") {
 TEST_CASE("revbackprop gives backprop's loss and parameter gradients") {
   for (const std::string arch : {"revnet18", "revnet50"}) {
     CAPTURE(arch);
-    nn::Model a(small(arch)), b(small(arch));  // same seed: same parameters
-    const Tensor x = random_images({6, 1, 12, 12}, 1), labels = random_labels(6, 10);
+    nn::Model a(testing::tiny_model_config(arch, 5)), b(testing::tiny_model_config(arch, 5));  // same seed: same parameters
+    const Tensor x = testing::random_tensor({6, 1, 12, 12}, 1, DType::f32), labels = testing::cyclic_labels(6, 10, 3);
     const auto ra = pipeline::backprop_step(a, x, labels);
     const auto rb = executor_steps(b, pipeline::PipelineMethod::revbackprop, x, labels);
     CHECK(ra.loss == doctest::Approx(rb.loss).epsilon(1e-6));

@@ -9,10 +9,12 @@
 
 #include "pipeline/checkpoint.hpp"
 #include "pipeline/trainer.hpp"
+#include "tests/support/fixtures.hpp"
 
 using namespace petra;
 using namespace petra::pipeline;
 namespace fs = std::filesystem;
+using petra::testing::TemporaryDirectory;
 
 namespace {
 
@@ -34,12 +36,6 @@ TrainConfig tiny(const fs::path& checkpoints) {
   return c;
 }
 
-fs::path fresh(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("petra-test-trainer-" + name);
-  fs::remove_all(dir);
-  return dir;
-}
-
 std::vector<std::vector<float>> parameters_of(Trainer& t) {
   std::vector<std::vector<float>> out;
   for (const auto& p : t.model().parameters()) out.push_back(p.data().to_vector<float>());
@@ -49,30 +45,29 @@ std::vector<std::vector<float>> parameters_of(Trainer& t) {
 }  // namespace
 
 TEST_CASE("a resumed run reaches bit-identical parameters") {
-  const fs::path straight_dir = fresh("straight"), resumed_dir = fresh("resumed");
-  Trainer straight(tiny(straight_dir));
+  const TemporaryDirectory straight_dir("trainer-straight"), resumed_dir("trainer-resumed");
+  Trainer straight(tiny(straight_dir.path()));
   straight.run({}, {});
   CHECK(straight.epoch() == 3);
 
   {
-    TrainConfig first = tiny(resumed_dir);
+    TrainConfig first = tiny(resumed_dir.path());
     first.max_steps = 5;  // stops during epoch 2 of 3 (4 steps per epoch): only epoch 1 is checkpointed
     Trainer interrupted(first);
     interrupted.run({}, {});
   }
-  TrainConfig again = tiny(resumed_dir);
+  TrainConfig again = tiny(resumed_dir.path());
   again.resume = true;
   Trainer resumed(again);
   CHECK(resumed.epoch() == 1);
   CHECK(resumed.global_step() == 4);
   resumed.run({}, {});
   CHECK(parameters_of(resumed) == parameters_of(straight));
-  fs::remove_all(straight_dir);
-  fs::remove_all(resumed_dir);
 }
 
 TEST_CASE("damaged or mismatched checkpoints are refused with a clear message") {
-  const fs::path dir = fresh("damaged");
+  const TemporaryDirectory temporary("trainer-damaged");
+  const fs::path& dir = temporary.path();
   TrainConfig c = tiny(dir);
   c.epochs = 1;
   { Trainer(c).run({}, {}); }
@@ -104,7 +99,6 @@ TEST_CASE("damaged or mismatched checkpoints are refused with a clear message") 
     fs::remove(checkpoint / "MANIFEST");
     CHECK_THROWS_AS(Trainer{c}, CheckpointError);
   }
-  fs::remove_all(dir);
 }
 
 TEST_CASE("options of the pipelined methods are refused, with a reason, for the synchronous ones") {
@@ -143,7 +137,8 @@ TEST_CASE("resume keys: a mismatch is named; a key added later counts with its o
 }
 
 TEST_CASE("a diverging run stops with DivergedError and the last checkpoint stays valid") {
-  const fs::path dir = fresh("diverge");
+  const TemporaryDirectory temporary("trainer-diverge");
+  const fs::path& dir = temporary.path();
   TrainConfig c = tiny(dir);
   c.epochs = 1;
   { Trainer(c).run({}, {}); }
@@ -154,7 +149,6 @@ TEST_CASE("a diverging run stops with DivergedError and the last checkpoint stay
   Trainer t(c);
   CHECK_THROWS_AS(t.run({}, {}), DivergedError);
   CHECK(latest_checkpoint(dir) == good);  // still there, still verified
-  fs::remove_all(dir);
 }
 
 namespace {
@@ -246,7 +240,8 @@ TEST_CASE("a pipelined run resumed from a checkpoint, mini-batches in flight, is
     Trainer straight(c);
     straight.run({}, {});
 
-    c.checkpoint_dir = fresh("pipelined");
+    const TemporaryDirectory checkpoints("trainer-pipelined");
+    c.checkpoint_dir = checkpoints.path();
     {
       Trainer crashing(c);
       // The process dies right after epoch 1's checkpoint: 4 mini-batches are in flight then.
@@ -258,6 +253,5 @@ TEST_CASE("a pipelined run resumed from a checkpoint, mini-batches in flight, is
     CHECK(resumed.epoch() == 1);
     resumed.run({}, {});
     CHECK(parameters_of(resumed) == parameters_of(straight));
-    fs::remove_all(c.checkpoint_dir);
   }
 }

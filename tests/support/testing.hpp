@@ -7,6 +7,10 @@
 // The gradient checker works on a scalar function of one flat vector of doubles. To check a
 // vector-valued op y = f(x), build the scalar L(x) = <g, f(x)> with a fixed random g; the analytic
 // gradient of L is then the op's vector-Jacobian product with g. Repeat per input.
+//
+// Built on these: gradcheck.hpp (finite-difference harnesses for kernels, ops and model
+// parameters), fixtures.hpp (random tensors and batches, small models, temporary directories),
+// backend_ops.hpp (the table of ops:: cases run on every backend against ref::).
 #pragma once
 
 #include <algorithm>
