@@ -35,10 +35,8 @@
 #include <vector>
 
 #include "kernels/conv2d.hpp"
+#include "kernels/cpu/parallel.hpp"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define PETRA_CONV_DIRECT 1
@@ -363,23 +361,6 @@ void add_columns(const Lowering& low, const T* col, int64_t n, Tile tile, T* dx)
     }
   });
 }
-
-// Runs body(thread, thread_count) on s.num_threads OpenMP threads (inline when 1). Eigen's
-// products inside run single-threaded, so each thread does its own GEMMs.
-template <class Body>
-void run_threads(const StreamHandle& s, Body&& body) {
-  use_threads(s);
-#ifdef _OPENMP
-  if (s.num_threads > 1) {
-#pragma omp parallel num_threads(s.num_threads)
-    body(omp_get_thread_num(), omp_get_num_threads());
-    return;
-  }
-#endif
-  body(0, 1);
-}
-
-int64_t share(int64_t total, int part, int parts) { return total * part / parts; }
 
 // Scratch of one call: a shared block, then one block per thread.
 template <class T>
