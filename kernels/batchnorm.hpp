@@ -78,7 +78,7 @@ void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, cons
 
 }  // namespace cpu
 
-// kernels::cuda: not written yet. The CUDA issue adds float versions with these signatures; until
-// then petra/ops.cpp raises DeviceError for GPU tensors of this family.
+// kernels::cuda: none yet; on a GPU tensor of this family petra/ops.cpp raises DeviceError naming
+// the op.
 
 }  // namespace petra::kernels

@@ -15,8 +15,10 @@
 //
 // cpu:: lowers the convolution to matrix products (im2col + Eigen GEMM) or, for the narrow 3x3
 // layers where that measured slower and AVX-512 is compiled in, runs direct register-blocked
-// kernels on zero-padded planes (kernels/cpu/conv2d.cpp explains both) and needs scratch memory from the stream's workspace: at most
-// cpu::conv2d_workspace_bytes(shape, s.num_threads) bytes. ref:: needs none.
+// kernels on zero-padded planes (kernels/cpu/conv2d.cpp says which runs where; each algorithm's
+// file, kernels/cpu/conv2d_im2col.cpp and conv2d_direct_*.cpp, explains it). It needs scratch
+// memory from the stream's workspace: at most cpu::conv2d_workspace_bytes(shape, s.num_threads)
+// bytes. ref:: needs none.
 #pragma once
 
 #include <cstddef>
@@ -99,7 +101,7 @@ std::size_t conv2d_workspace_bytes(const Conv2dShape& shape, int num_threads);
 
 }  // namespace cpu
 
-// kernels::cuda: not written yet. The CUDA issue adds float versions with these signatures; until
-// then petra/ops.cpp raises DeviceError for GPU tensors of this family.
+// kernels::cuda: none yet; on a GPU tensor of this family petra/ops.cpp raises DeviceError naming
+// the op.
 
 }  // namespace petra::kernels

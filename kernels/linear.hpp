@@ -70,7 +70,7 @@ void linear_backward_bias(const StreamHandle& s, const LinearShape& shape, const
 
 }  // namespace cpu
 
-// kernels::cuda: not written yet. The CUDA issue adds float versions with these signatures; until
-// then petra/ops.cpp raises DeviceError for GPU tensors of this family.
+// kernels::cuda: none yet; on a GPU tensor of this family petra/ops.cpp raises DeviceError naming
+// the op.
 
 }  // namespace petra::kernels

@@ -83,7 +83,7 @@ void global_avg_pool_backward(const StreamHandle& s, const GlobalPoolShape& shap
 
 }  // namespace cpu
 
-// kernels::cuda: not written yet. The CUDA issue adds float versions with these signatures; until
-// then petra/ops.cpp raises DeviceError for GPU tensors of this family.
+// kernels::cuda: none yet; on a GPU tensor of this family petra/ops.cpp raises DeviceError naming
+// the op.
 
 }  // namespace petra::kernels

@@ -71,7 +71,7 @@ void reduce_mean_backward(const StreamHandle& s, std::span<const std::int64_t> d
 
 }  // namespace cpu
 
-// kernels::cuda: not written yet. The CUDA issue adds float versions with these signatures; until
-// then petra/ops.cpp raises DeviceError for GPU tensors of this family.
+// kernels::cuda: none yet; on a GPU tensor of this family petra/ops.cpp raises DeviceError naming
+// the op.
 
 }  // namespace petra::kernels

@@ -22,28 +22,20 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/parallel.hpp"
+
 namespace petra::kernels::cpu {
 
 namespace {
 
-// A thread gets at least this many values: smaller blocks cost more in threads than they save.
-constexpr std::int64_t kMinValuesPerThread = 1 << 14;
-
 // Samples added per accumulator update in pass 1.
 constexpr int kGroup = 4;
 
-// The channels split into `count` contiguous blocks, one per thread.
-struct ChannelBlocks {
-  std::int64_t channels;
-  int count;
-  std::int64_t begin(int p) const { return channels * p / count; }
-  std::int64_t end(int p) const { return channels * (p + 1) / count; }
-};
-
-ChannelBlocks split_channels(const StreamHandle& s, const BatchNormShape& shape) {
-  const std::int64_t most = std::max<std::int64_t>(1, shape.size() / kMinValuesPerThread);
-  const std::int64_t count = std::min({std::int64_t(std::max(s.num_threads, 1)), most, shape.channels});
-  return {shape.channels, int(std::max<std::int64_t>(count, 1))};
+// Threads for `shape`: each takes one block of whole channels (share(), kernels/cpu/parallel.hpp)
+// of at least kMinValuesPerThread values.
+int channel_blocks(const StreamHandle& s, const BatchNormShape& shape) {
+  const std::int64_t most = std::min<std::int64_t>(threads_with_share(s, shape.size()), shape.channels);
+  return int(std::max<std::int64_t>(most, 1));
 }
 
 // Three per-position arrays of one sample in scratch. They are offset from one another by 1 KB
@@ -159,15 +151,14 @@ void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape,
                              const float* beta, float* y, float* saved_mean, float* saved_invstd,
                              float* running_mean, float* running_var) {
   use_threads(s);
-  const ChannelBlocks blocks = split_channels(s, shape);
+  const int blocks = channel_blocks(s, shape);
   const auto [shift, sum, square] = sample_arrays(s, shape);
   std::vector<AffineMap> maps(shape.channels);
   const std::int64_t plane = shape.plane(), pitch = shape.channels * plane;
   const double count = double(shape.values_per_channel());
 
-#pragma omp parallel for schedule(static) num_threads(blocks.count)
-  for (int p = 0; p < blocks.count; ++p) {
-    const std::int64_t c0 = blocks.begin(p), c1 = blocks.end(p);
+  parallel_for(blocks, blocks, [&](std::int64_t p) {
+    const std::int64_t c0 = share(shape.channels, p, blocks), c1 = share(shape.channels, p + 1, blocks);
     const std::int64_t first = c0 * plane, length = (c1 - c0) * plane;
 
     // Pass 1: sums of d = x - shift and d^2, where shift is the channel's first value, so that
@@ -194,27 +185,28 @@ void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape,
     }
 
     apply_affine(shape, c0, c1, x, maps.data(), y);
-  }
+  });
 }
 
 void batchnorm_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
                             const float* x, const float* gamma, const float* beta,
                             const float* running_mean, const float* running_var, float* y) {
   use_threads(s);
-  const ChannelBlocks blocks = split_channels(s, shape);
+  const int blocks = channel_blocks(s, shape);
   std::vector<AffineMap> maps(shape.channels);
   for (std::int64_t c = 0; c < shape.channels; ++c)
     maps[c] = affine_map(running_mean[c],
                          double(gamma[c]) / std::sqrt(double(running_var[c]) + eps), beta[c]);
-#pragma omp parallel for schedule(static) num_threads(blocks.count)
-  for (int p = 0; p < blocks.count; ++p) apply_affine(shape, blocks.begin(p), blocks.end(p), x, maps.data(), y);
+  parallel_for(blocks, blocks, [&](std::int64_t p) {
+    apply_affine(shape, share(shape.channels, p, blocks), share(shape.channels, p + 1, blocks), x, maps.data(), y);
+  });
 }
 
 void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
                         const float* dy, const float* gamma, const float* saved_mean,
                         const float* saved_invstd, float* dx, float* dgamma, float* dbeta) {
   use_threads(s);
-  const ChannelBlocks blocks = split_channels(s, shape);
+  const int blocks = channel_blocks(s, shape);
   const auto [mean, dy_sum, dy_centered_sum] = sample_arrays(s, shape);
   struct GradientMap {
     float a, b, k, mean;
@@ -223,9 +215,8 @@ void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, cons
   const std::int64_t plane = shape.plane(), pitch = shape.channels * plane;
   const double count = double(shape.values_per_channel());
 
-#pragma omp parallel for schedule(static) num_threads(blocks.count)
-  for (int p = 0; p < blocks.count; ++p) {
-    const std::int64_t c0 = blocks.begin(p), c1 = blocks.end(p);
+  parallel_for(blocks, blocks, [&](std::int64_t p) {
+    const std::int64_t c0 = share(shape.channels, p, blocks), c1 = share(shape.channels, p + 1, blocks);
     const std::int64_t first = c0 * plane, length = (c1 - c0) * plane;
 
     // Pass 1: sum(dy) and sum(dy * (x - mean)).
@@ -261,7 +252,7 @@ void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, cons
 #pragma omp simd
         for (std::int64_t i = 0; i < plane; ++i) dxs[i] = m.a * dys[i] + m.b * (xs[i] - m.mean) + m.k;
       }
-  }
+  });
 }
 
 }  // namespace petra::kernels::cpu

@@ -2,36 +2,28 @@
 //
 // Both are the same strided copy: `rows` rows (one per sample) of count*height*width contiguous
 // floats, with a different row pitch on each side. The rows are walked in memory order, split
-// into one contiguous range per thread, and copied with memcpy.
+// into one contiguous range per thread (for_each_row_run, kernels/cpu/parallel.hpp), and copied
+// with memcpy.
 #include "kernels/channel.hpp"
 
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/parallel.hpp"
+
 namespace petra::kernels::cpu {
 
 namespace {
-
-// A thread gets at least this many floats: smaller parts cost more in threads than they save.
-constexpr std::int64_t kMinValuesPerThread = 1 << 14;
 
 // dst[r * dst_pitch + i] = src[r * src_pitch + i] for r < rows, i < row_length.
 void copy_rows(const StreamHandle& s, std::int64_t rows, std::int64_t row_length, const float* src,
                std::int64_t src_pitch, float* dst, std::int64_t dst_pitch) {
   const std::int64_t total = rows * row_length;
   if (total == 0) return;
-  const int parts = int(std::min<std::int64_t>(std::max(s.num_threads, 1),
-                                               std::max<std::int64_t>(1, total / kMinValuesPerThread)));
-#pragma omp parallel for schedule(static) num_threads(parts)
-  for (int p = 0; p < parts; ++p) {
-    const std::int64_t begin = total * p / parts, end = total * (p + 1) / parts;
-    for (std::int64_t at = begin; at < end;) {
-      const std::int64_t r = at / row_length, i = at % row_length;
-      const std::int64_t length = std::min(row_length - i, end - at);
-      std::memcpy(dst + r * dst_pitch + i, src + r * src_pitch + i, sizeof(float) * length);
-      at += length;
-    }
-  }
+  for_each_row_run(threads_with_share(s, total), rows, row_length,
+                   [&](std::int64_t r, std::int64_t begin, std::int64_t end) {
+    std::memcpy(dst + r * dst_pitch + begin, src + r * src_pitch + begin, sizeof(float) * (end - begin));
+  });
 }
 
 }  // namespace

@@ -1,39 +1,18 @@
 // kernels/cpu/coupling.cpp: the additive coupling on the CPU (see kernels/coupling.hpp).
 //
 // Pure data movement: per sample, one stream is copied (memcpy) and the other is added to f.
-// The tensor is walked in memory order, split into one contiguous range per thread, so a
-// batch of 1 still uses every thread.
+// The tensor is walked in memory order, split into one contiguous range per thread
+// (for_each_row_run, kernels/cpu/parallel.hpp), so a batch of 1 still uses every thread.
 #include "kernels/coupling.hpp"
 
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/parallel.hpp"
+
 namespace petra::kernels::cpu {
 
 namespace {
-
-// A thread gets at least this many values of one stream: smaller parts cost more in threads
-// than they save.
-constexpr std::int64_t kMinValuesPerThread = 1 << 14;
-
-// Splits the flat index space [0, N * stream_size) of one stream over the stream's threads and
-// calls piece(n, begin, end) for each run [begin, end) of sample n's stream in the thread's part.
-template <class Piece>
-void for_each_piece(const StreamHandle& s, const CouplingShape& shape, Piece&& piece) {
-  const std::int64_t size = shape.stream_size(), total = shape.half_size();
-  const int parts = int(std::min<std::int64_t>(std::max(s.num_threads, 1),
-                                               std::max<std::int64_t>(1, total / kMinValuesPerThread)));
-#pragma omp parallel for schedule(static) num_threads(parts)
-  for (int p = 0; p < parts; ++p) {
-    const std::int64_t begin = total * p / parts, end = total * (p + 1) / parts;
-    for (std::int64_t at = begin; at < end;) {
-      const std::int64_t n = at / size, i = at % size;
-      const std::int64_t length = std::min(size - i, end - at);
-      piece(n, i, i + length);
-      at += length;
-    }
-  }
-}
 
 // The two streams of sample n of a 2C-channel tensor.
 const float* first(const float* t, const CouplingShape& shape, std::int64_t n) {
@@ -54,7 +33,9 @@ float* second(float* t, const CouplingShape& shape, std::int64_t n) {
 void coupling_forward(const StreamHandle& s, const CouplingShape& shape, const float* x,
                       const float* f, float* y) {
   use_threads(s);
-  for_each_piece(s, shape, [&](std::int64_t n, std::int64_t begin, std::int64_t end) {
+  // one stream's N * stream_size values, in one contiguous part per thread
+  for_each_row_run(threads_with_share(s, shape.half_size()), shape.batch, shape.stream_size(),
+                   [&](std::int64_t n, std::int64_t begin, std::int64_t end) {
     const float* x2 = second(x, shape, n);
     const float* fn = f + n * shape.stream_size();
     float* y1 = first(y, shape, n);
@@ -68,7 +49,9 @@ void coupling_forward(const StreamHandle& s, const CouplingShape& shape, const f
 void coupling_inverse(const StreamHandle& s, const CouplingShape& shape, const float* y,
                       const float* f, float* x) {
   use_threads(s);
-  for_each_piece(s, shape, [&](std::int64_t n, std::int64_t begin, std::int64_t end) {
+  // one stream's N * stream_size values, in one contiguous part per thread
+  for_each_row_run(threads_with_share(s, shape.half_size()), shape.batch, shape.stream_size(),
+                   [&](std::int64_t n, std::int64_t begin, std::int64_t end) {
     std::memcpy(first(x, shape, n) + begin, second(y, shape, n) + begin,
                 sizeof(float) * (end - begin));
     const float* y1 = first(y, shape, n);

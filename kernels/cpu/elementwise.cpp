@@ -1,53 +1,30 @@
 // kernels/cpu/elementwise.cpp: the fast element-wise kernels: loops the compiler vectorises,
-// split across threads only for large arrays.
+// split across threads (one contiguous range each, kernels/cpu/parallel.hpp's for_each_range)
+// only for large arrays.
 #include <algorithm>
 
 #include "kernels/elementwise.hpp"
 #include "kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
-namespace {
-
-// Start of piece t of [0, n) cut into `pieces`, rounded to 16 elements so that two threads never
-// write the same 64-byte cache line.
-std::int64_t piece_start(std::int64_t n, int t, int pieces) {
-  const std::int64_t start = (n / pieces * t + 15) / 16 * 16;
-  return t == pieces ? n : std::min(n, start);
-}
-
-// Calls body(begin, end) on [0, n): in one piece below the threshold, else in one contiguous
-// piece per thread.
-template <class Body>
-void for_each_piece(const StreamHandle& s, std::int64_t n, Body body) {
-  const int threads = n >= kElementwiseParallelThreshold ? std::max(1, s.num_threads) : 1;
-  if (threads == 1) {
-    body(std::int64_t{0}, n);
-    return;
-  }
-  parallel_for(threads, threads, [&](std::int64_t t) {
-    body(piece_start(n, int(t), threads), piece_start(n, int(t) + 1, threads));
-  });
-}
-
-}  // namespace
 
 template <class T>
 void add(const StreamHandle& s, std::int64_t n, const T* x, const T* y, T* z) {
-  for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) {
+  for_each_range(threads_above(s, n, kElementwiseParallelThreshold), n, [=](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i) z[i] = x[i] + y[i];
   });
 }
 
 template <class T>
 void sub(const StreamHandle& s, std::int64_t n, const T* x, const T* y, T* z) {
-  for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) {
+  for_each_range(threads_above(s, n, kElementwiseParallelThreshold), n, [=](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i) z[i] = x[i] - y[i];
   });
 }
 
 template <class T>
 void mul(const StreamHandle& s, std::int64_t n, const T* x, const T* y, T* z) {
-  for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) {
+  for_each_range(threads_above(s, n, kElementwiseParallelThreshold), n, [=](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i) z[i] = x[i] * y[i];
   });
 }
@@ -55,7 +32,7 @@ void mul(const StreamHandle& s, std::int64_t n, const T* x, const T* y, T* z) {
 template <class T>
 void scale(const StreamHandle& s, std::int64_t n, double a, const T* x, T* y) {
   const T at = static_cast<T>(a);
-  for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) {
+  for_each_range(threads_above(s, n, kElementwiseParallelThreshold), n, [=](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i) y[i] = at * x[i];
   });
 }
@@ -63,28 +40,28 @@ void scale(const StreamHandle& s, std::int64_t n, double a, const T* x, T* y) {
 template <class T>
 void axpy(const StreamHandle& s, std::int64_t n, double a, const T* x, T* y) {
   const T at = static_cast<T>(a);
-  for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) {
+  for_each_range(threads_above(s, n, kElementwiseParallelThreshold), n, [=](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i) y[i] += at * x[i];
   });
 }
 
 template <class T>
 void add_inplace(const StreamHandle& s, std::int64_t n, const T* x, T* y) {
-  for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) {
+  for_each_range(threads_above(s, n, kElementwiseParallelThreshold), n, [=](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i) y[i] += x[i];
   });
 }
 
 template <class T>
 void relu(const StreamHandle& s, std::int64_t n, const T* x, T* y) {
-  for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) {
+  for_each_range(threads_above(s, n, kElementwiseParallelThreshold), n, [=](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i) y[i] = x[i] < T(0) ? T(0) : x[i];
   });
 }
 
 template <class T>
 void relu_backward(const StreamHandle& s, std::int64_t n, const T* y, const T* dy, T* dx) {
-  for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) {
+  for_each_range(threads_above(s, n, kElementwiseParallelThreshold), n, [=](std::int64_t b, std::int64_t e) {
     // Local pointers, so that the loop vectorises into a select: inside the OpenMP region GCC 12
     // otherwise reloads the captures every iteration and branches on the sign, which on random
     // signs mispredicts half the time (measured 7x slower with 2 threads).
@@ -98,13 +75,15 @@ void relu_backward(const StreamHandle& s, std::int64_t n, const T* y, const T* d
 template <class T>
 void copy(const StreamHandle& s, std::int64_t n, const T* x, T* y) {
   if (x == y) return;
-  for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) { std::copy(x + b, x + e, y + b); });
+  for_each_range(threads_above(s, n, kElementwiseParallelThreshold), n,
+                 [=](std::int64_t b, std::int64_t e) { std::copy(x + b, x + e, y + b); });
 }
 
 template <class T>
 void fill(const StreamHandle& s, std::int64_t n, double value, T* y) {
   const T v = static_cast<T>(value);
-  for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) { std::fill(y + b, y + e, v); });
+  for_each_range(threads_above(s, n, kElementwiseParallelThreshold), n,
+                 [=](std::int64_t b, std::int64_t e) { std::fill(y + b, y + e, v); });
 }
 
 #define PETRA_INSTANTIATE(T)                                                                   \

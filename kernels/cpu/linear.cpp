@@ -3,6 +3,7 @@
 #include <Eigen/Core>
 
 #include "kernels/linear.hpp"
+#include "kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
 namespace {
@@ -19,9 +20,9 @@ using Row = Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>;
 // Sets the OpenMP thread count of the GEMM: the stream's, except for products under ~2 MFLOP
 // (a classifier head), which take less time than waking up a second thread.
 void use_threads_for(const StreamHandle& s, const LinearShape& shape) {
-  StreamHandle single = s;
-  single.num_threads = 1;
-  use_threads(shape.flops() < (std::int64_t{1} << 21) ? single : s);
+  StreamHandle gemm = s;
+  gemm.num_threads = threads_above(s, shape.flops(), std::int64_t{1} << 21);
+  use_threads(gemm);
 }
 
 template <class T>

@@ -13,16 +13,10 @@
 namespace petra::kernels::cpu {
 namespace {
 
-constexpr std::int64_t kParallelThreshold = 64 * 1024;  // logits; fewer run on one thread
-
 template <class T>
 using Row = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
 template <class T>
 using ConstRow = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
-
-int threads_for(const StreamHandle& s, const CrossEntropyShape& shape) {
-  return shape.batch * shape.classes >= kParallelThreshold ? std::max(1, s.num_threads) : 1;
-}
 
 std::int64_t first_bad_label(const CrossEntropyShape& shape, const std::int64_t* labels) {
   for (std::int64_t b = 0; b < shape.batch; ++b)
@@ -38,7 +32,7 @@ std::int64_t cross_entropy_forward(const StreamHandle& s, const CrossEntropyShap
   if (const std::int64_t bad = first_bad_label(shape, labels); bad >= 0) return bad;
   const std::int64_t classes = shape.classes;
   std::vector<double> row_loss(static_cast<std::size_t>(shape.batch));
-  parallel_for(threads_for(s, shape), shape.batch, [&](std::int64_t b) {
+  parallel_for(threads_above(s, shape.batch * shape.classes), shape.batch, [&](std::int64_t b) {
     const ConstRow<T> logit(logits + b * classes, classes);
     Row<T> prob(probs + b * classes, classes);
     const T max = logit.maxCoeff();
@@ -58,7 +52,7 @@ void cross_entropy_backward(const StreamHandle& s, const CrossEntropyShape& shap
                             const std::int64_t* labels, const T* dloss, T* dlogits) {
   const T factor = static_cast<T>(double(dloss[0]) / double(shape.batch));
   const std::int64_t classes = shape.classes;
-  parallel_for(threads_for(s, shape), shape.batch, [&](std::int64_t b) {
+  parallel_for(threads_above(s, shape.batch * shape.classes), shape.batch, [&](std::int64_t b) {
     Row<T>(dlogits + b * classes, classes) = ConstRow<T>(probs + b * classes, classes) * factor;
     if (labels[b] >= 0 && labels[b] < classes) dlogits[b * classes + labels[b]] -= factor;
   });

@@ -1,7 +1,8 @@
 // kernels/cpu/optim.cpp: the fast optimizer updates: one fused pass over the arrays (PyTorch
-// makes several), in T, in PyTorch's order of operations; threads only for large arrays. LARS
-// first computes its two norms in double, in pieces whose size does not depend on the thread
-// count, so the result does not either.
+// makes several), in T, in PyTorch's order of operations; threads (one contiguous range each)
+// only for large arrays. LARS first computes its two norms in double with deterministic_sum
+// (kernels/cpu/parallel.hpp): pieces whose size does not depend on the thread count, so the
+// result does not either.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -11,32 +12,6 @@
 
 namespace petra::kernels::cpu {
 namespace {
-
-constexpr std::int64_t kParallelThreshold = 64 * 1024;  // elements; fewer run on one thread
-
-int threads_for(const StreamHandle& s, std::int64_t n) {
-  return n >= kParallelThreshold ? std::max(1, s.num_threads) : 1;
-}
-
-// Start of piece t of [0, n) cut into `pieces`, rounded to 16 elements so that two threads never
-// write the same 64-byte cache line.
-std::int64_t piece_start(std::int64_t n, int t, int pieces) {
-  const std::int64_t start = (n / pieces * t + 15) / 16 * 16;
-  return t == pieces ? n : std::min(n, start);
-}
-
-// Calls body(begin, end) on [0, n): in one piece below the threshold, else one piece per thread.
-template <class Body>
-void for_each_piece(const StreamHandle& s, std::int64_t n, Body body) {
-  const int threads = threads_for(s, n);
-  if (threads == 1) {
-    body(std::int64_t{0}, n);
-    return;
-  }
-  parallel_for(threads, threads, [&](std::int64_t t) {
-    body(piece_start(n, int(t), threads), piece_start(n, int(t) + 1, threads));
-  });
-}
 
 // Sum of squares of n contiguous values in double; 32 independent accumulators keep the loop
 // at memory speed.
@@ -58,17 +33,9 @@ double sum_of_squares_contiguous(const T* x, std::int64_t n) {
 // ||x||, from fixed pieces summed in parallel and then added in order.
 template <class T>
 double norm(const StreamHandle& s, std::int64_t n, const T* x) {
-  constexpr std::int64_t kMaxPieces = 256;
-  const std::int64_t piece = std::max<std::int64_t>(kParallelThreshold, (n + kMaxPieces - 1) / kMaxPieces);
-  const std::int64_t pieces = (n + piece - 1) / piece;
-  std::array<double, kMaxPieces> partial{};
-  parallel_for(threads_for(s, n), pieces, [&](std::int64_t k) {
-    const std::int64_t begin = k * piece;
-    partial[std::size_t(k)] = sum_of_squares_contiguous(x + begin, std::min(piece, n - begin));
-  });
-  double total = 0;
-  for (std::int64_t k = 0; k < pieces; ++k) total += partial[std::size_t(k)];
-  return std::sqrt(total);
+  return std::sqrt(deterministic_sum(threads_above(s, n), n, [&](std::int64_t begin, std::int64_t count) {
+    return sum_of_squares_contiguous(x + begin, count);
+  }));
 }
 
 }  // namespace
@@ -80,7 +47,7 @@ void sgd_step(const StreamHandle& s, std::int64_t n, const SgdOptions& o, bool f
   const T one_minus_dampening = T(1 - o.dampening);
   const bool nesterov = o.nesterov;
   if (o.momentum == 0) {
-    for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) {
+    for_each_range(threads_above(s, n), n, [=](std::int64_t b, std::int64_t e) {
       for (std::int64_t i = b; i < e; ++i) param[i] -= lr * (grad[i] + weight_decay * param[i]);
     });
     return;
@@ -88,7 +55,7 @@ void sgd_step(const StreamHandle& s, std::int64_t n, const SgdOptions& o, bool f
   if (o.delay > 0) {  // spike compensation (kernels/optim.hpp)
     const CompensatedMomentum spike = compensated_momentum(o);
     const T velocity_weight = T(spike.velocity_weight), gradient_weight = T(spike.gradient_weight);
-    for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) {
+    for_each_range(threads_above(s, n), n, [=](std::int64_t b, std::int64_t e) {
       for (std::int64_t i = b; i < e; ++i) {
         const T g = grad[i] + weight_decay * param[i];
         const T buf = first_step ? g : momentum * momentum_buffer[i] + g;
@@ -98,7 +65,7 @@ void sgd_step(const StreamHandle& s, std::int64_t n, const SgdOptions& o, bool f
     });
     return;
   }
-  for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) {
+  for_each_range(threads_above(s, n), n, [=](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i) {
       const T g = grad[i] + weight_decay * param[i];
       const T buf = first_step ? g : momentum * momentum_buffer[i] + one_minus_dampening * g;
@@ -117,7 +84,7 @@ void adam_step(const StreamHandle& s, std::int64_t n, const AdamOptions& o, std:
   const T inv_bias_correction2_sqrt = T(1 / std::sqrt(bias_correction2));
   const T weight_decay = T(o.weight_decay), one_minus_beta1 = T(1 - o.beta1), beta2 = T(o.beta2);
   const T one_minus_beta2 = T(1 - o.beta2), eps = T(o.eps);
-  for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) {
+  for_each_range(threads_above(s, n), n, [=](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i) {
       const T g = grad[i] + weight_decay * param[i];
       const T m = exp_avg[i] + one_minus_beta1 * (g - exp_avg[i]);
@@ -134,7 +101,7 @@ void lars_step(const StreamHandle& s, std::int64_t n, const LarsOptions& o, T* p
   const double param_norm = norm(s, n, param), grad_norm = norm(s, n, grad);
   const double trust = param_norm > 0 && grad_norm > 0 ? o.eta * param_norm / (grad_norm + o.weight_decay * param_norm) : 1.0;
   const T scaled_lr = T(o.lr * trust), weight_decay = T(o.weight_decay), momentum = T(o.momentum);
-  for_each_piece(s, n, [=](std::int64_t b, std::int64_t e) {
+  for_each_range(threads_above(s, n), n, [=](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i) {
       const T buf = momentum * momentum_buffer[i] + scaled_lr * (grad[i] + weight_decay * param[i]);
       momentum_buffer[i] = buf;

@@ -9,12 +9,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/parallel.hpp"
+
 namespace petra::kernels::cpu {
 
 namespace {
 
 // Below this many input values the threads cost more than they save.
-constexpr std::int64_t kParallelThreshold = 1 << 15;
+constexpr std::int64_t kPoolParallelThreshold = 1 << 15;
 
 // Rows [h0, h1) and columns [w0, w1) of the input that window (i, j) covers.
 struct Window {
@@ -35,8 +37,8 @@ void max_pool2d_forward(const StreamHandle& s, const Pool2dShape& shape, const f
   use_threads(s);
   const std::int64_t oh = shape.out_height(), ow = shape.out_width();
   const std::int64_t in_plane = shape.height * shape.width;
-#pragma omp parallel for schedule(static) if (shape.input_size() >= kParallelThreshold)
-  for (std::int64_t plane = 0; plane < shape.batch * shape.channels; ++plane) {
+  parallel_for(threads_above(s, shape.input_size(), kPoolParallelThreshold), shape.batch * shape.channels,
+               [&](std::int64_t plane) {
     const float* in = x + plane * in_plane;
     for (std::int64_t i = 0; i < oh; ++i)
       for (std::int64_t j = 0; j < ow; ++j) {
@@ -55,7 +57,7 @@ void max_pool2d_forward(const StreamHandle& s, const Pool2dShape& shape, const f
         y[o] = best;
         if (indices) indices[o] = std::int32_t(best_at);
       }
-  }
+  });
 }
 
 void max_pool2d_backward(const StreamHandle& s, const Pool2dShape& shape, const float* dy,
@@ -63,13 +65,13 @@ void max_pool2d_backward(const StreamHandle& s, const Pool2dShape& shape, const 
   use_threads(s);
   const std::int64_t in_plane = shape.height * shape.width;
   const std::int64_t out_plane = shape.out_height() * shape.out_width();
-#pragma omp parallel for schedule(static) if (shape.input_size() >= kParallelThreshold)
-  for (std::int64_t plane = 0; plane < shape.batch * shape.channels; ++plane) {
+  parallel_for(threads_above(s, shape.input_size(), kPoolParallelThreshold), shape.batch * shape.channels,
+               [&](std::int64_t plane) {
     float* grad = dx + plane * in_plane;
     std::fill(grad, grad + in_plane, 0.f);
     for (std::int64_t o = 0; o < out_plane; ++o)
       grad[indices[plane * out_plane + o]] += dy[plane * out_plane + o];
-  }
+  });
 }
 
 void avg_pool2d_forward(const StreamHandle& s, const Pool2dShape& shape, const float* x, float* y) {
@@ -77,8 +79,8 @@ void avg_pool2d_forward(const StreamHandle& s, const Pool2dShape& shape, const f
   const std::int64_t oh = shape.out_height(), ow = shape.out_width();
   const std::int64_t in_plane = shape.height * shape.width;
   const float inv_area = 1.f / float(shape.kernel * shape.kernel);
-#pragma omp parallel for schedule(static) if (shape.input_size() >= kParallelThreshold)
-  for (std::int64_t plane = 0; plane < shape.batch * shape.channels; ++plane) {
+  parallel_for(threads_above(s, shape.input_size(), kPoolParallelThreshold), shape.batch * shape.channels,
+               [&](std::int64_t plane) {
     const float* in = x + plane * in_plane;
     for (std::int64_t i = 0; i < oh; ++i)
       for (std::int64_t j = 0; j < ow; ++j) {
@@ -88,7 +90,7 @@ void avg_pool2d_forward(const StreamHandle& s, const Pool2dShape& shape, const f
           for (std::int64_t w = win.w0; w < win.w1; ++w) sum += in[h * shape.width + w];
         y[(plane * oh + i) * ow + j] = sum * inv_area;
       }
-  }
+  });
 }
 
 void avg_pool2d_backward(const StreamHandle& s, const Pool2dShape& shape, const float* dy, float* dx) {
@@ -96,8 +98,8 @@ void avg_pool2d_backward(const StreamHandle& s, const Pool2dShape& shape, const 
   const std::int64_t oh = shape.out_height(), ow = shape.out_width();
   const std::int64_t in_plane = shape.height * shape.width;
   const float inv_area = 1.f / float(shape.kernel * shape.kernel);
-#pragma omp parallel for schedule(static) if (shape.input_size() >= kParallelThreshold)
-  for (std::int64_t plane = 0; plane < shape.batch * shape.channels; ++plane) {
+  parallel_for(threads_above(s, shape.input_size(), kPoolParallelThreshold), shape.batch * shape.channels,
+               [&](std::int64_t plane) {
     float* grad = dx + plane * in_plane;
     std::fill(grad, grad + in_plane, 0.f);
     for (std::int64_t i = 0; i < oh; ++i)
@@ -107,7 +109,7 @@ void avg_pool2d_backward(const StreamHandle& s, const Pool2dShape& shape, const 
         for (std::int64_t h = win.h0; h < win.h1; ++h)
           for (std::int64_t w = win.w0; w < win.w1; ++w) grad[h * shape.width + w] += share;
       }
-  }
+  });
 }
 
 void global_avg_pool_forward(const StreamHandle& s, const GlobalPoolShape& shape, const float* x,
@@ -115,14 +117,14 @@ void global_avg_pool_forward(const StreamHandle& s, const GlobalPoolShape& shape
   use_threads(s);
   const std::int64_t plane = shape.height * shape.width;
   const double inv_plane = 1.0 / double(plane);
-#pragma omp parallel for schedule(static) if (shape.input_size() >= kParallelThreshold)
-  for (std::int64_t p = 0; p < shape.batch * shape.channels; ++p) {
+  parallel_for(threads_above(s, shape.input_size(), kPoolParallelThreshold), shape.batch * shape.channels,
+               [&](std::int64_t p) {
     const float* in = x + p * plane;
     double sum = 0;
 #pragma omp simd reduction(+ : sum)
     for (std::int64_t k = 0; k < plane; ++k) sum += in[k];
     y[p] = float(sum * inv_plane);
-  }
+  });
 }
 
 void global_avg_pool_backward(const StreamHandle& s, const GlobalPoolShape& shape, const float* dy,
@@ -130,11 +132,11 @@ void global_avg_pool_backward(const StreamHandle& s, const GlobalPoolShape& shap
   use_threads(s);
   const std::int64_t plane = shape.height * shape.width;
   const float inv_plane = float(1.0 / double(plane));
-#pragma omp parallel for schedule(static) if (shape.input_size() >= kParallelThreshold)
-  for (std::int64_t p = 0; p < shape.batch * shape.channels; ++p) {
+  parallel_for(threads_above(s, shape.input_size(), kPoolParallelThreshold), shape.batch * shape.channels,
+               [&](std::int64_t p) {
     const float share = dy[p] * inv_plane;
     std::fill(dx + p * plane, dx + (p + 1) * plane, share);
-  }
+  });
 }
 
 }  // namespace petra::kernels::cpu

@@ -7,7 +7,8 @@
 //   - kept: an output row accumulates contiguous rows of x (an axpy-like loop).
 // The outer groups become two flat loops: over the kept ones (which output element or row) and
 // over the reduced ones (which run of x to add). Threads split the output, never one sum, so
-// each output is added in the same order whatever the thread count.
+// each output is added in the same order whatever the thread count; a reduction of everything
+// to one value is kernels/cpu/parallel.hpp's deterministic_sum (fixed pieces, added in order).
 #include <algorithm>
 #include <array>
 
@@ -17,7 +18,6 @@
 namespace petra::kernels::cpu {
 namespace {
 
-constexpr std::int64_t kParallelThreshold = 64 * 1024;  // elements; fewer run on one thread
 constexpr std::int64_t kColumnBlock = 2048;              // output columns accumulated at once (16 KB of doubles)
 constexpr std::int64_t kOutputBlock = 256;               // outputs accumulated at once when the inner dim is reduced
 constexpr std::int64_t kBroadcastPiece = 16 * 1024;      // elements of dx written by one work item
@@ -105,27 +105,14 @@ double sum_contiguous(const T* x, std::int64_t n) {
   return total;
 }
 
-int threads_for(const StreamHandle& s, std::int64_t elements) {
-  return elements >= kParallelThreshold ? std::max(1, s.num_threads) : 1;
-}
-
 // Everything reduced: fixed pieces summed in parallel, then added in order.
 template <class T>
 void sum_all(const StreamHandle& s, std::int64_t n, double scale, const T* x, T* y) {
-  constexpr std::int64_t kMaxPieces = 256;
-  const std::int64_t piece = std::max<std::int64_t>(kParallelThreshold, (n + kMaxPieces - 1) / kMaxPieces);
-  const std::int64_t pieces = (n + piece - 1) / piece;
-  std::array<double, kMaxPieces> partial{};
-  parallel_for(threads_for(s, n), pieces, [&](std::int64_t k) {
-    const std::int64_t begin = k * piece;
-    partial[std::size_t(k)] = sum_contiguous(x + begin, std::min(piece, n - begin));
+  const double total = deterministic_sum(threads_above(s, n), n, [&](std::int64_t begin, std::int64_t count) {
+    return sum_contiguous(x + begin, count);
   });
-  double total = 0;
-  for (std::int64_t k = 0; k < pieces; ++k) total += partial[std::size_t(k)];
   y[0] = static_cast<T>(total * scale);
 }
-
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 // Innermost group reduced: y[p] = scale * sum over q of the contiguous run at kept(p) + reduced(q).
 // Work items are blocks of consecutive outputs; a block walks q in the outer loop, so it reads
@@ -133,7 +120,7 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; 
 template <class T>
 void sum_inner_runs(const StreamHandle& s, const ReducePlan& plan, std::int64_t n, double scale, const T* x, T* y) {
   const std::int64_t outputs = plan.kept.total(), runs = plan.reduced.total();
-  const int threads = threads_for(s, n);
+  const int threads = threads_above(s, n);
   const std::int64_t block = std::min(kOutputBlock, ceil_div(outputs, threads));
   parallel_for(threads, ceil_div(outputs, block), [&](std::int64_t item) {
     const std::int64_t first = item * block, count = std::min(block, outputs - first);
@@ -153,7 +140,7 @@ void sum_inner_runs(const StreamHandle& s, const ReducePlan& plan, std::int64_t 
 template <class T>
 void sum_outer_rows(const StreamHandle& s, const ReducePlan& plan, std::int64_t n, double scale, const T* x, T* y) {
   const std::int64_t rows = plan.kept.total(), terms = plan.reduced.total(), width = plan.inner;
-  const int threads = threads_for(s, n);
+  const int threads = threads_above(s, n);
   const std::int64_t block = std::min(kColumnBlock, ceil_div(ceil_div(width, ceil_div(threads, rows)), 16) * 16);
   const std::int64_t blocks_per_row = ceil_div(width, block);
   parallel_for(threads, rows * blocks_per_row, [&](std::int64_t item) {
@@ -203,10 +190,10 @@ void broadcast_and_scale(const StreamHandle& s, std::span<const std::int64_t> di
   if (n == 0) return;
   const ReducePlan plan = make_plan(dims, reduce_mask);
   const std::int64_t runs = plan.reduced.total(), width = plan.inner;
-  const std::int64_t pieces_per_run = (width + kBroadcastPiece - 1) / kBroadcastPiece;
+  const std::int64_t pieces_per_run = ceil_div(width, kBroadcastPiece);
   const std::int64_t items = plan.kept.total() * runs * pieces_per_run;
   const T factor = static_cast<T>(scale);
-  parallel_for(threads_for(s, n), items, [&](std::int64_t item) {
+  parallel_for(threads_above(s, n), items, [&](std::int64_t item) {
     const std::int64_t run = item / pieces_per_run;
     const std::int64_t p = run / runs, q = run % runs;
     const std::int64_t begin = item % pieces_per_run * kBroadcastPiece;

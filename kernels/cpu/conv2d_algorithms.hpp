@@ -1,0 +1,139 @@
+// kernels/cpu/conv2d_algorithms.hpp: the CPU convolution algorithms that kernels/cpu/conv2d.cpp
+// chooses between, and the scratch layout they share (internal, not installed).
+//
+//   im2col           kernels/cpu/conv2d_im2col.cpp        im2col + Eigen GEMM: any shape, float
+//                                                          and double
+//   direct::grid     kernels/cpu/conv2d_direct_grid.cpp   AVX-512, float: narrow 3x3-like layers
+//   direct::small    kernels/cpu/conv2d_direct_small.cpp  AVX-512, float: images of 16 pixels
+//
+// Each algorithm's passes have the contracts of kernels/conv2d.hpp (y =, dx =, dw +=) and take
+// their scratch from the stream's workspace through reserve_scratch; *_scratch_floats(shape,
+// threads) is how many floats a pass asks for, which conv2d_workspace_bytes adds up.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/common.hpp"
+#include "kernels/conv2d.hpp"
+
+// The direct kernels exist where AVX-512 is compiled in.
+#if defined(__AVX512F__)
+#define PETRA_CONV_DIRECT 1
+#else
+#define PETRA_CONV_DIRECT 0
+#endif
+
+namespace petra::kernels::cpu::conv2d {
+
+using std::int64_t;
+
+// The helpers shared by the algorithms have internal linkage, as when all lived in one file: each
+// includer gets its own copy, inlined as it was there.
+namespace {
+
+constexpr int64_t round_up(int64_t n, int64_t multiple) {
+  return (n + multiple - 1) / multiple * multiple;
+}
+
+// Scratch of one call: a shared block, then one block per thread.
+template <class T>
+struct Scratch {
+  T* shared;
+  T* per_thread;
+  int64_t thread_elements;
+  T* of_thread(int t) const { return per_thread + t * thread_elements; }
+};
+
+template <class T>
+Scratch<T> reserve_scratch(const StreamHandle& s, int64_t shared_elements, int64_t thread_elements) {
+  const int64_t line = 64 / sizeof(T);  // keep each thread's block on its own cache lines
+  shared_elements = round_up(shared_elements, line);
+  thread_elements = round_up(thread_elements, line);
+  const int threads = std::max(1, s.num_threads);
+  const int64_t total = shared_elements + threads * thread_elements;
+  if (total == 0) return {nullptr, nullptr, 0};
+  T* base = static_cast<T*>(s.scratch(static_cast<std::size_t>(total) * sizeof(T)));
+  return {base, base + shared_elements, thread_elements};
+}
+
+// The floats reserve_scratch<float> takes for `shared` floats and `per_thread` floats per thread
+// with `threads` threads.
+constexpr int64_t scratch_floats(int64_t shared, int64_t per_thread, int threads) {
+  constexpr int64_t line = 64 / sizeof(float);
+  return round_up(shared, line) + threads * round_up(per_thread, line);
+}
+
+// The shape whose forward pass is backward-data of a stride-1 convolution: dy is its input, dx
+// its output, and its weight is w flipped in both spatial dimensions with in/out swapped.
+inline Conv2dShape transposed_stride1(const Conv2dShape& s) {
+  return {s.batch, s.out_channels, s.out_h(), s.out_w(), s.in_channels, s.kernel_h, s.kernel_w,
+          1, 1, s.kernel_h - 1 - s.pad_h, s.kernel_w - 1 - s.pad_w};
+}
+
+}  // namespace
+
+// ---- im2col + GEMM (kernels/cpu/conv2d_im2col.cpp), T = float or double.
+namespace im2col {
+
+template <class T>
+void forward(const StreamHandle& s, const Conv2dShape& shape, const T* x, const T* w,
+             const T* bias, T* y);
+// Stride 1 only: backward-data as the forward convolution of dy with the flipped, transposed
+// weight (transposed_stride1).
+template <class T>
+void backward_data_transposed(const StreamHandle& s, const Conv2dShape& shape, const T* dy,
+                              const T* w, T* dx);
+// Any stride: dcol = W^T dY, scatter-added into dx (col2im).
+template <class T>
+void backward_data_col2im(const StreamHandle& s, const Conv2dShape& shape, const T* dy,
+                          const T* w, T* dx);
+template <class T>
+void backward_weight(const StreamHandle& s, const Conv2dShape& shape, const T* x, const T* dy,
+                     T* dw);
+
+// Scratch of each pass in floats (double takes twice the bytes).
+int64_t forward_scratch_floats(const Conv2dShape& shape, int threads);
+int64_t backward_data_transposed_scratch_floats(const Conv2dShape& shape, int threads);
+int64_t backward_data_col2im_scratch_floats(const Conv2dShape& shape, int threads);
+int64_t backward_weight_scratch_floats(const Conv2dShape& shape, int threads);
+
+}  // namespace im2col
+
+#if PETRA_CONV_DIRECT
+// ---- The direct AVX-512 kernels, float. applies(shape, pass) says where each is used; a
+// backward-data pass is the forward pass of transposed_stride1(shape), so it applies where
+// stride is 1 and applies(transposed_stride1(shape), Pass::forward).
+enum class Pass { forward, weight };
+
+namespace direct::grid {  // kernels/cpu/conv2d_direct_grid.cpp
+bool applies(const Conv2dShape& s, Pass pass);
+void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w,
+             const float* bias, float* y);
+void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy, const float* w,
+                   float* dx);
+void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* dy,
+                     float* dw);
+// Scratch floats of forward(s) (and backward_data(s): of transposed_stride1(s)) and of
+// backward_weight(s).
+int64_t forward_scratch_floats(const Conv2dShape& s, int threads);
+int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads);
+}  // namespace direct::grid
+
+namespace direct::small {  // kernels/cpu/conv2d_direct_small.cpp
+bool applies(const Conv2dShape& s, Pass pass);
+void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w,
+             const float* bias, float* y);
+void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy, const float* w,
+                   float* dx);
+void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* dy,
+                     float* dw);
+// Scratch floats of forward(s) (and backward_data(s): of transposed_stride1(s)) and of
+// backward_weight(s).
+int64_t forward_scratch_floats(const Conv2dShape& s, int threads);
+int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads);
+}  // namespace direct::small
+#endif  // PETRA_CONV_DIRECT
+
+}  // namespace petra::kernels::cpu::conv2d

@@ -1,0 +1,139 @@
+// kernels/cpu/conv2d_direct.hpp: what the two direct AVX-512 convolutions
+// (kernels/cpu/conv2d_direct_grid.cpp and kernels/cpu/conv2d_direct_small.cpp) share: the
+// micro-kernels' block sizes, short row copies, the reduction of 16-lane partial sums, and the
+// weight packed in panels of 4 output channels. Internal, not installed; include it only where
+// PETRA_CONV_DIRECT is 1 (AVX-512 compiled in).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/cpu/conv2d_algorithms.hpp"
+#include "kernels/cpu/parallel.hpp"
+
+namespace petra::kernels::cpu::conv2d::direct {
+// Internal linkage, as when both algorithms lived in one file: each includer gets its own copy,
+// and the compiler inlines these helpers (add_lane_sums into the micro-kernels, which keeps their
+// accumulators in registers) as it did there.
+namespace {
+
+using std::int64_t;
+
+constexpr int64_t kLanes = 16;
+constexpr int kChannelBlock = 4;  // output channels per micro-kernel (rows of broadcast weights)
+constexpr int kTapBlock = 6;      // taps per backward-weight micro-kernel (4 x 6 accumulators)
+
+// to[0, n) = from[0, n) and to[0, n) = 0, inline: the rows are short, and a call to memmove or
+// memset costs more than them.
+inline void copy_row(const float* from, int64_t n, float* to) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) _mm512_storeu_ps(to + i, _mm512_loadu_ps(from + i));
+  if (i < n) {
+    const auto tail = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(to + i, tail, _mm512_maskz_loadu_ps(tail, from + i));
+  }
+}
+inline void zero_row(int64_t n, float* to) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) _mm512_storeu_ps(to + i, _mm512_setzero_ps());
+  if (i < n)
+    _mm512_mask_storeu_ps(to + i, static_cast<__mmask16>((1u << (n - i)) - 1), _mm512_setzero_ps());
+}
+
+// Lane i of the result = the sum of the 16 lanes of v[i] (a transposing tree: 45 instructions for
+// 16 sums, where one horizontal sum at a time takes 8 each). (The zero-masking forms with every
+// lane set are the plain instructions; GCC 12 warns about the undefined source of the others.)
+inline __m512 sum_lanes_16(const __m512 (&v)[16]) {
+  constexpr __mmask16 all = 0xFFFF;
+  __m512 pairs[8], quads[4], halves[2];
+  // pairs[i], per 128-bit block: (a0 + a2, b0 + b2, a1 + a3, b1 + b3) of a = v[2i], b = v[2i + 1]
+  for (int i = 0; i < 8; ++i)
+    pairs[i] = _mm512_add_ps(_mm512_maskz_unpacklo_ps(all, v[2 * i], v[2 * i + 1]),
+                             _mm512_maskz_unpackhi_ps(all, v[2 * i], v[2 * i + 1]));
+  // quads[i], per 128-bit block: a partial sum of each of v[4i .. 4i + 3]
+  for (int i = 0; i < 4; ++i)
+    quads[i] = _mm512_add_ps(_mm512_maskz_shuffle_ps(all, pairs[2 * i], pairs[2 * i + 1], 0x44),
+                             _mm512_maskz_shuffle_ps(all, pairs[2 * i], pairs[2 * i + 1], 0xEE));
+  // halves[i]: blocks 0 + 2 and 1 + 3 of quads[2i], then the same of quads[2i + 1]
+  for (int i = 0; i < 2; ++i)
+    halves[i] =
+        _mm512_add_ps(_mm512_maskz_shuffle_f32x4(all, quads[2 * i], quads[2 * i + 1], 0x44),
+                      _mm512_maskz_shuffle_f32x4(all, quads[2 * i], quads[2 * i + 1], 0xEE));
+  return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(all, halves[0], halves[1], 0x88),
+                       _mm512_maskz_shuffle_f32x4(all, halves[0], halves[1], 0xDD));
+}
+
+// sums[b * stride + t] += the sum of the lanes of acc[b][t], for b < rows.
+// (acc is read once, with constant indices: any other access would keep the accumulators of the
+// caller's loop in memory instead of registers.)
+template <int Count, class Sum>
+void add_lane_sums(const __m512 (&acc)[kChannelBlock][Count], int64_t rows, Sum* sums,
+                   int64_t stride) {
+  constexpr int n = kChannelBlock * Count;
+  __m512 flat[round_up(n, 16)];
+  for (int b = 0; b < kChannelBlock; ++b)
+    for (int t = 0; t < Count; ++t) flat[b * Count + t] = acc[b][t];
+  for (int i = n; i < round_up(n, 16); ++i) flat[i] = _mm512_setzero_ps();
+  for (int first = 0; first < n; first += 16) {
+    __m512 group[16];
+    for (int i = 0; i < 16; ++i) group[i] = flat[first + i];
+    alignas(64) float total[16];
+    _mm512_store_ps(total, sum_lanes_16(group));
+    for (int i = 0; i < 16 && first + i < n; ++i)
+      if ((first + i) / Count < rows)
+        sums[(first + i) / Count * stride + (first + i) % Count] += Sum(total[i]);
+  }
+}
+
+// Output channels rounded up to the micro-kernels' blocks of 4 (the extra ones read zero weights).
+int64_t rounded_channels(const Conv2dShape& s) { return round_up(s.out_channels, kChannelBlock); }
+
+// The weight in panels of 4 output channels: panels[o / 4][k][o % 4] = w[o][k] for the taps k =
+// (c, i, j), zero for o >= out_channels, so that a micro-kernel reads its 4 weights of a tap from
+// one place and its panel as one stream.
+void pack_weight(const StreamHandle& st, const Conv2dShape& s, const float* w, float* panels) {
+  const int64_t taps = s.in_channels * s.kernel_h * s.kernel_w,
+                blocks = rounded_channels(s) / kChannelBlock;
+  run_threads(st, [&](int t, int threads) {
+    for (int64_t block = share(blocks, t, threads); block < share(blocks, t + 1, threads);
+         ++block) {
+      float* to = panels + block * taps * kChannelBlock;
+      for (int64_t k = 0; k < taps; ++k)
+        for (int64_t b = 0; b < kChannelBlock; ++b) {
+          const int64_t o = block * kChannelBlock + b;
+          *to++ = o < s.out_channels ? w[o * taps + k] : 0.0f;
+        }
+    }
+  });
+}
+// The same for the stride-1 backward-data conv (transposed_stride1(s)), straight from s's weight:
+// its output channel c and tap k = (o, i, j) read w[o, c, kh - 1 - i, kw - 1 - j].
+void pack_flipped_weight(const StreamHandle& st, const Conv2dShape& s, const float* w,
+                         float* panels) {
+  const int64_t kh = s.kernel_h, kw = s.kernel_w, taps = s.out_channels * kh * kw;
+  const int64_t blocks = round_up(s.in_channels, kChannelBlock) / kChannelBlock;
+  run_threads(st, [&](int t, int threads) {
+    for (int64_t block = share(blocks, t, threads); block < share(blocks, t + 1, threads);
+         ++block) {
+      float* to = panels + block * taps * kChannelBlock;
+      for (int64_t o = 0; o < s.out_channels; ++o)
+        for (int64_t i = 0; i < kh; ++i)
+          for (int64_t j = 0; j < kw; ++j)
+            for (int64_t b = 0; b < kChannelBlock; ++b) {
+              const int64_t c = block * kChannelBlock + b;
+              *to++ = c < s.in_channels
+                          ? w[((o * s.in_channels + c) * kh + kh - 1 - i) * kw + kw - 1 - j]
+                          : 0.0f;
+            }
+    }
+  });
+}
+
+// Shared scratch of the forward passes, in floats: the packed weight.
+int64_t forward_shared(const Conv2dShape& s) {
+  return s.in_channels * s.kernel_h * s.kernel_w * rounded_channels(s);
+}
+
+}  // namespace
+}  // namespace petra::kernels::cpu::conv2d::direct
