@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/coupling.hpp"
-#include "kernels/elementwise.hpp"
+#include "petra/kernels/coupling.hpp"
+#include "petra/kernels/elementwise.hpp"
 #include "petra/config.hpp"
 #include "petra/cuda_backend.hpp"
 #include "petra/error.hpp"

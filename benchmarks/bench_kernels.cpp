@@ -25,12 +25,12 @@
 #include <string>
 #include <vector>
 
-#include "kernels/batchnorm.hpp"
-#include "kernels/conv2d.hpp"
-#include "kernels/coupling.hpp"
-#include "kernels/elementwise.hpp"
-#include "kernels/linear.hpp"
-#include "kernels/pool.hpp"
+#include "petra/kernels/batchnorm.hpp"
+#include "petra/kernels/conv2d.hpp"
+#include "petra/kernels/coupling.hpp"
+#include "petra/kernels/elementwise.hpp"
+#include "petra/kernels/linear.hpp"
+#include "petra/kernels/pool.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>

@@ -53,15 +53,15 @@
 #include <thread>
 #include <vector>
 
-#include "data/dataset.hpp"
-#include "data/loader.hpp"
-#include "nn/models.hpp"
-#include "nn/optimizer.hpp"
+#include "petra/data/dataset.hpp"
+#include "petra/data/loader.hpp"
+#include "petra/nn/models.hpp"
+#include "petra/nn/optimizer.hpp"
 #include "benchmarks/synthetic_setup.hpp"
 #include "petra/petra.hpp"
-#include "pipeline/executor.hpp"
-#include "pipeline/placement.hpp"
-#include "pipeline/schedule.hpp"
+#include "petra/pipeline/executor.hpp"
+#include "petra/pipeline/placement.hpp"
+#include "petra/pipeline/schedule.hpp"
 
 namespace {
 

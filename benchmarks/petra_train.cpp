@@ -22,9 +22,9 @@
 #include "benchmarks/training_plot.hpp"
 #include "petra/files.hpp"
 #include "petra/petra.hpp"
-#include "pipeline/checkpoint.hpp"
-#include "pipeline/memory_report.hpp"
-#include "pipeline/trainer.hpp"
+#include "petra/pipeline/checkpoint.hpp"
+#include "petra/pipeline/memory_report.hpp"
+#include "petra/pipeline/trainer.hpp"
 
 namespace {
 

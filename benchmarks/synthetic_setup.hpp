@@ -8,12 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "data/dataset.hpp"
-#include "data/loader.hpp"
-#include "nn/models.hpp"
+#include "petra/data/dataset.hpp"
+#include "petra/data/loader.hpp"
+#include "petra/nn/models.hpp"
 #include "petra/allocator.hpp"
 #include "petra/error.hpp"
-#include "pipeline/messages.hpp"
+#include "petra/pipeline/messages.hpp"
 
 namespace petra::bench {
 

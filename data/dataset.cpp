@@ -1,12 +1,12 @@
 // data/dataset.cpp: the data set factory, default directories and augmentations, normalisation
 // statistics, and take().
-#include "data/dataset.hpp"
+#include "petra/data/dataset.hpp"
 
 #include <array>
 #include <cmath>
 #include <string>
 
-#include "data/readers.hpp"
+#include "petra/data/readers.hpp"
 #include "petra/error.hpp"
 
 namespace petra::data {

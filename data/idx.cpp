@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "data/reader_support.hpp"
-#include "data/readers.hpp"
+#include "petra/data/reader_support.hpp"
+#include "petra/data/readers.hpp"
 
 namespace petra::data {
 

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "data/reader_support.hpp"
-#include "data/readers.hpp"
-#include "data/zip.hpp"
+#include "petra/data/reader_support.hpp"
+#include "petra/data/readers.hpp"
+#include "petra/data/zip.hpp"
 #include "petra/npy.hpp"
 
 namespace petra::data {

@@ -5,7 +5,7 @@
 // batch the thread is making) is not that one, it clears the queue and restarts the thread there
 // (a new generation; a batch finished for an older generation is dropped). Since a batch is a pure
 // function of (epoch, index), the thread never changes the numbers, only when they are made.
-#include "data/loader.hpp"
+#include "petra/data/loader.hpp"
 
 #include <numeric>
 #include <utility>

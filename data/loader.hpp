@@ -35,8 +35,8 @@
 #include <thread>
 #include <vector>
 
-#include "data/dataset.hpp"
-#include "data/transforms.hpp"
+#include "petra/data/dataset.hpp"
+#include "petra/data/transforms.hpp"
 #include "petra/allocator.hpp"
 
 namespace petra::data {

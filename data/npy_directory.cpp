@@ -7,8 +7,8 @@
 #include <cstring>
 #include <string>
 
-#include "data/reader_support.hpp"
-#include "data/readers.hpp"
+#include "petra/data/reader_support.hpp"
+#include "petra/data/readers.hpp"
 #include "petra/npy.hpp"
 
 namespace petra::data {

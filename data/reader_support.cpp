@@ -1,6 +1,6 @@
 // data/reader_support.cpp: error messages with file and offset, the gunzipping ByteStream, label
 // checks and file lookup shared by the readers.
-#include "data/reader_support.hpp"
+#include "petra/data/reader_support.hpp"
 
 #include <zlib.h>
 

@@ -31,7 +31,7 @@
 #include <filesystem>
 #include <span>
 
-#include "data/dataset.hpp"
+#include "petra/data/dataset.hpp"
 
 namespace petra::data {
 

@@ -12,7 +12,7 @@
 #include <numbers>
 #include <vector>
 
-#include "data/readers.hpp"
+#include "petra/data/readers.hpp"
 #include "petra/error.hpp"
 #include "petra/rng.hpp"
 

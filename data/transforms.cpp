@@ -4,7 +4,7 @@
 // Speed: the pass is one read and one write per output pixel. A uint8 pixel is normalised by a
 // table lookup (256 precomputed floats per channel), each output row is split into padding on the
 // left, the copied span, and padding on the right, so the inner loop has no bounds tests.
-#include "data/transforms.hpp"
+#include "petra/data/transforms.hpp"
 
 #include <algorithm>
 

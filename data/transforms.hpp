@@ -16,7 +16,7 @@
 #include <span>
 #include <vector>
 
-#include "data/dataset.hpp"
+#include "petra/data/dataset.hpp"
 
 namespace petra::data {
 

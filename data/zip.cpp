@@ -1,6 +1,6 @@
 // data/zip.cpp: the zip reader of data/zip.hpp: end of central directory (and its ZIP64 form),
 // central directory headers, local headers, stored and deflated entries (zlib, raw deflate).
-#include "data/zip.hpp"
+#include "petra/data/zip.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -13,7 +13,7 @@
 #include <cstring>
 #include <limits>
 
-#include "data/reader_support.hpp"
+#include "petra/data/reader_support.hpp"
 
 namespace petra::data {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/models.hpp"
+#include "petra/nn/models.hpp"
 #include "petra/functions.hpp"
 #include "petra/rng.hpp"
 

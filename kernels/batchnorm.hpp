@@ -26,7 +26,7 @@
 
 #include <cstdint>
 
-#include "kernels/common.hpp"
+#include "petra/kernels/common.hpp"
 
 namespace petra::kernels {
 

@@ -1,5 +1,5 @@
 // kernels/common.cpp: HeapWorkspace and the thread-count helper of kernels/common.hpp.
-#include "kernels/common.hpp"
+#include "petra/kernels/common.hpp"
 
 #include <cstdlib>
 #include <new>

@@ -24,7 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/common.hpp"
+#include "petra/kernels/common.hpp"
 
 namespace petra::kernels {
 

@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-#include "kernels/common.hpp"
+#include "petra/kernels/common.hpp"
 #include "petra/config.hpp"
 
 namespace petra::kernels {

@@ -32,7 +32,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/common.hpp"
+#include "petra/kernels/common.hpp"
 
 namespace petra::kernels {
 

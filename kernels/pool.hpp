@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#include "kernels/common.hpp"
+#include "petra/kernels/common.hpp"
 
 namespace petra::kernels {
 

@@ -1,5 +1,5 @@
 // nn/blocks.cpp: the stages of RevNets and ResNets (layouts in nn/blocks.hpp).
-#include "nn/blocks.hpp"
+#include "petra/nn/blocks.hpp"
 
 #include <fmt/format.h>
 

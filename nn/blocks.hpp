@@ -19,8 +19,8 @@
 
 #include <memory>
 
-#include "nn/layers.hpp"
-#include "nn/stage.hpp"
+#include "petra/nn/layers.hpp"
+#include "petra/nn/stage.hpp"
 
 namespace petra::nn {
 

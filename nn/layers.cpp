@@ -1,5 +1,5 @@
 // nn/layers.cpp: Conv2d, BatchNorm2d, Linear and their PyTorch-default initialisation.
-#include "nn/layers.hpp"
+#include "petra/nn/layers.hpp"
 
 #include <cmath>
 

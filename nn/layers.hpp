@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "nn/module.hpp"
+#include "petra/nn/module.hpp"
 #include "petra/functions.hpp"
 #include "petra/rng.hpp"
 

@@ -1,13 +1,13 @@
 // nn/models.cpp: building RevNets and ResNets stage by stage.
-#include "nn/models.hpp"
+#include "petra/nn/models.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <charconv>
 
-#include "nn/blocks.hpp"
-#include "nn/stage_group.hpp"
+#include "petra/nn/blocks.hpp"
+#include "petra/nn/stage_group.hpp"
 
 namespace petra::nn {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/stage.hpp"
+#include "petra/nn/stage.hpp"
 #include "petra/dtype.hpp"
 
 namespace petra::nn {

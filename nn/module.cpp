@@ -1,5 +1,5 @@
 // nn/module.cpp: parameter registry, train/eval, and state directories of .npy files.
-#include "nn/module.hpp"
+#include "petra/nn/module.hpp"
 
 #include "petra/npy.hpp"
 

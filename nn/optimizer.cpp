@@ -1,7 +1,7 @@
 // nn/optimizer.cpp: the optimizers of nn/optimizer.hpp: the per-parameter loop with lazily
 // allocated state, the three updates (which call the kernels through petra/ops), and the state's
 // files.
-#include "nn/optimizer.hpp"
+#include "petra/nn/optimizer.hpp"
 
 #include <cctype>
 #include <cmath>

@@ -1,5 +1,5 @@
 // nn/schedule.cpp: the learning-rate schedules of nn/schedule.hpp.
-#include "nn/schedule.hpp"
+#include "petra/nn/schedule.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -22,7 +22,7 @@
 #include <string>
 #include <utility>
 
-#include "nn/module.hpp"
+#include "petra/nn/module.hpp"
 
 namespace petra::nn {
 

@@ -1,11 +1,11 @@
 // nn/stage_group.cpp: a pipeline stage made of consecutive blocks (nn/stage_group.hpp).
-#include "nn/stage_group.hpp"
+#include "petra/nn/stage_group.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
-#include "nn/blocks.hpp"
+#include "petra/nn/blocks.hpp"
 
 namespace petra::nn {
 

@@ -19,7 +19,7 @@
 #include <memory>
 #include <vector>
 
-#include "nn/stage.hpp"
+#include "petra/nn/stage.hpp"
 
 namespace petra::nn {
 

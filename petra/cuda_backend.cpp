@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "kernels/cuda/check.cuh"
+#include "petra/kernels/cuda/check.cuh"
 #include "petra/config.hpp"
 #include "petra/error.hpp"
 

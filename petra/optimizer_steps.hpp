@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "kernels/optim.hpp"
+#include "petra/kernels/optim.hpp"
 #include "petra/tensor.hpp"
 
 namespace petra {

@@ -13,7 +13,7 @@
 
 #include <memory>
 
-#include "kernels/common.hpp"
+#include "petra/kernels/common.hpp"
 #include "petra/device.hpp"
 
 namespace petra {

@@ -1,5 +1,5 @@
 // pipeline/backprop_reference.cpp: exact backprop of one mini-batch through one recorded graph.
-#include "pipeline/backprop_reference.hpp"
+#include "petra/pipeline/backprop_reference.hpp"
 
 #include "petra/functions.hpp"
 

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "nn/models.hpp"
+#include "petra/nn/models.hpp"
 
 namespace petra::pipeline {
 

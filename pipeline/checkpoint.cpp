@@ -1,5 +1,5 @@
 // pipeline/checkpoint.cpp: atomic, checksummed checkpoint directories.
-#include "pipeline/checkpoint.hpp"
+#include "petra/pipeline/checkpoint.hpp"
 
 #include <zlib.h>
 

@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "nn/module.hpp"
-#include "nn/optimizer.hpp"
+#include "petra/nn/module.hpp"
+#include "petra/nn/optimizer.hpp"
 
 namespace petra::pipeline {
 

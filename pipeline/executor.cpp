@@ -1,6 +1,6 @@
 // pipeline/executor.cpp: the executors that interpret a schedule: the sequential one (the oracle)
 // and the concurrent one (a worker thread per device, blocking only on the messages it needs).
-#include "pipeline/executor.hpp"
+#include "petra/pipeline/executor.hpp"
 
 #include <exception>
 #include <thread>

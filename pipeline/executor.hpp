@@ -13,10 +13,10 @@
 #include <memory>
 #include <vector>
 
-#include "nn/models.hpp"
-#include "pipeline/messages.hpp"
-#include "pipeline/schedule.hpp"
-#include "pipeline/stage_runtime.hpp"
+#include "petra/nn/models.hpp"
+#include "petra/pipeline/messages.hpp"
+#include "petra/pipeline/schedule.hpp"
+#include "petra/pipeline/stage_runtime.hpp"
 
 namespace petra::pipeline {
 

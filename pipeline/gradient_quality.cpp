@@ -1,12 +1,12 @@
 // pipeline/gradient_quality.cpp: a delayed gradient against backprop's, per stage, at one step.
-#include "pipeline/gradient_quality.hpp"
+#include "petra/pipeline/gradient_quality.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <map>
 
-#include "nn/layers.hpp"
-#include "pipeline/backprop_reference.hpp"
+#include "petra/nn/layers.hpp"
+#include "petra/pipeline/backprop_reference.hpp"
 
 namespace petra::pipeline {
 

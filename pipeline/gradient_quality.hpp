@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "nn/models.hpp"
-#include "pipeline/executor.hpp"
+#include "petra/nn/models.hpp"
+#include "petra/pipeline/executor.hpp"
 
 namespace petra::pipeline {
 

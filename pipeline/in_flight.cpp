@@ -10,8 +10,8 @@
 
 #include "petra/files.hpp"
 #include "petra/npy.hpp"
-#include "pipeline/checkpoint.hpp"
-#include "pipeline/executor.hpp"
+#include "petra/pipeline/checkpoint.hpp"
+#include "petra/pipeline/executor.hpp"
 
 namespace petra::pipeline {
 

@@ -1,5 +1,5 @@
 // pipeline/memory_report.cpp: allocator peaks read per tag and per stage, and printed.
-#include "pipeline/memory_report.hpp"
+#include "petra/pipeline/memory_report.hpp"
 
 #include <fmt/format.h>
 

@@ -1,11 +1,11 @@
 // pipeline/placement.cpp: which worker runs which stage: stage costs measured as a worker runs
 // them, and the contiguous split of the stages that balances those costs.
-#include "pipeline/placement.hpp"
+#include "petra/pipeline/placement.hpp"
 
 #include <algorithm>
 #include <chrono>
 
-#include "nn/layers.hpp"
+#include "petra/nn/layers.hpp"
 #include "petra/stream.hpp"
 
 namespace petra::pipeline {

@@ -3,8 +3,8 @@
 
 #include <vector>
 
-#include "nn/models.hpp"
-#include "pipeline/messages.hpp"
+#include "petra/nn/models.hpp"
+#include "petra/pipeline/messages.hpp"
 
 namespace petra::pipeline {
 

@@ -1,5 +1,5 @@
 // pipeline/run_config.cpp: validation, description and resume keys of a run's configuration.
-#include "pipeline/run_config.hpp"
+#include "petra/pipeline/run_config.hpp"
 
 #include <algorithm>
 

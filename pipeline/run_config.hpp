@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "nn/layers.hpp"
+#include "petra/nn/layers.hpp"
 #include "petra/device.hpp"
-#include "pipeline/checkpoint.hpp"
-#include "pipeline/schedule.hpp"
+#include "petra/pipeline/checkpoint.hpp"
+#include "petra/pipeline/schedule.hpp"
 
 namespace petra::pipeline {
 

@@ -1,5 +1,5 @@
 // pipeline/schedule.cpp: builds, prints, parses and checks schedules (see schedule.hpp).
-#include "pipeline/schedule.hpp"
+#include "petra/pipeline/schedule.hpp"
 
 #include <algorithm>
 #include <array>

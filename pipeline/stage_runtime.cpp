@@ -1,6 +1,6 @@
 // pipeline/stage_runtime.cpp: one stage under a training method: what its forward keeps, how its
 // backward gets its input back (kept graph, stored input, or rebuilt from the output), and its update.
-#include "pipeline/stage_runtime.hpp"
+#include "petra/pipeline/stage_runtime.hpp"
 
 #include <tuple>
 

@@ -32,12 +32,12 @@
 #include <string>
 #include <vector>
 
-#include "nn/layers.hpp"
-#include "nn/optimizer.hpp"
-#include "nn/schedule.hpp"
-#include "nn/stage.hpp"
-#include "pipeline/messages.hpp"
-#include "pipeline/schedule.hpp"
+#include "petra/nn/layers.hpp"
+#include "petra/nn/optimizer.hpp"
+#include "petra/nn/schedule.hpp"
+#include "petra/nn/stage.hpp"
+#include "petra/pipeline/messages.hpp"
+#include "petra/pipeline/schedule.hpp"
 
 namespace petra::pipeline {
 

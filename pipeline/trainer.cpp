@@ -1,5 +1,5 @@
 // pipeline/trainer.cpp: data, model, the run's schedule and executor, epochs, evaluation and checkpoints.
-#include "pipeline/trainer.hpp"
+#include "petra/pipeline/trainer.hpp"
 
 #include <fmt/format.h>
 
@@ -9,9 +9,9 @@
 
 #include "petra/functions.hpp"
 #include "petra/stream.hpp"
-#include "pipeline/checkpoint.hpp"
-#include "pipeline/memory_report.hpp"
-#include "pipeline/placement.hpp"
+#include "petra/pipeline/checkpoint.hpp"
+#include "petra/pipeline/memory_report.hpp"
+#include "petra/pipeline/placement.hpp"
 
 namespace petra::pipeline {
 

@@ -23,13 +23,13 @@
 #include <string>
 #include <vector>
 
-#include "data/dataset.hpp"
-#include "data/loader.hpp"
-#include "nn/models.hpp"
-#include "nn/schedule.hpp"
-#include "pipeline/executor.hpp"
-#include "pipeline/gradient_quality.hpp"
-#include "pipeline/run_config.hpp"
+#include "petra/data/dataset.hpp"
+#include "petra/data/loader.hpp"
+#include "petra/nn/models.hpp"
+#include "petra/nn/schedule.hpp"
+#include "petra/pipeline/executor.hpp"
+#include "petra/pipeline/gradient_quality.hpp"
+#include "petra/pipeline/run_config.hpp"
 
 namespace petra::pipeline {
 

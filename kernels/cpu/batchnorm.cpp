@@ -15,14 +15,14 @@
 // Pass 1 reads the inputs, pass 2 reads them again (often from L3) and writes the output.
 // Training forward and backward take 3 * channels*height*width floats (+ padding) of scratch
 // from s.workspace, which must be set.
-#include "kernels/batchnorm.hpp"
+#include "petra/kernels/batchnorm.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cpu/parallel.hpp"
+#include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
 

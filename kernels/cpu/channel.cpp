@@ -4,12 +4,12 @@
 // floats, with a different row pitch on each side. The rows are walked in memory order, split
 // into one contiguous range per thread (for_each_row_run, kernels/cpu/parallel.hpp), and copied
 // with memcpy.
-#include "kernels/channel.hpp"
+#include "petra/kernels/channel.hpp"
 
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/cpu/parallel.hpp"
+#include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
 

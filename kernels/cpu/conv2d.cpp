@@ -15,9 +15,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/conv2d.hpp"
-#include "kernels/cpu/conv2d_algorithms.hpp"
-#include "kernels/cpu/parallel.hpp"
+#include "petra/kernels/conv2d.hpp"
+#include "petra/kernels/cpu/conv2d_algorithms.hpp"
+#include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
 namespace {

@@ -15,8 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/common.hpp"
-#include "kernels/conv2d.hpp"
+#include "petra/kernels/common.hpp"
+#include "petra/kernels/conv2d.hpp"
 
 // The direct kernels exist where AVX-512 is compiled in.
 #if defined(__AVX512F__)

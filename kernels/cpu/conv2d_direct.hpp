@@ -9,8 +9,8 @@
 
 #include <cstdint>
 
-#include "kernels/cpu/conv2d_algorithms.hpp"
-#include "kernels/cpu/parallel.hpp"
+#include "petra/kernels/cpu/conv2d_algorithms.hpp"
+#include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu::conv2d::direct {
 // Internal linkage, as when both algorithms lived in one file: each includer gets its own copy,

@@ -22,15 +22,15 @@
 // dot product over grid positions of dy (expanded onto the grid, zero where no pixel) with the
 // input at tap k's shift; the 16-lane partial sums stay in registers over a batch of grids, then
 // are reduced and added to double sums, which keeps the sum over batch * pixels accurate.
-#include "kernels/cpu/conv2d_algorithms.hpp"
+#include "petra/kernels/cpu/conv2d_algorithms.hpp"
 
 #if PETRA_CONV_DIRECT
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
-#include "kernels/cpu/conv2d_direct.hpp"
-#include "kernels/cpu/parallel.hpp"
+#include "petra/kernels/cpu/conv2d_direct.hpp"
+#include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu::conv2d::direct::grid {
 namespace {

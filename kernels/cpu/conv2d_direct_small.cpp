@@ -11,15 +11,15 @@
 // backward-weight: acc[4 channels][6 taps] += dy (x) x over the whole batch, reduced once. The
 // input is copied with a margin of zeros before and after, so that the shifted loads stay inside
 // one buffer.
-#include "kernels/cpu/conv2d_algorithms.hpp"
+#include "petra/kernels/cpu/conv2d_algorithms.hpp"
 
 #if PETRA_CONV_DIRECT
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
-#include "kernels/cpu/conv2d_direct.hpp"
-#include "kernels/cpu/parallel.hpp"
+#include "petra/kernels/cpu/conv2d_direct.hpp"
+#include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu::conv2d::direct::small {
 namespace {

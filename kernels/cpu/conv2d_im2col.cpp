@@ -30,8 +30,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/cpu/conv2d_algorithms.hpp"
-#include "kernels/cpu/parallel.hpp"
+#include "petra/kernels/cpu/conv2d_algorithms.hpp"
+#include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu::conv2d::im2col {
 namespace {

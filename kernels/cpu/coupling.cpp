@@ -3,12 +3,12 @@
 // Pure data movement: per sample, one stream is copied (memcpy) and the other is added to f.
 // The tensor is walked in memory order, split into one contiguous range per thread
 // (for_each_row_run, kernels/cpu/parallel.hpp), so a batch of 1 still uses every thread.
-#include "kernels/coupling.hpp"
+#include "petra/kernels/coupling.hpp"
 
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/cpu/parallel.hpp"
+#include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
 

@@ -3,8 +3,8 @@
 // only for large arrays.
 #include <algorithm>
 
-#include "kernels/elementwise.hpp"
-#include "kernels/cpu/parallel.hpp"
+#include "petra/kernels/elementwise.hpp"
+#include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
 

@@ -2,8 +2,8 @@
 // row-major buffers seen in place (Eigen runs it on the stream's OpenMP threads).
 #include <Eigen/Core>
 
-#include "kernels/linear.hpp"
-#include "kernels/cpu/parallel.hpp"
+#include "petra/kernels/linear.hpp"
+#include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
 namespace {

@@ -7,8 +7,8 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/loss.hpp"
-#include "kernels/cpu/parallel.hpp"
+#include "petra/kernels/loss.hpp"
+#include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
 namespace {

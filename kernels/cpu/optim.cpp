@@ -7,8 +7,8 @@
 #include <array>
 #include <cmath>
 
-#include "kernels/optim.hpp"
-#include "kernels/cpu/parallel.hpp"
+#include "petra/kernels/optim.hpp"
+#include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
 namespace {

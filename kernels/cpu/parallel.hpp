@@ -19,7 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/common.hpp"
+#include "petra/kernels/common.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>

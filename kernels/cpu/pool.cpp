@@ -4,12 +4,12 @@
 // threads; inside a plane the loops run over windows clipped to the input once, instead of
 // testing every tap against the borders. Pooling is a small part of a ResNet step, so the
 // code stays plain.
-#include "kernels/pool.hpp"
+#include "petra/kernels/pool.hpp"
 
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/parallel.hpp"
+#include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
 

@@ -12,8 +12,8 @@
 #include <algorithm>
 #include <array>
 
-#include "kernels/reduce.hpp"
-#include "kernels/cpu/parallel.hpp"
+#include "petra/kernels/reduce.hpp"
+#include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
 namespace {

@@ -98,7 +98,7 @@ inline bool aligned_16(const void* p) { return reinterpret_cast<std::uintptr_t>(
 }  // namespace petra::cuda_detail
 
 #ifdef __CUDACC__
-#include "kernels/common.hpp"
+#include "petra/kernels/common.hpp"
 
 namespace petra::cuda_detail {
 

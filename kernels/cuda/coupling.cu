@@ -14,8 +14,8 @@
 // and store instructions and of the index arithmetic, for the same bytes.
 #include <cstdint>
 
-#include "kernels/coupling.hpp"
-#include "kernels/cuda/check.cuh"
+#include "petra/kernels/coupling.hpp"
+#include "petra/kernels/cuda/check.cuh"
 
 namespace petra::kernels::cuda {
 namespace {

@@ -12,8 +12,8 @@
 // (z = x + z, relu in place). Each element is still read before it is written, by one thread.
 #include <cstdint>
 
-#include "kernels/cuda/check.cuh"
-#include "kernels/elementwise.hpp"
+#include "petra/kernels/cuda/check.cuh"
+#include "petra/kernels/elementwise.hpp"
 
 namespace petra::kernels::cuda {
 namespace {

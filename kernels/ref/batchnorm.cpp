@@ -1,5 +1,5 @@
 // kernels/ref/batchnorm.cpp: the oracle for kernels/batchnorm.hpp, plain loops in double.
-#include "kernels/batchnorm.hpp"
+#include "petra/kernels/batchnorm.hpp"
 
 #include <cmath>
 

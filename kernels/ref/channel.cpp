@@ -1,5 +1,5 @@
 // kernels/ref/channel.cpp: the oracle for kernels/channel.hpp, plain loops.
-#include "kernels/channel.hpp"
+#include "petra/kernels/channel.hpp"
 
 namespace petra::kernels::ref {
 

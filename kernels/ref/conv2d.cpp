@@ -1,6 +1,6 @@
 // kernels/ref/conv2d.cpp: the reference 2-d convolution: the formulas of kernels/conv2d.hpp as
 // plain loops with double accumulation. Slow on purpose; the oracle for cpu:: and cuda::.
-#include "kernels/conv2d.hpp"
+#include "petra/kernels/conv2d.hpp"
 
 #include <algorithm>
 #include <vector>

@@ -1,5 +1,5 @@
 // kernels/ref/coupling.cpp: the oracle for kernels/coupling.hpp, plain loops.
-#include "kernels/coupling.hpp"
+#include "petra/kernels/coupling.hpp"
 
 namespace petra::kernels::ref {
 

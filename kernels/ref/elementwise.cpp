@@ -1,5 +1,5 @@
 // kernels/ref/elementwise.cpp: the reference element-wise kernels (plain loops, double math).
-#include "kernels/elementwise.hpp"
+#include "petra/kernels/elementwise.hpp"
 
 namespace petra::kernels::ref {
 

@@ -1,6 +1,6 @@
 // kernels/ref/linear.cpp: the reference fully connected layer: the formulas of
 // kernels/linear.hpp as plain loops with double accumulation (the oracle for cpu:: and cuda::).
-#include "kernels/linear.hpp"
+#include "petra/kernels/linear.hpp"
 
 namespace petra::kernels::ref {
 

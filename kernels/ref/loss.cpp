@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/loss.hpp"
+#include "petra/kernels/loss.hpp"
 
 namespace petra::kernels::ref {
 namespace {

@@ -2,7 +2,7 @@
 // written as the formulas of kernels/optim.hpp.
 #include <cmath>
 
-#include "kernels/optim.hpp"
+#include "petra/kernels/optim.hpp"
 
 namespace petra::kernels::ref {
 

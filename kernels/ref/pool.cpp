@@ -1,5 +1,5 @@
 // kernels/ref/pool.cpp: the oracle for kernels/pool.hpp, plain loops in double.
-#include "kernels/pool.hpp"
+#include "petra/kernels/pool.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,7 @@
 // element of dy it came from.
 #include <vector>
 
-#include "kernels/reduce.hpp"
+#include "petra/kernels/reduce.hpp"
 
 namespace petra::kernels::ref {
 namespace {

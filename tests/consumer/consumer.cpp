@@ -1,6 +1,9 @@
 // tests/consumer/consumer.cpp: a program that uses petra as an installed dependency.
-// Built by check_consumer.sh with nothing but `pkg-config --cflags --libs petra`.
+// Built by check_consumer.sh with nothing but `pkg-config --cflags --libs petra`: every header is
+// reached through the one include root, <petra/...>.
+#include <petra/nn/models.hpp>
 #include <petra/petra.hpp>
+#include <petra/pipeline/schedule.hpp>
 
 #include <cstdio>
 
@@ -11,6 +14,11 @@ int main() {
   const Variable y = mul(w, x);
   y.backward(Tensor::full({3}, 1.0));
   const auto g = w.grad().to_vector<float>();  // d(w x)/dw = x
-  std::printf("petra %s: grad = %g %g %g\n", PETRA_VERSION, g[0], g[1], g[2]);
-  return (g[0] == 4.0f && g[1] == 5.0f && g[2] == 6.0f) ? 0 : 1;
+  nn::ModelConfig config;  // RevNet18, width 4: 10 stages (stem, 8 blocks, head)
+  config.width = 4;
+  const nn::Model model(config);
+  const auto grid = pipeline::make_schedule(pipeline::PipelineMethod::petra, int(model.num_stages()), 4, 1, true);
+  std::printf("petra %s: grad = %g %g %g; revnet18 has %zu stages, a drained grid of 4 mini-batches %lld steps\n",
+              PETRA_VERSION, g[0], g[1], g[2], model.num_stages(), static_cast<long long>(grid.steps));
+  return (g[0] == 4.0f && g[1] == 5.0f && g[2] == 6.0f && model.num_stages() == 10 && grid.steps == 22) ? 0 : 1;
 }

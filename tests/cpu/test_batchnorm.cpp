@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/batchnorm.hpp"
+#include "petra/kernels/batchnorm.hpp"
 #include "tests/support/gradcheck.hpp"
 #include "tests/support/testing.hpp"
 

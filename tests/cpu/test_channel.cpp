@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "kernels/channel.hpp"
+#include "petra/kernels/channel.hpp"
 #include "tests/support/testing.hpp"
 
 namespace pk = petra::kernels;

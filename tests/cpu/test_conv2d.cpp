@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/conv2d.hpp"
+#include "petra/kernels/conv2d.hpp"
 #include "tests/support/gradcheck.hpp"
 #include "tests/support/testing.hpp"
 

@@ -6,7 +6,7 @@
 #include <numeric>
 #include <vector>
 
-#include "kernels/coupling.hpp"
+#include "petra/kernels/coupling.hpp"
 #include "tests/support/testing.hpp"
 
 namespace pk = petra::kernels;

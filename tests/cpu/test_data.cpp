@@ -27,11 +27,11 @@
 #include <thread>
 #include <vector>
 
-#include "data/dataset.hpp"
-#include "data/loader.hpp"
-#include "data/readers.hpp"
-#include "data/transforms.hpp"
-#include "data/zip.hpp"
+#include "petra/data/dataset.hpp"
+#include "petra/data/loader.hpp"
+#include "petra/data/readers.hpp"
+#include "petra/data/transforms.hpp"
+#include "petra/data/zip.hpp"
 #include "petra/error.hpp"
 #include "petra/npy.hpp"
 #include "tests/support/fixtures.hpp"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/elementwise.hpp"
+#include "petra/kernels/elementwise.hpp"
 #include "tests/support/testing.hpp"
 
 namespace k = petra::kernels;

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/linear.hpp"
+#include "petra/kernels/linear.hpp"
 #include "tests/support/gradcheck.hpp"
 #include "tests/support/testing.hpp"
 

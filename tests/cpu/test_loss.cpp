@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/loss.hpp"
+#include "petra/kernels/loss.hpp"
 #include "tests/support/testing.hpp"
 
 namespace k = petra::kernels;

@@ -4,9 +4,9 @@
 // every kind of stage (grouped ones included) in float64.
 #include <doctest/doctest.h>
 
-#include "nn/blocks.hpp"
-#include "nn/models.hpp"
-#include "nn/stage_group.hpp"
+#include "petra/nn/blocks.hpp"
+#include "petra/nn/models.hpp"
+#include "petra/nn/stage_group.hpp"
 #include "tests/support/fixtures.hpp"
 #include "tests/support/gradcheck.hpp"
 #include "tests/support/testing.hpp"

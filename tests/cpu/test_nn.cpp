@@ -5,8 +5,8 @@
 #include <cmath>
 #include <filesystem>
 
-#include "nn/layers.hpp"
-#include "nn/models.hpp"
+#include "petra/nn/layers.hpp"
+#include "petra/nn/models.hpp"
 #include "petra/npy.hpp"
 #include "tests/support/fixtures.hpp"
 

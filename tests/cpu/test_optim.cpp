@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/optim.hpp"
+#include "petra/kernels/optim.hpp"
 #include "tests/support/testing.hpp"
 
 namespace k = petra::kernels;

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "nn/optimizer.hpp"
-#include "nn/schedule.hpp"
+#include "petra/nn/optimizer.hpp"
+#include "petra/nn/schedule.hpp"
 #include "petra/allocator.hpp"
 #include "petra/error.hpp"
 #include "tests/support/fixtures.hpp"

@@ -5,9 +5,9 @@
 #include <cmath>
 
 #include "petra/stream.hpp"
-#include "pipeline/backprop_reference.hpp"
-#include "pipeline/executor.hpp"
-#include "pipeline/placement.hpp"
+#include "petra/pipeline/backprop_reference.hpp"
+#include "petra/pipeline/executor.hpp"
+#include "petra/pipeline/placement.hpp"
 #include "tests/support/fixtures.hpp"
 #include "tests/support/testing.hpp"
 

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/pool.hpp"
+#include "petra/kernels/pool.hpp"
 #include "tests/support/gradcheck.hpp"
 #include "tests/support/testing.hpp"
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/reduce.hpp"
+#include "petra/kernels/reduce.hpp"
 #include "tests/support/testing.hpp"
 
 namespace k = petra::kernels;

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "petra/error.hpp"
-#include "pipeline/schedule.hpp"
+#include "petra/pipeline/schedule.hpp"
 
 using namespace petra;
 using namespace petra::pipeline;

@@ -5,8 +5,8 @@
 
 #include <cmath>
 
-#include "pipeline/backprop_reference.hpp"
-#include "pipeline/executor.hpp"
+#include "petra/pipeline/backprop_reference.hpp"
+#include "petra/pipeline/executor.hpp"
 #include "tests/support/fixtures.hpp"
 #include "tests/support/testing.hpp"
 

@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "pipeline/checkpoint.hpp"
-#include "pipeline/trainer.hpp"
+#include "petra/pipeline/checkpoint.hpp"
+#include "petra/pipeline/trainer.hpp"
 #include "tests/support/fixtures.hpp"
 
 using namespace petra;

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/common.hpp"
-#include "kernels/coupling.hpp"
-#include "kernels/elementwise.hpp"
+#include "petra/kernels/common.hpp"
+#include "petra/kernels/coupling.hpp"
+#include "petra/kernels/elementwise.hpp"
 #include "petra/config.hpp"
 #include "petra/cuda_backend.hpp"
 #include "petra/error.hpp"

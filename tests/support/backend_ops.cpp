@@ -13,7 +13,7 @@
 #include <random>
 #include <sstream>
 
-#include "kernels/elementwise.hpp"
+#include "petra/kernels/elementwise.hpp"
 #include "petra/error.hpp"
 #include "petra/stream.hpp"
 

@@ -24,8 +24,8 @@
 #include <system_error>
 #include <vector>
 
-#include "pipeline/messages.hpp"
-#include "nn/models.hpp"
+#include "petra/pipeline/messages.hpp"
+#include "petra/nn/models.hpp"
 #include "petra/error.hpp"
 #include "petra/tensor.hpp"
 #include "tests/support/testing.hpp"
