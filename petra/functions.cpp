@@ -252,4 +252,23 @@ Variable coupling(const Variable& x, const Variable& f) {
   });
 }
 
+// ---------------------------------------------------------------- operators
+namespace {
+// A constant (no gradient) of x's shape, dtype and device, every element `value`.
+Variable constant_like(const Variable& x, double value) {
+  return Variable(Tensor::full(x.shape(), value, x.data().dtype(), x.data().device()));
+}
+}  // namespace
+
+Variable operator+(const Variable& a, const Variable& b) { return add(a, b); }
+Variable operator-(const Variable& a, const Variable& b) { return sub(a, b); }
+Variable operator*(const Variable& a, const Variable& b) { return mul(a, b); }
+Variable operator-(const Variable& a) { return scale(a, -1.0); }
+Variable operator*(double factor, const Variable& a) { return scale(a, factor); }
+Variable operator*(const Variable& a, double factor) { return scale(a, factor); }
+Variable operator+(const Variable& a, double value) { return add(a, constant_like(a, value)); }
+Variable operator+(double value, const Variable& a) { return add(constant_like(a, value), a); }
+Variable operator-(const Variable& a, double value) { return sub(a, constant_like(a, value)); }
+Variable operator-(double value, const Variable& a) { return sub(constant_like(a, value), a); }
+
 }  // namespace petra

@@ -42,4 +42,17 @@ Variable slice_channels(const Variable& x, std::int64_t first, std::int64_t coun
 Variable cross_entropy(const Variable& logits, const Tensor& labels);  // mean over the batch
 Variable coupling(const Variable& x, const Variable& f);                // (x2 + f, x1)
 
+// Arithmetic operators: a + b, a - b, a * b broadcast (add, sub, mul); -a and a double factor are
+// scale; a double added or subtracted is a constant tensor of the operand's shape (no gradient).
+Variable operator+(const Variable& a, const Variable& b);
+Variable operator-(const Variable& a, const Variable& b);
+Variable operator*(const Variable& a, const Variable& b);
+Variable operator-(const Variable& a);
+Variable operator*(double factor, const Variable& a);
+Variable operator*(const Variable& a, double factor);
+Variable operator+(const Variable& a, double value);
+Variable operator+(double value, const Variable& a);
+Variable operator-(const Variable& a, double value);
+Variable operator-(double value, const Variable& a);
+
 }  // namespace petra
