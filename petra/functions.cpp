@@ -14,26 +14,33 @@ bool wants(const Variable& v) { return v.defined() && v.requires_grad(); }
 Tensor zeros_like(const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype(), t.device()); }
 }  // namespace
 
+// The gradient of a broadcast operand is the output's gradient summed over the dims it was
+// stretched along (ops::sum_to, which returns the gradient itself when the shapes are equal, so
+// the same-shape case runs exactly the ops it always did).
 Variable add(const Variable& a, const Variable& b) {
-  return record_one(ops::add(a.data(), b.data()), "add", {a, b}, [](std::span<const Tensor> g) {
-    return std::vector<Tensor>{g[0], g[0]};
+  const Shape a_shape = a.shape(), b_shape = b.shape();
+  return record_one(ops::add(a.data(), b.data()), "add", {a, b}, [a_shape, b_shape](std::span<const Tensor> g) {
+    return std::vector<Tensor>{ops::sum_to(g[0], a_shape), ops::sum_to(g[0], b_shape)};
   });
 }
 
 Variable sub(const Variable& a, const Variable& b) {
   const bool need_b = wants(b);
-  return record_one(ops::sub(a.data(), b.data()), "sub", {a, b}, [need_b](std::span<const Tensor> g) {
-    return std::vector<Tensor>{g[0], need_b ? ops::scale(g[0], -1.0) : Tensor()};
+  const Shape a_shape = a.shape(), b_shape = b.shape();
+  return record_one(ops::sub(a.data(), b.data()), "sub", {a, b}, [need_b, a_shape, b_shape](std::span<const Tensor> g) {
+    return std::vector<Tensor>{ops::sum_to(g[0], a_shape), need_b ? ops::sum_to(ops::scale(g[0], -1.0), b_shape) : Tensor()};
   });
 }
 
 Variable mul(const Variable& a, const Variable& b) {
   // d(a*b) = b da + a db: each side keeps the other operand, and only if its gradient is wanted.
+  // g * b broadcasts like the forward did; sum_to folds it back to a's shape.
   const Tensor keep_b = wants(a) ? b.data() : Tensor();
   const Tensor keep_a = wants(b) ? a.data() : Tensor();
-  return record_one(ops::mul(a.data(), b.data()), "mul", {a, b}, [keep_a, keep_b](std::span<const Tensor> g) {
-    return std::vector<Tensor>{keep_b.defined() ? ops::mul(g[0], keep_b) : Tensor(),
-                               keep_a.defined() ? ops::mul(g[0], keep_a) : Tensor()};
+  const Shape a_shape = a.shape(), b_shape = b.shape();
+  return record_one(ops::mul(a.data(), b.data()), "mul", {a, b}, [keep_a, keep_b, a_shape, b_shape](std::span<const Tensor> g) {
+    return std::vector<Tensor>{keep_b.defined() ? ops::sum_to(ops::mul(g[0], keep_b), a_shape) : Tensor(),
+                               keep_a.defined() ? ops::sum_to(ops::mul(g[0], keep_a), b_shape) : Tensor()};
   });
 }
 
@@ -111,6 +118,17 @@ Variable mean(const Variable& x, std::span<const int> dims) {
     return std::vector<Tensor>{ops::broadcast_to(ops::scale(g[0], 1.0 / count), x_shape)};
   });
 }
+
+namespace {
+std::vector<int> all_dims(const Variable& x) {
+  std::vector<int> dims(static_cast<std::size_t>(x.shape().ndim()));
+  for (std::size_t d = 0; d < dims.size(); ++d) dims[d] = static_cast<int>(d);
+  return dims;
+}
+}  // namespace
+
+Variable sum(const Variable& x) { return sum(x, all_dims(x)); }
+Variable mean(const Variable& x) { return mean(x, all_dims(x)); }
 
 Variable cross_entropy(const Variable& logits, const Tensor& labels) {
   ops::CrossEntropySaved saved;
@@ -233,5 +251,24 @@ Variable coupling(const Variable& x, const Variable& f) {
                                need_f ? ops::channel_slice(g[0], 0, streams) : Tensor()};
   });
 }
+
+// ---------------------------------------------------------------- operators
+namespace {
+// A constant (no gradient) of x's shape, dtype and device, every element `value`.
+Variable constant_like(const Variable& x, double value) {
+  return Variable(Tensor::full(x.shape(), value, x.data().dtype(), x.data().device()));
+}
+}  // namespace
+
+Variable operator+(const Variable& a, const Variable& b) { return add(a, b); }
+Variable operator-(const Variable& a, const Variable& b) { return sub(a, b); }
+Variable operator*(const Variable& a, const Variable& b) { return mul(a, b); }
+Variable operator-(const Variable& a) { return scale(a, -1.0); }
+Variable operator*(double factor, const Variable& a) { return scale(a, factor); }
+Variable operator*(const Variable& a, double factor) { return scale(a, factor); }
+Variable operator+(const Variable& a, double value) { return add(a, constant_like(a, value)); }
+Variable operator+(double value, const Variable& a) { return add(constant_like(a, value), a); }
+Variable operator-(const Variable& a, double value) { return sub(a, constant_like(a, value)); }
+Variable operator-(double value, const Variable& a) { return sub(constant_like(a, value), a); }
 
 }  // namespace petra

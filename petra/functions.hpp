@@ -14,13 +14,19 @@
 
 namespace petra {
 
+// add, sub and mul broadcast like their ops:: versions (NumPy's rules); the gradient of an operand
+// that was stretched is summed over the stretched dims (ops::sum_to).
 Variable add(const Variable& a, const Variable& b);
 Variable sub(const Variable& a, const Variable& b);
 Variable mul(const Variable& a, const Variable& b);
 Variable scale(const Variable& a, double factor);
 Variable relu(const Variable& x);
+// Reductions keep the reduced dims with size 1; without dims they reduce every dim (a
+// single-element result, so backward() needs no seed).
 Variable sum(const Variable& x, std::span<const int> dims);
 Variable mean(const Variable& x, std::span<const int> dims);
+Variable sum(const Variable& x);
+Variable mean(const Variable& x);
 Variable reshape(const Variable& x, const Shape& shape);
 Variable linear(const Variable& x, const Variable& w, const Variable& bias);
 Variable conv2d(const Variable& x, const Variable& w, const Variable& bias, const Conv2dOptions& o);
@@ -35,5 +41,18 @@ Variable concat_channels(std::span<const Variable> parts);
 Variable slice_channels(const Variable& x, std::int64_t first, std::int64_t count);  // a packed copy
 Variable cross_entropy(const Variable& logits, const Tensor& labels);  // mean over the batch
 Variable coupling(const Variable& x, const Variable& f);                // (x2 + f, x1)
+
+// Arithmetic operators: a + b, a - b, a * b broadcast (add, sub, mul); -a and a double factor are
+// scale; a double added or subtracted is a constant tensor of the operand's shape (no gradient).
+Variable operator+(const Variable& a, const Variable& b);
+Variable operator-(const Variable& a, const Variable& b);
+Variable operator*(const Variable& a, const Variable& b);
+Variable operator-(const Variable& a);
+Variable operator*(double factor, const Variable& a);
+Variable operator*(const Variable& a, double factor);
+Variable operator+(const Variable& a, double value);
+Variable operator+(double value, const Variable& a);
+Variable operator-(const Variable& a, double value);
+Variable operator-(double value, const Variable& a);
 
 }  // namespace petra

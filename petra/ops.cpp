@@ -2,6 +2,7 @@
 //
 // Dispatch rule: float32 on the CPU runs kernels::cpu, float64 on the CPU runs kernels::ref (the
 // oracle, used by the gradient checks), float32 on a GPU runs kernels::cuda.
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -106,7 +107,21 @@ Tensor binary(const Tensor& a, const Tensor& b, const char* op) {
 }
 }  // namespace
 
+namespace {
+// add, sub, mul on operands of different shapes: both expanded to the broadcast shape (a copy for
+// each operand not already of that shape), then the same-shape op.
+Tensor broadcast_binary(const Tensor& a, const Tensor& b, const char* op, Tensor (*same_shape)(const Tensor&, const Tensor&)) {
+  check_float(a, op, "a");
+  check_like(a, b, op, "b");
+  const Shape shape = broadcast_shape(a.shape(), b.shape(), op);
+  PETRA_CHECK(!a.device().is_cuda() || PETRA_CUDA_REDUCE, DeviceError, op, ": broadcasting ", a.shape().str(), " and ",
+              b.shape().str(), " has no CUDA kernel yet (equal shapes do)");
+  return same_shape(a.shape() == shape ? a : broadcast_to(a, shape), b.shape() == shape ? b : broadcast_to(b, shape));
+}
+}  // namespace
+
 Tensor add(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return broadcast_binary(a, b, "add", &add);
   Tensor z = binary(a, b, "add");
   const auto& s = stream_for(a.device());
   PETRA_CALL(ELEMENTWISE, a, add, s, a.numel(), a.data_ptr<T>(), b.data_ptr<T>(), z.data_ptr<T>());
@@ -114,6 +129,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return broadcast_binary(a, b, "sub", &sub);
   Tensor z = binary(a, b, "sub");
   const auto& s = stream_for(a.device());
   PETRA_CALL(ELEMENTWISE, a, sub, s, a.numel(), a.data_ptr<T>(), b.data_ptr<T>(), z.data_ptr<T>());
@@ -121,6 +137,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return broadcast_binary(a, b, "mul", &mul);
   Tensor z = binary(a, b, "mul");
   const auto& s = stream_for(a.device());
   PETRA_CALL(ELEMENTWISE, a, mul, s, a.numel(), a.data_ptr<T>(), b.data_ptr<T>(), z.data_ptr<T>());
@@ -343,19 +360,53 @@ Tensor mean(const Tensor& x, std::span<const int> dims) {
   return y;
 }
 
+Shape broadcast_shape(const Shape& a, const Shape& b, const char* op) {
+  const int ndim = std::max(a.ndim(), b.ndim());
+  std::vector<std::int64_t> dims(static_cast<std::size_t>(ndim));
+  for (int i = 1; i <= ndim; ++i) {  // from the right
+    const std::int64_t da = i <= a.ndim() ? a[-i] : 1, db = i <= b.ndim() ? b[-i] : 1;
+    PETRA_CHECK(da == db || da == 1 || db == 1, ShapeError, op, ": shapes ", a.str(), " and ", b.str(),
+                " cannot be broadcast together (dim ", ndim - i, " from the left of the result: ", da, " vs ", db, ")");
+    dims[static_cast<std::size_t>(ndim - i)] = da == 1 ? db : da;
+  }
+  return Shape(std::span<const std::int64_t>(dims));
+}
+
+namespace {
+// The dims of `full` that `shape` stretches: the leading dims `shape` lacks, and those where it has
+// size 1 and full does not. ShapeError naming `op` unless `shape` broadcasts to exactly `full`.
+std::uint32_t stretched_dims(const Shape& shape, const Shape& full, const char* op) {
+  PETRA_CHECK(shape.ndim() <= full.ndim(), ShapeError, op, ": ", shape.str(), " has more dims than ", full.str());
+  const int missing = full.ndim() - shape.ndim();
+  std::uint32_t mask = 0;
+  for (int d = 0; d < full.ndim(); ++d) {
+    const std::int64_t size = d < missing ? 1 : shape[d - missing];
+    PETRA_CHECK(size == full[d] || size == 1, ShapeError, op, ": ", shape.str(), " does not broadcast to ", full.str());
+    if (size != full[d]) mask |= 1u << d;
+  }
+  return mask;
+}
+}  // namespace
+
 Tensor broadcast_to(const Tensor& small, const Shape& shape) {
   check_float(small, "broadcast_to", "small");
-  PETRA_CHECK(small.ndim() == shape.ndim(), ShapeError, "broadcast_to: ", small.shape().str(), " to ", shape.str());
-  std::uint32_t mask = 0;
-  for (int d = 0; d < shape.ndim(); ++d) {
-    PETRA_CHECK(small.size(d) == shape[d] || small.size(d) == 1, ShapeError, "broadcast_to: ", small.shape().str(),
-                " to ", shape.str());
-    if (small.size(d) != shape[d]) mask |= 1u << d;
-  }
+  const std::uint32_t mask = stretched_dims(small.shape(), shape, "broadcast_to");
   Tensor big = Tensor::empty(shape, small.dtype(), small.device());
   const auto& s = stream_for(small.device());
+  // The kernel reads `small` as the full rank with size-1 dims where the mask is set, which is
+  // also the layout of a tensor missing leading dims.
   PETRA_CALL(REDUCE, small, reduce_sum_backward, s, shape.dims(), mask, small.data_ptr<T>(), big.data_ptr<T>());
   return big;
+}
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  check_float(x, "sum_to", "x");
+  const std::uint32_t mask = stretched_dims(shape, x.shape(), "sum_to");
+  std::vector<int> dims;
+  for (int d = 0; d < x.ndim(); ++d)
+    if (mask & (1u << d)) dims.push_back(d);
+  return (dims.empty() ? x : sum(x, dims)).reshape(shape);
 }
 
 // ---------------------------------------------------------------- loss

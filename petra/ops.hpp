@@ -39,7 +39,11 @@ struct Pool2dOptions {
 // ---------------------------------------------------------------- Tensor level (no graph)
 namespace ops {
 
-// element-wise (same shape, contiguous)
+// element-wise (contiguous). add, sub and mul broadcast with NumPy's rules: shapes are aligned on
+// the right, and a dim of size 1 (or a missing leading dim) stretches to the other operand's size;
+// incompatible shapes raise ShapeError naming the op and both shapes. Equal shapes run the kernel
+// directly; otherwise each operand not of the result shape is first expanded with broadcast_to
+// (a copy), then the same kernel runs. The other ops need equal shapes.
 Tensor add(const Tensor& a, const Tensor& b);                 // a + b
 Tensor sub(const Tensor& a, const Tensor& b);                 // a - b
 Tensor mul(const Tensor& a, const Tensor& b);                 // a * b
@@ -52,7 +56,15 @@ Tensor relu_backward(const Tensor& y, const Tensor& dy);      // dy * (y > 0), y
 // reductions over `dims` (kept as size-1 dims in the result)
 Tensor sum(const Tensor& x, std::span<const int> dims);
 Tensor mean(const Tensor& x, std::span<const int> dims);
-Tensor broadcast_to(const Tensor& small, const Shape& shape);  // backward of sum: repeat size-1 dims
+// The shape a and b broadcast to (NumPy's rules, see add); ShapeError naming `op` and both shapes
+// when they are incompatible.
+Shape broadcast_shape(const Shape& a, const Shape& b, const char* op = "broadcast_shape");
+// A packed copy of `small` expanded to `shape` (NumPy's rules: size-1 dims repeat, missing leading
+// dims are added); also the backward of sum.
+Tensor broadcast_to(const Tensor& small, const Shape& shape);
+// The reverse of broadcast_to (the backward of a broadcast): x summed over the dims that `shape`
+// stretches, reshaped to `shape`. x itself when it already has that shape.
+Tensor sum_to(const Tensor& x, const Shape& shape);
 // ||approx - exact|| / ||exact|| over all elements, accumulated in double on the host (same
 // shape; a diagnostic, not a hot-path op). 0 when both are zero.
 double relative_error(const Tensor& approx, const Tensor& exact);

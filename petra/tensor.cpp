@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "petra/cuda_backend.hpp"
+#include "petra/rng.hpp"
 #include "petra/stream.hpp"
 
 namespace petra {
@@ -37,6 +38,29 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
   Tensor host = empty(shape, dtype, Device::cpu());
   host.fill(value);
   return host.to(device);
+}
+
+namespace {
+// A float32 CPU tensor filled by `fill` from Philox(seed), converted to `dtype` (exact for float64).
+template <class Fill>
+Tensor random_tensor(const Shape& shape, DType dtype, const char* op, Fill fill) {
+  PETRA_CHECK(is_floating(dtype), ValueError, "Tensor::", op, ": dtype must be float32 or float64, got ", name_of(dtype));
+  Tensor draws = Tensor::empty(shape, DType::f32, Device::cpu());
+  fill(draws.data_ptr<float>(), static_cast<std::size_t>(draws.numel()));
+  return dtype == DType::f32 ? draws : draws.to(dtype);
+}
+}  // namespace
+
+Tensor Tensor::uniform(const Shape& shape, std::uint64_t seed, double lo, double hi, DType dtype) {
+  return random_tensor(shape, dtype, "uniform", [&](float* out, std::size_t n) {
+    Philox(seed).fill_uniform(out, n, static_cast<float>(lo), static_cast<float>(hi));
+  });
+}
+
+Tensor Tensor::normal(const Shape& shape, std::uint64_t seed, double mean, double std, DType dtype) {
+  return random_tensor(shape, dtype, "normal", [&](float* out, std::size_t n) {
+    Philox(seed).fill_normal(out, n, static_cast<float>(mean), static_cast<float>(std));
+  });
 }
 
 Device Tensor::device() const { return storage_ ? storage_->device() : Device::cpu(); }

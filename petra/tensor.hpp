@@ -57,6 +57,14 @@ class Tensor {
   static Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device device = Device::cpu());
   template <class T>
   static Tensor from_vector(const Shape& shape, const std::vector<T>& values, Device device = Device::cpu());
+  // Random CPU tensors from the Philox generator of petra/rng.hpp: element i is element i of
+  // Philox(seed).fill_uniform / fill_normal (stream 0, offset 0), so the same seed gives the same
+  // values. Draws are float32; a float64 tensor holds the same draws, widened exactly. lo, hi, mean
+  // and std are rounded to float; uniform needs lo < hi (values in [lo, hi)), normal std >= 0.
+  static Tensor uniform(const Shape& shape, std::uint64_t seed, double lo = 0.0, double hi = 1.0,
+                        DType dtype = DType::f32);
+  static Tensor normal(const Shape& shape, std::uint64_t seed, double mean = 0.0, double std = 1.0,
+                       DType dtype = DType::f32);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }

@@ -142,3 +142,65 @@ TEST_CASE("backward with a capture list returns the captured gradients and store
   CHECK_FALSE(x.grad().defined());  // returned, not also stored: no copy of an input-sized gradient
   CHECK(w.grad().to_vector<double>() == std::vector<double>{1.0, 2.0});
 }
+
+TEST_CASE("Variable operators: values and hand-derived gradients") {
+  const std::vector<double> av{0.5, -1.0, 2.0}, bv{3.0, 0.25, -2.0};
+  const Variable a = param(av), b = param(bv);
+  // y = 2a * b - a + 1 + (1 - b) - 0.5 + (-a) * 3  =>  dy/da = 2b - 1 - 3, dy/db = 2a - 1.
+  const Variable y = 2.0 * a * b - a + 1.0 + (1.0 - b) - 0.5 + (-a) * 3.0;
+  y.backward(ones_like(y));
+  for (std::size_t i = 0; i < av.size(); ++i) {
+    CAPTURE(i);
+    CHECK(y.data().to_vector<double>()[i] == doctest::Approx(2 * av[i] * bv[i] - av[i] + 1 + (1 - bv[i]) - 0.5 - 3 * av[i]));
+    CHECK(a.grad().to_vector<double>()[i] == doctest::Approx(2 * bv[i] - 4));
+    CHECK(b.grad().to_vector<double>()[i] == doctest::Approx(2 * av[i] - 1));
+  }
+  // Each operator is its named function: same values, bit for bit.
+  NoGradGuard no_grad;
+  const auto values = [](const Variable& v) { return v.data().to_vector<double>(); };
+  CHECK(values(a + b) == values(add(a, b)));
+  CHECK(values(a - b) == values(sub(a, b)));
+  CHECK(values(a * b) == values(mul(a, b)));
+  CHECK(values(-a) == values(scale(a, -1.0)));
+  CHECK(values(a * 2.0) == values(scale(a, 2.0)));
+  CHECK(values(2.0 * a) == values(scale(a, 2.0)));
+  CHECK(values(1.0 + a) == std::vector<double>{1.5, 0.0, 3.0});
+  CHECK(values(a + 1.0) == std::vector<double>{1.5, 0.0, 3.0});
+  CHECK(values(a - 1.0) == std::vector<double>{-0.5, -2.0, 1.0});
+  CHECK(values(1.0 - a) == std::vector<double>{0.5, 2.0, -1.0});
+}
+
+TEST_CASE("Variable operators broadcast, keep the operand's shape and dtype, and pass finite differences") {
+  // A squared error with a bias row: L = sum(((x * w + bias) - t)^2) for x [4, 3], w and bias [3].
+  const auto xv = testing::random_values<double>(12, 21), tv = testing::random_values<double>(12, 22);
+  const auto wv = testing::random_values<double>(3, 23), bv = testing::random_values<double>(3, 24);
+  const Variable x(Tensor::from_vector<double>({4, 3}, xv)), t(Tensor::from_vector<double>({4, 3}, tv));
+  const Variable w = param(wv), bias = param(bv);
+  const auto loss = [&](const Variable& weight, const Variable& b) {
+    const Variable e = x * weight + b - t;
+    return sum(e * e);
+  };
+  const Variable l = loss(w, bias);
+  CHECK(l.shape() == Shape{1, 1});
+  l.backward();
+  CHECK(w.grad().shape() == Shape{3});
+  CHECK(bias.grad().shape() == Shape{3});
+  const auto numeric_loss = [&](bool in_w) {
+    return [&, in_w](const std::vector<double>& v) {
+      NoGradGuard no_grad;
+      const Variable probe(Tensor::from_vector<double>({3}, v));
+      return loss(in_w ? probe : w.detach(), in_w ? bias.detach() : probe).data().item();
+    };
+  };
+  const auto rw = testing::check_gradient(numeric_loss(true), wv, w.grad().to_vector<double>());
+  CHECK_MESSAGE(rw.ok, rw.worst);
+  const auto rb = testing::check_gradient(numeric_loss(false), bv, bias.grad().to_vector<double>());
+  CHECK_MESSAGE(rb.ok, rb.worst);
+
+  // A double added to a float32 variable keeps its dtype and shape.
+  const Variable f(Tensor::from_vector<float>({2, 2}, {1, 2, 3, 4}));
+  const Variable shifted = 1.0 - f + 0.5;
+  CHECK(shifted.data().dtype() == DType::f32);
+  CHECK(shifted.shape() == Shape{2, 2});
+  CHECK(shifted.data().to_vector<float>() == std::vector<float>{0.5f, -0.5f, -1.5f, -2.5f});
+}

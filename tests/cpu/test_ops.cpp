@@ -44,6 +44,127 @@ TEST_CASE("elementwise ops and reductions: gradients by finite differences") {
   check_op_gradients([](const auto& v) { return reshape(mul(v[0], v[0]), {6, 4}); }, {random_tensor(s, 5)});
 }
 
+namespace {
+// ops::add/sub/mul on a and b given as values, in float32 (cpu kernels) and float64 (ref kernels),
+// against the expected shape and values.
+template <class Op>
+void check_broadcast(Op op, const Shape& a_shape, const std::vector<double>& a, const Shape& b_shape,
+                     const std::vector<double>& b, const Shape& expected_shape, const std::vector<double>& expected) {
+  CAPTURE(a_shape.str());
+  CAPTURE(b_shape.str());
+  for (DType dtype : {DType::f32, DType::f64}) {
+    CAPTURE(name_of(dtype));
+    const Tensor z = op(Tensor::from_vector<double>(a_shape, a).to(dtype), Tensor::from_vector<double>(b_shape, b).to(dtype));
+    CHECK(z.shape() == expected_shape);
+    CHECK(z.dtype() == dtype);
+    CHECK(z.to(DType::f64).to_vector<double>() == expected);
+  }
+}
+}  // namespace
+
+TEST_CASE("broadcasting add, sub, mul: hand-computed values") {
+  // [2, 3] + [3]: the row is added to every row; either order.
+  check_broadcast(ops::add, {2, 3}, {1, 2, 3, 4, 5, 6}, {3}, {10, 20, 30}, {2, 3}, {11, 22, 33, 14, 25, 36});
+  check_broadcast(ops::add, {3}, {10, 20, 30}, {2, 3}, {1, 2, 3, 4, 5, 6}, {2, 3}, {11, 22, 33, 14, 25, 36});
+  // [2, 1, 4] * [3, 1] -> [2, 3, 4]: z[i, j, k] = a[i, 0, k] * b[j, 0].
+  check_broadcast(ops::mul, {2, 1, 4}, {1, 2, 3, 4, 5, 6, 7, 8}, {3, 1}, {1, 10, 100}, {2, 3, 4},
+                  {1, 2, 3, 4, 10, 20, 30, 40, 100, 200, 300, 400,
+                   5, 6, 7, 8, 50, 60, 70, 80, 500, 600, 700, 800});
+  // [1] + [2, 2]: a one-element tensor stretches over both dims.
+  check_broadcast(ops::add, {1}, {5}, {2, 2}, {1, 2, 3, 4}, {2, 2}, {6, 7, 8, 9});
+  // [2, 1] - [3]: both operands stretch (a column against a row).
+  check_broadcast(ops::sub, {2, 1}, {1, 2}, {3}, {10, 20, 30}, {2, 3}, {-9, -19, -29, -8, -18, -28});
+  // Scalar-like cases: [1] against [3], [1] against [1] (equal shapes), [1, 1] against [3], and a
+  // zero-dim tensor.
+  check_broadcast(ops::sub, {1}, {10}, {3}, {1, 2, 3}, {3}, {9, 8, 7});
+  check_broadcast(ops::sub, {3}, {1, 2, 3}, {1}, {10}, {3}, {-9, -8, -7});
+  check_broadcast(ops::mul, {1}, {3}, {1}, {4}, {1}, {12});
+  check_broadcast(ops::mul, {1, 1}, {2}, {3}, {1, 2, 3}, {1, 3}, {2, 4, 6});
+  check_broadcast(ops::add, Shape(), {0.5}, {2}, {1, 2}, {2}, {1.5, 2.5});
+}
+
+TEST_CASE("broadcasting: incompatible shapes raise ShapeError naming the op and both shapes") {
+  const Tensor a = Tensor::zeros({2, 3}), b = Tensor::zeros({3, 2}), c = Tensor::zeros({2});
+  for (const char* op : {"add", "sub", "mul"}) {
+    CAPTURE(op);
+    const std::string name = op;
+    const auto run = [&](const Tensor& x, const Tensor& y) {
+      return name == "add" ? ops::add(x, y) : name == "sub" ? ops::sub(x, y) : ops::mul(x, y);
+    };
+    CHECK_THROWS_AS(run(a, b), ShapeError);
+    CHECK_THROWS_AS(run(a, c), ShapeError);  // trailing 3 against 2
+    try {
+      run(a, b);
+    } catch (const ShapeError& e) {
+      const std::string message = e.what();
+      CAPTURE(message);
+      CHECK(message.rfind(name + ": ", 0) == 0);
+      CHECK(message.find("[2, 3]") != std::string::npos);
+      CHECK(message.find("[3, 2]") != std::string::npos);
+    }
+  }
+  // The Variable ops raise the same error.
+  CHECK_THROWS_WITH_AS(mul(Variable(a, true), Variable(c)), doctest::Contains("mul: shapes [2, 3] and [2]"), ShapeError);
+  // Still refused before any broadcasting: another dtype, a strided operand.
+  CHECK_THROWS_AS(ops::add(a, Tensor::zeros({3}, DType::f64)), ShapeError);
+  CHECK_THROWS_AS(ops::mul(Tensor::zeros({2, 4}).slice(1, 0, 2), Tensor::zeros({2})), ShapeError);
+  CHECK(ops::broadcast_shape({2, 1, 4}, {3, 1}) == Shape{2, 3, 4});
+  CHECK_THROWS_AS(ops::broadcast_shape({4}, {3}), ShapeError);
+}
+
+TEST_CASE("broadcast_to repeats size-1 and missing leading dims; sum_to is its backward") {
+  const Tensor row = Tensor::from_vector<double>({3}, {1, 2, 3});
+  CHECK(ops::broadcast_to(row, {2, 3}).to_vector<double>() == std::vector<double>{1, 2, 3, 1, 2, 3});
+  const Tensor column = Tensor::from_vector<float>({2, 1}, {1, 2});
+  CHECK(ops::broadcast_to(column, {2, 2, 3}).to_vector<float>() ==
+        std::vector<float>{1, 1, 1, 2, 2, 2, 1, 1, 1, 2, 2, 2});
+  CHECK_THROWS_AS(ops::broadcast_to(row, {3, 2}), ShapeError);
+  CHECK_THROWS_AS(ops::broadcast_to(Tensor::zeros({2, 3}), {3}), ShapeError);  // more dims than the target
+
+  const Tensor x = Tensor::from_vector<double>({2, 3}, {1, 2, 3, 4, 5, 6});
+  CHECK(ops::sum_to(x, {3}).shape() == Shape{3});
+  CHECK(ops::sum_to(x, {3}).to_vector<double>() == std::vector<double>{5, 7, 9});
+  CHECK(ops::sum_to(x, {2, 1}).to_vector<double>() == std::vector<double>{6, 15});
+  CHECK(ops::sum_to(x, {1}).to_vector<double>() == std::vector<double>{21});
+  CHECK(ops::sum_to(x, Shape()).item() == 21);
+  CHECK(ops::sum_to(x, {1, 3}).to_vector<double>() == std::vector<double>{5, 7, 9});
+  CHECK(ops::sum_to(x, {1, 3}).shape() == Shape{1, 3});
+  CHECK_THROWS_AS(ops::sum_to(x, {1, 2, 3}), ShapeError);  // [1, 2, 3] does not broadcast to [2, 3]
+  CHECK(ops::sum_to(x, {2, 3}).storage() == x.storage());       // equal shapes: x itself
+  CHECK_THROWS_AS(ops::sum_to(x, {2}), ShapeError);
+}
+
+TEST_CASE("broadcasting add, sub, mul: gradients reduce over the stretched dims (finite differences)") {
+  const std::vector<std::pair<Shape, Shape>> pairs{
+      {{2, 3}, {3}}, {{3}, {2, 3}}, {{2, 1, 4}, {3, 1}}, {{1}, {2, 2}}, {{2, 1}, {1, 3}}, {{1}, {3}}, {{2, 3}, {1, 1}}};
+  std::uint64_t seed = 20;
+  for (const auto& [a, b] : pairs) {
+    CAPTURE(a.str());
+    CAPTURE(b.str());
+    const std::vector<Tensor> inputs{random_tensor(a, ++seed), random_tensor(b, ++seed)};
+    check_op_gradients([](const auto& v) { return add(v[0], v[1]); }, inputs);
+    check_op_gradients([](const auto& v) { return sub(v[0], v[1]); }, inputs);
+    check_op_gradients([](const auto& v) { return mul(v[0], v[1]); }, inputs);
+    // Both operands used twice, through broadcasting ops of both kinds.
+    check_op_gradients([](const auto& v) { return mul(sub(v[0], v[1]), add(v[1], mul(v[0], v[1]))); }, inputs);
+  }
+  // The gradient of a stretched operand is the sum over the stretched dims, by hand: d(sum(a + b))/db
+  // for a [2, 3] and b [3] is 2 per element; d(sum(a * b))/db is the column sums of a.
+  const Variable a(Tensor::from_vector<double>({2, 3}, {1, 2, 3, 4, 5, 6}), true);
+  const Variable b(Tensor::from_vector<double>({3}, {1, 1, 1}), true);
+  sum(add(a, b)).backward();
+  CHECK(b.grad().shape() == Shape{3});
+  CHECK(b.grad().to_vector<double>() == std::vector<double>{2, 2, 2});
+  b.zero_grad();
+  sum(mul(a, b)).backward();
+  CHECK(b.grad().to_vector<double>() == std::vector<double>{5, 7, 9});
+}
+
+TEST_CASE("broadcasting in float32 matches float64") {
+  const OpFn f = [](const auto& v) { return mul(add(v[0], v[1]), sub(v[1], v[0])); };
+  check_float32_matches_float64(f, {random_tensor({4, 1, 5}, 1), random_tensor({3, 5}, 2)});
+}
+
 TEST_CASE("conv2d: gradients for x, w and bias; float32 matches float64") {
   const Conv2dOptions o{2, 1};
   const OpFn f = [o](const auto& v) { return conv2d(v[0], v[1], v[2], o); };

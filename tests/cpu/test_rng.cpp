@@ -1,5 +1,6 @@
 // tests/cpu/test_rng.cpp: Philox 4x32-10 against Random123's known answers, reproducibility,
-// the statistics of uniforms, normals, integers and permutations, and skip-ahead.
+// the statistics of uniforms, normals, integers and permutations, skip-ahead, and the random
+// tensors Tensor::uniform / Tensor::normal.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "petra/error.hpp"
 #include "petra/rng.hpp"
+#include "petra/tensor.hpp"
 
 using petra::Philox;
 using petra::PhiloxCounter;
@@ -302,4 +304,74 @@ TEST_CASE("Philox fills: element i uses block b0 + i/4, word i%4, with b0 rounde
   split.fill_uniform(parts.data(), 20);
   split.fill_uniform(parts.data() + 20, 44);
   CHECK(whole == parts);
+}
+
+// ---------------------------------------------------------------- Tensor::uniform, Tensor::normal
+
+TEST_CASE("Tensor::uniform and Tensor::normal: the same seed gives the same values, another seed others") {
+  using petra::Tensor;
+  const Tensor u = Tensor::uniform({10, 100}, 7), n = Tensor::normal({10, 100}, 7);
+  CHECK(u.shape() == petra::Shape{10, 100});
+  CHECK(u.dtype() == petra::DType::f32);
+  CHECK(u.device() == petra::Device::cpu());
+  CHECK(u.to_vector<float>() == Tensor::uniform({10, 100}, 7).to_vector<float>());
+  CHECK(n.to_vector<float>() == Tensor::normal({10, 100}, 7).to_vector<float>());
+  // Element i is element i of the generator's fill, from offset 0 of stream 0.
+  std::vector<float> expected(1000);
+  Philox(7).fill_uniform(expected.data(), expected.size(), -1.0f, 2.0f);
+  CHECK(Tensor::uniform({1000}, 7, -1.0, 2.0).to_vector<float>() == expected);
+  Philox(7).fill_normal(expected.data(), expected.size(), 0.5f, 3.0f);
+  CHECK(Tensor::normal({1000}, 7, 0.5, 3.0).to_vector<float>() == expected);
+  // Another seed: unrelated values (two floats with 24 random bits agree with probability 2^-24).
+  auto count_equal = [](const Tensor& a, const Tensor& b) {
+    const auto x = a.to_vector<float>(), y = b.to_vector<float>();
+    int equal = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) equal += x[i] == y[i];
+    return equal;
+  };
+  CHECK(count_equal(u, Tensor::uniform({10, 100}, 8)) <= 1);
+  CHECK(count_equal(n, Tensor::normal({10, 100}, 8)) <= 1);
+}
+
+TEST_CASE("Tensor::uniform: 1e5 draws lie in [lo, hi) with the mean and variance of U[lo, hi)") {
+  const double lo = -2.0, hi = 3.0;
+  const auto v = petra::Tensor::uniform({100, 1000}, 2025, lo, hi).to_vector<float>();
+  CHECK(*std::min_element(v.begin(), v.end()) >= lo);
+  CHECK(*std::max_element(v.begin(), v.end()) < hi);
+  const Moments m = moments_of(v);
+  // n = 1e5, width 5: standard errors 4.6e-3 for the mean (sqrt(25/12/n)) and 5.9e-3 for the
+  // variance (sqrt((mu4 - sigma^4)/n), mu4 = 5^4/80); the bounds are 5 of them.
+  CHECK(std::abs(m.mean - 0.5) < 0.023);
+  CHECK(std::abs(m.variance - 25.0 / 12.0) < 0.03);
+}
+
+TEST_CASE("Tensor::normal: 1e5 draws have the mean and variance of N(mean, std^2)") {
+  const auto v = petra::Tensor::normal({100000}, 31, 1.5, 2.0).to_vector<float>();
+  const Moments m = moments_of(v);
+  // Standard errors for n = 1e5: mean 2/sqrt(n) = 6.3e-3, variance 4 sqrt(2/n) = 1.8e-2; 5 of them.
+  CHECK(std::abs(m.mean - 1.5) < 0.032);
+  CHECK(std::abs(m.variance - 4.0) < 0.09);
+}
+
+TEST_CASE("Tensor::uniform and Tensor::normal in float64: the float32 draws, widened") {
+  using petra::DType;
+  using petra::Tensor;
+  const Tensor u = Tensor::uniform({3, 333}, 5, 0.0, 1.0, DType::f64);
+  const Tensor n = Tensor::normal({3, 333}, 5, 0.0, 1.0, DType::f64);
+  CHECK(u.dtype() == DType::f64);
+  CHECK(n.dtype() == DType::f64);
+  CHECK(u.to_vector<double>() == Tensor::uniform({3, 333}, 5).to(DType::f64).to_vector<double>());
+  CHECK(n.to_vector<double>() == Tensor::normal({3, 333}, 5).to(DType::f64).to_vector<double>());
+  const auto big = Tensor::normal({100000}, 6, 0.0, 1.0, DType::f64).to_vector<double>();
+  const Moments m = moments_of(std::vector<float>(big.begin(), big.end()));
+  CHECK(std::abs(m.mean) < 0.016);
+  CHECK(std::abs(m.variance - 1.0) < 0.023);
+}
+
+TEST_CASE("Tensor::uniform and Tensor::normal refuse integer dtypes and bad ranges") {
+  using petra::Tensor;
+  CHECK_THROWS_AS(Tensor::uniform({4}, 1, 0.0, 1.0, petra::DType::i64), petra::ValueError);
+  CHECK_THROWS_AS(Tensor::normal({4}, 1, 0.0, 1.0, petra::DType::i32), petra::ValueError);
+  CHECK_THROWS_AS(Tensor::uniform({4}, 1, 1.0, 1.0), petra::ValueError);
+  CHECK_THROWS_AS(Tensor::normal({4}, 1, 0.0, -1.0), petra::ValueError);
 }
