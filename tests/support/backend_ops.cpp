@@ -342,6 +342,19 @@ void add_reductions(std::vector<Case>& t) {
     t.push_back({"broadcast_to", "broadcast_to " + small.str() + " -> " + big.str(),
                  [small](InputMaker& m) { return Inputs{m.uniform(small)}; },
                  [big](const Inputs& x) { return Outputs{{"y", ops::broadcast_to(x[0], big)}}; }, kExact});
+    t.push_back({"sum_to", "sum_to " + big.str() + " -> " + small.str(),
+                 [big](InputMaker& m) { return Inputs{m.uniform(big)}; },
+                 [small](const Inputs& x) { return Outputs{{"y", ops::sum_to(x[0], small)}}; }, kRounding});
+  }
+  // NumPy broadcasting in the binary element-wise ops (shapes aligned on the right).
+  const std::vector<std::pair<Shape, Shape>> pairs = {{{2, 3}, {3}}, {{2, 1, 4}, {3, 1}}, {{1}, {5, 7}},
+                                                      {{4, 3, 5, 5}, {1, 3, 1, 1}}, {{0, 4}, {1, 4}}};
+  for (const auto& [a, b] : pairs) {
+    const auto two = [a, b](InputMaker& m) { return Inputs{m.uniform(a), m.uniform(b)}; };
+    const std::string where = a.str() + " with " + b.str() + " (broadcast)";
+    t.push_back({"add", "add " + where, two, [](const Inputs& x) { return Outputs{{"z", ops::add(x[0], x[1])}}; }, kRounding});
+    t.push_back({"sub", "sub " + where, two, [](const Inputs& x) { return Outputs{{"z", ops::sub(x[0], x[1])}}; }, kRounding});
+    t.push_back({"mul", "mul " + where, two, [](const Inputs& x) { return Outputs{{"z", ops::mul(x[0], x[1])}}; }, kRounding});
   }
 }
 
