@@ -13,10 +13,6 @@
 using namespace petra;
 
 namespace {
-nn::ModelConfig small(const std::string& arch) { return testing::tiny_model_config(arch, 5); }
-Tensor random_images(const Shape& shape, std::uint64_t seed) { return testing::random_tensor(shape, seed, DType::f32); }
-Tensor random_labels(std::int64_t n, std::int64_t classes) { return testing::cyclic_labels(n, classes, 3); }
-
 // Runs `steps` mini-batches (all the same: x, labels) of a synchronous method on the executor, with
 // no optimizer step, so the gradients add up. Returns the head's numbers of the last one.
 pipeline::HeadStats executor_steps(nn::Model& model, pipeline::PipelineMethod method, const Tensor& x,
@@ -36,8 +32,8 @@ pipeline::HeadStats executor_steps(nn::Model& model, pipeline::PipelineMethod me
 TEST_CASE("backprop on the executor is the one-graph reference, bit for bit") {
   for (const std::string arch : {"revnet18", "resnet18"}) {
     CAPTURE(arch);
-    nn::Model a(small(arch)), b(small(arch));
-    const Tensor x = random_images({6, 1, 12, 12}, 3), labels = random_labels(6, 10);
+    nn::Model a(testing::tiny_model_config(arch, 5)), b(testing::tiny_model_config(arch, 5));
+    const Tensor x = testing::random_tensor({6, 1, 12, 12}, 3, DType::f32), labels = testing::cyclic_labels(6, 10, 3);
     const auto ra = pipeline::backprop_step(a, x, labels);
     const auto rb = executor_steps(b, pipeline::PipelineMethod::backprop, x, labels);
     CHECK(ra.loss == rb.loss);
@@ -82,8 +78,8 @@ namespace {
 // Peak bytes a training step allocates on top of what exists before it (parameters, gradients,
 // workspaces: a first step is run to create them).
 std::int64_t step_peak_bytes(const std::string& arch, pipeline::PipelineMethod method) {
-  nn::Model model(small(arch));
-  const Tensor x = random_images({8, 1, 16, 16}, 2), labels = random_labels(8, 10);
+  nn::Model model(testing::tiny_model_config(arch, 5));
+  const Tensor x = testing::random_tensor({8, 1, 16, 16}, 2, DType::f32), labels = testing::cyclic_labels(8, 10, 3);
   pipeline::RuntimeOptions options;
   options.method = method;
   options.apply_updates = false;
