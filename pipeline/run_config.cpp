@@ -2,13 +2,38 @@
 #include "petra/pipeline/run_config.hpp"
 
 #include <algorithm>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "petra/cuda_backend.hpp"
+
 namespace petra::pipeline {
 
+namespace {
+
+// Training runs where it was asked to or not at all: a device that does not exist, or one petra
+// cannot train on yet, is a DeviceError (petra-train: exit 6) naming it and what the machine has.
+void validate_devices(const std::vector<Device>& devices) {
+  std::set<std::string> seen;
+  for (const Device& d : devices) {
+    PETRA_CHECK(seen.insert(d.str()).second, ValueError, "--devices names ", d.str(),
+                " twice: each device is one pipeline worker");
+    if (!d.is_cuda()) continue;
+    const int found = cuda_backend::device_count();
+    PETRA_CHECK(d.index < found, DeviceError, "--devices ", d.str(), ": no such GPU; this machine has ", found,
+                " CUDA device", found == 1 ? "" : "s", " (", cuda_backend::describe(), ")");
+    throw DeviceError(fmt::format("--devices {}: training on a GPU is not supported yet (the models' convolution, "
+                                  "batch norm, pooling and loss have no CUDA kernels); use cpu:N workers",
+                                  d.str()));
+  }
+}
+
+}  // namespace
+
 void validate(const TrainConfig& c) {
+  validate_devices(c.devices);
   PETRA_CHECK(c.epochs >= 0, ValueError, "epochs must be >= 0, got ", c.epochs);
   PETRA_CHECK(c.batch_size >= 1, ValueError, "batch size must be >= 1, got ", c.batch_size);
   PETRA_CHECK(c.accumulation >= 1, ValueError, "accumulation must be >= 1, got ", c.accumulation);

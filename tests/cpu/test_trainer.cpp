@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "petra/pipeline/checkpoint.hpp"
+#include "petra/cuda_backend.hpp"
 #include "petra/pipeline/trainer.hpp"
 #include "tests/support/fixtures.hpp"
 
@@ -253,5 +254,29 @@ TEST_CASE("a pipelined run resumed from a checkpoint, mini-batches in flight, is
     CHECK(resumed.epoch() == 1);
     resumed.run({}, {});
     CHECK(parameters_of(resumed) == parameters_of(straight));
+  }
+}
+
+TEST_CASE("training runs on the devices asked for or not at all: no silent fallback to the CPU") {
+  for (const PipelineMethod method : {PipelineMethod::backprop, PipelineMethod::petra}) {
+    CAPTURE(name_of(method));
+    TrainConfig c = tiny({});
+    c.method = method;
+    c.accumulation = 1;
+    // A GPU index no machine here has: refused, naming the device and what the machine has.
+    c.devices = {Device::parse("cuda:7")};
+    try {
+      Trainer t(c);
+      FAIL("--devices cuda:7 must be refused");
+    } catch (const DeviceError& e) {
+      const std::string message = e.what();
+      CHECK(message.find("cuda:7") != std::string::npos);
+      if (cuda_backend::device_count() <= 7) CHECK(message.find("no such GPU; this machine has") != std::string::npos);
+    }
+    // A GPU that exists (or not): either way no training on the CPU in its place.
+    c.devices = {Device::parse("cuda:0")};
+    CHECK_THROWS_AS(Trainer{c}, DeviceError);
+    c.devices = {Device::parse("cpu:0"), Device::parse("cpu:0")};
+    CHECK_THROWS_AS(Trainer{c}, ValueError);
   }
 }
