@@ -313,6 +313,9 @@ int main(int argc, char** argv) {
   app.add_option("--devices", devices_text, "one worker per device (default cpu:0,cpu:1: two CPU workers; cpu:0 alone "
                  "runs the sequential executor)")
       ->group(pipelining);
+  app.add_option("--message-timeout", c.message_timeout,
+                 "seconds a worker waits for a message before the run fails as stuck (default 600)")
+      ->group(pipelining);
   app.add_option("--threads-per-device", c.threads_per_device, "kernel threads of each worker")
       ->group(pipelining)->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--placement", placement_text, "worker of each stage, e.g. 0,0,0,0,1,1,1,1,1,1 (default: balanced by "

@@ -3,6 +3,8 @@
 #include "petra/pipeline/executor.hpp"
 
 #include <exception>
+
+#include <fmt/format.h>
 #include <thread>
 
 #include "petra/stream.hpp"
@@ -11,9 +13,22 @@ namespace petra::pipeline {
 
 // ---------------------------------------------------------------- channels
 template <class Message>
-Message Channel<Message>::pop(bool wait, std::int64_t microbatch, int stage, const char* what) {
+Message Channel<Message>::pop(bool wait, std::int64_t microbatch, int stage, const char* what,
+                              std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
-  if (wait) arrived_.wait(lock, [&] { return !queue_.empty(); });
+  if (wait) {
+    const auto ready = [&] { return !queue_.empty() || aborted_; };
+    if (timeout == std::chrono::milliseconds::max())
+      arrived_.wait(lock, ready);
+    else if (!arrived_.wait_for(lock, timeout, ready))
+      throw PipelineStuckError(fmt::format(
+          "stage {}: {} of mini-batch {}: no message for {:.0f} s; the pipeline is stuck (the schedule and the "
+          "state in flight disagree, or a worker stopped); --message-timeout sets this deadline",
+          stage, what, microbatch, std::chrono::duration<double>(timeout).count()));
+    if (queue_.empty())  // aborted
+      throw PipelineStuckError(fmt::format("stage {}: {} of mini-batch {}: stopped because another worker failed",
+                                           stage, what, microbatch));
+  }
   PETRA_CHECK(!queue_.empty(), Error, "stage ", stage, ": ", what, " of mini-batch ", microbatch,
               " but no message has arrived (the schedule and the executor disagree)");
   PETRA_CHECK(queue_.front().microbatch == microbatch, Error, "stage ", stage, ": ", what, " of mini-batch ",
@@ -23,12 +38,32 @@ Message Channel<Message>::pop(bool wait, std::int64_t microbatch, int stage, con
   return m;
 }
 
+template <class Message>
+void Channel<Message>::abort() {
+  {
+    std::lock_guard lock(mutex_);
+    aborted_ = true;
+  }
+  arrived_.notify_all();
+}
+
+template <class Message>
+void Channel<Message>::reopen() {
+  std::lock_guard lock(mutex_);
+  aborted_ = false;
+}
+
 template class Channel<ForwardMessage>;
 template class Channel<BackwardMessage>;
 
 // ---------------------------------------------------------------- sequential executor
 SequentialExecutor::SequentialExecutor(nn::Model& model, const RuntimeOptions& options)
-    : to_next_(model.num_stages()), to_previous_(model.num_stages()), last_backward_(model.num_stages(), 0) {
+    : to_next_(model.num_stages()),
+      to_previous_(model.num_stages()),
+      last_backward_(model.num_stages(), 0),
+      message_timeout_(std::chrono::milliseconds(static_cast<std::int64_t>(options.message_timeout_seconds * 1000))) {
+  PETRA_CHECK(options.message_timeout_seconds > 0, ValueError, "executor: the message timeout must be > 0 s, got ",
+              options.message_timeout_seconds);
   const int J = static_cast<int>(model.num_stages());
   for (int j = 0; j < J; ++j) {
     const bool next_keeps = j + 1 < J && keeping(options.method, model.stage(j + 1).kind()).input;
@@ -47,7 +82,7 @@ void SequentialExecutor::execute(const Action& action, bool wait, const BatchSou
         MiniBatch b = batches(m);
         in = {m, std::move(b.images), std::move(b.labels)};
       } else {
-        in = to_next_[j - 1].pop(wait, m, j, "forward");
+        in = to_next_[j - 1].pop(wait, m, j, "forward", message_timeout_);
       }
       if (j == head)
         to_next_[head].push(std::move(in));  // the head's backward, next in this cell, takes it
@@ -62,7 +97,7 @@ void SequentialExecutor::execute(const Action& action, bool wait, const BatchSou
         out = stages_[j]->head_step(to_next_[head].pop(false, m, j, "head step"), stats);
         if (on_head) on_head(stats);
       } else {
-        out = stages_[j]->backward(to_previous_[j].pop(wait, m, j, "backward"));
+        out = stages_[j]->backward(to_previous_[j].pop(wait, m, j, "backward", message_timeout_));
       }
       if (j > 0) to_previous_[j - 1].push(std::move(out));
       last_backward_[j] = m;
@@ -70,6 +105,16 @@ void SequentialExecutor::execute(const Action& action, bool wait, const BatchSou
     }
     case Action::Kind::update: stages_[j]->update(last_backward_[j]); break;
   }
+}
+
+void SequentialExecutor::abort_channels() {
+  for (auto& c : to_next_) c.abort();
+  for (auto& c : to_previous_) c.abort();
+}
+
+void SequentialExecutor::reopen_channels() {
+  for (auto& c : to_next_) c.reopen();
+  for (auto& c : to_previous_) c.reopen();
 }
 
 void SequentialExecutor::execute_cell(const std::vector<Action>& cell, bool wait, const BatchSource& batches,
@@ -129,12 +174,16 @@ void ConcurrentExecutor::run(const Schedule& schedule, std::int64_t first, std::
   check_range(schedule, first, last);
   PETRA_CHECK(is_delayed(schedule.method), ValueError, "concurrent executor: ", name_of(schedule.method),
               " is synchronous; run it with the sequential executor");
+  reopen_channels();
   std::mutex head_mutex;
   const HeadCallback guarded_head = [&](const HeadStats& s) {
     std::lock_guard lock(head_mutex);
     if (on_head) on_head(s);
   };
-  std::vector<std::exception_ptr> errors(workers_.size());
+  // The first failure is the cause; it aborts every channel so that the other workers, which may be
+  // waiting for a message the failed one will never send, stop at once instead of at their deadline.
+  std::mutex error_mutex;
+  std::exception_ptr first_error;
   std::vector<std::thread> threads;
   for (std::size_t w = 0; w < workers_.size(); ++w) {
     threads.emplace_back([&, w] {
@@ -145,13 +194,16 @@ void ConcurrentExecutor::run(const Schedule& schedule, std::int64_t first, std::
           for (int j = 0; j < schedule.stages; ++j)
             if (placement_[j] == static_cast<int>(w)) execute_cell(schedule.cells[t][j], true, batches, guarded_head);
       } catch (...) {
-        errors[w] = std::current_exception();
+        {
+          std::lock_guard lock(error_mutex);
+          if (!first_error) first_error = std::current_exception();
+        }
+        abort_channels();
       }
     });
   }
   for (auto& t : threads) t.join();
-  for (const auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  if (first_error) std::rethrow_exception(first_error);
 }
 
 }  // namespace petra::pipeline

@@ -8,6 +8,7 @@
 // within a step, and at the same time on several workers.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -46,6 +47,9 @@ class SequentialExecutor {
   // Runs one cell: the actions of stage j at one step, in order. wait: block for messages.
   void execute_cell(const std::vector<Action>& cell, bool wait, const BatchSource& batches,
                     const HeadCallback& on_head);
+  // Wakes every waiting worker, which then raises (a worker failed); reopen before the next run.
+  void abort_channels();
+  void reopen_channels();
 
  private:
   void execute(const Action& action, bool wait, const BatchSource& batches, const HeadCallback& on_head);
@@ -54,6 +58,7 @@ class SequentialExecutor {
   std::vector<Channel<ForwardMessage>> to_next_;       // [j]: from stage j to j + 1 (the head's: to itself)
   std::vector<Channel<BackwardMessage>> to_previous_;  // [j]: from stage j + 1 to j
   std::vector<std::int64_t> last_backward_;            // [j]: mini-batch of j's latest backward
+  std::chrono::milliseconds message_timeout_;          // the longest a worker waits for a message
 };
 
 // One worker thread per device; each stage is placed on one worker. A worker runs, step after step,

@@ -8,12 +8,14 @@
 // against the one the schedule expects.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <mutex>
 
+#include "petra/error.hpp"
 #include "petra/tensor.hpp"
 
 namespace petra::pipeline {
@@ -46,10 +48,16 @@ struct HeadStats {
 };
 using HeadCallback = std::function<void(const HeadStats&)>;
 
-// A FIFO of messages between two neighbouring stages. pop(wait = true) blocks until a message is
-// there (concurrent executor); pop(wait = false) raises if none is (sequential executor: a missing
-// message means the schedule and the executor disagree). Either way the message popped must be the
-// expected mini-batch's.
+// A FIFO of messages between two neighbouring stages. pop(wait = false) raises if no message is
+// there (sequential executor: a missing message means the schedule and the executor disagree).
+// pop(wait = true) blocks (concurrent executor), but never for ever: it raises PipelineStuckError
+// after `timeout` without a message, and as soon as the channel is aborted (another worker
+// failed). Either way the message popped must be the expected mini-batch's.
+class PipelineStuckError : public Error {
+ public:
+  using Error::Error;
+};
+
 template <class Message>
 class Channel {
  public:
@@ -60,7 +68,11 @@ class Channel {
     }
     arrived_.notify_one();
   }
-  Message pop(bool wait, std::int64_t microbatch, int stage, const char* what);
+  Message pop(bool wait, std::int64_t microbatch, int stage, const char* what,
+              std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
+  // Wakes every waiting pop, which then raises; reopen() undoes it (before the next run).
+  void abort();
+  void reopen();
   // The messages waiting, oldest first (between runs only: no lock is taken).
   const std::deque<Message>& pending() const { return queue_; }
 
@@ -68,6 +80,7 @@ class Channel {
   std::mutex mutex_;
   std::condition_variable arrived_;
   std::deque<Message> queue_;
+  bool aborted_ = false;
 };
 
 extern template class Channel<ForwardMessage>;

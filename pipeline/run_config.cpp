@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -40,6 +41,14 @@ void validate(const TrainConfig& c) {
   PETRA_CHECK(c.lr >= 0, ValueError, "learning rate must be >= 0, got ", c.lr);
   PETRA_CHECK(c.weight_decay >= 0, ValueError, "weight decay must be >= 0, got ", c.weight_decay);
   PETRA_CHECK(c.threads >= 0, ValueError, "threads must be >= 0, got ", c.threads);
+  // More threads than a few per core is a typo, not a setting: OpenMP would oversubscribe the machine.
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  PETRA_CHECK(c.threads <= 4 * cores, ValueError, "--threads ", c.threads, " but this machine has ", cores,
+              " cores (at most ", 4 * cores, ")");
+  PETRA_CHECK(c.threads_per_device <= 4 * cores, ValueError, "--threads-per-device ", c.threads_per_device,
+              " but this machine has ", cores, " cores (at most ", 4 * cores, ")");
+  PETRA_CHECK(c.max_steps >= -1, ValueError, "--max-steps must be >= 0 (or -1: no limit), got ", c.max_steps);
+  PETRA_CHECK(c.message_timeout > 0, ValueError, "--message-timeout must be > 0 seconds, got ", c.message_timeout);
   PETRA_CHECK(!c.resume || !c.checkpoint_dir.empty(), ValueError, "--resume needs --checkpoint-dir");
   PETRA_CHECK(c.threads_per_device >= 1, ValueError, "threads per device must be >= 1");
   PETRA_CHECK(c.track_gradient_quality >= 0, ValueError, "--track-gradient-quality must be >= 0");

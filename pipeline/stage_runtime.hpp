@@ -65,6 +65,9 @@ struct RuntimeOptions {
   // Spike compensation of the delayed methods' momentum (not in the PETRA paper; docs/petra.md,
   // "Delay compensation"): stage j's SGD treats its gradients as 2(J-1-j)/k updates late.
   bool delay_compensation = false;
+  // The concurrent executor's deadline for a message (a stuck pipeline becomes PipelineStuckError
+  // naming the stage, the action and the mini-batch); far above any stage's cost.
+  double message_timeout_seconds = 600;
 };
 
 // How many updates of stage `index` (of `stages`) separate the parameters a gradient was computed

@@ -99,6 +99,7 @@ void Trainer::build_schedule_and_executor() {
   options.track_reconstruction = config_.track_reconstruction;
   options.statistics_pass = config_.bn_statistics;
   options.delay_compensation = config_.delay_compensation;
+  options.message_timeout_seconds = config_.message_timeout;
   // A synchronous step has nothing to overlap: it runs on the sequential executor whatever the devices.
   if (config_.devices.size() <= 1 || !is_delayed(config_.method)) {
     executor_ = std::make_unique<SequentialExecutor>(*model_, options);

@@ -2,7 +2,9 @@
 // method's per-stage gradients equal exact backprop's; what each stage keeps, measured.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "petra/stream.hpp"
 #include "petra/pipeline/backprop_reference.hpp"
@@ -249,4 +251,47 @@ TEST_CASE("delay compensation: stage j's gradients count as 2(J-1-j)/k updates l
   nn::Model initial(small_revnet());
   CHECK(head[0] != initial.stage(initial.num_stages() - 1).parameters()[0].data().to_vector<float>());  // it moved
   CHECK(testing::relative_error(first_stage[1], first_stage[0]) > 1e-4);
+}
+
+TEST_CASE("a worker never waits for ever: a missing message is a PipelineStuckError naming the stage, the action "
+          "and the mini-batch; a failing worker stops the others at once") {
+  Channel<ForwardMessage> channel;
+  try {
+    channel.pop(/*wait=*/true, 7, 3, "forward", std::chrono::milliseconds(50));
+    FAIL("pop must give up after its deadline");
+  } catch (const PipelineStuckError& e) {
+    const std::string message = e.what();
+    CHECK(message.find("stage 3: forward of mini-batch 7: no message for") != std::string::npos);
+  }
+  // abort() wakes a waiting pop at once, whatever its deadline.
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    channel.abort();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(channel.pop(true, 8, 3, "forward", std::chrono::milliseconds(60000)), PipelineStuckError);
+  aborter.join();
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+
+  // Two workers; the data source fails at mini-batch 3 on worker 0. Worker 1 waits for messages
+  // worker 0 will never send: the run must end with worker 0's error, long before the deadline.
+  nn::Model model(small_revnet());
+  RuntimeOptions options;
+  options.method = PipelineMethod::petra;
+  options.message_timeout_seconds = 120;
+  ConcurrentExecutor executor(model, options, {{Device::cpu(0), 1}, {Device::cpu(1), 1}},
+                              {0, 0, 0, 0, 0, 1, 1, 1, 1, 1});
+  const auto grid = make_schedule(PipelineMethod::petra, static_cast<int>(model.num_stages()), 8, 1, true);
+  const BatchSource failing = [](std::int64_t m) {
+    if (m == 3) throw IOError("the data source failed at mini-batch 3");
+    return make_batch(m);
+  };
+  const auto begin = std::chrono::steady_clock::now();
+  try {
+    executor.run(grid, 0, grid.steps, failing, {});
+    FAIL("the run must fail");
+  } catch (const IOError& e) {
+    CHECK(std::string(e.what()).find("mini-batch 3") != std::string::npos);  // the cause, not a stuck worker
+  }
+  CHECK(std::chrono::steady_clock::now() - begin < std::chrono::seconds(30));
 }
