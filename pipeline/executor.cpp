@@ -82,12 +82,12 @@ void SequentialExecutor::execute(const Action& action, bool wait, const BatchSou
         MiniBatch b = batches(m);
         in = {m, std::move(b.images), std::move(b.labels)};
       } else {
-        in = to_next_[j - 1].pop(wait, m, j, "forward", message_timeout_);
+        in = receive_forward(j, m, wait);
       }
       if (j == head)
         to_next_[head].push(std::move(in));  // the head's backward, next in this cell, takes it
       else
-        to_next_[j].push(stages_[j]->forward(std::move(in)));
+        send_forward(j, stages_[j]->forward(std::move(in)));
       break;
     }
     case Action::Kind::backward: {
@@ -97,15 +97,27 @@ void SequentialExecutor::execute(const Action& action, bool wait, const BatchSou
         out = stages_[j]->head_step(to_next_[head].pop(false, m, j, "head step"), stats);
         if (on_head) on_head(stats);
       } else {
-        out = stages_[j]->backward(to_previous_[j].pop(wait, m, j, "backward", message_timeout_));
+        out = stages_[j]->backward(receive_backward(j, m, wait));
       }
-      if (j > 0) to_previous_[j - 1].push(std::move(out));
+      if (j > 0) send_backward(j, std::move(out));
       last_backward_[j] = m;
       break;
     }
     case Action::Kind::update: stages_[j]->update(last_backward_[j]); break;
   }
 }
+
+ForwardMessage SequentialExecutor::receive_forward(int j, std::int64_t microbatch, bool wait) {
+  return to_next_[j - 1].pop(wait, microbatch, j, "forward", message_timeout_);
+}
+
+void SequentialExecutor::send_forward(int j, ForwardMessage message) { to_next_[j].push(std::move(message)); }
+
+BackwardMessage SequentialExecutor::receive_backward(int j, std::int64_t microbatch, bool wait) {
+  return to_previous_[j].pop(wait, microbatch, j, "backward", message_timeout_);
+}
+
+void SequentialExecutor::send_backward(int j, BackwardMessage message) { to_previous_[j - 1].push(std::move(message)); }
 
 void SequentialExecutor::abort_channels() {
   for (auto& c : to_next_) c.abort();

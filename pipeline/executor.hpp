@@ -47,6 +47,15 @@ class SequentialExecutor {
   // Runs one cell: the actions of stage j at one step, in order. wait: block for messages.
   void execute_cell(const std::vector<Action>& cell, bool wait, const BatchSource& batches,
                     const HeadCallback& on_head);
+  // The transport between neighbouring stages: stage j receives its input from j - 1 and sends its
+  // output to j + 1; it receives (input, gradient) from j + 1 and sends its own down to j - 1. Here
+  // the in-process channels; an executor whose stages live in several processes sends and receives
+  // the messages of stages on other processes instead (pipeline/mpi_executor.hpp).
+  virtual ForwardMessage receive_forward(int j, std::int64_t microbatch, bool wait);
+  virtual void send_forward(int j, ForwardMessage message);
+  virtual BackwardMessage receive_backward(int j, std::int64_t microbatch, bool wait);
+  virtual void send_backward(int j, BackwardMessage message);
+  std::chrono::milliseconds message_timeout() const { return message_timeout_; }
   // Wakes every waiting worker, which then raises (a worker failed); reopen before the next run.
   void abort_channels();
   void reopen_channels();

@@ -1,0 +1,237 @@
+// pipeline/mpi_executor.cpp: stages on several processes, messages between them over MPI.
+#include "petra/pipeline/mpi_executor.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <span>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "petra/allocator.hpp"
+#include "petra/stream.hpp"
+
+namespace petra::pipeline {
+
+namespace {
+
+constexpr int kHeaderSize = 18;   // kind, mini-batch, then (dtype, rank, 6 dims) per tensor
+constexpr int kMaxDims = 6;
+constexpr int kTagPerKind = 4096;  // tag = kind * 4096 + receiving stage
+
+void check_mpi(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw Error(fmt::format("{} failed: {}", call, std::string(text, static_cast<std::size_t>(length))));
+}
+
+// Writes (dtype, rank, dims) of t, or (-1, -1, ...) for an undefined tensor, at header[at].
+void describe_tensor(const Tensor& t, std::vector<std::int64_t>& header, int at) {
+  if (!t.defined()) {
+    header[at] = header[at + 1] = -1;
+    return;
+  }
+  PETRA_CHECK(t.shape().ndim() <= kMaxDims, ShapeError, "mpi executor: tensor ", t.str(), " has more than ",
+              kMaxDims, " dims");
+  header[at] = static_cast<std::int64_t>(t.dtype());
+  header[at + 1] = static_cast<std::int64_t>(t.shape().ndim());
+  for (std::size_t d = 0; d < t.shape().ndim(); ++d) header[at + 2 + d] = t.shape()[d];
+}
+
+std::int64_t bytes_of(const Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<std::int64_t>(size_of(t.dtype())) : 0;
+}
+
+}  // namespace
+
+std::vector<int> MpiExecutor::even_placement(int stages, int ranks) {
+  PETRA_CHECK(ranks >= 1 && ranks <= stages, ValueError, "mpi executor: ", ranks, " processes for ", stages,
+              " stages; each process needs at least one stage");
+  std::vector<int> placement(static_cast<std::size_t>(stages));
+  for (int j = 0; j < stages; ++j)
+    placement[static_cast<std::size_t>(j)] = static_cast<int>(static_cast<std::int64_t>(j) * ranks / stages);
+  return placement;
+}
+
+MpiExecutor::MpiExecutor(nn::Model& model, const RuntimeOptions& options, std::vector<int> rank_of_stage,
+                         MPI_Comm comm)
+    : SequentialExecutor(model, options), rank_of_stage_(std::move(rank_of_stage)), comm_(comm) {
+  check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(comm_, &ranks_), "MPI_Comm_size");
+  PETRA_CHECK(rank_of_stage_.size() == model.num_stages(), ValueError, "mpi executor: placement of ",
+              rank_of_stage_.size(), " stages for a model of ", model.num_stages());
+  PETRA_CHECK(model.num_stages() < kTagPerKind, ValueError, "mpi executor: at most ", kTagPerKind - 1, " stages");
+  for (std::size_t j = 0; j < rank_of_stage_.size(); ++j) {
+    const int r = rank_of_stage_[j];
+    PETRA_CHECK(0 <= r && r < ranks_, ValueError, "mpi executor: stage ", j, " on rank ", r, " of ", ranks_);
+    PETRA_CHECK(j == 0 || r == rank_of_stage_[j - 1] || r == rank_of_stage_[j - 1] + 1, ValueError,
+                "mpi executor: the stages of a rank must be contiguous and in rank order (stage ", j, " on rank ", r,
+                " after rank ", rank_of_stage_[j - 1], ")");
+  }
+  PETRA_CHECK(rank_of_stage_.front() == 0 && rank_of_stage_.back() == ranks_ - 1, ValueError,
+              "mpi executor: every one of the ", ranks_, " ranks needs a stage");
+}
+
+MpiExecutor::~MpiExecutor() {
+  for (PendingSend& p : pending_) MPI_Waitall(3, p.requests, MPI_STATUSES_IGNORE);
+}
+
+void MpiExecutor::run(const Schedule& schedule, std::int64_t first, std::int64_t last, const BatchSource& batches,
+                      const HeadCallback& on_head) {
+  check_range(schedule, first, last);
+  PETRA_CHECK(is_delayed(schedule.method), ValueError, "mpi executor: ", name_of(schedule.method),
+              " is synchronous; its stages cannot overlap across processes");
+  for (std::int64_t t = first; t < last; ++t) {
+    for (int j = 0; j < schedule.stages; ++j)
+      if (hosts(j)) execute_cell(schedule.cells[static_cast<std::size_t>(t)][static_cast<std::size_t>(j)], true,
+                                 batches, on_head);
+    complete_finished_sends();
+  }
+}
+
+void MpiExecutor::complete_finished_sends() {
+  while (!pending_.empty()) {
+    int done = 0;
+    check_mpi(MPI_Testall(3, pending_.front().requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    if (!done) return;
+    pending_.pop_front();
+  }
+}
+
+void MpiExecutor::send(int to_stage, Kind kind, std::int64_t microbatch, const Tensor& first, const Tensor& second) {
+  const int destination = rank_of_stage_[static_cast<std::size_t>(to_stage)];
+  const int tag = kind * kTagPerKind + to_stage;
+  PendingSend& p = pending_.emplace_back();
+  p.header.assign(kHeaderSize, 0);
+  p.header[0] = kind;
+  p.header[1] = microbatch;
+  describe_tensor(first, p.header, 2);
+  describe_tensor(second, p.header, 2 + 2 + kMaxDims);
+  p.first = first.defined() ? first.contiguous() : Tensor();
+  p.second = second.defined() ? second.contiguous() : Tensor();
+  check_mpi(MPI_Isend(p.header.data(), kHeaderSize, MPI_INT64_T, destination, tag, comm_, &p.requests[0]), "MPI_Isend");
+  const auto send_bytes = [&](const Tensor& t, MPI_Request* request) {
+    void* data = t.defined() ? t.raw_data() : nullptr;
+    check_mpi(MPI_Isend(data, static_cast<int>(bytes_of(t)), MPI_BYTE, destination, tag, comm_, request), "MPI_Isend");
+  };
+  send_bytes(p.first, &p.requests[1]);
+  send_bytes(p.second, &p.requests[2]);
+}
+
+std::pair<Tensor, Tensor> MpiExecutor::receive(int to_stage, int from_stage, Kind kind, std::int64_t microbatch,
+                                               MemoryTag memory_tag, int owner) {
+  const int source = rank_of_stage_[static_cast<std::size_t>(from_stage)];
+  const int tag = kind * kTagPerKind + to_stage;
+  const char* what = kind == kForward ? "forward" : "backward";
+  // Wait for the header with a deadline, driving MPI's progress meanwhile.
+  const auto deadline = std::chrono::steady_clock::now() + message_timeout();
+  for (int arrived = 0;;) {
+    check_mpi(MPI_Iprobe(source, tag, comm_, &arrived, MPI_STATUS_IGNORE), "MPI_Iprobe");
+    if (arrived) break;
+    complete_finished_sends();
+    if (std::chrono::steady_clock::now() > deadline)
+      throw PipelineStuckError(fmt::format(
+          "stage {} (rank {}): {} of mini-batch {}: no message from rank {} for {:.0f} s; the pipeline is stuck "
+          "(a process stopped, or the schedules disagree)",
+          to_stage, rank_, what, microbatch, source, std::chrono::duration<double>(message_timeout()).count()));
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  std::vector<std::int64_t> header(kHeaderSize);
+  MPI_Status status;
+  check_mpi(MPI_Recv(header.data(), kHeaderSize, MPI_INT64_T, source, tag, comm_, &status), "MPI_Recv");
+  int count = 0;
+  MPI_Get_count(&status, MPI_INT64_T, &count);
+  // Everything the header says is checked before anything is allocated; whatever is wrong, both
+  // payloads are still received (into a sink), so the sender is never left blocked on them.
+  std::string wrong;
+  if (count != kHeaderSize)
+    wrong = fmt::format("a header of {} values, expected {}", count, kHeaderSize);
+  else if (header[0] != kind)
+    wrong = fmt::format("kind {}, expected {}", header[0], static_cast<int>(kind));
+  else if (header[1] != microbatch)
+    wrong = fmt::format("it carries mini-batch {}", header[1]);
+  std::vector<Shape> shapes(2);
+  std::vector<std::int64_t> dtypes(2, -1);
+  for (int i = 0; i < 2 && wrong.empty(); ++i) {
+    const std::int64_t* d = &header[static_cast<std::size_t>(2 + i * (2 + kMaxDims))];
+    dtypes[static_cast<std::size_t>(i)] = d[0];
+    if (d[0] < 0) continue;  // an undefined tensor
+    if (d[0] > static_cast<std::int64_t>(DType::u8) || d[1] < 0 || d[1] > kMaxDims) {
+      wrong = fmt::format("tensor {}: dtype {} rank {}", i, d[0], d[1]);
+      break;
+    }
+    std::int64_t numel = 1;
+    for (std::int64_t k = 0; k < d[1]; ++k) {
+      const std::int64_t n = d[2 + k];
+      if (n < 0 || (n > 0 && numel > (std::int64_t{1} << 40) / n)) wrong = fmt::format("tensor {}: a dimension of {}", i, n);
+      numel *= std::max<std::int64_t>(n, 0);
+    }
+    shapes[static_cast<std::size_t>(i)] = Shape(std::span<const std::int64_t>(d + 2, static_cast<std::size_t>(d[1])));
+  }
+  std::pair<Tensor, Tensor> tensors;
+  for (int i = 0; i < 2; ++i) {
+    check_mpi(MPI_Probe(source, tag, comm_, &status), "MPI_Probe");
+    MPI_Get_count(&status, MPI_BYTE, &count);
+    Tensor& t = i == 0 ? tensors.first : tensors.second;
+    const std::int64_t dtype = dtypes[static_cast<std::size_t>(i)];
+    if (wrong.empty() && dtype >= 0) {
+      const std::int64_t expected = shapes[static_cast<std::size_t>(i)].numel() *
+                                    static_cast<std::int64_t>(size_of(static_cast<DType>(dtype)));
+      if (count == expected) {
+        MemoryScope scope(i == 0 || kind == kBackward ? memory_tag : MemoryTag::messages, owner);
+        t = Tensor::empty(shapes[static_cast<std::size_t>(i)], static_cast<DType>(dtype));
+      } else {
+        wrong = fmt::format("tensor {}: {} bytes, the header says {}", i, count, expected);
+      }
+    } else if (wrong.empty() && count != 0) {
+      wrong = fmt::format("tensor {}: {} bytes for an undefined tensor", i, count);
+    }
+    std::vector<char> sink(t.defined() ? 0 : static_cast<std::size_t>(count));
+    check_mpi(MPI_Recv(t.defined() ? t.raw_data() : sink.data(), count, MPI_BYTE, source, tag, comm_, MPI_STATUS_IGNORE),
+              "MPI_Recv");
+  }
+  if (!wrong.empty())
+    throw Error(fmt::format("stage {} (rank {}): {} of mini-batch {}: malformed message from rank {}: {}", to_stage,
+                            rank_, what, microbatch, source, wrong));
+  return tensors;
+}
+
+ForwardMessage MpiExecutor::receive_forward(int j, std::int64_t microbatch, bool wait) {
+  if (hosts(j - 1)) return SequentialExecutor::receive_forward(j, microbatch, wait);
+  // Tagged as the sender's forward tags it: the input buffer of j when j keeps its inputs.
+  const bool kept = stage(static_cast<std::size_t>(j)).keeps_input();
+  auto [activation, labels] =
+      receive(j, j - 1, kForward, microbatch, kept ? MemoryTag::input_buffer : MemoryTag::messages, kept ? j : j - 1);
+  return {microbatch, std::move(activation), std::move(labels)};
+}
+
+void MpiExecutor::send_forward(int j, ForwardMessage message) {
+  if (hosts(j + 1)) return SequentialExecutor::send_forward(j, std::move(message));
+  send(j + 1, kForward, message.microbatch, message.activation, message.labels);
+}
+
+BackwardMessage MpiExecutor::receive_backward(int j, std::int64_t microbatch, bool wait) {
+  if (hosts(j + 1)) return SequentialExecutor::receive_backward(j, microbatch, wait);
+  auto [input, gradient] = receive(j, j + 1, kBackward, microbatch, MemoryTag::messages, j + 1);
+  return {microbatch, std::move(input), std::move(gradient)};
+}
+
+void MpiExecutor::send_backward(int j, BackwardMessage message) {
+  if (hosts(j - 1)) return SequentialExecutor::send_backward(j, std::move(message));
+  send(j - 1, kBackward, message.microbatch, message.input, message.gradient);
+}
+
+void MpiExecutor::broadcast_parameters(nn::Model& model) {
+  for (std::size_t j = 0; j < model.num_stages(); ++j) {
+    const int root = rank_of_stage_[j];
+    for (const auto& p : model.stage(j).parameters()) {
+      const Tensor& data = p.data();
+      check_mpi(MPI_Bcast(data.raw_data(), static_cast<int>(bytes_of(data)), MPI_BYTE, root, comm_), "MPI_Bcast");
+    }
+  }
+}
+
+}  // namespace petra::pipeline

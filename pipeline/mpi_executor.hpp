@@ -1,0 +1,79 @@
+// pipeline/mpi_executor.hpp: a schedule run by several processes, each hosting a contiguous group of
+// stages; the messages between stages of different processes travel over MPI.
+//
+// Every process builds the same model (same seed) and the same schedule, and runs, step after step,
+// the cells of its own stages in increasing stage order, exactly as a worker of the concurrent
+// executor does. A message to a stage of the same process goes through the in-process channel; one
+// to another process is sent with MPI_Isend (so two neighbours sending to each other in the same
+// step never block each other) and received with a blocking receive that has a deadline. So on the
+// CPU the parameters of every stage are bit-identical to the sequential executor's.
+//
+// Wire format of one message (two tensors: activation and labels going up, input and gradient going
+// down): a header of 18 int64 [kind, mini-batch, then per tensor: dtype, rank, 6 dims] followed by
+// each tensor's bytes, all with the MPI tag kind * 4096 + receiving stage. MPI keeps messages of one
+// (source, tag) in order, so each neighbour pair is a FIFO, as a channel. The receiver checks the
+// kind, the mini-batch id the schedule expects and every size, and a mismatch is an Error naming
+// the stage, the mini-batch and what differs: never a crash or a silent mix-up.
+//
+// The labels travel with the activations up to the head (the choice of the in-process executors
+// too), so only the first stage's process reads data.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "petra/pipeline/executor.hpp"
+
+namespace petra::pipeline {
+
+class MpiExecutor : public SequentialExecutor {
+ public:
+  // rank_of_stage[j]: the process (rank of `comm`) that hosts stage j; contiguous and covering
+  // every rank of `comm`. The communicator is borrowed: MPI must stay initialised while this lives.
+  MpiExecutor(nn::Model& model, const RuntimeOptions& options, std::vector<int> rank_of_stage,
+              MPI_Comm comm = MPI_COMM_WORLD);
+  // Waits for the sends still in flight (a complete schedule has had them all received).
+  ~MpiExecutor() override;
+
+  // Executes steps [first, last) of `schedule` for this process's stages.
+  void run(const Schedule& schedule, std::int64_t first, std::int64_t last, const BatchSource& batches,
+           const HeadCallback& on_head) override;
+
+  int rank() const { return rank_; }
+  bool hosts(int stage) const { return rank_of_stage_.at(static_cast<std::size_t>(stage)) == rank_; }
+
+  // Stage j's parameters, from the rank that hosts it to every rank (collective: call it on all).
+  void broadcast_parameters(nn::Model& model);
+
+  // Contiguous groups of stages balanced by count: stage j -> rank floor(j * ranks / J).
+  static std::vector<int> even_placement(int stages, int ranks);
+
+ protected:
+  ForwardMessage receive_forward(int j, std::int64_t microbatch, bool wait) override;
+  void send_forward(int j, ForwardMessage message) override;
+  BackwardMessage receive_backward(int j, std::int64_t microbatch, bool wait) override;
+  void send_backward(int j, BackwardMessage message) override;
+
+ private:
+  struct PendingSend {
+    std::vector<std::int64_t> header;
+    Tensor first, second;  // kept alive until MPI has sent their bytes
+    MPI_Request requests[3];
+  };
+  enum Kind : int { kForward = 0, kBackward = 1 };
+  void send(int to_stage, Kind kind, std::int64_t microbatch, const Tensor& first, const Tensor& second);
+  // Receives the message of `kind` for stage `to_stage` from stage `from_stage`'s process; checks it.
+  std::pair<Tensor, Tensor> receive(int to_stage, int from_stage, Kind kind, std::int64_t microbatch,
+                                    MemoryTag tag, int owner);
+  void complete_finished_sends();
+
+  std::vector<int> rank_of_stage_;
+  MPI_Comm comm_;
+  int rank_ = 0, ranks_ = 1;
+  std::deque<PendingSend> pending_;
+};
+
+}  // namespace petra::pipeline

@@ -1,0 +1,133 @@
+// tests/mpi/test_mpi.cpp: stages spread over MPI processes train exactly as in one process.
+//
+// Run with mpirun (tests/meson.build does, with 2 and 4 processes):
+//   mpirun --allow-run-as-root --oversubscribe -np 2 build/tests/test-mpi
+// Every process builds the same small RevNet18 (J = 10 stages) and runs a drained PETRA, DSP and
+// PipeDream schedule of 8 mini-batches with SGD (the parameters move), hosting a contiguous group of
+// stages. Then the stages' parameters are broadcast from their hosts, and rank 0 trains the same
+// schedule alone with the sequential executor: every parameter must be equal bit for bit. Rank 0
+// also sends a malformed message (the wrong mini-batch id) to rank 1, which must refuse it with an
+// Error naming the stage and the mini-batch. Exit status 0 when everything holds on every rank.
+#include <mpi.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "petra/pipeline/executor.hpp"
+#include "petra/pipeline/mpi_executor.hpp"
+#include "petra/stream.hpp"
+#include "tests/support/fixtures.hpp"
+
+namespace {
+
+using namespace petra;
+using namespace petra::pipeline;
+
+nn::ModelConfig model_config() { return testing::tiny_model_config("revnet18", 11); }
+
+MiniBatch batch(std::int64_t m) { return testing::random_batch({4, 1, 12, 12}, 100 + m, 10, 3 * m); }
+
+RuntimeOptions options_for(PipelineMethod method) {
+  RuntimeOptions o;
+  o.method = method;
+  o.optimizer_options.momentum = 0.9;
+  o.schedule.base_lr = 0.05;
+  o.message_timeout_seconds = 60;  // a broken transport fails the test instead of hanging it
+  return o;
+}
+
+std::vector<std::vector<float>> parameters_of(const nn::Model& model) {
+  std::vector<std::vector<float>> values;
+  for (const auto& p : model.parameters()) values.push_back(p.data().to_vector<float>());
+  return values;
+}
+
+// True when the distributed run equals the single-process one, bit for bit (decided on rank 0).
+bool distributed_equals_sequential(PipelineMethod method, int rank, int ranks) {
+  const std::int64_t batches = 8;
+  nn::Model distributed(model_config());
+  const int J = static_cast<int>(distributed.num_stages());
+  const Schedule grid = make_schedule(method, J, batches, 1, /*drain=*/true);
+  {
+    MpiExecutor executor(distributed, options_for(method), MpiExecutor::even_placement(J, ranks));
+    executor.run(grid, 0, grid.steps / 2, batch, {});  // two run() calls: the state in flight carries over
+    executor.run(grid, grid.steps / 2, grid.steps, batch, {});
+    executor.broadcast_parameters(distributed);
+  }
+  int equal = 1;
+  if (rank == 0) {
+    nn::Model alone(model_config());
+    SequentialExecutor executor(alone, options_for(method));
+    executor.run(grid, 0, grid.steps, batch, {});
+    equal = parameters_of(alone) == parameters_of(distributed) ? 1 : 0;
+    std::printf("%s on %d processes: parameters %s the single-process run's\n", std::string(name_of(method)).c_str(),
+                ranks, equal ? "equal, bit for bit," : "DIFFER from");
+  }
+  MPI_Bcast(&equal, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return equal == 1;
+}
+
+// Rank 0 plays stage 4 and sends stage 5 (on rank 1) the message of mini-batch 9 where the
+// schedule expects mini-batch 2: rank 1 must refuse it, naming both.
+bool malformed_message_is_refused(int rank, int ranks) {
+  if (ranks < 2) return true;
+  nn::Model model(model_config());
+  const int J = static_cast<int>(model.num_stages());
+  std::vector<int> placement(static_cast<std::size_t>(J), 1);
+  for (int j = 0; j < 5; ++j) placement[static_cast<std::size_t>(j)] = 0;
+  for (int j = 5; j < J; ++j) placement[static_cast<std::size_t>(j)] = ranks - 1;
+  MPI_Comm pair;
+  MPI_Comm_split(MPI_COMM_WORLD, rank == 0 || rank == ranks - 1 ? 0 : MPI_UNDEFINED, rank, &pair);
+  int ok = 1;
+  if (pair != MPI_COMM_NULL) {
+    for (int& r : placement) r = r == 0 ? 0 : 1;
+    MpiExecutor executor(model, options_for(PipelineMethod::petra), placement, pair);
+    Schedule one_forward{PipelineMethod::petra, J, 1, 1, 10, {}};
+    one_forward.cells.assign(1, std::vector<std::vector<Action>>(static_cast<std::size_t>(J)));
+    if (executor.rank() == 0) {
+      one_forward.cells[0][4] = {{Action::Kind::forward, 4, 9}};
+      // Stage 4 needs its input from stage 3 (same rank): put it there through stages 0..3.
+      for (int j = 0; j < 4; ++j) one_forward.cells[0][static_cast<std::size_t>(j)] = {{Action::Kind::forward, j, 9}};
+      executor.run(one_forward, 0, 1, batch, {});
+    } else {
+      one_forward.cells[0][5] = {{Action::Kind::forward, 5, 2}};
+      try {
+        executor.run(one_forward, 0, 1, batch, {});
+        ok = 0;
+        std::printf("a message of the wrong mini-batch was accepted\n");
+      } catch (const Error& e) {
+        const std::string message = e.what();
+        ok = message.find("stage 5") != std::string::npos && message.find("mini-batch 2") != std::string::npos &&
+             message.find("carries mini-batch 9") != std::string::npos;
+        std::printf("malformed message refused: %s\n", e.what());
+      }
+    }
+    MPI_Comm_free(&pair);
+  }
+  int all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  Stream::current().set_num_threads(1);  // the reference runs with one kernel thread too
+  int failures = 0;
+  try {
+    for (PipelineMethod method : {PipelineMethod::petra, PipelineMethod::dsp, PipelineMethod::pipedream})
+      if (!distributed_equals_sequential(method, rank, ranks)) ++failures;
+    if (!malformed_message_is_refused(rank, ranks)) ++failures;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  if (rank == 0) std::printf("%s (%d processes)\n", failures == 0 ? "all checks passed" : "FAILED", ranks);
+  MPI_Finalize();
+  return failures == 0 ? 0 : 1;
+}
