@@ -8,8 +8,11 @@
 // grid-stride loop, across sample boundaries. Guard elements after every output must not change.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "petra/kernels/common.hpp"
@@ -67,8 +70,8 @@ void check(const char* name, const Op& ref_op, const Op& emulated_op) {
         emulated_op(s, shape, in.data() + offset, h.data() + offset, out.data() + offset);
         const std::vector<float> got = out.values();
 
-        INFO(name, ": shape N=", shape.batch, " C=", shape.channels, " H=", shape.height,
-             " W=", shape.width, " offset=", offset, " grid cap=", cap);
+        INFO(std::string(name), ": shape N=", shape.batch, " C=", shape.channels,
+             " H=", shape.height, " W=", shape.width, " offset=", offset, " grid cap=", cap);
         CHECK_MESSAGE(bit_differences(got, expected).empty(), bit_differences(got, expected));
         const std::int64_t size = shape.stream_size();
         const bool vectors = size % 4 == 0 && offset == 0;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "petra/kernels/common.hpp"
@@ -65,7 +66,7 @@ void check(const Case& c) {
         c.emulated_op(s, n, a.data() + offset, b.data() + offset, out.data() + offset);
         const std::vector<float> got = out.values();
 
-        INFO(c.name, ": n=", n, " offset=", offset, " grid cap=", cap);
+        INFO(std::string(c.name), ": n=", n, " offset=", offset, " grid cap=", cap);
         if (c.exact) {
           CHECK_MESSAGE(bit_differences(got, expected).empty(), bit_differences(got, expected));
         } else {
