@@ -35,7 +35,8 @@
 //     grid or block with a zero dimension, grid.y or grid.z above 65535, more than 48 KB of dynamic
 //     shared memory without cudaFuncSetAttribute(kernel,
 //     cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), or more than the opt-in (at most
-//     227 KB, an H100/H200);
+//     227 KB, an H100/H200). (A GPU counts static __shared__ arrays into the 48 KB too; the
+//     emulation cannot see their size, nvcc refuses them alone above 48 KB.)
 //   - __syncthreads that not every thread of the block reaches: a thread returned while others wait
 //     at it or before others reach it, or threads wait at different __syncthreads (on a GPU: a hang
 //     or a barrier that lets the block through unsynchronised);
