@@ -23,7 +23,7 @@
 //   rsqrtf rsqrt __expf __logf __log2f __powf __sinf __cosf __tanf __fdividef __frcp_rn
 //     __fsqrt_rn __frsqrt_rn __fadd_rn __fsub_rn __fmul_rn __fdiv_rn __fmaf_rn __saturatef
 //     __float_as_int __int_as_float __float_as_uint __uint_as_float __popc __popcll __clz __ffs
-//     __ldg min max, and everything of <cmath> (fmaf, fmaxf, expf, sqrtf, ...)
+//     __ldg min max (both arguments of one type), and <cmath> (fmaf, fmaxf, expf, sqrtf, ...)
 //   runtime calls: cudaGetLastError cudaPeekAtLastError cudaGetDevice cudaSetDevice
 //     cudaMemcpyAsync cudaMemsetAsync cudaMemcpyToSymbol(Async) cudaStreamSynchronize
 //     cudaDeviceSynchronize cudaFuncSetAttribute (redirected here by macros; any other runtime
@@ -45,8 +45,10 @@
 //   - a warp intrinsic whose mask leaves out the calling lane, a shuffle width that is not a power
 //     of two up to 32, lanes meeting with the same mask in different intrinsics;
 //   - an exception thrown by the kernel body.
-// A block that does not finish within settings().block_timeout (a thread spinning forever) aborts
-// the process with a message: a thread stuck in kernel code cannot be stopped.
+// A block that does not finish within settings().block_timeout_seconds (a thread spinning
+// forever) aborts the process with a message: a thread stuck in kernel code cannot be stopped.
+// test-cuda-emulation also builds with UBSan's alignment check, which stops at a misaligned float4
+// access (a fault on a GPU).
 // A shuffle that reads a lane which is not taking part (outside the mask, returned, or beyond the
 // block) gets the bytes 0xff (NaN for a float, -1 for an int), as the GPU's value is undefined.
 // Dynamic shared memory is filled with 0xff before every block, so that reading it before writing
