@@ -3,16 +3,16 @@
 //   PETRA_CUDA_CHECK(expr)            throws a petra error when a runtime call fails
 //   PETRA_CUDA_CHECK_LAUNCH(name)     the same for the kernel launch just made
 //   DeviceGuard                       makes a device current for a scope, then restores the old one
-//   grid_stride_blocks(n)             launch size of a grid-stride kernel
-//   launch_grid_stride(...)           launch + check of a grid-stride kernel (nvcc only)
+//   aligned_16(p)                     whether p may be accessed as float4
 //
-// Outside nvcc only the runtime API header is included, so g++ can compile this too
-// (petra/cuda_backend.cpp).
+// Launching a kernel (PETRA_LAUNCH, launch_grid_stride) is kernels/cuda/launch.cuh, which every
+// .cu file includes. Only the runtime API header is included here, so g++ can compile this too
+// (petra/cuda_backend.cpp, and the .cu files under tests/emulation/, whose runtime calls
+// tests/emulation/cuda_emulation.hpp redirects to its CPU stand-ins).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -79,47 +79,10 @@ class DeviceGuard {
   bool switched_ = false;
 };
 
-// Threads per block of the elementwise kernels: a multiple of the warp size that lets many blocks
-// share a multiprocessor.
-inline constexpr int kBlockThreads = 256;
-
-// Blocks for a grid-stride loop over n items. One thread per item up to a cap; past the cap each
-// thread loops. 8192 blocks of 256 threads are several waves even on the largest GPUs (an H200
-// holds 132 x 8 such blocks at once), so the cap never starves a device, and it keeps the grid
-// size far below the 2^31 - 1 limit.
-inline unsigned grid_stride_blocks(std::size_t n) {
-  const std::size_t wanted = (n + kBlockThreads - 1) / kBlockThreads;
-  return static_cast<unsigned>(std::clamp<std::size_t>(wanted, 1, 8192));
-}
-
 // True when p may be read or written as float4 (16-byte aligned).
 inline bool aligned_16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 }  // namespace petra::cuda_detail
-
-#ifdef __CUDACC__
-#include "petra/kernels/common.hpp"
-
-namespace petra::cuda_detail {
-
-inline cudaStream_t stream_of(const kernels::StreamHandle& s) {
-  return static_cast<cudaStream_t>(s.cuda_stream);
-}
-
-// Launches `kernel` (a grid-stride loop over `items` items) on s's stream, with s's device
-// current, and checks the launch. Does nothing when there are no items: an empty grid is an error.
-template <class... Params, class... Args>
-void launch_grid_stride(const char* name, const kernels::StreamHandle& s, std::int64_t items,
-                        void (*kernel)(Params...), Args... args) {
-  if (items <= 0) return;
-  DeviceGuard guard(s.device_index);
-  kernel<<<grid_stride_blocks(static_cast<std::size_t>(items)), kBlockThreads, 0, stream_of(s)>>>(
-      static_cast<Params>(args)...);
-  check_launch(name, __FILE__, __LINE__);
-}
-
-}  // namespace petra::cuda_detail
-#endif
 
 // Throws a petra error naming `expr`, the CUDA error and file:line when `expr` is not cudaSuccess.
 #define PETRA_CUDA_CHECK(expr)                                                           \

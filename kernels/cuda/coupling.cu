@@ -15,7 +15,7 @@
 #include <cstdint>
 
 #include "petra/kernels/coupling.hpp"
-#include "petra/kernels/cuda/check.cuh"
+#include "petra/kernels/cuda/launch.cuh"
 
 namespace petra::kernels::cuda {
 namespace {

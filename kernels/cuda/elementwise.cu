@@ -1,18 +1,18 @@
 // kernels/cuda/elementwise.cu: the cuda:: element-wise kernels of kernels/elementwise.hpp.
 //
-// Every op is one grid-stride loop (kernels/cuda/check.cuh) over n floats, applying a small
-// functor. These kernels are memory-bound: consecutive threads touch consecutive floats, so each
-// warp's loads and stores are coalesced. When every pointer is 16-byte aligned (always, for
-// tensors from petra's allocator) each thread moves float4s: one 16-byte load or store instead of
-// four. On an H200 (bench-cuda, docs/results-gpu.md) that took scale and relu from 74% to 96% of
-// a device-to-device copy's bandwidth and add from 87% to 102%: with one float per access the
-// threads could not keep enough bytes in flight.
+// Every op is one grid-stride loop (launch_grid_stride, kernels/cuda/launch.cuh) over n floats,
+// applying a small functor. These kernels are memory-bound: consecutive threads touch consecutive
+// floats, so each warp's loads and stores are coalesced. When every pointer is 16-byte aligned
+// (always, for tensors from petra's allocator) each thread moves float4s: one 16-byte load or store
+// instead of four. On an H200 (bench-cuda, docs/results-gpu.md) that took scale and relu from 74%
+// to 96% of a device-to-device copy's bandwidth and add from 87% to 102%: with one float per access
+// the threads could not keep enough bytes in flight.
 //
 // No __restrict__ on the pointers: the header allows an output to be the same array as an input
 // (z = x + z, relu in place). Each element is still read before it is written, by one thread.
 #include <cstdint>
 
-#include "petra/kernels/cuda/check.cuh"
+#include "petra/kernels/cuda/launch.cuh"
 #include "petra/kernels/elementwise.hpp"
 
 namespace petra::kernels::cuda {

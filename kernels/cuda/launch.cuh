@@ -1,0 +1,101 @@
+// kernels/cuda/launch.cuh: the one way petra's CUDA code launches a kernel (internal, not
+// installed).
+//
+//   PETRA_LAUNCH(kernel, grid, block, shared_bytes, stream)(args...)
+//       nvcc:      kernel<<<grid, block, shared_bytes, stream>>>(args...)
+//       emulation: runs the kernel on the CPU, synchronously (tests/emulation/cuda_emulation.hpp)
+//       A kernel named with template arguments that hold a comma goes in parentheses, because the
+//       preprocessor would split it: PETRA_LAUNCH((reduce<float, 256>), grid, 256, 0, stream)(...).
+//   PETRA_DYNAMIC_SHARED(type, name)
+//       inside a kernel: `type* const name` points at the block's dynamic shared memory (the
+//       launch's shared_bytes). One per kernel; carve several arrays out of it by offsets.
+//   stream_of(s)                      the cudaStream_t of a StreamHandle
+//   grid_stride_blocks(n)             launch size of a grid-stride kernel over n items
+//   launch_grid_stride(name, s, n, kernel, args...)   launch + check of a grid-stride kernel
+//
+// Every kernel file (kernels/cuda/*.cu) launches through these and writes no <<< itself: that is
+// what lets the same file compile with the host compiler, with PETRA_CUDA_EMULATION defined and
+// tests/emulation/cuda_emulation.hpp included first, and run on the CPU in the cpu test suite
+// (docs/adding-an-op.md, "Checking a CUDA kernel without a GPU"). Under nvcc the macros are exactly
+// the triple-chevron launch and an `extern __shared__` array, so the kernels are unchanged.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "petra/kernels/common.hpp"
+#include "petra/kernels/cuda/check.cuh"
+
+#if defined(__CUDACC__)
+
+#define PETRA_LAUNCH(kernel, grid, block, shared_bytes, stream) \
+  kernel<<<(grid), (block), (shared_bytes), (stream)>>>
+
+// An unsigned char array, not `extern __shared__ type name[]`: nvcc rejects two extern shared
+// arrays of different types in one file, which two instantiations of a templated kernel would be.
+#define PETRA_DYNAMIC_SHARED(type, name)                                        \
+  extern __shared__ __align__(16) unsigned char petra_dynamic_shared_bytes_[]; \
+  type* const name = reinterpret_cast<type*>(petra_dynamic_shared_bytes_)
+
+#elif defined(PETRA_CUDA_EMULATION)
+
+#ifndef PETRA_CUDA_EMULATION_HPP
+#error "kernels/cuda/launch.cuh: include tests/emulation/cuda_emulation.hpp before any .cu file"
+#endif
+
+#define PETRA_LAUNCH(kernel, grid, block, shared_bytes, stream) \
+  ::petra::cuda_emulation::launch(#kernel, kernel, (grid), (block), (shared_bytes), (stream))
+
+#define PETRA_DYNAMIC_SHARED(type, name) \
+  type* const name = ::petra::cuda_emulation::dynamic_shared<type>()
+
+#else
+#error "kernels/cuda/launch.cuh: compile with nvcc, or with g++ and -DPETRA_CUDA_EMULATION"
+#endif
+
+namespace petra::cuda_detail {
+
+inline cudaStream_t stream_of(const kernels::StreamHandle& s) {
+  return static_cast<cudaStream_t>(s.cuda_stream);
+}
+
+// Threads per block of the elementwise kernels: a multiple of the warp size that lets many blocks
+// share a multiprocessor.
+inline constexpr int kBlockThreads = 256;
+
+// The most blocks a grid-stride launch uses. 8192 blocks of 256 threads are several waves even on
+// the largest GPUs (an H200 holds 132 x 8 such blocks at once), so the cap never starves a device,
+// and it keeps the grid size far below the 2^31 - 1 limit. The emulation lets a test lower it, so
+// that small arrays make every thread go round the loop.
+inline std::size_t grid_stride_block_cap() {
+#ifdef PETRA_CUDA_EMULATION
+  return ::petra::cuda_emulation::settings().grid_stride_block_cap;
+#else
+  return 8192;
+#endif
+}
+
+// Blocks for a grid-stride loop over n items: one thread per item up to the cap; past the cap
+// each thread loops.
+inline unsigned grid_stride_blocks(std::size_t n) {
+  const std::size_t wanted = (n + kBlockThreads - 1) / kBlockThreads;
+  return static_cast<unsigned>(std::clamp<std::size_t>(wanted, 1, grid_stride_block_cap()));
+}
+
+// Launches `kernel` (a grid-stride loop over `items` items) on s's stream, with s's device
+// current, and checks the launch. Does nothing when there are no items: an empty grid is an error.
+template <class... Params, class... Args>
+void launch_grid_stride(const char* name, const kernels::StreamHandle& s, std::int64_t items,
+                        void (*kernel)(Params...), Args... args) {
+  if (items <= 0) return;
+  DeviceGuard guard(s.device_index);
+#ifdef PETRA_CUDA_EMULATION
+  const ::petra::cuda_emulation::LaunchName launch_name(name);  // for the emulator's messages
+#endif
+  PETRA_LAUNCH(kernel, grid_stride_blocks(static_cast<std::size_t>(items)), kBlockThreads, 0,
+               stream_of(s))(static_cast<Params>(args)...);
+  check_launch(name, __FILE__, __LINE__);
+}
+
+}  // namespace petra::cuda_detail
