@@ -73,6 +73,8 @@ MpiExecutor::MpiExecutor(nn::Model& model, const RuntimeOptions& options, std::v
   }
   PETRA_CHECK(rank_of_stage_.front() == 0 && rank_of_stage_.back() == ranks_ - 1, ValueError,
               "mpi executor: every one of the ", ranks_, " ranks needs a stage");
+  sent_up_.resize(rank_of_stage_.size());
+  sent_down_.resize(rank_of_stage_.size());
 }
 
 MpiExecutor::~MpiExecutor() {
@@ -119,6 +121,10 @@ void MpiExecutor::send(int to_stage, Kind kind, std::int64_t microbatch, const T
   };
   send_bytes(p.first, &p.requests[1]);
   send_bytes(p.second, &p.requests[2]);
+  Traffic& traffic = kind == kForward ? sent_up_[static_cast<std::size_t>(to_stage - 1)]
+                                      : sent_down_[static_cast<std::size_t>(to_stage + 1)];
+  ++traffic.messages;
+  traffic.bytes += bytes_of(p.first) + bytes_of(p.second);
 }
 
 std::pair<Tensor, Tensor> MpiExecutor::receive(int to_stage, int from_stage, Kind kind, std::int64_t microbatch,

@@ -48,6 +48,14 @@ class MpiExecutor : public SequentialExecutor {
   // Stage j's parameters, from the rank that hosts it to every rank (collective: call it on all).
   void broadcast_parameters(nn::Model& model);
 
+  // Bytes this process has sent to other processes, per sending stage: going up (activations and
+  // labels) and going down (the rebuilt or exact input and its gradient), with message counts.
+  struct Traffic {
+    std::int64_t messages = 0, bytes = 0;
+  };
+  const std::vector<Traffic>& sent_up() const { return sent_up_; }
+  const std::vector<Traffic>& sent_down() const { return sent_down_; }
+
   // Contiguous groups of stages balanced by count: stage j -> rank floor(j * ranks / J).
   static std::vector<int> even_placement(int stages, int ranks);
 
@@ -74,6 +82,7 @@ class MpiExecutor : public SequentialExecutor {
   MPI_Comm comm_;
   int rank_ = 0, ranks_ = 1;
   std::deque<PendingSend> pending_;
+  std::vector<Traffic> sent_up_, sent_down_;  // [sending stage]
 };
 
 }  // namespace petra::pipeline

@@ -54,6 +54,19 @@ bool distributed_equals_sequential(PipelineMethod method, int rank, int ranks) {
     executor.run(grid, 0, grid.steps / 2, batch, {});  // two run() calls: the state in flight carries over
     executor.run(grid, grid.steps / 2, grid.steps, batch, {});
     executor.broadcast_parameters(distributed);
+    // What crosses each process boundary, per message: going up an activation (+ labels), going
+    // down the sender's input and its gradient, so twice the activation.
+    for (int j = 0; j < J; ++j) {
+      const auto& up = executor.sent_up()[static_cast<std::size_t>(j)];
+      const auto& down = executor.sent_down()[static_cast<std::size_t>(j)];
+      if (up.messages > 0)
+        std::printf("%s, rank %d: stage %d -> %d: %lld messages, %lld bytes each\n", std::string(name_of(method)).c_str(),
+                    rank, j, j + 1, static_cast<long long>(up.messages), static_cast<long long>(up.bytes / up.messages));
+      if (down.messages > 0)
+        std::printf("%s, rank %d: stage %d -> %d: %lld messages, %lld bytes each\n", std::string(name_of(method)).c_str(),
+                    rank, j, j - 1, static_cast<long long>(down.messages),
+                    static_cast<long long>(down.bytes / down.messages));
+    }
   }
   int equal = 1;
   if (rank == 0) {
