@@ -180,10 +180,24 @@ std::vector<std::string> earlier_log_lines(const std::filesystem::path& log_json
   return kept;
 }
 
+// A process of an --mpi run other than the first: trains its stages and takes part in the epochs'
+// exchanges, with no output.
+int train_quietly(petra::pipeline::Trainer& trainer) {
+  trainer.run({}, {});
+  return kOk;
+}
+
 int train(const TrainConfig& config, bool eval_only, const std::filesystem::path& save_params,
           const std::filesystem::path& log_json, const std::filesystem::path& plot) {
   const auto start = Clock::now();
   petra::pipeline::Trainer trainer(config);
+  // Under --mpi every process trains its stages and ends each epoch with the whole model; the first
+  // one reports and writes the files, the others stay silent.
+  if (trainer.rank() != 0) {
+    std::fflush(stdout);
+    if (!std::freopen("/dev/null", "w", stdout)) return kInternal;
+    return train_quietly(trainer);
+  }
   const auto settings = petra::pipeline::describe(trainer.config());
   std::printf("petra-train %s: %s (width %lld) on %s, %lld train / %lld test images, method %s, %d thread(s)\n",
               PETRA_VERSION, config.arch.c_str(), static_cast<long long>(config.width), config.dataset.c_str(),
@@ -313,6 +327,10 @@ int main(int argc, char** argv) {
   app.add_option("--devices", devices_text, "one worker per device (default cpu:0,cpu:1: two CPU workers; cpu:0 alone "
                  "runs the sequential executor)")
       ->group(pipelining);
+  app.add_flag("--mpi", c.mpi,
+               "spread the stages over the processes of mpirun (contiguous groups; the first process reports): "
+               "mpirun --allow-run-as-root --oversubscribe -np 2 build/petra-train --mpi --method petra")
+      ->group(pipelining);
   app.add_option("--message-timeout", c.message_timeout,
                  "seconds a worker waits for a message before the run fails as stuck (default 600)")
       ->group(pipelining);
@@ -383,7 +401,8 @@ int main(int argc, char** argv) {
   try {
     c.method = petra::pipeline::parse_pipeline_method(method);
     c.bn_statistics = petra::nn::parse_statistics_pass(bn_statistics);
-    if (devices_text.empty() && petra::pipeline::is_delayed(c.method)) devices_text = "cpu:0,cpu:1";
+    PETRA_CHECK(!c.mpi || !eval_only, petra::ValueError, "--mpi trains; evaluate with one process (--eval-only)");
+    if (devices_text.empty() && petra::pipeline::is_delayed(c.method) && !c.mpi) devices_text = "cpu:0,cpu:1";
     if (!devices_text.empty())
       for (const auto& d : split_list(devices_text)) c.devices.push_back(petra::Device::parse(d));
     if (!stages_text.empty()) c.stage_sizes = petra::nn::parse_stage_sizes(stages_text, c.arch);

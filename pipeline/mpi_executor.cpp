@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "petra/allocator.hpp"
+#include "petra/pipeline/process_group.hpp"
 #include "petra/stream.hpp"
 
 namespace petra::pipeline {
@@ -239,5 +240,69 @@ void MpiExecutor::broadcast_parameters(nn::Model& model) {
     }
   }
 }
+
+}  // namespace petra::pipeline
+
+// ---------------------------------------------------------------- the processes of a run
+namespace petra::pipeline {
+namespace {
+
+// MPI for the life of the process: initialised on first use (unless the program did), finalised at
+// exit by whoever initialised it.
+struct MpiLife {
+  bool initialised_here = false;
+  MpiLife() {
+    int initialised = 0;
+    MPI_Initialized(&initialised);
+    if (!initialised) {
+      int provided = 0;
+      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+      initialised_here = true;
+    }
+  }
+  ~MpiLife() {
+    int finalised = 0;
+    MPI_Finalized(&finalised);
+    if (initialised_here && !finalised) MPI_Finalize();
+  }
+};
+
+class MpiProcessGroup : public ProcessGroup {
+ public:
+  MpiProcessGroup() {
+    static MpiLife life;
+    check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::unique_ptr<SequentialExecutor> make_executor(nn::Model& model, const RuntimeOptions& options) override {
+    placement_ = MpiExecutor::even_placement(static_cast<int>(model.num_stages()), size_);
+    return std::make_unique<MpiExecutor>(model, options, placement_, MPI_COMM_WORLD);
+  }
+  void sum(std::span<double> values) override {
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM,
+                            MPI_COMM_WORLD),
+              "MPI_Allreduce");
+  }
+  void share_model(nn::Model& model) override {
+    for (std::size_t j = 0; j < model.num_stages(); ++j) {
+      const int root = placement_.at(j);
+      const auto share = [&](const Tensor& t) {
+        check_mpi(MPI_Bcast(t.raw_data(), static_cast<int>(bytes_of(t)), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+      };
+      for (const auto& p : model.stage(j).parameters()) share(p.data());
+      for (const auto& [name, buffer] : model.stage(j).named_buffers()) share(buffer);
+    }
+  }
+
+ private:
+  int rank_ = 0, size_ = 1;
+  std::vector<int> placement_;
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> mpi_process_group() { return std::make_unique<MpiProcessGroup>(); }
 
 }  // namespace petra::pipeline

@@ -100,6 +100,11 @@ void Trainer::build_schedule_and_executor() {
   options.statistics_pass = config_.bn_statistics;
   options.delay_compensation = config_.delay_compensation;
   options.message_timeout_seconds = config_.message_timeout;
+  if (config_.mpi) {  // this process runs its group of stages; messages to the others go over MPI
+    group_ = mpi_process_group();
+    executor_ = group_->make_executor(*model_, options);
+    return;
+  }
   // A synchronous step has nothing to overlap: it runs on the sequential executor whatever the devices.
   if (config_.devices.size() <= 1 || !is_delayed(config_.method)) {
     executor_ = std::make_unique<SequentialExecutor>(*model_, options);
@@ -171,6 +176,11 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
         executor_->run(grid_, t, end, batches, head);
       }
       global_step_ = end;
+      if (group_) {  // only the head's process sees the loss: all stop together
+        double flag[] = {diverged ? 1.0 : 0.0};
+        group_->sum(flag);
+        diverged = flag[0] > 0;
+      }
       if (diverged)
         throw DivergedError(fmt::format("the loss became non-finite at epoch {}, step {}; lower the learning rate. "
                                         "The last checkpoint written stays valid.",
@@ -181,6 +191,15 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
                  double(correct) / double(samples), double(samples) / std::max(seconds, 1e-9), seconds,
                  learning_rate_at(newest)});
       }
+    }
+    if (group_) {  // the head's numbers to every process, and every stage's parameters and buffers
+      double totals[] = {loss_sum, double(correct), double(samples), double(newest)};
+      group_->sum(totals);
+      loss_sum = totals[0];
+      correct = static_cast<std::int64_t>(totals[1]);
+      samples = static_cast<std::int64_t>(totals[2]);
+      newest = static_cast<std::int64_t>(totals[3]);
+      group_->share_model(*model_);
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     report.epoch = epoch_;

@@ -29,6 +29,7 @@
 #include "petra/nn/schedule.hpp"
 #include "petra/pipeline/executor.hpp"
 #include "petra/pipeline/gradient_quality.hpp"
+#include "petra/pipeline/process_group.hpp"
 #include "petra/pipeline/run_config.hpp"
 
 namespace petra::pipeline {
@@ -90,6 +91,7 @@ class Trainer {
   const Schedule& schedule() const { return grid_; }
   const std::vector<int>& placement() const;                // stage -> worker (concurrent executor)
   std::vector<double> reconstruction_errors();              // per stage, --track-reconstruction
+  int rank() const { return group_ ? group_->rank() : 0; }  // this process, under --mpi
 
  private:
   double learning_rate_at(std::int64_t microbatch) const;
@@ -109,6 +111,7 @@ class Trainer {
   Schedule grid_;
   std::int64_t grid_steps_per_epoch_ = 0;
   std::unique_ptr<SequentialExecutor> executor_;
+  std::unique_ptr<ProcessGroup> group_;  // --mpi: the processes sharing the stages
   std::optional<std::filesystem::path> last_checkpoint_;
 };
 
