@@ -56,7 +56,7 @@ struct EpochReport {
   double seconds = 0;            // training only
   double lr = 0;                 // at the end of the epoch
   std::map<std::string, std::int64_t> peak_bytes;  // by allocator tag, during this epoch
-  // Pipelined methods: per stage, peak bytes by tag during this epoch (tags with none are left out)
+  // Per stage, peak bytes by tag during this epoch (tags with none are left out)
   // plus "total" (the peak of the stage's sum), and with --track-reconstruction the relative error
   // of each stage's last rebuilt input (0 where nothing is rebuilt).
   std::vector<std::map<std::string, std::int64_t>> stage_peak_bytes;
