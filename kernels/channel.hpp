@@ -45,7 +45,15 @@ void channel_insert(const StreamHandle& s, const ChannelShape& shape, const floa
 
 }  // namespace cpu
 
-// kernels::cuda: none yet; on a GPU tensor of this family petra/ops.cpp raises DeviceError naming
-// the op.
+// Same contracts on the GPU (kernels/cuda/channel.cu): one grid-stride copy over batch * count *
+// plane floats, by float4 when every row start and pointer allows; bit for bit ref's.
+namespace cuda {
+
+void channel_split(const StreamHandle& s, const ChannelShape& shape, const float* full,
+                   std::int64_t first_channel, std::int64_t count, float* part);
+void channel_insert(const StreamHandle& s, const ChannelShape& shape, const float* part,
+                    std::int64_t first_channel, std::int64_t count, float* full);
+
+}  // namespace cuda
 
 }  // namespace petra::kernels

@@ -71,7 +71,22 @@ void reduce_mean_backward(const StreamHandle& s, std::span<const std::int64_t> d
 
 }  // namespace cpu
 
-// kernels::cuda: none yet; on a GPU tensor of this family petra/ops.cpp raises DeviceError naming
-// the op.
+// Same contracts, float, on the GPU (kernels/cuda/reduce.cu): a block per output adds its elements
+// in double by a fixed tree (long sums with few outputs in fixed chunks, then a second pass over the
+// chunks' partials), or a thread per output when the innermost dim is kept; no atomics, so the same
+// input gives the same bits whatever the launch. The long sums with few outputs need
+// s.workspace (device memory).
+namespace cuda {
+
+void reduce_sum(const StreamHandle& s, std::span<const std::int64_t> dims, std::uint32_t reduce_mask,
+                const float* x, float* y);
+void reduce_mean(const StreamHandle& s, std::span<const std::int64_t> dims, std::uint32_t reduce_mask,
+                 const float* x, float* y);
+void reduce_sum_backward(const StreamHandle& s, std::span<const std::int64_t> dims, std::uint32_t reduce_mask,
+                         const float* dy, float* dx);
+void reduce_mean_backward(const StreamHandle& s, std::span<const std::int64_t> dims, std::uint32_t reduce_mask,
+                          const float* dy, float* dx);
+
+}  // namespace cuda
 
 }  // namespace petra::kernels
