@@ -26,6 +26,7 @@
 
 #include <cstdint>
 
+#include "petra/config.hpp"
 #include "petra/kernels/common.hpp"
 
 namespace petra::kernels {
@@ -78,7 +79,28 @@ void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, cons
 
 }  // namespace cpu
 
-// kernels::cuda: none yet; on a GPU tensor of this family petra/ops.cpp raises DeviceError naming
-// the op.
+#if PETRA_HAVE_CUDA
+// Same contracts as ref::, float, launched on s.cuda_stream; pointers are device memory
+// (kernels/cuda/batchnorm.cu). The per-channel sums are a deterministic two-level reduction in
+// double (per-block partials over fixed slices of each channel, then a fixed-order combine; no
+// atomics), followed by an element-wise pass for y or dx. The training forward and the backward
+// need s.workspace (16 bytes per channel and slice, at most 64 slices, and 12 bytes per channel).
+namespace cuda {
+
+void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                             double momentum, const float* x, const float* gamma,
+                             const float* beta, float* y, float* saved_mean, float* saved_invstd,
+                             float* running_mean, float* running_var);
+
+void batchnorm_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                            const float* x, const float* gamma, const float* beta,
+                            const float* running_mean, const float* running_var, float* y);
+
+void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
+                        const float* dy, const float* gamma, const float* saved_mean,
+                        const float* saved_invstd, float* dx, float* dgamma, float* dbeta);
+
+}  // namespace cuda
+#endif
 
 }  // namespace petra::kernels

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "petra/config.hpp"
 #include "petra/kernels/common.hpp"
 
 namespace petra::kernels {
@@ -70,7 +71,24 @@ void linear_backward_bias(const StreamHandle& s, const LinearShape& shape, const
 
 }  // namespace cpu
 
-// kernels::cuda: none yet; on a GPU tensor of this family petra/ops.cpp raises DeviceError naming
-// the op.
+#if PETRA_HAVE_CUDA
+// Same contracts as ref::, float, launched on s.cuda_stream; pointers are device memory
+// (kernels/cuda/linear.cu). The three products are one shared-memory tiled SGEMM (32 x 32 tiles
+// of the output, 4 rows per thread, operands read through strides so no transpose is copied);
+// each output is summed by one thread in a fixed order, so results are deterministic. The bias
+// gradient is one thread per feature summing the batch in order. No cuBLAS; no scratch.
+namespace cuda {
+
+void linear_forward(const StreamHandle& s, const LinearShape& shape, const float* x,
+                    const float* w, const float* bias, float* y);
+void linear_backward_data(const StreamHandle& s, const LinearShape& shape, const float* dy,
+                          const float* w, float* dx);
+void linear_backward_weight(const StreamHandle& s, const LinearShape& shape, const float* x,
+                            const float* dy, float* dw);
+void linear_backward_bias(const StreamHandle& s, const LinearShape& shape, const float* dy,
+                          float* db);
+
+}  // namespace cuda
+#endif
 
 }  // namespace petra::kernels

@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "petra/config.hpp"
 #include "petra/kernels/common.hpp"
 
 namespace petra::kernels {
@@ -108,7 +109,22 @@ void lars_step(const StreamHandle& s, std::int64_t n, const LarsOptions& options
 
 }  // namespace cpu
 
-// kernels::cuda: none yet; on a GPU tensor of this family petra/ops.cpp raises DeviceError naming
-// the op.
+#if PETRA_HAVE_CUDA
+// Same contracts as ref::, float, launched on s.cuda_stream; pointers are device memory
+// (kernels/cuda/optim.cu). SGD and Adam are one fused grid-stride pass in cpu::'s float order.
+// LARS computes its two norms in double with a fixed-tree reduction (per-block partials, then one
+// block combining them in a fixed order; no atomics), so the step is deterministic; it needs
+// s.workspace (scratch for the partials and the scaled learning rate).
+namespace cuda {
+
+void sgd_step(const StreamHandle& s, std::int64_t n, const SgdOptions& options, bool first_step, float* param,
+              const float* grad, float* momentum_buffer);
+void adam_step(const StreamHandle& s, std::int64_t n, const AdamOptions& options, std::int64_t step, float* param,
+               const float* grad, float* exp_avg, float* exp_avg_sq);
+void lars_step(const StreamHandle& s, std::int64_t n, const LarsOptions& options, float* param, const float* grad,
+               float* momentum_buffer);
+
+}  // namespace cuda
+#endif
 
 }  // namespace petra::kernels

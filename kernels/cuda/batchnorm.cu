@@ -1,0 +1,272 @@
+// kernels/cuda/batchnorm.cu: the cuda:: 2-d batch normalisation of kernels/batchnorm.hpp
+// (training forward, evaluation forward, backward).
+//
+// The training forward and the backward each need two sums per channel over its N*H*W values
+// before any output can be written ((x - K, (x - K)^2) for the statistics; dy and dy * (x - mean)
+// for the gradients). They must be deterministic, so no floating-point atomics: a two-level
+// reduction with a fixed shape.
+//   1. channel_partials: the channel's n = N*H*W values are split into S slices (S depends only
+//      on n, at most kMaxSlices), one block of 256 threads per (channel, slice). Each thread adds
+//      its values (a grid-stride walk of the slice, in a fixed order) in double; the block adds
+//      its threads' pairs with a fixed binary tree in shared memory and writes one pair.
+//   2. one thread per channel adds its S pairs in order, in double, and derives the per-channel
+//      results (mean, invstd, running statistics; or dgamma +=, dbeta +=, and the three
+//      coefficients of dx).
+//   3. an element-wise grid-stride pass writes y or dx from those per-channel values.
+// Double accumulation matches ref:: (which sums in double): the variance is E[(x-K)^2] - E[x-K]^2
+// with K the channel's first value, so the usual cancellation of sum/sum-of-squares is limited
+// to |mean - K| relative to the spread, and it happens in double. The slices and the tree do not
+// depend on the grid or the scheduling, so every run gives the same bits.
+//
+// Memory: each of the three passes is coalesced (consecutive threads read consecutive values of
+// a row of the plane); the sums read x (and dy) once and the element-wise pass once more, as
+// cpu::'s two passes do. The partial pairs and the per-channel maps (y's, dx's) live in
+// s.scratch() (the stream's workspace). The evaluation forward is one element-wise pass.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "petra/kernels/batchnorm.hpp"
+#include "petra/kernels/cuda/launch.cuh"
+
+namespace petra::kernels::cuda {
+namespace {
+
+using cuda_detail::kBlockThreads;
+using cuda_detail::launch_grid_stride;
+
+__device__ inline std::int64_t thread_index() {
+  return std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ inline std::int64_t grid_threads() { return std::int64_t(gridDim.x) * blockDim.x; }
+
+// Slices of a channel: about 2048 values (8 per thread) each, at most kMaxSlices.
+inline constexpr std::int64_t kValuesPerSlice = 8 * kBlockThreads;
+inline constexpr std::int64_t kMaxSlices = 64;
+inline std::int64_t slices_of(const BatchNormShape& shape) {
+  const std::int64_t n = shape.values_per_channel();
+  return std::clamp<std::int64_t>((n + kValuesPerSlice - 1) / kValuesPerSlice, 1, kMaxSlices);
+}
+
+// Index in the NCHW tensor of the channel's j-th value, j = n * plane + i.
+__device__ inline std::int64_t value_index(std::int64_t j, std::int64_t c, std::int64_t channels,
+                                           std::int64_t plane) {
+  const std::int64_t n = j / plane;
+  return (n * channels + c) * plane + (j - n * plane);
+}
+
+// Adds the block's kBlockThreads pairs (a[t], b[t]) with a fixed binary tree; the totals end in
+// a[0], b[0]. Every thread of the block calls it.
+__device__ inline void block_tree_sum(double* a, double* b) {
+  for (unsigned half = kBlockThreads / 2; half > 0; half /= 2) {
+    __syncthreads();
+    if (threadIdx.x < half) {
+      a[threadIdx.x] += a[threadIdx.x + half];
+      b[threadIdx.x] += b[threadIdx.x + half];
+    }
+  }
+  __syncthreads();
+}
+
+enum class Sums {
+  kStatistics,  // (x - K, (x - K)^2), K = the channel's first value
+  kGradients,   // (dy, dy * (x - mean))
+};
+
+// Block (c, slice) = blockIdx.x / slices, blockIdx.x % slices: partials[2 * blockIdx.x + {0, 1}]
+// are the slice's two sums.
+template <Sums sums>
+__global__ void __launch_bounds__(kBlockThreads)
+    channel_partials(std::int64_t channels, std::int64_t plane, std::int64_t count,
+                     std::int64_t slices, const float* x, const float* dy,
+                     const float* saved_mean, double* partials) {
+  __shared__ double first[kBlockThreads];
+  __shared__ double second[kBlockThreads];
+  const std::int64_t c = blockIdx.x / slices, slice = blockIdx.x % slices;
+  const double pivot = sums == Sums::kStatistics ? double(x[c * plane]) : double(saved_mean[c]);
+  double s1 = 0, s2 = 0;
+  for (std::int64_t j = slice * kBlockThreads + threadIdx.x; j < count;
+       j += slices * kBlockThreads) {
+    const std::int64_t k = value_index(j, c, channels, plane);
+    const double d = double(x[k]) - pivot;
+    if constexpr (sums == Sums::kStatistics) {
+      s1 += d;
+      s2 += d * d;
+    } else {
+      const double g = dy[k];
+      s1 += g;
+      s2 += g * d;
+    }
+  }
+  first[threadIdx.x] = s1;
+  second[threadIdx.x] = s2;
+  block_tree_sum(first, second);
+  if (threadIdx.x == 0) {
+    partials[2 * blockIdx.x] = first[0];
+    partials[2 * blockIdx.x + 1] = second[0];
+  }
+}
+
+// The channel's two sums: its slices' partials added in order.
+__device__ inline void channel_sums(const double* partials, std::int64_t c, std::int64_t slices,
+                                    double& s1, double& s2) {
+  s1 = 0;
+  s2 = 0;
+  for (std::int64_t slice = 0; slice < slices; ++slice) {
+    s1 += partials[2 * (c * slices + slice)];
+    s2 += partials[2 * (c * slices + slice) + 1];
+  }
+}
+
+// One thread per channel: mean, invstd and the running statistics, as ref:: computes them, and
+// the channel's map y = (x - mean_f) * scale + bias in maps[3c..3c+2]. When |mean| >> std,
+// float(mean) alone would lose digits of x - mean: the map subtracts mean_f = float(mean) (nearly
+// exactly) and folds mean - mean_f into the bias, as cpu:: does.
+__global__ void statistics(std::int64_t channels, std::int64_t plane, std::int64_t count,
+                           std::int64_t slices, double eps, double momentum, const float* x,
+                           const float* gamma, const float* beta, const double* partials,
+                           float* saved_mean, float* saved_invstd, float* running_mean,
+                           float* running_var, float* maps) {
+  for (std::int64_t c = thread_index(); c < channels; c += grid_threads()) {
+    double s1, s2;
+    channel_sums(partials, c, slices, s1, s2);
+    const double n = double(count);
+    const double shifted_mean = s1 / n;
+    const double mean = double(x[c * plane]) + shifted_mean;
+    const double var = fmax(s2 / n - shifted_mean * shifted_mean, 0.0);
+    const double invstd = 1.0 / sqrt(var + eps);
+    saved_mean[c] = float(mean);
+    saved_invstd[c] = float(invstd);
+    const float mean_f = float(mean);
+    const double scale = double(gamma[c]) * invstd;
+    maps[3 * c] = mean_f;
+    maps[3 * c + 1] = float(scale);
+    maps[3 * c + 2] = float(double(beta[c]) - (mean - double(mean_f)) * scale);
+    const double unbiased_var = n > 1 ? var * n / (n - 1) : var;
+    if (running_mean)
+      running_mean[c] = float((1 - momentum) * double(running_mean[c]) + momentum * mean);
+    if (running_var)
+      running_var[c] = float((1 - momentum) * double(running_var[c]) + momentum * unbiased_var);
+  }
+}
+
+// y = gamma * (x - mean) * invstd + beta = (x - mean_f) * scale + bias, per value.
+__global__ void normalise(std::int64_t size, std::int64_t channels, std::int64_t plane,
+                          const float* x, const float* maps, float* y) {
+  for (std::int64_t k = thread_index(); k < size; k += grid_threads()) {
+    const std::int64_t c = (k / plane) % channels;
+    y[k] = (x[k] - maps[3 * c]) * maps[3 * c + 1] + maps[3 * c + 2];
+  }
+}
+
+// Evaluation: the same with the running statistics, invstd = 1 / sqrt(running_var + eps).
+__global__ void normalise_eval(std::int64_t size, std::int64_t channels, std::int64_t plane,
+                               float eps, const float* x, const float* gamma, const float* beta,
+                               const float* running_mean, const float* running_var, float* y) {
+  for (std::int64_t k = thread_index(); k < size; k += grid_threads()) {
+    const std::int64_t c = (k / plane) % channels;
+    const float invstd = 1.0f / sqrtf(running_var[c] + eps);
+    y[k] = (x[k] - running_mean[c]) * (gamma[c] * invstd) + beta[c];
+  }
+}
+
+// dx = gamma * invstd * (dy - sum(dy)/n - xhat * sum(dy * xhat)/n), xhat = (x - mean) * invstd,
+// that is dx = a * dy + b * (x - mean) + k: per channel coefficients[3c..3c+2] = (a, b, k).
+__global__ void gradient_coefficients(std::int64_t channels, std::int64_t count,
+                                      std::int64_t slices, const double* partials,
+                                      const float* gamma, const float* saved_invstd,
+                                      float* coefficients, float* dgamma, float* dbeta) {
+  for (std::int64_t c = thread_index(); c < channels; c += grid_threads()) {
+    double sum_dy, sum_dy_centred;
+    channel_sums(partials, c, slices, sum_dy, sum_dy_centred);
+    const double invstd = saved_invstd[c];
+    const double sum_dy_xhat = sum_dy_centred * invstd;
+    const double n = double(count);
+    const double scale = double(gamma[c]) * invstd;
+    coefficients[3 * c] = float(scale);
+    coefficients[3 * c + 1] = float(-scale * invstd * sum_dy_xhat / n);
+    coefficients[3 * c + 2] = float(-scale * sum_dy / n);
+    dgamma[c] = float(double(dgamma[c]) + sum_dy_xhat);
+    dbeta[c] = float(double(dbeta[c]) + sum_dy);
+  }
+}
+
+__global__ void input_gradient(std::int64_t size, std::int64_t channels, std::int64_t plane,
+                               const float* x, const float* dy, const float* saved_mean,
+                               const float* coefficients, float* dx) {
+  for (std::int64_t k = thread_index(); k < size; k += grid_threads()) {
+    const std::int64_t c = (k / plane) % channels;
+    dx[k] = coefficients[3 * c] * dy[k] + coefficients[3 * c + 1] * (x[k] - saved_mean[c]) +
+            coefficients[3 * c + 2];
+  }
+}
+
+// The first pass: one block per (channel, slice).
+template <Sums sums>
+void launch_partials(const char* name, const StreamHandle& s, const BatchNormShape& shape,
+                     std::int64_t slices, const float* x, const float* dy,
+                     const float* saved_mean, double* partials) {
+  cuda_detail::DeviceGuard guard(s.device_index);
+#ifdef PETRA_CUDA_EMULATION
+  const ::petra::cuda_emulation::LaunchName launch_name(name);
+#endif
+  PETRA_LAUNCH(channel_partials<sums>, unsigned(shape.channels * slices), kBlockThreads, 0,
+               cuda_detail::stream_of(s))(shape.channels, shape.plane(),
+                                          shape.values_per_channel(), slices, x, dy, saved_mean,
+                                          partials);
+  cuda_detail::check_launch(name, __FILE__, __LINE__);
+}
+
+}  // namespace
+
+void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                             double momentum, const float* x, const float* gamma,
+                             const float* beta, float* y, float* saved_mean, float* saved_invstd,
+                             float* running_mean, float* running_var) {
+  if (shape.size() <= 0) return;
+  const std::int64_t slices = slices_of(shape);
+  // Scratch: the partial pairs, then three floats per channel (the maps).
+  const std::size_t partial_bytes = 2 * std::size_t(shape.channels * slices) * sizeof(double);
+  auto* scratch = static_cast<unsigned char*>(
+      s.scratch(partial_bytes + 3 * std::size_t(shape.channels) * sizeof(float)));
+  auto* partials = reinterpret_cast<double*>(scratch);
+  auto* maps = reinterpret_cast<float*>(scratch + partial_bytes);
+  launch_partials<Sums::kStatistics>("batchnorm_statistics", s, shape, slices, x, nullptr,
+                                     nullptr, partials);
+  launch_grid_stride("batchnorm_statistics", s, shape.channels, statistics, shape.channels,
+                     shape.plane(), shape.values_per_channel(), slices, eps, momentum, x,
+                     gamma, beta, partials, saved_mean, saved_invstd, running_mean, running_var,
+                     maps);
+  launch_grid_stride("batchnorm_forward_train", s, shape.size(), normalise, shape.size(),
+                     shape.channels, shape.plane(), x, maps, y);
+}
+
+void batchnorm_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                            const float* x, const float* gamma, const float* beta,
+                            const float* running_mean, const float* running_var, float* y) {
+  launch_grid_stride("batchnorm_forward_eval", s, shape.size(), normalise_eval, shape.size(),
+                     shape.channels, shape.plane(), float(eps), x, gamma, beta, running_mean,
+                     running_var, y);
+}
+
+void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
+                        const float* dy, const float* gamma, const float* saved_mean,
+                        const float* saved_invstd, float* dx, float* dgamma, float* dbeta) {
+  if (shape.size() <= 0) return;
+  const std::int64_t slices = slices_of(shape);
+  // Scratch: the partial pairs, then three floats per channel.
+  const std::size_t partial_bytes = 2 * std::size_t(shape.channels * slices) * sizeof(double);
+  auto* scratch = static_cast<unsigned char*>(
+      s.scratch(partial_bytes + 3 * std::size_t(shape.channels) * sizeof(float)));
+  auto* partials = reinterpret_cast<double*>(scratch);
+  auto* coefficients = reinterpret_cast<float*>(scratch + partial_bytes);
+  launch_partials<Sums::kGradients>("batchnorm_gradient_sums", s, shape, slices, x, dy,
+                                    saved_mean, partials);
+  launch_grid_stride("batchnorm_gradient_sums", s, shape.channels, gradient_coefficients,
+                     shape.channels, shape.values_per_channel(), slices, partials, gamma,
+                     saved_invstd, coefficients, dgamma, dbeta);
+  launch_grid_stride("batchnorm_backward", s, shape.size(), input_gradient, shape.size(),
+                     shape.channels, shape.plane(), x, dy, saved_mean, coefficients, dx);
+}
+
+}  // namespace petra::kernels::cuda

@@ -1,0 +1,206 @@
+// tests/emulation/test_emulated_batchnorm.cpp: the kernels of kernels/cuda/batchnorm.cu (training
+// forward, evaluation forward, backward), run on the CPU by the CUDA emulation
+// (emulated_batchnorm.cpp), against kernels::ref, with the cpu suite's tolerances for cpu::
+// (test_batchnorm.cpp).
+//
+// Shapes: n = N*H*W of 2 (the least training allows), 31, 33, 49, 1023, and 4092 and 6000 (two and
+// three slices per channel in the first pass, and threads that loop in their slice); planes of 1,
+// 31, 33 and 11x9; grid caps of 1 and 3 blocks make the element-wise passes loop. Inputs centred
+// at 0 and at 1000 (|mean| >> std, where a naive sum of squares fails). Outputs are pre-filled,
+// with guard elements after every array that must not change; dgamma and dbeta start non-zero
+// (they accumulate). The training forward also gives the same bits twice. dx for n = 2, where its
+// terms cancel to almost nothing, is compared with the size of those terms instead.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "petra/kernels/batchnorm.hpp"
+#include "petra/kernels/common.hpp"
+#include "tests/emulation/kernel_checks.hpp"
+
+namespace {
+
+namespace emu = petra::cuda_emulation;
+namespace ref = petra::kernels::ref;
+namespace cu = petra::kernels::cuda;
+using petra::emulation_testing::AlignedFloats;
+using petra::emulation_testing::expected_blocks;
+using petra::emulation_testing::kGridCaps;
+using petra::emulation_testing::kGuard;
+using petra::kernels::BatchNormShape;
+using petra::kernels::HeapWorkspace;
+using petra::kernels::StreamHandle;
+using petra::testing::max_abs_diff;
+using petra::testing::random_values;
+using petra::testing::relative_error;
+
+constexpr double kEps = 1e-5, kMomentum = 0.1;
+
+const std::vector<BatchNormShape> kShapes = {
+    {2, 1, 1, 1},    // n = 2
+    {1, 3, 1, 31},   // 31
+    {3, 2, 1, 11},   // 33
+    {1, 2, 7, 7},    // 49
+    {33, 2, 1, 31},  // 1023
+    {4, 2, 33, 31},  // 4092: 2 slices
+    {5, 3, 9, 11},   // 495
+    {3, 1, 40, 50},  // 6000: 3 slices
+};
+
+// n floats from `seed` in [lo, hi), then kGuard guard values.
+std::vector<float> values(std::int64_t n, std::uint64_t seed, double lo = -1, double hi = 1) {
+  return random_values(std::size_t(n) + kGuard, seed, lo, hi);
+}
+std::vector<float> head(const std::vector<float>& v, std::int64_t n) {
+  return std::vector<float>(v.begin(), v.begin() + n);
+}
+bool guards_kept(const std::vector<float>& got, const std::vector<float>& before, std::int64_t n) {
+  for (std::size_t i = std::size_t(n); i < got.size(); ++i)
+    if (got[i] != before[i]) return false;
+  return true;
+}
+
+std::string describe(const BatchNormShape& sh) {
+  return "N=" + std::to_string(sh.batch) + " C=" + std::to_string(sh.channels) +
+         " H=" + std::to_string(sh.height) + " W=" + std::to_string(sh.width);
+}
+
+}  // namespace
+
+TEST_CASE("emulated batchnorm: training forward matches ref, running statistics updated") {
+  HeapWorkspace workspace;
+  StreamHandle s;
+  s.workspace = &workspace;
+  std::uint64_t seed = 10;
+  for (const std::size_t cap : kGridCaps) {
+    const emu::GridStrideCap capped(cap);
+    for (const BatchNormShape& sh : kShapes)
+      for (const double offset : {0.0, 1000.0}) {
+        seed += 10;
+        const std::int64_t size = sh.size(), C = sh.channels;
+        const AlignedFloats x(values(size, seed, offset - 1, offset + 1));
+        const AlignedFloats gamma(values(C, seed + 1, 0.5, 1.5)), beta(values(C, seed + 2));
+        const std::vector<float> y0 = values(size, seed + 3, 5, 6),
+                                 mean0 = values(C, seed + 4, 5, 6),
+                                 invstd0 = values(C, seed + 5, 5, 6), rm0 = values(C, seed + 6),
+                                 rv0 = values(C, seed + 7, 0.5, 2);
+        std::vector<float> y_ref = y0, mean_ref = mean0, invstd_ref = invstd0, rm_ref = rm0,
+                           rv_ref = rv0;
+        ref::batchnorm_forward_train<float>(s, sh, kEps, kMomentum, x.data(), gamma.data(),
+                                            beta.data(), y_ref.data(), mean_ref.data(),
+                                            invstd_ref.data(), rm_ref.data(), rv_ref.data());
+        const AlignedFloats y(y0), mean(mean0), invstd(invstd0), rm(rm0), rv(rv0);
+        cu::batchnorm_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(),
+                                    y.data(), mean.data(), invstd.data(), rm.data(), rv.data());
+        INFO(describe(sh), " offset=", offset, " grid cap=", cap);
+        CHECK(emu::last_launch().kernel == std::string("batchnorm_forward_train"));
+        CHECK(emu::last_launch().grid.x == expected_blocks(size));
+        CHECK(relative_error(head(y.values(), size), head(y_ref, size)) < 1e-5);
+        CHECK(relative_error(head(mean.values(), C), head(mean_ref, C)) < 1e-6);
+        CHECK(relative_error(head(invstd.values(), C), head(invstd_ref, C)) < 1e-5);
+        CHECK(relative_error(head(rm.values(), C), head(rm_ref, C)) < 1e-6);
+        CHECK(relative_error(head(rv.values(), C), head(rv_ref, C)) < 1e-5);
+        CHECK(guards_kept(y.values(), y0, size));
+        CHECK(guards_kept(mean.values(), mean0, C));
+        CHECK(guards_kept(invstd.values(), invstd0, C));
+        CHECK(guards_kept(rm.values(), rm0, C));
+        CHECK(guards_kept(rv.values(), rv0, C));
+
+        // Without running statistics (nullptr), and twice: the same bits.
+        const AlignedFloats y2(y0), mean2(mean0), invstd2(invstd0);
+        cu::batchnorm_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(),
+                                    y2.data(), mean2.data(), invstd2.data(), nullptr, nullptr);
+        CHECK(y2.values() == y.values());
+        CHECK(mean2.values() == mean.values());
+        CHECK(invstd2.values() == invstd.values());
+      }
+  }
+}
+
+TEST_CASE("emulated batchnorm: evaluation forward matches ref") {
+  StreamHandle s;  // no workspace: the evaluation needs none
+  std::uint64_t seed = 500;
+  for (const std::size_t cap : kGridCaps) {
+    const emu::GridStrideCap capped(cap);
+    for (const BatchNormShape& sh : kShapes) {
+      seed += 10;
+      const std::int64_t size = sh.size(), C = sh.channels;
+      const AlignedFloats x(values(size, seed)), gamma(values(C, seed + 1, 0.5, 1.5)),
+          beta(values(C, seed + 2)), rm(values(C, seed + 3)), rv(values(C, seed + 4, 0.5, 2));
+      const std::vector<float> y0 = values(size, seed + 5, 5, 6);
+      std::vector<float> y_ref = y0;
+      ref::batchnorm_forward_eval<float>(s, sh, kEps, x.data(), gamma.data(), beta.data(),
+                                         rm.data(), rv.data(), y_ref.data());
+      const AlignedFloats y(y0);
+      cu::batchnorm_forward_eval(s, sh, kEps, x.data(), gamma.data(), beta.data(), rm.data(),
+                                 rv.data(), y.data());
+      INFO(describe(sh), " grid cap=", cap);
+      CHECK(emu::last_launch().grid.x == expected_blocks(size));
+      CHECK(relative_error(head(y.values(), size), head(y_ref, size)) < 1e-6);
+      CHECK(guards_kept(y.values(), y0, size));
+    }
+  }
+}
+
+TEST_CASE("emulated batchnorm: backward matches ref, dx assigned, dgamma and dbeta accumulated") {
+  HeapWorkspace workspace;
+  StreamHandle s;
+  s.workspace = &workspace;
+  std::uint64_t seed = 900;
+  for (const std::size_t cap : kGridCaps) {
+    const emu::GridStrideCap capped(cap);
+    for (const BatchNormShape& sh : kShapes)
+      for (const double offset : {0.0, 1000.0}) {
+        seed += 10;
+        const std::int64_t size = sh.size(), C = sh.channels;
+        const AlignedFloats x(values(size, seed, offset - 1, offset + 1));
+        const AlignedFloats gamma(values(C, seed + 1, 0.5, 1.5)), dy(values(size, seed + 2));
+        std::vector<float> beta = values(C, seed + 3);
+        std::vector<float> y(static_cast<std::size_t>(size)), mean_v(static_cast<std::size_t>(C)),
+            invstd_v(static_cast<std::size_t>(C));
+        ref::batchnorm_forward_train<float>(s, sh, kEps, kMomentum, x.data(), gamma.data(),
+                                            beta.data(), y.data(), mean_v.data(), invstd_v.data(),
+                                            nullptr, nullptr);
+        const AlignedFloats mean(mean_v), invstd(invstd_v);
+        const std::vector<float> dx0 = values(size, seed + 4, 5, 6);
+        const std::vector<float> dgamma0 = values(C, seed + 5), dbeta0 = values(C, seed + 6);
+        std::vector<float> dx_ref = dx0, dgamma_ref(static_cast<std::size_t>(C), 0.f),
+                           dbeta_ref(static_cast<std::size_t>(C), 0.f);
+        ref::batchnorm_backward<float>(s, sh, x.data(), dy.data(), gamma.data(), mean.data(),
+                                       invstd.data(), dx_ref.data(), dgamma_ref.data(),
+                                       dbeta_ref.data());
+        const AlignedFloats dx(dx0), dgamma(dgamma0), dbeta(dbeta0);
+        cu::batchnorm_backward(s, sh, x.data(), dy.data(), gamma.data(), mean.data(),
+                               invstd.data(), dx.data(), dgamma.data(), dbeta.data());
+        INFO(describe(sh), " offset=", offset, " grid cap=", cap);
+        CHECK(emu::last_launch().kernel == std::string("batchnorm_backward"));
+        CHECK(emu::last_launch().grid.x == expected_blocks(size));
+        if (sh.values_per_channel() > 2) {
+          CHECK(relative_error(head(dx.values(), size), head(dx_ref, size)) < 1e-5);
+        } else {
+          // n = 2: xhat = +-1 up to eps, and dx's terms cancel to almost nothing (dx ~ eps/var):
+          // its error is measured against the terms' size, gamma * invstd * |dy|.
+          double scale = 0;
+          for (std::int64_t k = 0; k < size; ++k) {
+            const std::size_t c = std::size_t((k / sh.plane()) % C);
+            scale = std::max(scale, std::abs(double(gamma.data()[c]) * invstd_v[c] * dy.data()[k]));
+          }
+          CHECK(max_abs_diff(head(dx.values(), size), head(dx_ref, size)) <= 1e-5 * scale);
+        }
+        const std::vector<float> dgamma_got = dgamma.values(), dbeta_got = dbeta.values();
+        for (std::int64_t c = 0; c < C; ++c) {
+          CHECK(dgamma_got[std::size_t(c)] - dgamma0[std::size_t(c)] ==
+                doctest::Approx(dgamma_ref[std::size_t(c)]).epsilon(1e-4).scale(1));
+          CHECK(dbeta_got[std::size_t(c)] - dbeta0[std::size_t(c)] ==
+                doctest::Approx(dbeta_ref[std::size_t(c)]).epsilon(1e-4).scale(1));
+        }
+        CHECK(guards_kept(dx.values(), dx0, size));
+        CHECK(guards_kept(dgamma_got, dgamma0, C));
+        CHECK(guards_kept(dbeta_got, dbeta0, C));
+      }
+  }
+}
