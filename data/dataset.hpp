@@ -22,6 +22,13 @@
 
 namespace petra::data {
 
+// Limits every reader enforces, far above any real data set: a header beyond them is corrupt (IOError
+// naming the file, the field and the limit), and they bound what a corrupt header can make petra
+// allocate or loop over. kMaxClasses also bounds --classes.
+inline constexpr std::int64_t kMaxClasses = 100'000;     // ImageNet-21k, the largest in common use, has 21,841
+inline constexpr std::int64_t kMaxChannels = 1'024;      // hyperspectral images have a few hundred bands
+inline constexpr std::int64_t kMaxImageSide = 65'536;    // pixels, for the height and the width
+
 // Per-channel normalisation: a pixel x becomes (x - mean[c]) / std[c], where x = byte / 255 for
 // uint8 images and the stored value for float32 images.
 struct Normalization {

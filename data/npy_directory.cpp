@@ -43,6 +43,13 @@ Tensor read_images(const fs::path& file) {
   const std::int64_t width = channels_last_bytes ? shape[2] : shape[shape.size() - 1];
   if (channels <= 0 || height <= 0 || width <= 0)
     detail::fail("npy", file, 0, false, concat("image dims ", shape_text(shape), " have a zero size"));
+  const auto field = [&](std::string_view what) {
+    return [&file, &shape, what] { return concat("npy file '", file.string(), "', byte 0: images ", shape_text(shape), ": ", what); };
+  };
+  check_at_most<IOError>(channels, kMaxChannels, field("the channel count"));
+  check_at_most<IOError>(height, kMaxImageSide, field("the height"));
+  check_at_most<IOError>(width, kMaxImageSide, field("the width"));
+  if (n == 0) detail::fail("npy", file, 0, false, concat("the file holds no images (its shape is ", shape_text(shape), ")"));
 
   Tensor images = Tensor::empty({n, channels, height, width}, array.dtype);
   if (!channels_last_bytes) {

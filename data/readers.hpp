@@ -2,7 +2,11 @@
 //
 // Every reader checks what it reads: magic numbers, dims, file sizes, image/label counts and label
 // ranges. Anything wrong raises petra::IOError naming the file and the byte offset; for a gzipped
-// file the offset is in the decompressed stream, and the message says so.
+// file the offset is in the decompressed stream, and the message says so. Sizes from headers are
+// computed with petra/checked.hpp and bounded by kMaxChannels, kMaxImageSide and kMaxClasses
+// (data/dataset.hpp); nothing is allocated for a header before the file's bytes can back it (a
+// plain file's size is checked first, compressed data is inflated into buffers that grow with it).
+// A file that holds no images is refused.
 //
 // Formats and layouts:
 //   IDX (MNIST, Fashion-MNIST)   train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte,

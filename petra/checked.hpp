@@ -47,11 +47,11 @@ template <class E, class T, class What>
 std::int64_t as_size(T value, const What& what) {
   static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>, "sizes are integers");
   if constexpr (std::is_signed_v<T>) {
-    if (value < 0) throw E(concat(describe(what), ": ", static_cast<long long>(value), " is negative"));
+    if (value < 0) throw E(::petra::detail::concat(describe(what), ": ", static_cast<long long>(value), " is negative"));
     return static_cast<std::int64_t>(value);
   } else {
     if (static_cast<std::uint64_t>(value) > static_cast<std::uint64_t>(kMaxSize))
-      throw E(concat(describe(what), ": ", static_cast<unsigned long long>(value), " is above the limit of ", kMaxSize));
+      throw E(::petra::detail::concat(describe(what), ": ", static_cast<unsigned long long>(value), " is above the limit of ", kMaxSize));
     return static_cast<std::int64_t>(value);
   }
 }
@@ -62,7 +62,7 @@ std::int64_t checked_product(std::span<const std::int64_t> dims, std::int64_t fa
   std::int64_t product = factor;
   has_zero = false;
   for (std::int64_t d : dims) {
-    if (d < 0) throw E(concat(describe(what), ": dimension ", d, " is negative"));
+    if (d < 0) throw E(::petra::detail::concat(describe(what), ": dimension ", d, " is negative"));
     if (d == 0) {
       has_zero = true;
       continue;
@@ -70,7 +70,7 @@ std::int64_t checked_product(std::span<const std::int64_t> dims, std::int64_t fa
     if (__builtin_mul_overflow(product, d, &product)) {
       std::string shape = "[";
       for (std::size_t i = 0; i < dims.size(); ++i) shape += (i ? ", " : "") + std::to_string(dims[i]);
-      throw E(concat(describe(what), ": the size of ", shape, "]", factor > 1 ? concat(" x ", factor, " bytes") : "",
+      throw E(::petra::detail::concat(describe(what), ": the size of ", shape, "]", factor > 1 ? ::petra::detail::concat(" x ", factor, " bytes") : "",
                      " overflows 64 bits (the limit is ", kMaxSize, ")"));
     }
   }
@@ -85,7 +85,7 @@ std::int64_t checked_add(A a, B b, const What& what) {
   const std::int64_t x = detail::as_size<E>(a, what), y = detail::as_size<E>(b, what);
   std::int64_t sum = 0;
   if (__builtin_add_overflow(x, y, &sum))
-    throw E(concat(detail::describe(what), ": ", x, " + ", y, " overflows 64 bits (the limit is ", kMaxSize, ")"));
+    throw E(::petra::detail::concat(detail::describe(what), ": ", x, " + ", y, " overflows 64 bits (the limit is ", kMaxSize, ")"));
   return sum;
 }
 
@@ -95,7 +95,7 @@ std::int64_t checked_mul(A a, B b, const What& what) {
   const std::int64_t x = detail::as_size<E>(a, what), y = detail::as_size<E>(b, what);
   std::int64_t product = 0;
   if (__builtin_mul_overflow(x, y, &product))
-    throw E(concat(detail::describe(what), ": ", x, " x ", y, " overflows 64 bits (the limit is ", kMaxSize, ")"));
+    throw E(::petra::detail::concat(detail::describe(what), ": ", x, " x ", y, " overflows 64 bits (the limit is ", kMaxSize, ")"));
   return product;
 }
 
@@ -120,7 +120,7 @@ std::int64_t checked_nbytes(std::span<const std::int64_t> dims, std::size_t elem
 template <class E = ValueError, class T, class What>
 std::int64_t check_at_most(T value, std::int64_t limit, const What& what) {
   const std::int64_t v = detail::as_size<E>(value, what);
-  if (v > limit) throw E(concat(detail::describe(what), " is ", v, ", above the limit of ", limit));
+  if (v > limit) throw E(::petra::detail::concat(detail::describe(what), " is ", v, ", above the limit of ", limit));
   return v;
 }
 
