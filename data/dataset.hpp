@@ -91,10 +91,12 @@ inline constexpr std::string_view kDatasetNames[] = {"fashion-mnist", "mnist", "
 std::filesystem::path default_directory(std::string_view name);
 
 // Loads a data set by name (one of kDatasetNames) from `directory` (default_directory(name) when
-// empty). "synthetic" ignores the directory and uses `synthetic`. Throws ValueError for an unknown
-// name or a missing directory argument, IOError for anything wrong with the files.
+// empty). "synthetic" ignores the directory and uses `synthetic`. `classes` is the number of classes
+// for a format whose files may not say (an npy directory without classes.txt); 0: none given.
+// Throws ValueError for an unknown name or a missing directory argument, IOError for anything
+// wrong with the files.
 Split load_dataset(std::string_view name, const std::filesystem::path& directory = {},
-                   const SyntheticSpec& synthetic = {});
+                   const SyntheticSpec& synthetic = {}, std::int64_t classes = 0);
 
 // Per-channel mean and (population) standard deviation of a data set's images, on the same scale
 // as Normalization; a channel with zero spread gets std 1. Double accumulation.

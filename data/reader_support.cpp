@@ -253,12 +253,13 @@ void ByteStream::expect_total_size(std::uint64_t total, std::string_view what) {
 }
 
 void check_labels(const Tensor& labels, std::int64_t classes, std::string_view format, const fs::path& file,
-                  std::uint64_t first_offset, std::uint64_t stride, bool decompressed) {
+                  std::uint64_t first_offset, std::uint64_t stride, bool decompressed, std::string_view classes_source) {
   const std::int64_t* label = labels.data_ptr<std::int64_t>();
   for (std::int64_t i = 0; i < labels.numel(); ++i) {
     if (label[i] >= 0 && label[i] < classes) continue;
     fail(format, file, first_offset + static_cast<std::uint64_t>(i) * stride, decompressed,
-         ::petra::detail::concat("label ", label[i], " of sample ", i, " is outside [0, ", classes, ")"));
+         ::petra::detail::concat("label ", label[i], " of sample ", i, " is outside [0, ", classes, ")",
+                                 classes_source.empty() ? "" : " (", classes_source, classes_source.empty() ? "" : " classes)"));
   }
 }
 

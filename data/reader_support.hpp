@@ -96,11 +96,12 @@ class ByteStream {
   std::uint64_t offset_ = 0;
 };
 
-// Throws IOError unless every label (int64, contiguous) is in [0, classes). Label i lies at byte
-// first_offset + i * stride of `file`.
+// Throws IOError unless every label (int64, contiguous) is in [0, classes), naming the file, the
+// label's byte (label i lies at first_offset + i * stride), its sample, and `classes_source` (where
+// the number of classes came from) if given.
 void check_labels(const Tensor& labels, std::int64_t classes, std::string_view format,
                   const std::filesystem::path& file, std::uint64_t first_offset, std::uint64_t stride,
-                  bool decompressed);
+                  bool decompressed, std::string_view classes_source = {});
 
 // The first of `names` that exists in `directory` (each tried as is), or IOError listing them all.
 std::filesystem::path find_file(const std::filesystem::path& directory, std::initializer_list<std::string_view> names,

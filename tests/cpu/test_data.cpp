@@ -555,6 +555,8 @@ TEST_CASE("data: an npy directory (uint8 NHWC and float32 NCHW) is read, normali
   const std::vector<std::int64_t> labels{0, 4, 2};
   write_file(dir / "images.npy", npy_bytes(DType::u8, {3, 2, 2, 2}, hwc.data(), hwc.size()));
   write_file(dir / "labels.npy", npy_bytes(DType::i64, {3}, labels.data(), 24));
+  const std::string five = "zero\none\ntwo\nthree\nfour\n";
+  write_file(dir / "classes.txt", Bytes(five.begin(), five.end()));
   Split split = read_npy_directory(dir.path());
   REQUIRE(split.train.images.shape() == Shape{3, 2, 2, 2});
   const std::uint8_t* chw = split.train.images.data_ptr<std::uint8_t>();
@@ -577,7 +579,8 @@ TEST_CASE("data: an npy directory (uint8 NHWC and float32 NCHW) is read, normali
     CHECK(split.train.normalization.std[static_cast<std::size_t>(c)] == doctest::Approx(std).epsilon(1e-6));
   }
 
-  // float32 NCHW with test files; int32 labels accepted; classes from both splits.
+  // float32 NCHW with test files; int32 labels accepted; classes from classes.txt (Windows line ends
+  // and no final newline accepted), or given when there is none.
   const std::vector<float> values{0.5f, -1.0f, 2.0f, 0.25f, 3.0f, 1.0f, 0.0f, -0.5f};  // [2, 1, 2, 2]
   write_file(dir / "images.npy", npy_bytes(DType::f32, {2, 1, 2, 2}, values.data(), 32));
   const std::vector<std::int32_t> labels32{1, 0};
@@ -585,10 +588,17 @@ TEST_CASE("data: an npy directory (uint8 NHWC and float32 NCHW) is read, normali
   write_file(dir / "test_images.npy", npy_bytes(DType::f32, {1, 1, 2, 2}, values.data(), 16));
   const std::vector<std::int64_t> test_labels{6};
   write_file(dir / "test_labels.npy", npy_bytes(DType::i64, {1}, test_labels.data(), 8));
+  const std::string seven = "a\r\nb\r\nc\r\nd\r\ne\r\nf\r\ng";
+  write_file(dir / "classes.txt", Bytes(seven.begin(), seven.end()));
   split = load_dataset("npy", dir.path());
   CHECK(split.train.images.to_vector<float>() == values);
   CHECK(split.test.labels.to_vector<std::int64_t>() == test_labels);
   CHECK(split.train.classes == 7);
+  CHECK(split.test.classes == 7);
+  CHECK(load_dataset("npy", dir.path(), {}, 12).train.classes == 7);  // classes.txt is the data set's word
+  fs::remove(dir / "classes.txt");
+  CHECK(load_dataset("npy", dir.path(), {}, 12).train.classes == 12);
+  CHECK(read_npy_directory(dir.path(), 7).test.classes == 7);
   double mean = 0, squares = 0;
   for (float v : values) mean += v / 8.0, squares += double(v) * v / 8.0;
   CHECK(split.train.normalization.mean[0] == doctest::Approx(mean).epsilon(1e-6));
@@ -807,6 +817,52 @@ TEST_CASE("data: corrupt gzip data is reported where it is, not at byte 0") {
   write_file(dir / "crc.gz", gz);
   expect_io_error([&] { read_idx(dir / "crc.gz", dir / "labels", 10); },
                   {"crc.gz", "byte 10016 of the decompressed stream", "incorrect data check"});
+}
+
+TEST_CASE("data: the number of classes of an npy directory is its classes.txt, not its largest label") {
+  TemporaryDirectory dir("data");
+  const std::vector<float> values(8 * 4, 0.5f);
+  write_file(dir / "images.npy", npy_bytes(DType::f32, {8, 1, 2, 2}, values.data(), 4 * values.size()));
+  const std::vector<std::int64_t> labels{0, 1, 2, 3, 4, 5, 6, 999999};  // one corrupt label
+  write_file(dir / "labels.npy", npy_bytes(DType::i64, {8}, labels.data(), 64));
+  // Without metadata, no guess: a million-class head trained silently from one bad label.
+  expect_io_error([&] { read_npy_directory(dir.path()); }, {"classes.txt", dir.path().string()});
+  std::string names;
+  for (int k = 0; k < 10; ++k) names += "class " + std::to_string(k) + "\n";
+  write_file(dir / "classes.txt", Bytes(names.begin(), names.end()));
+  expect_io_error([&] { read_npy_directory(dir.path()); }, {"labels.npy", "byte 184", "label 999999 of sample 7", "[0, 10)"});
+  const std::vector<std::int64_t> overflow{0, 1, 2, 3, 4, 5, 6, std::numeric_limits<std::int64_t>::max()};
+  write_file(dir / "labels.npy", npy_bytes(DType::i64, {8}, overflow.data(), 64));
+  expect_io_error([&] { read_npy_directory(dir.path()); }, {"labels.npy", "byte 184", "9223372036854775807"});
+}
+
+TEST_CASE("data: classes.txt and a given number of classes are checked") {
+  TemporaryDirectory dir("data");
+  const std::vector<float> values(4 * 4, 0.5f);
+  write_file(dir / "images.npy", npy_bytes(DType::f32, {4, 1, 2, 2}, values.data(), 4 * values.size()));
+  const std::vector<std::int32_t> labels{0, 1, 2, 3};
+  write_file(dir / "labels.npy", npy_bytes(DType::i32, {4}, labels.data(), 16));
+  write_file(dir / "test_images.npy", npy_bytes(DType::f32, {1, 1, 2, 2}, values.data(), 16));
+  const std::vector<std::int64_t> test_labels{5};
+  write_file(dir / "test_labels.npy", npy_bytes(DType::i64, {1}, test_labels.data(), 8));
+  // Given, without classes.txt: the test label 5 is outside 5 classes; 6 are fine.
+  expect_io_error([&] { read_npy_directory(dir.path(), 5); }, {"test_labels.npy", "byte 128", "label 5 of sample 0",
+                                                                "[0, 5)", "given as 5 classes"});
+  CHECK(read_npy_directory(dir.path(), 6).train.classes == 6);
+  CHECK_THROWS_AS(read_npy_directory(dir.path(), kMaxClasses + 1), ValueError);
+  auto classes_txt = [&](const std::string& text) { write_file(dir / "classes.txt", Bytes(text.begin(), text.end())); };
+  classes_txt("a\nb\nc\nd\ne\n");
+  expect_io_error([&] { read_npy_directory(dir.path(), 6); }, {"test_labels.npy", "classes.txt names 5 classes"});
+  classes_txt("a\nb\n\nc\nd\ne\nf\n");  // an empty line would shift the names after it
+  expect_io_error([&] { read_npy_directory(dir.path()); }, {"classes.txt", "byte 4", "line 3 is empty"});
+  classes_txt("");
+  expect_io_error([&] { read_npy_directory(dir.path()); }, {"classes.txt", "names no class"});
+  std::string many;
+  for (std::int64_t k = 0; k <= kMaxClasses; ++k) many += "c" + std::to_string(k) + "\n";
+  classes_txt(many);
+  expect_io_error([&] { read_npy_directory(dir.path()); }, {"classes.txt", "more than 100000 class names"});
+  classes_txt("a\nb\nc\nd\ne\nf\n");
+  CHECK(read_npy_directory(dir.path()).train.classes == 6);
 }
 
 TEST_CASE("data: make_synthetic refuses sizes that overflow or pass the limits, as ValueError") {
