@@ -196,6 +196,11 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
                 static_cast<long long>(trainer.epoch() + 1));
 
   if (eval_only) {
+    if (trainer.data().test.size() == 0)  // only an npy directory may have no test set
+      throw petra::IOError(fmt::format("{} in '{}' has no test set, nothing to evaluate{}", config.dataset,
+                                       config.data_dir.string(),
+                                       config.dataset == "npy" ? " (an npy directory's test set is test_images.npy "
+                                                                 "and test_labels.npy)" : ""));
     const auto e = trainer.evaluate();
     std::printf("test loss %.4f accuracy %.2f%% (%lld images)\n", e.loss, 100 * e.accuracy,
                 static_cast<long long>(e.samples));
