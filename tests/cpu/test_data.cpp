@@ -817,6 +817,21 @@ TEST_CASE("data: corrupt gzip data is reported where it is, not at byte 0") {
   write_file(dir / "crc.gz", gz);
   expect_io_error([&] { read_idx(dir / "crc.gz", dir / "labels", 10); },
                   {"crc.gz", "byte 10016 of the decompressed stream", "incorrect data check"});
+
+  // Concatenated gzip members read as one stream (as gzip and zlib's gzread read them); bytes after
+  // the last member that are not another member are refused (gzread ignored them).
+  write_gzip(dir / "head.gz", Bytes(image_bytes.begin(), image_bytes.begin() + 5000));
+  write_gzip(dir / "tail.gz", Bytes(image_bytes.begin() + 5000, image_bytes.end()));
+  Bytes members = read_file(dir / "head.gz");
+  append(members, read_file(dir / "tail.gz"));
+  write_file(dir / "members.gz", members);
+  const Dataset joined = read_idx(dir / "members.gz", dir / "labels", 10);
+  CHECK(std::memcmp(joined.images.raw_data(), image_bytes.data() + 16, 10000) == 0);
+  members.push_back(0);
+  members.push_back(0);
+  write_file(dir / "trailing.gz", members);
+  expect_io_error([&] { read_idx(dir / "trailing.gz", dir / "labels", 10); },
+                  {"trailing.gz", "byte 10016 of the decompressed stream", "2 bytes after it are not another gzip member"});
 }
 
 TEST_CASE("data: the number of classes of an npy directory is its classes.txt, not its largest label") {
