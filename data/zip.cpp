@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 
+#include "petra/checked.hpp"
 #include "petra/data/reader_support.hpp"
 
 namespace petra::data {
@@ -41,8 +42,14 @@ class Bytes {
   Bytes(const std::byte* data, std::size_t size, const fs::path& path) : data_(data), size_(size), path_(path) {}
   void need(std::uint64_t at, std::uint64_t count, std::string_view what) const {
     if (at > size_ || count > size_ - at)
-      fail(std::min<std::uint64_t>(at, size_), concat("truncated: ", what, " needs bytes ", at, "..", at + count,
+      fail(std::min<std::uint64_t>(at, size_), concat("truncated: ", what, " needs ", count, " bytes from byte ", at,
                                                       ", the archive has ", size_));
+  }
+  // a + b for offsets and sizes read from the archive (petra/checked.hpp), failing at `at`.
+  std::uint64_t add(std::uint64_t a, std::uint64_t b, std::uint64_t at, std::string_view what) const {
+    return static_cast<std::uint64_t>(checked_add<IOError>(a, b, [&] {
+      return concat("zip file '", path_.string(), "', byte ", at, ": ", what);
+    }));
   }
   std::uint64_t uint(std::uint64_t at, int bytes) const {
     std::uint64_t value = 0;
@@ -146,14 +153,14 @@ ZipArchive::ZipArchive(const fs::path& path) : path_(path) {
       entry.local_header_offset = in.u32(at + 42);
       in.need(at + kCentralHeaderBytes, std::uint64_t{name_bytes} + extra_bytes + comment_bytes, "a central directory header");
       entry.name.assign(reinterpret_cast<const char*>(mapped_ + at + kCentralHeaderBytes), name_bytes);
-      const std::uint64_t extra = at + kCentralHeaderBytes + name_bytes;
+      const std::uint64_t extra = in.add(at, kCentralHeaderBytes + name_bytes, at, "the extra field's offset");
       apply_zip64_extra(in, extra, extra + extra_bytes, entry);
       if ((flags & 1u) != 0) in.fail(at + 8, concat("entry '", entry.name, "' is encrypted"));
       if (entry.method != 0 && entry.method != 8)
         in.fail(at + 10, concat("entry '", entry.name, "' uses compression method ", entry.method,
                                 "; only stored (0) and deflated (8) are supported"));
       entries_.push_back(std::move(entry));
-      at = extra + extra_bytes + comment_bytes;
+      at = in.add(extra, std::uint64_t{extra_bytes} + comment_bytes, at, "the next central directory header's offset");
     }
   } catch (...) {
     if (mapped_ != nullptr) ::munmap(const_cast<std::byte*>(mapped_), size_);
@@ -176,7 +183,8 @@ ZipEntryBytes ZipArchive::read(const ZipEntry& entry) const {
   const std::uint64_t local = entry.local_header_offset;
   in.need(local, kLocalHeaderBytes, concat("the local header of entry '", entry.name, "'"));
   if (in.u32(local) != kLocalHeaderSignature) in.fail(local, concat("bad local header signature of entry '", entry.name, "'"));
-  const std::uint64_t start = local + kLocalHeaderBytes + in.u16(local + 26) + in.u16(local + 28);
+  const std::uint64_t start = in.add(local, kLocalHeaderBytes + in.u16(local + 26) + in.u16(local + 28), local,
+                                     concat("the data offset of entry '", entry.name, "'"));
   in.need(start, entry.compressed_size, concat("the data of entry '", entry.name, "'"));
   const std::span<const std::byte> stored(mapped_ + start, static_cast<std::size_t>(entry.compressed_size));
 
