@@ -92,6 +92,7 @@ MALLOC_ENV = {
 }
 FASHION_MEAN, FASHION_STD = 0.2860, 0.3530
 CLASSES = 10
+FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 ARCHITECTURES = ("revnet18", "revnet34", "revnet50", "resnet18", "resnet34", "resnet50")
 
 
@@ -146,6 +147,8 @@ def write_npy_directory(directory: str, data_dir: str, train: int, test: int) ->
         plane = dims[1] * dims[2]
         write_npy_u8(os.path.join(directory, prefix + "images.npy"), [n, dims[1], dims[2]], images[:n * plane])
         write_npy_u8(os.path.join(directory, prefix + "labels.npy"), [n], labels[:n])
+    with open(os.path.join(directory, "classes.txt"), "w") as f:  # petra-train reads the class count from it
+        f.write("".join(f"{name}\n" for name in FASHION_CLASSES))
 
 
 # ====================================================================== the PyTorch side (runs in the child)

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "benchmarks/training_plot.hpp"
+#include "petra/data/dataset.hpp"
 #include "petra/files.hpp"
 #include "petra/petra.hpp"
 #include "petra/pipeline/checkpoint.hpp"
@@ -209,6 +210,11 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
                 static_cast<long long>(trainer.epoch() + 1));
 
   if (eval_only) {
+    if (trainer.data().test.size() == 0)  // only an npy directory may have no test set
+      throw petra::IOError(fmt::format("{} in '{}' has no test set, nothing to evaluate{}", config.dataset,
+                                       config.data_dir.string(),
+                                       config.dataset == "npy" ? " (an npy directory's test set is test_images.npy "
+                                                                 "and test_labels.npy)" : ""));
     const auto e = trainer.evaluate();
     std::printf("test loss %.4f accuracy %.2f%% (%lld images)\n", e.loss, 100 * e.accuracy,
                 static_cast<long long>(e.samples));
@@ -310,7 +316,9 @@ int main(int argc, char** argv) {
       ->group(model)->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--stem", c.stem, "cifar (conv3x3) or imagenet (conv7x7 stride 2 + max-pool)")
       ->group(model)->capture_default_str()->check(CLI::IsMember({"cifar", "imagenet"}));
-  app.add_option("--classes", c.classes, "output classes (default: the dataset's)")->group(model)->check(CLI::PositiveNumber);
+  app.add_option("--classes", c.classes, "output classes (default: the dataset's; needed for an npy directory without "
+                 "classes.txt)")
+      ->group(model)->check(CLI::Range(std::int64_t{1}, petra::data::kMaxClasses));
   std::string stages_text;
   app.add_option("--stages", stages_text, "pipeline stages: J (blocks split as evenly as possible) or blocks per stage, "
                  "e.g. 1,2,2,5 (default: one block per stage, J = 10 for revnet18)")->group(model);

@@ -48,6 +48,7 @@ Split finish(Dataset train, Dataset test, std::string_view name, const Normaliza
 Dataset read_cifar_batches(std::span<const fs::path> files, int label_bytes, std::int64_t classes) {
   PETRA_CHECK(label_bytes == 1 || label_bytes == 2, ValueError, "read_cifar_batches: label_bytes is ", label_bytes,
               ", CIFAR has 1 (CIFAR-10) or 2 (CIFAR-100)");
+  PETRA_CHECK(!files.empty(), ValueError, "read_cifar_batches: no files given");
   const std::int64_t record_bytes = label_bytes + kImageBytes;
 
   // Every file must be a whole number of records; the counts give the size of the tensors.
@@ -57,12 +58,13 @@ Dataset read_cifar_batches(std::span<const fs::path> files, int label_bytes, std
     detail::ByteStream in(file, "cifar");
     if (in.compressed()) in.fail(0, "gzip-compressed; CIFAR batch files are read uncompressed");
     const auto size = static_cast<std::int64_t>(in.file_size());
+    if (size == 0) in.fail(0, "the file is empty: it holds no images");
     if (size % record_bytes != 0)
       in.fail(static_cast<std::uint64_t>(size / record_bytes * record_bytes),
               concat("truncated record: the file has ", size, " bytes, not a multiple of the ", record_bytes,
                      "-byte record"));
     records.push_back(size / record_bytes);
-    total += size / record_bytes;
+    total = checked_add<IOError>(total, size / record_bytes, [&] { return concat(in.where(0), ": the record count"); });
   }
 
   Dataset dataset;

@@ -18,7 +18,8 @@ fs::path default_directory(std::string_view name) {
   return {};
 }
 
-Split load_dataset(std::string_view name, const fs::path& directory, const SyntheticSpec& synthetic) {
+Split load_dataset(std::string_view name, const fs::path& directory, const SyntheticSpec& synthetic,
+                   std::int64_t classes) {
   if (name == "synthetic") return make_synthetic(synthetic);
   const fs::path dir = directory.empty() ? default_directory(name) : directory;
   auto known = [&] {
@@ -35,7 +36,7 @@ Split load_dataset(std::string_view name, const fs::path& directory, const Synth
   if (name == "cifar10") return read_cifar10(dir);
   if (name == "cifar100") return read_cifar100(dir);
   if (name == "imagenet32") return read_imagenet32(dir);
-  return read_npy_directory(dir);
+  return read_npy_directory(dir, classes);
 }
 
 Normalization compute_normalization(const Tensor& images) {

@@ -22,6 +22,13 @@
 
 namespace petra::data {
 
+// Limits every reader enforces, far above any real data set: a header beyond them is corrupt (IOError
+// naming the file, the field and the limit), and they bound what a corrupt header can make petra
+// allocate or loop over. kMaxClasses also bounds --classes.
+inline constexpr std::int64_t kMaxClasses = 100'000;     // ImageNet-21k, the largest in common use, has 21,841
+inline constexpr std::int64_t kMaxChannels = 1'024;      // hyperspectral images have a few hundred bands
+inline constexpr std::int64_t kMaxImageSide = 65'536;    // pixels, for the height and the width
+
 // Per-channel normalisation: a pixel x becomes (x - mean[c]) / std[c], where x = byte / 255 for
 // uint8 images and the stored value for float32 images.
 struct Normalization {
@@ -84,10 +91,12 @@ inline constexpr std::string_view kDatasetNames[] = {"fashion-mnist", "mnist", "
 std::filesystem::path default_directory(std::string_view name);
 
 // Loads a data set by name (one of kDatasetNames) from `directory` (default_directory(name) when
-// empty). "synthetic" ignores the directory and uses `synthetic`. Throws ValueError for an unknown
-// name or a missing directory argument, IOError for anything wrong with the files.
+// empty). "synthetic" ignores the directory and uses `synthetic`. `classes` is the number of classes
+// for a format whose files may not say (an npy directory without classes.txt); 0: none given.
+// Throws ValueError for an unknown name or a missing directory argument, IOError for anything
+// wrong with the files.
 Split load_dataset(std::string_view name, const std::filesystem::path& directory = {},
-                   const SyntheticSpec& synthetic = {});
+                   const SyntheticSpec& synthetic = {}, std::int64_t classes = 0);
 
 // Per-channel mean and (population) standard deviation of a data set's images, on the same scale
 // as Normalization; a channel with zero spread gets std 1. Double accumulation.

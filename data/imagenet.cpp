@@ -64,11 +64,15 @@ Part read_batch(const fs::path& file, std::int64_t& side) {
                                                        " with ", images.shape.size(), " dims"));
   const std::int64_t n = images.shape[0], row = images.shape[1];
   const auto this_side = static_cast<std::int64_t>(std::lround(std::sqrt(static_cast<double>(row) / 3.0)));
+  if (this_side > kMaxImageSide)
+    fail_entry(file, "data.npy", images_header, concat("rows of ", row, " bytes are images of ", this_side, "x", this_side,
+                                                       ", above the limit of ", kMaxImageSide, " pixels a side"));
   if (this_side <= 0 || 3 * this_side * this_side != row)
     fail_entry(file, "data.npy", images_header, concat("rows of ", row, " bytes are not 3 * side * side"));
   if (side != 0 && side != this_side)
     fail_entry(file, "data.npy", images_header, concat("images are ", this_side, "x", this_side, ", the batches before were ",
                                                        side, "x", side));
+  if (n == 0) fail_entry(file, "data.npy", images_header, "the entry holds no images (its shape is [0, " + std::to_string(row) + "])");
   side = this_side;
 
   const NpyArray labels = read_entry(zip, "labels.npy");
@@ -100,11 +104,13 @@ fs::path resolve(const fs::path& directory, std::string_view layout) {
 }  // namespace
 
 Dataset read_imagenet_npz(std::span<const fs::path> files) {
+  PETRA_CHECK(!files.empty(), ValueError, "read_imagenet_npz: no files given");
   std::vector<Part> parts;
   std::int64_t side = 0, total = 0;
   for (const fs::path& file : files) {
     parts.push_back(read_batch(file, side));
-    total += static_cast<std::int64_t>(parts.back().labels.size());
+    total = checked_add<IOError>(total, parts.back().labels.size(),
+                                 [&] { return concat("npz file '", file.string(), "': the image count"); });
   }
   Dataset dataset;
   dataset.name = files.empty() ? "imagenet" : files.front().filename().string();

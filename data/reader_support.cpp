@@ -1,7 +1,11 @@
-// data/reader_support.cpp: error messages with file and offset, the gunzipping ByteStream, label
-// checks and file lookup shared by the readers.
+// data/reader_support.cpp: error messages with file and offset, the gunzipping ByteStream (zlib's
+// inflate on the file's bytes, so that an error's offsets are known), label checks and file lookup
+// shared by the readers.
 #include "petra/data/reader_support.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -18,11 +22,25 @@ namespace {
 // deflate cannot compress better than about 1032:1 (zlib's FAQ): a gzip file of n bytes holds at
 // most ~1032 n bytes, so a header promising more is corrupt; checked before allocating.
 constexpr std::uint64_t kMaxDeflateRatio = 1032;
-constexpr unsigned kGzipBufferBytes = 1u << 18;  // zlib's default 8 KiB makes reading ~2x slower
-
-gzFile as_gz(void* p) { return static_cast<gzFile>(p); }
+constexpr std::size_t kGzipBufferBytes = std::size_t{1} << 18;  // compressed bytes read at a time
+constexpr std::size_t kFirstStepBytes = std::size_t{1} << 20;   // ChunkedBuffer's first chunk
+constexpr unsigned kMaxInflateStep = 1u << 30;                  // zlib counts in 32-bit uInt
+constexpr std::uint64_t kDrainBytes = std::uint64_t{1} << 26;   // inflated past the end to check a CRC
 
 }  // namespace
+
+struct ByteStream::Gzip {
+  z_stream z{};
+  std::vector<unsigned char> input = std::vector<unsigned char>(kGzipBufferBytes);
+  std::uint64_t input_read = 0;  // compressed bytes read from the file so far
+  bool ended = false;            // the last member is complete and nothing follows it
+  // The compressed byte inflate read last (where an error it reports lies).
+  std::uint64_t compressed_position() const {
+    const std::uint64_t consumed = input_read - z.avail_in;
+    return consumed > 0 ? consumed - 1 : 0;
+  }
+  ~Gzip() { inflateEnd(&z); }
+};
 
 void fail(std::string_view format, const fs::path& file, std::uint64_t offset, bool decompressed,
           const std::string& what) {
@@ -36,54 +54,191 @@ ByteStream::ByteStream(const fs::path& path, std::string_view format) : path_(pa
   if (!fs::exists(status)) throw IOError(::petra::detail::concat(format, " file '", path.string(), "' does not exist"));
   if (!fs::is_regular_file(status))
     throw IOError(::petra::detail::concat(format, " file '", path.string(), "' is not a regular file"));
-  file_size_ = fs::file_size(path, error);
-  gz_ = gzopen(path.c_str(), "rb");
-  if (gz_ == nullptr)
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0)
     throw IOError(::petra::detail::concat(format, " file '", path.string(), "': cannot open: ", std::strerror(errno)));
-  gzbuffer(as_gz(gz_), kGzipBufferBytes);
-  compressed_ = gzdirect(as_gz(gz_)) == 0;  // reads the first buffer to look for the gzip magic
+  struct stat file_status {};
+  if (::fstat(fd_, &file_status) != 0) {
+    ::close(fd_);
+    throw IOError(::petra::detail::concat(format, " file '", path.string(), "': cannot stat: ", std::strerror(errno)));
+  }
+  file_size_ = static_cast<std::uint64_t>(file_status.st_size);
+  try {
+    // A gzip file starts with 1f 8b; anything else (a file of 0 or 1 byte too) is read as is.
+    unsigned char magic[2] = {0, 0};
+    const std::size_t got = read_file(magic, 2);
+    if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
+      gzip_ = std::make_unique<Gzip>();
+      if (inflateInit2(&gzip_->z, 16 + MAX_WBITS) != Z_OK) {  // gzip members only, no zlib or raw streams
+        gzip_.reset();
+        throw IOError(::petra::detail::concat(format, " file '", path.string(), "': zlib's inflateInit2 failed"));
+      }
+      std::memcpy(gzip_->input.data(), magic, 2);
+      gzip_->input_read = 2;
+      gzip_->z.next_in = gzip_->input.data();
+      gzip_->z.avail_in = 2;
+    } else if (::lseek(fd_, 0, SEEK_SET) != 0) {
+      throw IOError(::petra::detail::concat(format, " file '", path.string(), "': cannot seek: ", std::strerror(errno)));
+    }
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
 }
 
 ByteStream::~ByteStream() {
-  if (gz_ != nullptr) gzclose_r(as_gz(gz_));
+  gzip_.reset();
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string ByteStream::where(std::uint64_t offset) const {
+  return ::petra::detail::concat(format_, " file '", path_.string(), "', byte ", offset,
+                                 compressed() ? " of the decompressed stream" : "");
 }
 
 void ByteStream::fail(std::uint64_t offset, const std::string& what) const {
-  detail::fail(format_, path_, offset, compressed_, what);
+  detail::fail(format_, path_, offset, compressed(), what);
+}
+
+std::size_t ByteStream::read_file(unsigned char* out, std::size_t n) {
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::read(fd_, out + done, std::min<std::size_t>(n - done, std::size_t{1} << 30));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) fail(offset_, ::petra::detail::concat("read failed: ", std::strerror(errno)));
+    if (got == 0) break;
+    done += static_cast<std::size_t>(got);
+  }
+  return done;
+}
+
+std::size_t ByteStream::pull(unsigned char* out, std::size_t n, std::string_view what) {
+  if (!gzip_) {
+    const std::size_t got = read_file(out, n);
+    offset_ += got;
+    return got;
+  }
+  Gzip& g = *gzip_;
+  std::size_t done = 0;
+  while (done < n && !g.ended) {
+    if (g.z.avail_in == 0) {
+      const std::size_t got = read_file(g.input.data(), g.input.size());
+      g.input_read += got;
+      g.z.next_in = g.input.data();
+      g.z.avail_in = static_cast<uInt>(got);
+      if (got == 0)
+        fail(offset_, ::petra::detail::concat("truncated gzip data: the file ends (compressed byte ", file_size_,
+                                              ") inside a gzip member, reading ", what));
+    }
+    const auto step = static_cast<uInt>(std::min<std::size_t>(n - done, kMaxInflateStep));
+    g.z.next_out = out + done;
+    g.z.avail_out = step;
+    const int status = inflate(&g.z, Z_NO_FLUSH);
+    const std::size_t produced = step - g.z.avail_out;
+    done += produced;
+    offset_ += produced;
+    if (status == Z_STREAM_END) {
+      // Another member may follow (gzip files may be concatenated); anything else is refused.
+      if (g.z.avail_in == 0) {
+        const std::size_t got = read_file(g.input.data(), g.input.size());
+        g.input_read += got;
+        g.z.next_in = g.input.data();
+        g.z.avail_in = static_cast<uInt>(got);
+      }
+      if (g.z.avail_in == 0) {
+        g.ended = true;
+      } else if (g.z.next_in[0] != 0x1f) {
+        fail(offset_, ::petra::detail::concat("the gzip data ends at compressed byte ", g.input_read - g.z.avail_in, ", and the ",
+                                              file_size_ - (g.input_read - g.z.avail_in),
+                                              " bytes after it are not another gzip member"));
+      } else {
+        inflateReset(&g.z);
+      }
+    } else if (status != Z_OK && status != Z_BUF_ERROR) {
+      const char* message = g.z.msg != nullptr ? g.z.msg : status == Z_MEM_ERROR ? "out of memory" : "corrupt data";
+      fail(offset_, ::petra::detail::concat("gzip error reading ", what, " at compressed byte ", g.compressed_position(),
+                                            ": ", message));
+    }
+  }
+  return done;
 }
 
 void ByteStream::read(void* out, std::size_t n, std::string_view what) {
-  auto* bytes = static_cast<unsigned char*>(out);
-  std::size_t done = 0;
-  while (done < n) {
-    const auto chunk = static_cast<unsigned>(std::min<std::size_t>(n - done, std::size_t{1} << 30));
-    const int got = gzread(as_gz(gz_), bytes + done, chunk);
-    if (got > 0) done += static_cast<std::size_t>(got);
-    if (got == static_cast<int>(chunk)) continue;
-    // Short read: the end of the data, or a zlib error (corrupt or truncated gzip data).
-    int code = Z_OK;
-    const char* message = gzerror(as_gz(gz_), &code);
-    const auto reached = static_cast<std::uint64_t>(std::max<z_off_t>(gztell(as_gz(gz_)), 0));
-    if (code != Z_OK)
-      fail(reached, ::petra::detail::concat("gzip error reading ", what, " (", n, " bytes from byte ", offset_,
-                                            "; near compressed byte ", gzoffset(as_gz(gz_)), "): ", message));
-    fail(reached, ::petra::detail::concat("truncated: ", what, " needs ", n, " bytes from byte ", offset_,
-                                          ", the data ends at byte ", reached));
+  const std::uint64_t start = offset_;
+  const std::size_t got = pull(static_cast<unsigned char*>(out), n, what);
+  if (got < n)
+    fail(offset_, ::petra::detail::concat("truncated: ", what, " needs ", n, " bytes from byte ", start,
+                                          ", the data ends at byte ", offset_));
+}
+
+ChunkedBuffer ByteStream::read_chunked(std::uint64_t n, std::string_view what) {
+  const std::uint64_t start = offset_;
+  if (!gzip_ && n > file_size_ - std::min(offset_, file_size_))
+    fail(file_size_, ::petra::detail::concat("truncated: ", what, " needs ", n, " bytes from byte ", start,
+                                             ", the file ends at byte ", file_size_));
+  ChunkedBuffer out(n);
+  while (out.size() < n) {
+    const std::span<std::byte> room = out.room();
+    const std::size_t got = pull(reinterpret_cast<unsigned char*>(room.data()), room.size(), what);
+    out.commit(got);
+    if (got < room.size())
+      fail(offset_, ::petra::detail::concat("truncated: ", what, " needs ", n, " bytes from byte ", start,
+                                            ", the data ends at byte ", offset_));
   }
-  offset_ += n;
+  return out;
+}
+
+std::span<std::byte> ChunkedBuffer::room() {
+  if (size_ == limit_) return {};
+  if (chunks_.empty() || chunks_.back().used == chunks_.back().capacity) {
+    const auto capacity = static_cast<std::size_t>(std::min<std::uint64_t>(limit_ - size_, std::max<std::uint64_t>(kFirstStepBytes, size_)));
+    chunks_.push_back({std::unique_ptr<std::byte[]>(new std::byte[capacity]), capacity, 0});  // not zero-filled
+  }
+  Chunk& last = chunks_.back();
+  return {last.bytes.get() + last.used, last.capacity - last.used};
+}
+
+void ChunkedBuffer::commit(std::size_t n) {
+  PETRA_CHECK(!chunks_.empty() && n <= chunks_.back().capacity - chunks_.back().used, ValueError,
+              "ChunkedBuffer::commit: ", n, " bytes, more than the room");
+  chunks_.back().used += n;
+  size_ += n;
+}
+
+void ChunkedBuffer::copy_to(void* out) const {
+  auto* to = static_cast<std::byte*>(out);
+  for (const Chunk& c : chunks_) {
+    if (c.used > 0) std::memcpy(to, c.bytes.get(), c.used);
+    to += c.used;
+  }
+}
+
+std::vector<std::byte> ChunkedBuffer::to_vector() const {
+  std::vector<std::byte> out;
+  out.reserve(static_cast<std::size_t>(size_));
+  for (const Chunk& c : chunks_) out.insert(out.end(), c.bytes.get(), c.bytes.get() + c.used);
+  return out;
 }
 
 void ByteStream::expect_end() {
+  const std::uint64_t end = offset_;
   unsigned char extra = 0;
-  const int got = gzread(as_gz(gz_), &extra, 1);  // for gzip this also checks the CRC-32 trailer
-  int code = Z_OK;
-  const char* message = gzerror(as_gz(gz_), &code);
-  if (code != Z_OK) fail(offset_, ::petra::detail::concat("gzip error at the end of the data: ", message));
-  if (got > 0) fail(offset_, "unexpected data after the last record (the file is longer than its header says)");
+  // For gzip this also reads the CRC-32 trailer, which fails here when the data is damaged.
+  if (pull(&extra, 1, "the end of the data") == 0) return;
+  // More data: for gzip, inflate on (into a small buffer, up to kDrainBytes) to find out whether
+  // the data is damaged, which its CRC-32 at the end of the member tells, and how much follows.
+  if (compressed()) {
+    std::vector<unsigned char> scratch(std::size_t{1} << 16);
+    while (offset_ - end < kDrainBytes && pull(scratch.data(), scratch.size(), "the data after the last record") > 0) {
+    }
+  }
+  fail(end, ::petra::detail::concat("unexpected data after the last record: ", offset_ - end,
+                                    offset_ - end >= kDrainBytes ? " or more" : "",
+                                    " bytes more than the header says"));
 }
 
 void ByteStream::expect_total_size(std::uint64_t total, std::string_view what) {
-  if (!compressed_) {
+  if (!compressed()) {
     if (total > file_size_)
       fail(file_size_, ::petra::detail::concat("truncated: ", what, " needs ", total, " bytes, the file ends at byte ",
                                                file_size_));
@@ -98,12 +253,13 @@ void ByteStream::expect_total_size(std::uint64_t total, std::string_view what) {
 }
 
 void check_labels(const Tensor& labels, std::int64_t classes, std::string_view format, const fs::path& file,
-                  std::uint64_t first_offset, std::uint64_t stride, bool decompressed) {
+                  std::uint64_t first_offset, std::uint64_t stride, bool decompressed, std::string_view classes_source) {
   const std::int64_t* label = labels.data_ptr<std::int64_t>();
   for (std::int64_t i = 0; i < labels.numel(); ++i) {
     if (label[i] >= 0 && label[i] < classes) continue;
     fail(format, file, first_offset + static_cast<std::uint64_t>(i) * stride, decompressed,
-         ::petra::detail::concat("label ", label[i], " of sample ", i, " is outside [0, ", classes, ")"));
+         ::petra::detail::concat("label ", label[i], " of sample ", i, " is outside [0, ", classes, ")",
+                                 classes_source.empty() ? "" : " (", classes_source, classes_source.empty() ? "" : " classes)"));
   }
 }
 

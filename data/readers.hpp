@@ -2,7 +2,13 @@
 //
 // Every reader checks what it reads: magic numbers, dims, file sizes, image/label counts and label
 // ranges. Anything wrong raises petra::IOError naming the file and the byte offset; for a gzipped
-// file the offset is in the decompressed stream, and the message says so.
+// file the offset is in the decompressed stream, and the message says so. Sizes from headers are
+// computed with petra/checked.hpp and bounded by kMaxChannels, kMaxImageSide and kMaxClasses
+// (data/dataset.hpp); nothing is allocated for a header before the file's bytes can back it (a
+// plain file's size is checked first, compressed data is inflated into buffers that grow with it).
+// A file that holds no images is refused. The number of classes is the format's (10 for
+// (Fashion-)MNIST and CIFAR-10, 100 for CIFAR-100, 1000 for ImageNet32) or an npy directory's
+// classes.txt, and every label is checked against it.
 //
 // Formats and layouts:
 //   IDX (MNIST, Fashion-MNIST)   train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte,
@@ -21,8 +27,11 @@
 //                                (the side is derived from the row length).
 //   npy directory                images.npy (float32 [N, C, H, W] or uint8 [N, H, W, C]; [N, H, W]
 //                                for one channel) and labels.npy (integer [N], >= 0), optionally
-//                                test_images.npy and test_labels.npy. classes = largest label + 1;
-//                                the normalisation is computed from the training images.
+//                                test_images.npy and test_labels.npy, and classes.txt: one class name
+//                                per line, line k naming label k. The number of classes is the number
+//                                of lines of classes.txt or, without it, the caller's (petra-train
+//                                --classes); never the largest label + 1. The normalisation is
+//                                computed from the training images.
 //   synthetic                    generated from a seed, see make_synthetic.
 // A directory argument may also be the parent of cifar-10-batches-bin / cifar-100-binary.
 #pragma once
@@ -51,7 +60,9 @@ Dataset read_imagenet_npz(std::span<const std::filesystem::path> files);
 Split read_imagenet32(const std::filesystem::path& directory);
 
 // A bring-your-own directory of .npy files (see above). Without test files the test set is empty.
-Split read_npy_directory(const std::filesystem::path& directory);
+// `classes` is the number of classes when the directory has no classes.txt (0: none given, which is
+// then an IOError); with classes.txt it is unused.
+Split read_npy_directory(const std::filesystem::path& directory, std::int64_t classes = 0);
 
 // A learnable synthetic data set: each class has a smooth random pattern per channel (sums of
 // cosines, symmetric left-right so flips keep the class), every sample is its class pattern with a

@@ -10,13 +10,17 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <tuple>
 #include <vector>
 
+#include "petra/checked.hpp"
 #include "petra/data/readers.hpp"
 #include "petra/error.hpp"
 #include "petra/rng.hpp"
 
 namespace petra::data {
+
+using ::petra::detail::concat;
 
 namespace {
 
@@ -88,6 +92,16 @@ Split make_synthetic(const SyntheticSpec& spec) {
                   spec.classes > 0,
               ValueError, "make_synthetic: sizes must be positive (train ", spec.train_size, ", test ", spec.test_size,
               ", ", spec.channels, "x", spec.height, "x", spec.width, ", ", spec.classes, " classes)");
+  check_at_most<ValueError>(spec.classes, kMaxClasses, "make_synthetic: the number of classes");
+  check_at_most<ValueError>(spec.channels, kMaxChannels, "make_synthetic: the channel count");
+  check_at_most<ValueError>(spec.height, kMaxImageSide, "make_synthetic: the height");
+  check_at_most<ValueError>(spec.width, kMaxImageSide, "make_synthetic: the width");
+  for (const auto& [count, element_bytes, what] : {std::tuple{spec.train_size, 1, "the training images (--synthetic-size)"},
+                                                   std::tuple{spec.test_size, 1, "the test images"},
+                                                   std::tuple{spec.classes, 4, "the class patterns"}}) {
+    const std::int64_t dims[] = {count, spec.channels, spec.height, spec.width};
+    checked_nbytes<ValueError>(dims, static_cast<std::size_t>(element_bytes), concat("make_synthetic: ", what));
+  }
   const std::vector<float> patterns = class_patterns(spec);
   Split split{make_samples(spec, spec.train_size, kTrainStream, patterns, "synthetic/train"),
               make_samples(spec, spec.test_size, kTestStream, patterns, "synthetic/test")};

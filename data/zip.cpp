@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 
+#include "petra/checked.hpp"
 #include "petra/data/reader_support.hpp"
 
 namespace petra::data {
@@ -31,6 +32,9 @@ constexpr std::uint16_t kZip64ExtraId = 0x0001;
 constexpr std::size_t kEndBytes = 22, kZip64EndBytes = 56, kZip64LocatorBytes = 20;
 constexpr std::size_t kCentralHeaderBytes = 46, kLocalHeaderBytes = 30;
 constexpr std::size_t kMaxCommentBytes = 0xFFFF;
+// deflate cannot compress better than about 1032:1 (zlib's FAQ): a declared size beyond 1032 times
+// the compressed size is a corrupt header.
+constexpr std::uint64_t kMaxDeflateRatio = 1032;
 
 // Little-endian fields of the mapped archive; `at` and `need` are checked against the size first.
 class Bytes {
@@ -38,8 +42,14 @@ class Bytes {
   Bytes(const std::byte* data, std::size_t size, const fs::path& path) : data_(data), size_(size), path_(path) {}
   void need(std::uint64_t at, std::uint64_t count, std::string_view what) const {
     if (at > size_ || count > size_ - at)
-      fail(std::min<std::uint64_t>(at, size_), concat("truncated: ", what, " needs bytes ", at, "..", at + count,
+      fail(std::min<std::uint64_t>(at, size_), concat("truncated: ", what, " needs ", count, " bytes from byte ", at,
                                                       ", the archive has ", size_));
+  }
+  // a + b for offsets and sizes read from the archive (petra/checked.hpp), failing at `at`.
+  std::uint64_t add(std::uint64_t a, std::uint64_t b, std::uint64_t at, std::string_view what) const {
+    return static_cast<std::uint64_t>(checked_add<IOError>(a, b, [&] {
+      return concat("zip file '", path_.string(), "', byte ", at, ": ", what);
+    }));
   }
   std::uint64_t uint(std::uint64_t at, int bytes) const {
     std::uint64_t value = 0;
@@ -143,14 +153,14 @@ ZipArchive::ZipArchive(const fs::path& path) : path_(path) {
       entry.local_header_offset = in.u32(at + 42);
       in.need(at + kCentralHeaderBytes, std::uint64_t{name_bytes} + extra_bytes + comment_bytes, "a central directory header");
       entry.name.assign(reinterpret_cast<const char*>(mapped_ + at + kCentralHeaderBytes), name_bytes);
-      const std::uint64_t extra = at + kCentralHeaderBytes + name_bytes;
+      const std::uint64_t extra = in.add(at, kCentralHeaderBytes + name_bytes, at, "the extra field's offset");
       apply_zip64_extra(in, extra, extra + extra_bytes, entry);
       if ((flags & 1u) != 0) in.fail(at + 8, concat("entry '", entry.name, "' is encrypted"));
       if (entry.method != 0 && entry.method != 8)
         in.fail(at + 10, concat("entry '", entry.name, "' uses compression method ", entry.method,
                                 "; only stored (0) and deflated (8) are supported"));
       entries_.push_back(std::move(entry));
-      at = extra + extra_bytes + comment_bytes;
+      at = in.add(extra, std::uint64_t{extra_bytes} + comment_bytes, at, "the next central directory header's offset");
     }
   } catch (...) {
     if (mapped_ != nullptr) ::munmap(const_cast<std::byte*>(mapped_), size_);
@@ -173,7 +183,8 @@ ZipEntryBytes ZipArchive::read(const ZipEntry& entry) const {
   const std::uint64_t local = entry.local_header_offset;
   in.need(local, kLocalHeaderBytes, concat("the local header of entry '", entry.name, "'"));
   if (in.u32(local) != kLocalHeaderSignature) in.fail(local, concat("bad local header signature of entry '", entry.name, "'"));
-  const std::uint64_t start = local + kLocalHeaderBytes + in.u16(local + 26) + in.u16(local + 28);
+  const std::uint64_t start = in.add(local, kLocalHeaderBytes + in.u16(local + 26) + in.u16(local + 28), local,
+                                     concat("the data offset of entry '", entry.name, "'"));
   in.need(start, entry.compressed_size, concat("the data of entry '", entry.name, "'"));
   const std::span<const std::byte> stored(mapped_ + start, static_cast<std::size_t>(entry.compressed_size));
 
@@ -183,11 +194,18 @@ ZipEntryBytes ZipArchive::read(const ZipEntry& entry) const {
       in.fail(local, concat("stored entry '", entry.name, "' has ", entry.compressed_size, " bytes stored but size ", entry.size));
     out.bytes = stored;
   } else {
-    out.inflated.resize(static_cast<std::size_t>(entry.size));
+    // The declared size is only a claim: refused at once if deflate could not reach it from the
+    // compressed bytes there are, and otherwise never allocated ahead of the data: the output goes
+    // into chunks allocated as inflate fills them (detail::ChunkedBuffer), up to the declared size.
+    if (entry.size / kMaxDeflateRatio > entry.compressed_size)
+      in.fail(local, concat("entry '", entry.name, "' declares ", entry.size, " bytes, more than its ", entry.compressed_size,
+                            " compressed bytes can inflate to (deflate's limit is ", kMaxDeflateRatio, ":1; corrupt header?)"));
+    detail::ChunkedBuffer inflated(entry.size);
     z_stream z{};
     if (inflateInit2(&z, -MAX_WBITS) != Z_OK) in.fail(start, "zlib inflateInit2 failed");  // raw deflate: no zlib header
     // zlib counts in 32-bit uInt: feed and drain in pieces.
-    std::uint64_t fed = 0, drained = 0;
+    std::uint64_t fed = 0;
+    Bytef probe = 0;  // where inflate may write once the declared size is reached (it must not)
     int status = Z_OK;
     while (status == Z_OK) {
       if (z.avail_in == 0 && fed < stored.size()) {
@@ -195,23 +213,25 @@ ZipEntryBytes ZipArchive::read(const ZipEntry& entry) const {
         z.avail_in = static_cast<uInt>(std::min<std::uint64_t>(stored.size() - fed, 1u << 30));
         fed += z.avail_in;
       }
-      if (z.avail_out == 0 && drained < out.inflated.size()) {
-        z.next_out = reinterpret_cast<Bytef*>(out.inflated.data() + drained);
-        z.avail_out = static_cast<uInt>(std::min<std::uint64_t>(out.inflated.size() - drained, 1u << 30));
-        drained += z.avail_out;
-      }
+      const std::span<std::byte> room = inflated.room();
+      z.next_out = room.empty() ? &probe : reinterpret_cast<Bytef*>(room.data());
+      z.avail_out = static_cast<uInt>(std::min<std::size_t>(room.size(), 1u << 30));
+      const uInt before = z.avail_out;
       status = inflate(&z, Z_NO_FLUSH);
+      inflated.commit(before - z.avail_out);
     }
-    const std::uint64_t consumed = z.total_in, produced = z.total_out;
+    const std::uint64_t consumed = z.total_in, produced = inflated.size();
     const char* message = z.msg;
+    const bool input_left = z.avail_in > 0 || fed < stored.size();
     inflateEnd(&z);
-    if (status == Z_BUF_ERROR && produced == entry.size)
+    if (status == Z_BUF_ERROR && produced == entry.size && input_left)
       in.fail(start + consumed, concat("entry '", entry.name, "' inflates to more than the ", entry.size, " bytes its header says"));
     if (status != Z_STREAM_END)
       in.fail(start + consumed, concat("inflating entry '", entry.name, "' failed after ", produced, " of ", entry.size,
                                        " bytes: ", message != nullptr ? message : "the compressed data ends early"));
     if (produced != entry.size)
       in.fail(start + consumed, concat("entry '", entry.name, "' inflates to ", produced, " bytes, its header says ", entry.size));
+    out.inflated = inflated.to_vector();
     out.bytes = out.inflated;
   }
   // The CRC-32 catches corruption inside a stored entry, which nothing else would notice.

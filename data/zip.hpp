@@ -5,7 +5,11 @@
 // entry's data follows its local header. ZIP64 (NumPy's savez forces it in every local header) moves
 // sizes and offsets that do not fit 32 bits into an extra field. Supported: stored (method 0) and
 // deflated (method 8) entries, ZIP64, no encryption, one disk. The archive is memory-mapped;
-// every entry's CRC-32 is checked when it is read. Errors raise petra::IOError naming the archive,
+// every entry's CRC-32 is checked when it is read. Sizes and offsets in the headers are claims,
+// checked against the archive before use: a deflated entry's size must be reachable from its
+// compressed bytes (deflate's 1032:1), and its output is allocated as inflate produces it (in chunks
+// from 1 MiB, each as large as what came before), never ahead of the data, and refused as soon as it
+// passes the declared size. Errors raise petra::IOError naming the archive,
 // the entry and the byte offset in the archive. (Format: PKWARE APPNOTE.TXT, sections 4.3-4.5.)
 #pragma once
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <utility>
 
+#include "petra/checked.hpp"
 #include "petra/error.hpp"
 
 namespace petra {
@@ -57,16 +58,10 @@ std::optional<DType> dtype_of_descr(std::string_view descr) {
   return std::nullopt;
 }
 
-// Number of data bytes of an array, or nullopt if a dim is negative or the count overflows.
-std::optional<std::size_t> data_bytes_of(DType dtype, std::span<const std::int64_t> shape) {
-  std::size_t bytes = size_of(dtype);
-  for (std::int64_t d : shape) {
-    if (d < 0) return std::nullopt;
-    const auto dim = static_cast<std::uint64_t>(d);
-    if (dim != 0 && bytes > std::numeric_limits<std::int64_t>::max() / dim) return std::nullopt;
-    bytes *= dim;
-  }
-  return bytes;
+// Number of data bytes of an array (petra/checked.hpp: the product of the non-zero dims must fit too).
+template <class E, class What>
+std::size_t data_bytes_of(DType dtype, std::span<const std::int64_t> shape, const What& what) {
+  return static_cast<std::size_t>(checked_nbytes<E>(shape, size_of(dtype), what));
 }
 
 // ---- Reading ----
@@ -246,14 +241,16 @@ Header parse_header(std::span<const std::byte> header, std::size_t header_offset
 
 // The data bytes the header promises, checked against what the file holds after the header.
 std::size_t checked_data_bytes(const Header& header, std::size_t data_offset, std::size_t file_bytes, std::string_view file) {
-  const auto needed = data_bytes_of(header.dtype, header.shape);
-  if (!needed) fail(file, data_offset, "the shape " + shape_string(header.shape) + " has too many elements");
+  const std::size_t needed = data_bytes_of<IOError>(header.dtype, header.shape, [&] {
+    return detail::concat("npy file '", file, "', byte ", data_offset, ": the shape ", shape_string(header.shape),
+                          " has too many elements");
+  });
   const std::size_t present = file_bytes - data_offset;
   const std::string what = "the shape " + shape_string(header.shape) + " of " + std::string(name_of(header.dtype)) + " needs " +
-                           std::to_string(*needed) + " data bytes, ";
-  if (present < *needed) fail(file, data_offset, what + "the file has only " + std::to_string(present) + " (truncated file)");
-  if (present > *needed) fail(file, data_offset + *needed, what + "the file has " + std::to_string(present - *needed) + " more");
-  return *needed;
+                           std::to_string(needed) + " data bytes, ";
+  if (present < needed) fail(file, data_offset, what + "the file has only " + std::to_string(present) + " (truncated file)");
+  if (present > needed) fail(file, data_offset + needed, what + "the file has " + std::to_string(present - needed) + " more");
+  return needed;
 }
 
 // A file descriptor closed on scope exit.
@@ -385,9 +382,10 @@ NpyArray read_npy(const std::filesystem::path& path) {
 }
 
 void write_npy(const std::filesystem::path& path, DType dtype, std::span<const std::int64_t> shape, const void* data) {
-  const auto data_bytes = data_bytes_of(dtype, shape);
-  PETRA_CHECK(data_bytes.has_value(), ValueError, "write_npy('", path.string(), "'): invalid shape ", shape_string(shape));
-  PETRA_CHECK(data != nullptr || *data_bytes == 0, ValueError, "write_npy('", path.string(), "'): data is null for shape ",
+  const std::size_t data_bytes = data_bytes_of<ValueError>(dtype, shape, [&] {
+    return detail::concat("write_npy('", path.string(), "'): invalid shape ", shape_string(shape));
+  });
+  PETRA_CHECK(data != nullptr || data_bytes == 0, ValueError, "write_npy('", path.string(), "'): data is null for shape ",
               shape_string(shape));
   const std::vector<std::byte> header = npy_header(dtype, shape);
 
@@ -396,7 +394,7 @@ void write_npy(const std::filesystem::path& path, DType dtype, std::span<const s
   if (fd.get() < 0)
     throw IOError("write_npy: cannot create the temporary file '" + temporary.string() + "' for '" + path.string() + "': " + errno_text());
   try {
-    write_file_contents(fd.get(), header, data, *data_bytes, temporary.string());
+    write_file_contents(fd.get(), header, data, data_bytes, temporary.string());
     if (::close(fd.release()) != 0) throw IOError("write_npy: closing '" + temporary.string() + "' failed: " + errno_text());
     if (::rename(temporary.c_str(), path.c_str()) != 0)
       throw IOError("write_npy: cannot rename '" + temporary.string() + "' to '" + path.string() + "': " + errno_text());
@@ -408,9 +406,11 @@ void write_npy(const std::filesystem::path& path, DType dtype, std::span<const s
 }
 
 void write_npy(const std::filesystem::path& path, const NpyArray& array) {
-  const auto data_bytes = data_bytes_of(array.dtype, array.shape);
+  const std::size_t data_bytes = data_bytes_of<ValueError>(array.dtype, array.shape, [&] {
+    return detail::concat("write_npy('", path.string(), "'): invalid shape ", shape_string(array.shape));
+  });
   PETRA_CHECK(data_bytes == array.data.size(), ValueError, "write_npy('", path.string(), "'): shape ", shape_string(array.shape),
-              " of ", name_of(array.dtype), " needs ", data_bytes.value_or(0), " bytes, the array holds ", array.data.size());
+              " of ", name_of(array.dtype), " needs ", data_bytes, " bytes, the array holds ", array.data.size());
   write_npy(path, array.dtype, array.shape, array.data.data());
 }
 

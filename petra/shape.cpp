@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "petra/checked.hpp"
 #include "petra/error.hpp"
 
 namespace petra {
@@ -12,6 +13,7 @@ Shape::Shape(std::initializer_list<std::int64_t> dims) : Shape(std::span<const s
 Shape::Shape(std::span<const std::int64_t> dims) {
   PETRA_CHECK(dims.size() <= kMaxDims, ShapeError, "Shape: ", dims.size(), " dims given, at most ", kMaxDims, " supported");
   for (std::int64_t d : dims) PETRA_CHECK(d >= 0, ShapeError, "Shape: negative dimension ", d);
+  checked_numel<ShapeError>(dims, "Shape");  // numel() of every Shape fits 64 bits
   std::copy(dims.begin(), dims.end(), dims_.begin());
   ndim_ = static_cast<int>(dims.size());
 }
@@ -40,9 +42,9 @@ std::string Shape::str() const {
 Shape Shape::with(int dim, std::int64_t size) const {
   const int k = dim < 0 ? dim + ndim_ : dim;
   PETRA_CHECK(k >= 0 && k < ndim_, ShapeError, "Shape", str(), ": dim ", dim, " out of range");
-  Shape r = *this;
-  r.dims_[k] = size;
-  return r;
+  std::array<std::int64_t, kMaxDims> dims = dims_;
+  dims[k] = size;
+  return Shape(std::span<const std::int64_t>(dims.data(), static_cast<std::size_t>(ndim_)));
 }
 
 bool operator==(const Shape& a, const Shape& b) {

@@ -1,4 +1,7 @@
 // petra/shape.hpp: the shape of a tensor, up to six dimensions, stored inline (no allocation).
+//
+// A Shape's dims are >= 0 and their product fits 64 bits (the product of the non-zero dims too, as
+// in NumPy): construction and with() throw ShapeError otherwise, so numel() never overflows.
 #pragma once
 
 #include <array>

@@ -3,11 +3,14 @@
 
 #include <cstring>
 
+#include "petra/checked.hpp"
 #include "petra/cuda_backend.hpp"
 #include "petra/rng.hpp"
 #include "petra/stream.hpp"
 
 namespace petra {
+
+using detail::concat;
 
 Storage::Storage(std::size_t bytes, Device device)
     : Storage(bytes, device, MemoryScope::current_tag(), MemoryScope::current_owner()) {}
@@ -28,8 +31,10 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, std::int64_t offset, const Shap
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   if (device.is_cuda()) PETRA_CHECK(cuda_available(), DeviceError, "Tensor::empty: no usable GPU for ", device.str());
-  const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * size_of(dtype);
-  return Tensor(std::make_shared<Storage>(bytes, device), 0, shape, dtype);
+  const std::int64_t bytes = checked_nbytes<ShapeError>(shape.dims(), size_of(dtype), [&] {
+    return concat("Tensor::empty(", shape.str(), ", ", name_of(dtype), ")");
+  });
+  return Tensor(std::make_shared<Storage>(static_cast<std::size_t>(bytes), device), 0, shape, dtype);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }

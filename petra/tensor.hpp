@@ -51,7 +51,8 @@ class Tensor {
  public:
   Tensor() = default;  // undefined: defined() is false
 
-  // New tensors. Memory tag and owner come from the calling thread's MemoryScope.
+  // New tensors. Memory tag and owner come from the calling thread's MemoryScope. A shape whose byte
+  // size does not fit 64 bits is refused (ShapeError naming the shape and dtype; petra/checked.hpp).
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device device = Device::cpu());

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "petra/checked.hpp"
 #include "petra/functions.hpp"
 #include "petra/stream.hpp"
 #include "petra/pipeline/checkpoint.hpp"
@@ -29,7 +30,15 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   synthetic.train_size = config_.synthetic_train_size;
   synthetic.test_size = std::max<std::int64_t>(config_.synthetic_train_size / 5, 1);
   synthetic.seed = config_.seed;
-  split_ = data::load_dataset(config_.dataset, config_.data_dir, synthetic);
+  check_at_most<ValueError>(config_.classes, data::kMaxClasses, "--classes");
+  // The number of classes is the data set's (its format, or an npy directory's classes.txt);
+  // --classes stands in for it where the files do not say, and may widen the head otherwise.
+  split_ = data::load_dataset(config_.dataset, config_.data_dir, synthetic, config_.classes);
+  // The readers refuse files with no images; only a synthetic set can still be empty.
+  PETRA_CHECK(config_.dataset != "synthetic" || split_.train.size() > 0, ValueError,
+              "--synthetic-size ", config_.synthetic_train_size, ": the training set is empty");
+  PETRA_CHECK(split_.train.size() > 0, IOError, config_.dataset, " in '", config_.data_dir.string(),
+              "': the training set is empty");
   if (config_.classes == 0) config_.classes = split_.train.classes;
   PETRA_CHECK(config_.classes >= split_.train.classes, ValueError, "--classes ", config_.classes, " but ",
               config_.dataset, " has ", split_.train.classes, " classes");

@@ -9,6 +9,7 @@
 // propagation from that thread, batch assembly speed, and the real Fashion-MNIST when installed.
 #include <doctest/doctest.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -21,7 +22,9 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -106,6 +109,7 @@ struct ZipInput {
   Bytes data;
   bool deflate = false;
   bool zip64 = false;
+  std::optional<std::uint64_t> declared_size = std::nullopt;  // the uncompressed size the headers claim
 };
 
 Bytes deflate_raw(const Bytes& data) {
@@ -128,17 +132,18 @@ Bytes make_zip(const std::vector<ZipInput>& entries, bool zip64_end = false) {
     const Bytes payload = e.deflate ? deflate_raw(e.data) : e.data;
     const auto crc = static_cast<std::uint32_t>(crc32(0, e.data.data(), static_cast<uInt>(e.data.size())));
     const std::uint64_t offset = zip.size();
+    const std::uint64_t size = e.declared_size.value_or(e.data.size());
     const std::uint16_t method = e.deflate ? 8 : 0;
     Bytes local_extra, central_extra;
     if (e.zip64) {
-      put_le(local_extra, 1, 2), put_le(local_extra, 16, 2), put_le(local_extra, e.data.size(), 8), put_le(local_extra, payload.size(), 8);
-      put_le(central_extra, 1, 2), put_le(central_extra, 24, 2), put_le(central_extra, e.data.size(), 8);
+      put_le(local_extra, 1, 2), put_le(local_extra, 16, 2), put_le(local_extra, size, 8), put_le(local_extra, payload.size(), 8);
+      put_le(central_extra, 1, 2), put_le(central_extra, 24, 2), put_le(central_extra, size, 8);
       put_le(central_extra, payload.size(), 8), put_le(central_extra, offset, 8);
     }
     const std::uint64_t all_ones = 0xFFFFFFFFu;
     put_le(zip, 0x04034b50, 4), put_le(zip, e.zip64 ? 45 : 20, 2), put_le(zip, 0, 2), put_le(zip, method, 2);
     put_le(zip, 0, 4), put_le(zip, crc, 4);
-    put_le(zip, e.zip64 ? all_ones : payload.size(), 4), put_le(zip, e.zip64 ? all_ones : e.data.size(), 4);
+    put_le(zip, e.zip64 ? all_ones : payload.size(), 4), put_le(zip, e.zip64 ? all_ones : size, 4);
     put_le(zip, e.name.size(), 2), put_le(zip, local_extra.size(), 2);
     zip.insert(zip.end(), e.name.begin(), e.name.end());
     append(zip, local_extra);
@@ -146,7 +151,7 @@ Bytes make_zip(const std::vector<ZipInput>& entries, bool zip64_end = false) {
 
     put_le(directory, 0x02014b50, 4), put_le(directory, 45, 2), put_le(directory, e.zip64 ? 45 : 20, 2);
     put_le(directory, 0, 2), put_le(directory, method, 2), put_le(directory, 0, 4), put_le(directory, crc, 4);
-    put_le(directory, e.zip64 ? all_ones : payload.size(), 4), put_le(directory, e.zip64 ? all_ones : e.data.size(), 4);
+    put_le(directory, e.zip64 ? all_ones : payload.size(), 4), put_le(directory, e.zip64 ? all_ones : size, 4);
     put_le(directory, e.name.size(), 2), put_le(directory, central_extra.size(), 2), put_le(directory, 0, 2);
     put_le(directory, 0, 2), put_le(directory, 0, 2), put_le(directory, 0, 4);
     put_le(directory, e.zip64 ? all_ones : offset, 4);
@@ -550,6 +555,8 @@ TEST_CASE("data: an npy directory (uint8 NHWC and float32 NCHW) is read, normali
   const std::vector<std::int64_t> labels{0, 4, 2};
   write_file(dir / "images.npy", npy_bytes(DType::u8, {3, 2, 2, 2}, hwc.data(), hwc.size()));
   write_file(dir / "labels.npy", npy_bytes(DType::i64, {3}, labels.data(), 24));
+  const std::string five = "zero\none\ntwo\nthree\nfour\n";
+  write_file(dir / "classes.txt", Bytes(five.begin(), five.end()));
   Split split = read_npy_directory(dir.path());
   REQUIRE(split.train.images.shape() == Shape{3, 2, 2, 2});
   const std::uint8_t* chw = split.train.images.data_ptr<std::uint8_t>();
@@ -572,7 +579,8 @@ TEST_CASE("data: an npy directory (uint8 NHWC and float32 NCHW) is read, normali
     CHECK(split.train.normalization.std[static_cast<std::size_t>(c)] == doctest::Approx(std).epsilon(1e-6));
   }
 
-  // float32 NCHW with test files; int32 labels accepted; classes from both splits.
+  // float32 NCHW with test files; int32 labels accepted; classes from classes.txt (Windows line ends
+  // and no final newline accepted), or given when there is none.
   const std::vector<float> values{0.5f, -1.0f, 2.0f, 0.25f, 3.0f, 1.0f, 0.0f, -0.5f};  // [2, 1, 2, 2]
   write_file(dir / "images.npy", npy_bytes(DType::f32, {2, 1, 2, 2}, values.data(), 32));
   const std::vector<std::int32_t> labels32{1, 0};
@@ -580,10 +588,17 @@ TEST_CASE("data: an npy directory (uint8 NHWC and float32 NCHW) is read, normali
   write_file(dir / "test_images.npy", npy_bytes(DType::f32, {1, 1, 2, 2}, values.data(), 16));
   const std::vector<std::int64_t> test_labels{6};
   write_file(dir / "test_labels.npy", npy_bytes(DType::i64, {1}, test_labels.data(), 8));
+  const std::string seven = "a\r\nb\r\nc\r\nd\r\ne\r\nf\r\ng";
+  write_file(dir / "classes.txt", Bytes(seven.begin(), seven.end()));
   split = load_dataset("npy", dir.path());
   CHECK(split.train.images.to_vector<float>() == values);
   CHECK(split.test.labels.to_vector<std::int64_t>() == test_labels);
   CHECK(split.train.classes == 7);
+  CHECK(split.test.classes == 7);
+  CHECK(load_dataset("npy", dir.path(), {}, 12).train.classes == 7);  // classes.txt is the data set's word
+  fs::remove(dir / "classes.txt");
+  CHECK(load_dataset("npy", dir.path(), {}, 12).train.classes == 12);
+  CHECK(read_npy_directory(dir.path(), 7).test.classes == 7);
   double mean = 0, squares = 0;
   for (float v : values) mean += v / 8.0, squares += double(v) * v / 8.0;
   CHECK(split.train.normalization.mean[0] == doctest::Approx(mean).epsilon(1e-6));
@@ -629,6 +644,251 @@ TEST_CASE("data: bad npy directories raise IOError naming the file") {
   write_file(dir / "test_labels.npy", npy_bytes(DType::i64, {2}, labels.data(), 16));
   write_file(dir / "test_images.npy", npy_bytes(DType::f32, {2, 2, 2, 1}, values.data(), 32));
   expect_io_error(read, {"test_images.npy", "training images"});
+}
+
+// ================================================================ hostile inputs
+//
+// Files crafted to break the readers' arithmetic or memory: each must raise IOError naming the file
+// (and the entry, field or limit) before anything is allocated for it.
+
+namespace {
+
+// The peak resident memory of this process so far, in bytes.
+std::int64_t peak_resident_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<std::int64_t>(usage.ru_maxrss) * 1024;
+}
+
+// Bytes from a small linear congruential generator: incompressible for deflate.
+Bytes noise(std::size_t n, std::uint32_t seed) {
+  Bytes b(n);
+  for (std::uint8_t& x : b) x = static_cast<std::uint8_t>((seed = seed * 1664525u + 1013904223u) >> 24);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("data: an IDX header whose dims multiply past 2^64 is refused, not wrapped") {
+  // 65536 images of 2^24 x 2^24: 2^64 pixels, which wrapped to 0, so a 16-byte file passed the size
+  // check and became a 65536-image tensor with no storage behind it.
+  TemporaryDirectory dir("data");
+  Bytes header{0, 0, 0x08, 3};
+  put_be32(header, 65536), put_be32(header, 1u << 24), put_be32(header, 1u << 24);
+  REQUIRE(header.size() == 16);
+  write_file(dir / "labels", idx_labels(Bytes(65536, 0)));
+  for (const bool gz : {false, true}) {
+    CAPTURE(gz);
+    const fs::path images = dir / (gz ? "images.gz" : "images");
+    gz ? write_gzip(images, header) : write_file(images, header);
+    expect_io_error([&] { read_idx(images, dir / "labels", 10); },
+                    {images.filename().string(), "byte 8", "16777216", "limit"});
+  }
+  // Dims at the limits whose product fits: the file is simply too short for them.
+  Bytes large{0, 0, 0x08, 3};
+  put_be32(large, 0x7FFFFFFFu), put_be32(large, 65536), put_be32(large, 65536);
+  write_file(dir / "large", large);
+  expect_io_error([&] { read_idx(dir / "large", dir / "labels", 10); }, {"large", "truncated", "2147483647 images of 65536x65536"});
+}
+
+TEST_CASE("data: a file that holds no images is refused, naming the file") {
+  TemporaryDirectory dir("data");
+  write_file(dir / "images", idx_images(0, 28, 28));
+  write_file(dir / "labels", idx_labels({}));
+  expect_io_error([&] { read_idx(dir / "images", dir / "labels", 10); }, {"images", "no images"});
+
+  const fs::path cifar = dir / "cifar-10-batches-bin";
+  fs::create_directory(cifar);
+  write_file(cifar / "empty.bin", {});
+  expect_io_error([&] { read_cifar_batches(std::vector<fs::path>{cifar / "empty.bin"}, 1, 10); }, {"empty.bin", "no images"});
+
+  write_file(dir / "empty.npz", make_zip({{"data.npy", npy_bytes(DType::u8, {0, 48}, nullptr, 0)},
+                                          {"labels.npy", npy_bytes(DType::i64, {0}, nullptr, 0)}}));
+  expect_io_error([&] { read_imagenet_npz(std::vector<fs::path>{dir / "empty.npz"}); }, {"empty.npz", "data.npy", "no images"});
+
+  const fs::path npy = dir / "npy";
+  fs::create_directory(npy);
+  write_file(npy / "images.npy", npy_bytes(DType::f32, {0, 1, 2, 2}, nullptr, 0));
+  write_file(npy / "labels.npy", npy_bytes(DType::i64, {0}, nullptr, 0));
+  write_file(npy / "classes.txt", {'a', '\n', 'b', '\n'});
+  expect_io_error([&] { read_npy_directory(npy); }, {"images.npy", "no images"});
+  const std::vector<float> four(4, 0.5f);
+  const std::vector<std::int64_t> one{1};
+  write_file(npy / "images.npy", npy_bytes(DType::f32, {1, 1, 2, 2}, four.data(), 16));
+  write_file(npy / "labels.npy", npy_bytes(DType::i64, {1}, one.data(), 8));
+  write_file(npy / "test_images.npy", npy_bytes(DType::f32, {0, 1, 2, 2}, nullptr, 0));
+  write_file(npy / "test_labels.npy", npy_bytes(DType::i64, {0}, nullptr, 0));
+  expect_io_error([&] { read_npy_directory(npy); }, {"test_images.npy", "no images"});
+}
+
+TEST_CASE("data: npy image dims beyond the readers' limits are refused") {
+  TemporaryDirectory dir("data");
+  write_file(dir / "classes.txt", {'a', '\n'});
+  const std::vector<std::int64_t> zero{0};
+  write_file(dir / "labels.npy", npy_bytes(DType::i64, {1}, zero.data(), 8));
+  // 2^20 channels (uint8, channels last): a 1 MiB file that would make a million-channel stem.
+  const Bytes channels(std::size_t{1} << 20, 7);
+  write_file(dir / "images.npy", npy_bytes(DType::u8, {1, 1, 1, 1 << 20}, channels.data(), channels.size()));
+  expect_io_error([&] { read_npy_directory(dir.path()); }, {"images.npy", "the channel count is 1048576", "limit of 1024"});
+  const Bytes row(std::size_t{1} << 17, 7);
+  write_file(dir / "images.npy", npy_bytes(DType::u8, {1, 1, 1 << 17}, row.data(), row.size()));
+  expect_io_error([&] { read_npy_directory(dir.path()); }, {"images.npy", "the width is 131072", "limit of 65536"});
+}
+
+// A 128-byte images.npy of shape (0, 2^40, 1, 1): no data, and once a normalisation loop over 2^40
+// channels that ran for ever while its memory grew.
+TEST_CASE("data: an empty npy with 2^40 channels is refused at once") {
+  TemporaryDirectory dir("data");
+  write_file(dir / "images.npy", npy_bytes(DType::f32, {0, std::int64_t{1} << 40, 1, 1}, nullptr, 0));
+  write_file(dir / "labels.npy", npy_bytes(DType::i64, {0}, nullptr, 0));
+  REQUIRE(fs::file_size(dir / "images.npy") == 128);
+  expect_io_error([&] { read_npy_directory(dir.path()); }, {"images.npy"});
+}
+
+TEST_CASE("data: a zip entry's declared size is never allocated before its data justifies it") {
+  TemporaryDirectory dir("data");
+  const fs::path file = dir / "claims.npz";
+  // ~25 KB of deflated data whose headers claim 0xF0000000 bytes (3.75 GiB): refused before
+  // inflating, since deflate cannot expand 25 KB that far.
+  const Bytes small = noise(25000, 1);
+  write_file(file, make_zip({{"data.npy", small, true, false, 0xF0000000u}}));
+  REQUIRE(fs::file_size(file) < 26000);
+  std::int64_t before = peak_resident_bytes();
+  expect_io_error([&] { ZipArchive(file).read(*ZipArchive(file).find("data.npy")); },
+                  {"claims.npz", "data.npy", "4026531840", "1032"});
+  CHECK(peak_resident_bytes() - before < (std::int64_t{256} << 20));
+
+  // A ZIP64 size of 2^62 (once std::bad_alloc, naming no file).
+  write_file(file, make_zip({{"data.npy", small, true, true, std::uint64_t{1} << 62}}, true));
+  expect_io_error([&] { ZipArchive(file).read(*ZipArchive(file).find("data.npy")); },
+                  {"claims.npz", "data.npy", "4611686018427387904"});
+  write_file(file, make_zip({{"data.npy", small, false, true, std::uint64_t{1} << 62}}, true));  // stored
+  expect_io_error([&] { ZipArchive(file).read(*ZipArchive(file).find("data.npy")); }, {"claims.npz", "data.npy"});
+
+  // A claim deflate could justify (1 GiB from 1.1 MB) but the data does not: the output grows with
+  // what inflates, and stops at the 1.1 MB there are.
+  const Bytes payload = noise(1100000, 2);
+  write_file(file, make_zip({{"data.npy", payload, true, false, std::uint64_t{1} << 30}}));
+  before = peak_resident_bytes();
+  expect_io_error([&] { ZipArchive(file).read(*ZipArchive(file).find("data.npy")); },
+                  {"claims.npz", "data.npy", "1100000", "1073741824"});
+  CHECK(peak_resident_bytes() - before < (std::int64_t{256} << 20));
+  // More data than declared: refused as soon as the output passes the declared size.
+  write_file(file, make_zip({{"data.npy", payload, true, false, 1000}}));
+  expect_io_error([&] { ZipArchive(file).read(*ZipArchive(file).find("data.npy")); },
+                  {"claims.npz", "data.npy", "more than the 1000 bytes"});
+  write_file(file, make_zip({{"data.npy", payload, true, false}}));  // the same entry, honest, reads
+  const ZipArchive zip(file);
+  const ZipEntryBytes read = zip.read(*zip.find("data.npy"));
+  REQUIRE(read.bytes.size() == payload.size());
+  CHECK(std::memcmp(read.bytes.data(), payload.data(), payload.size()) == 0);
+}
+
+TEST_CASE("data: corrupt gzip data is reported where it is, not at byte 0") {
+  // One gzip member, deflated with a full flush after the first 10000 bytes, so that a block starts
+  // at a known compressed byte; that block's header is made invalid. zlib's gz* reader decompressed
+  // the whole file on the first read and reported the error at byte 0 ("reading the magic number").
+  TemporaryDirectory dir("data");
+  const Bytes image_bytes = idx_images(50, 10, 20);  // 16 + 10000 bytes
+  z_stream z{};
+  REQUIRE(deflateInit2(&z, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+  Bytes gz(deflateBound(&z, static_cast<uLong>(image_bytes.size())) + 64);
+  z.next_out = gz.data();
+  z.avail_out = static_cast<uInt>(gz.size());
+  z.next_in = const_cast<Bytef*>(image_bytes.data());
+  z.avail_in = 10000;
+  REQUIRE(deflate(&z, Z_FULL_FLUSH) == Z_OK);
+  const std::size_t block = z.total_out;
+  z.avail_in = static_cast<uInt>(image_bytes.size() - 10000);
+  REQUIRE(deflate(&z, Z_FINISH) == Z_STREAM_END);
+  gz.resize(z.total_out);
+  deflateEnd(&z);
+  write_file(dir / "labels", idx_labels(Bytes(50, 1)));
+  write_file(dir / "good.gz", gz);
+  CHECK(read_idx(dir / "good.gz", dir / "labels", 10).images.data_ptr<std::uint8_t>()[9000] == fixture_pixel(45, 0));
+  gz[block] = 0x07;  // final block of type 3, which does not exist
+  write_file(dir / "bad.gz", gz);
+  expect_io_error([&] { read_idx(dir / "bad.gz", dir / "labels", 10); },
+                  {"bad.gz", "byte 10000 of the decompressed stream", "compressed byte " + std::to_string(block),
+                   "invalid block type"});
+  // A damaged CRC-32 trailer: the data inflates, and the check fails at its end (byte 10016).
+  gz[block] = read_file(dir / "good.gz")[block];
+  gz[gz.size() - 8] ^= 0xFF;
+  write_file(dir / "crc.gz", gz);
+  expect_io_error([&] { read_idx(dir / "crc.gz", dir / "labels", 10); },
+                  {"crc.gz", "byte 10016 of the decompressed stream", "incorrect data check"});
+
+  // Concatenated gzip members read as one stream (as gzip and zlib's gzread read them); bytes after
+  // the last member that are not another member are refused (gzread ignored them).
+  write_gzip(dir / "head.gz", Bytes(image_bytes.begin(), image_bytes.begin() + 5000));
+  write_gzip(dir / "tail.gz", Bytes(image_bytes.begin() + 5000, image_bytes.end()));
+  Bytes members = read_file(dir / "head.gz");
+  append(members, read_file(dir / "tail.gz"));
+  write_file(dir / "members.gz", members);
+  const Dataset joined = read_idx(dir / "members.gz", dir / "labels", 10);
+  CHECK(std::memcmp(joined.images.raw_data(), image_bytes.data() + 16, 10000) == 0);
+  members.push_back(0);
+  members.push_back(0);
+  write_file(dir / "trailing.gz", members);
+  expect_io_error([&] { read_idx(dir / "trailing.gz", dir / "labels", 10); },
+                  {"trailing.gz", "byte 10016 of the decompressed stream", "2 bytes after it are not another gzip member"});
+}
+
+TEST_CASE("data: the number of classes of an npy directory is its classes.txt, not its largest label") {
+  TemporaryDirectory dir("data");
+  const std::vector<float> values(8 * 4, 0.5f);
+  write_file(dir / "images.npy", npy_bytes(DType::f32, {8, 1, 2, 2}, values.data(), 4 * values.size()));
+  const std::vector<std::int64_t> labels{0, 1, 2, 3, 4, 5, 6, 999999};  // one corrupt label
+  write_file(dir / "labels.npy", npy_bytes(DType::i64, {8}, labels.data(), 64));
+  // Without metadata, no guess: a million-class head trained silently from one bad label.
+  expect_io_error([&] { read_npy_directory(dir.path()); }, {"classes.txt", dir.path().string()});
+  std::string names;
+  for (int k = 0; k < 10; ++k) names += "class " + std::to_string(k) + "\n";
+  write_file(dir / "classes.txt", Bytes(names.begin(), names.end()));
+  expect_io_error([&] { read_npy_directory(dir.path()); }, {"labels.npy", "byte 184", "label 999999 of sample 7", "[0, 10)"});
+  const std::vector<std::int64_t> overflow{0, 1, 2, 3, 4, 5, 6, std::numeric_limits<std::int64_t>::max()};
+  write_file(dir / "labels.npy", npy_bytes(DType::i64, {8}, overflow.data(), 64));
+  expect_io_error([&] { read_npy_directory(dir.path()); }, {"labels.npy", "byte 184", "9223372036854775807"});
+}
+
+TEST_CASE("data: classes.txt and a given number of classes are checked") {
+  TemporaryDirectory dir("data");
+  const std::vector<float> values(4 * 4, 0.5f);
+  write_file(dir / "images.npy", npy_bytes(DType::f32, {4, 1, 2, 2}, values.data(), 4 * values.size()));
+  const std::vector<std::int32_t> labels{0, 1, 2, 3};
+  write_file(dir / "labels.npy", npy_bytes(DType::i32, {4}, labels.data(), 16));
+  write_file(dir / "test_images.npy", npy_bytes(DType::f32, {1, 1, 2, 2}, values.data(), 16));
+  const std::vector<std::int64_t> test_labels{5};
+  write_file(dir / "test_labels.npy", npy_bytes(DType::i64, {1}, test_labels.data(), 8));
+  // Given, without classes.txt: the test label 5 is outside 5 classes; 6 are fine.
+  expect_io_error([&] { read_npy_directory(dir.path(), 5); }, {"test_labels.npy", "byte 128", "label 5 of sample 0",
+                                                                "[0, 5)", "given as 5 classes"});
+  CHECK(read_npy_directory(dir.path(), 6).train.classes == 6);
+  CHECK_THROWS_AS(read_npy_directory(dir.path(), kMaxClasses + 1), ValueError);
+  auto classes_txt = [&](const std::string& text) { write_file(dir / "classes.txt", Bytes(text.begin(), text.end())); };
+  classes_txt("a\nb\nc\nd\ne\n");
+  expect_io_error([&] { read_npy_directory(dir.path(), 6); }, {"test_labels.npy", "classes.txt names 5 classes"});
+  classes_txt("a\nb\n\nc\nd\ne\nf\n");  // an empty line would shift the names after it
+  expect_io_error([&] { read_npy_directory(dir.path()); }, {"classes.txt", "byte 4", "line 3 is empty"});
+  classes_txt("");
+  expect_io_error([&] { read_npy_directory(dir.path()); }, {"classes.txt", "names no class"});
+  std::string many;
+  for (std::int64_t k = 0; k <= kMaxClasses; ++k) many += "c" + std::to_string(k) + "\n";
+  classes_txt(many);
+  expect_io_error([&] { read_npy_directory(dir.path()); }, {"classes.txt", "more than 100000 class names"});
+  classes_txt("a\nb\nc\nd\ne\nf\n");
+  CHECK(read_npy_directory(dir.path()).train.classes == 6);
+}
+
+TEST_CASE("data: make_synthetic refuses sizes that overflow or pass the limits, as ValueError") {
+  SyntheticSpec spec{.train_size = std::int64_t{1} << 62, .test_size = 1, .channels = 3, .height = 32, .width = 32};
+  CHECK_THROWS_WITH_AS(make_synthetic(spec), doctest::Contains("--synthetic-size"), ValueError);
+  spec.train_size = 4;
+  spec.channels = kMaxChannels + 1;
+  CHECK_THROWS_WITH_AS(make_synthetic(spec), doctest::Contains("limit of 1024"), ValueError);
+  spec.channels = 3;
+  spec.classes = kMaxClasses + 1;
+  CHECK_THROWS_AS(make_synthetic(spec), ValueError);
 }
 
 // ================================================================ synthetic, factory

@@ -377,6 +377,19 @@ TEST_CASE("npy: a malformed file raises IOError naming the byte offset and the p
   }
 }
 
+// A zero dim once skipped the overflow check: (0, 2^40, 2^40, 2^40) needs 0 bytes and was accepted,
+// though no array of its shape exists (NumPy refuses it too). The product of the other dims, in
+// bytes, must fit 64 bits whatever the zeros.
+TEST_CASE("npy: a zero dim does not hide an element count that overflows") {
+  const std::string_view hidden = "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 1099511627776, 1099511627776, 1099511627776), }";
+  check_error(npy_with_header(hidden, ""), 10 + hidden.size(), "too many elements");
+  const std::string_view last = "{'descr': '<f8', 'fortran_order': False, 'shape': (16, 0, 1152921504606846976), }";
+  check_error(npy_with_header(last, ""), 10 + last.size(), "too many elements");
+  // Zero-size arrays whose other dims fit are still read.
+  const std::string_view fine = "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 1099511627776, 1, 1), }";
+  CHECK(parse_error(npy_with_header(fine, "")).empty());
+}
+
 TEST_CASE("npy: read_npy reports missing and truncated files") {
   TemporaryDirectory dir("npy");
   CHECK_THROWS_WITH_AS(petra::read_npy(dir / "missing.npy"), doctest::Contains("missing.npy"), petra::IOError);

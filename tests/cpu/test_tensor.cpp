@@ -91,3 +91,21 @@ TEST_CASE("devices") {
     CHECK_THROWS_AS(Tensor::empty({2}, DType::f32, Device::cuda(0)), DeviceError);
   }
 }
+
+// A shape whose element count or byte size does not fit 64 bits is refused, not wrapped: [2^31,
+// 2^31, 4] once made a tensor of 0 bytes (2^64 wraps to 0) that claimed 2^64 elements.
+TEST_CASE("sizes that overflow are refused with the shape in the message") {
+  const std::int64_t big = std::int64_t{1} << 31;
+  CHECK_THROWS_WITH_AS(Shape({big, big, 4}), doctest::Contains("[2147483648, 2147483648, 4]"), ShapeError);
+  CHECK_THROWS_WITH_AS(Shape({std::int64_t{1} << 32, std::int64_t{1} << 32}), doctest::Contains("overflows"), ShapeError);
+  // As in NumPy, a zero dim does not excuse the others: their product must fit too.
+  CHECK_THROWS_AS(Shape({0, std::int64_t{1} << 40, std::int64_t{1} << 40}), ShapeError);
+  CHECK_THROWS_AS(Shape({2, 3}).with(1, std::int64_t{1} << 62), ShapeError);
+  CHECK_THROWS_AS(Shape({2, 3}).with(1, -1), ShapeError);
+  CHECK(Shape({0, std::int64_t{1} << 40, 1}).numel() == 0);
+  // The element count fits, the bytes do not (2^61 doubles are 2^64 bytes).
+  CHECK_THROWS_WITH_AS(Tensor::empty({std::int64_t{1} << 61}, DType::f64), doctest::Contains("[2305843009213693952]"),
+                       ShapeError);
+  CHECK_THROWS_AS(Tensor::zeros({std::int64_t{1} << 30, std::int64_t{1} << 31}, DType::f32), ShapeError);
+  CHECK(Tensor::empty({0, std::int64_t{1} << 40}, DType::f64).nbytes() == 0);
+}

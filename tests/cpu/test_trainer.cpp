@@ -111,6 +111,16 @@ TEST_CASE("options of the pipelined methods are refused, with a reason, for the 
   CHECK_THROWS_WITH_AS(Trainer{c}, doctest::Contains("--track-gradient-quality"), ValueError);
 }
 
+TEST_CASE("an empty training set or a --classes beyond the limit is refused with what is wrong") {
+  TrainConfig c = tiny({});
+  c.method = PipelineMethod::backprop;
+  c.synthetic_train_size = 0;  // once a run of no steps, or a division by zero under PETRA
+  CHECK_THROWS_WITH_AS(Trainer{c}, doctest::Contains("--synthetic-size 0: the training set is empty"), ValueError);
+  c.synthetic_train_size = 256;
+  c.classes = 100001;
+  CHECK_THROWS_WITH_AS(Trainer{c}, doctest::Contains("--classes is 100001, above the limit of 100000"), ValueError);
+}
+
 TEST_CASE("resume keys: a mismatch is named; a key added later counts with its old value") {
   TrainConfig c;
   c.method = PipelineMethod::petra;
