@@ -39,7 +39,7 @@ void describe_tensor(const Tensor& t, std::vector<std::int64_t>& header, int at)
               kMaxDims, " dims");
   header[at] = static_cast<std::int64_t>(t.dtype());
   header[at + 1] = static_cast<std::int64_t>(t.shape().ndim());
-  for (std::size_t d = 0; d < t.shape().ndim(); ++d) header[at + 2 + d] = t.shape()[d];
+  for (int d = 0; d < static_cast<int>(t.shape().ndim()); ++d) header[static_cast<std::size_t>(at + 2 + d)] = t.shape()[d];
 }
 
 std::int64_t bytes_of(const Tensor& t) {
