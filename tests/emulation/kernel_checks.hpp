@@ -75,3 +75,22 @@ inline std::string bit_differences(const std::vector<float>& got, const std::vec
 }
 
 }  // namespace petra::emulation_testing
+
+// What every emulated-kernel test uses, in one line: `using namespace petra::emulation_testing::vocabulary;`
+// (the emulation, the oracle and the kernels under test, and the helpers above).
+namespace petra::emulation_testing::vocabulary {
+namespace emu = petra::cuda_emulation;
+namespace ref = petra::kernels::ref;
+namespace cu = petra::kernels::cuda;
+using petra::emulation_testing::AlignedFloats;
+using petra::emulation_testing::bit_differences;
+using petra::emulation_testing::expected_blocks;
+using petra::emulation_testing::kGridCaps;
+using petra::emulation_testing::kGuard;
+using petra::emulation_testing::kOffsets;
+using petra::kernels::HeapWorkspace;
+using petra::kernels::StreamHandle;
+using petra::testing::max_abs_diff;
+using petra::testing::random_values;
+using petra::testing::relative_error;
+}  // namespace petra::emulation_testing::vocabulary

@@ -24,19 +24,8 @@
 
 namespace {
 
-namespace emu = petra::cuda_emulation;
-namespace ref = petra::kernels::ref;
-namespace cu = petra::kernels::cuda;
-using petra::emulation_testing::AlignedFloats;
-using petra::emulation_testing::expected_blocks;
-using petra::emulation_testing::kGridCaps;
-using petra::emulation_testing::kGuard;
+using namespace petra::emulation_testing::vocabulary;
 using petra::kernels::BatchNormShape;
-using petra::kernels::HeapWorkspace;
-using petra::kernels::StreamHandle;
-using petra::testing::max_abs_diff;
-using petra::testing::random_values;
-using petra::testing::relative_error;
 
 constexpr double kEps = 1e-5, kMomentum = 0.1;
 

@@ -21,17 +21,8 @@
 
 namespace {
 
-namespace emu = petra::cuda_emulation;
-namespace ref = petra::kernels::ref;
-namespace cu = petra::kernels::cuda;
-using petra::emulation_testing::AlignedFloats;
-using petra::emulation_testing::bit_differences;
-using petra::emulation_testing::expected_blocks;
-using petra::emulation_testing::kGuard;
-using petra::emulation_testing::kOffsets;
+using namespace petra::emulation_testing::vocabulary;
 using petra::kernels::CouplingShape;
-using petra::kernels::StreamHandle;
-using petra::testing::random_values;
 
 using Op = std::function<void(const StreamHandle&, const CouplingShape&, const float*, const float*,
                               float*)>;

@@ -22,18 +22,7 @@
 
 namespace {
 
-namespace emu = petra::cuda_emulation;
-namespace ref = petra::kernels::ref;
-namespace cu = petra::kernels::cuda;
-using petra::emulation_testing::AlignedFloats;
-using petra::emulation_testing::bit_differences;
-using petra::emulation_testing::expected_blocks;
-using petra::emulation_testing::kGridCaps;
-using petra::emulation_testing::kGuard;
-using petra::emulation_testing::kOffsets;
-using petra::kernels::StreamHandle;
-using petra::testing::random_values;
-using petra::testing::relative_error;
+using namespace petra::emulation_testing::vocabulary;
 
 const std::vector<std::int64_t> kSizes = {1, 2, 3, 4, 5, 31, 33, 1000, 1002, 4099};
 

@@ -20,17 +20,8 @@
 
 namespace {
 
-namespace emu = petra::cuda_emulation;
-namespace ref = petra::kernels::ref;
-namespace cu = petra::kernels::cuda;
-using petra::emulation_testing::AlignedFloats;
-using petra::emulation_testing::expected_blocks;
-using petra::emulation_testing::kGridCaps;
-using petra::emulation_testing::kGuard;
+using namespace petra::emulation_testing::vocabulary;
 using petra::kernels::LinearShape;
-using petra::kernels::StreamHandle;
-using petra::testing::random_values;
-using petra::testing::relative_error;
 
 const std::vector<LinearShape> kShapes = {
     {1, 1, 1},   {1, 31, 1},  {31, 1, 33}, {33, 31, 1}, {2, 33, 31},

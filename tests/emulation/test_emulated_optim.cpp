@@ -24,21 +24,10 @@
 
 namespace {
 
-namespace emu = petra::cuda_emulation;
-namespace ref = petra::kernels::ref;
-namespace cu = petra::kernels::cuda;
-using petra::emulation_testing::AlignedFloats;
-using petra::emulation_testing::expected_blocks;
-using petra::emulation_testing::kGridCaps;
-using petra::emulation_testing::kGuard;
-using petra::emulation_testing::kOffsets;
+using namespace petra::emulation_testing::vocabulary;
 using petra::kernels::AdamOptions;
-using petra::kernels::HeapWorkspace;
 using petra::kernels::LarsOptions;
 using petra::kernels::SgdOptions;
-using petra::kernels::StreamHandle;
-using petra::testing::random_values;
-using petra::testing::relative_error;
 
 const std::vector<std::int64_t> kSizes = {1, 31, 33, 1000, 4099};
 

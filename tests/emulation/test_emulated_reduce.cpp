@@ -23,18 +23,7 @@
 
 namespace {
 
-namespace emu = petra::cuda_emulation;
-namespace ref = petra::kernels::ref;
-namespace cu = petra::kernels::cuda;
-using petra::emulation_testing::AlignedFloats;
-using petra::emulation_testing::bit_differences;
-using petra::emulation_testing::kGridCaps;
-using petra::emulation_testing::kGuard;
-using petra::emulation_testing::kOffsets;
-using petra::kernels::HeapWorkspace;
-using petra::kernels::StreamHandle;
-using petra::testing::random_values;
-using petra::testing::relative_error;
+using namespace petra::emulation_testing::vocabulary;
 using Dims = std::vector<std::int64_t>;
 
 enum class Op { sum, mean, sum_backward, mean_backward };
