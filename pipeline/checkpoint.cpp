@@ -48,17 +48,37 @@ std::vector<fs::path> files_of(const fs::path& dir) {
   return files;
 }
 
-void save_gradients(const fs::path& dir, const nn::Module& model) {
+}  // namespace
+
+void save_gradients(const fs::path& dir, const std::vector<std::pair<std::string, Variable>>& parameters) {
   fs::create_directories(dir);
-  for (const auto& [name, p] : model.named_parameters())
+  for (const auto& [name, p] : parameters)
     if (p.grad().defined()) save_npy(dir / (name + ".npy"), p.grad());
 }
 
-}  // namespace
+std::vector<FileBytes> read_tree(const fs::path& dir) {
+  std::vector<FileBytes> files;
+  std::vector<fs::path> paths;
+  for (const auto& entry : fs::recursive_directory_iterator(dir))
+    if (entry.is_regular_file()) paths.push_back(fs::relative(entry.path(), dir));
+  std::sort(paths.begin(), paths.end());
+  for (const fs::path& p : paths) files.push_back({p.generic_string(), read_file(dir / p)});
+  return files;
+}
+
+void write_tree(const fs::path& dir, const std::vector<FileBytes>& files) {
+  for (const FileBytes& f : files) {
+    const fs::path relative = fs::path(f.path).lexically_normal();
+    PETRA_CHECK(!f.path.empty() && relative.is_relative() && *relative.begin() != "..", CheckpointError,
+                "checkpoint: the part named '", f.path, "' would be written outside ", dir.string());
+    fs::create_directories((dir / relative).parent_path());
+    write_file_atomically(dir / relative, f.bytes);
+  }
+}
 
 fs::path write_checkpoint(const fs::path& root, const std::string& name, const nn::Module& model,
                           const std::vector<CheckpointOptimizer>& optimizers, const CheckpointMeta& meta,
-                          bool with_gradients, const std::function<void(const fs::path&)>& write_pipeline, int keep) {
+                          bool with_gradients, const std::function<void(const fs::path&)>& write_more, int keep) {
   std::error_code ec;
   fs::create_directories(root, ec);
   PETRA_CHECK(!ec, CheckpointError, "checkpoint: cannot create ", root.string(), ": ", ec.message());
@@ -71,8 +91,8 @@ fs::path write_checkpoint(const fs::path& root, const std::string& name, const n
     optimizer->save_state(dir);
     fsync_path(dir / "optimizer_state.txt");
   }
-  if (with_gradients) save_gradients(staging / "grads", model);
-  if (write_pipeline) write_pipeline(staging / "pipeline");  // its files are synced as written
+  if (with_gradients) save_gradients(staging / "grads", model.named_parameters());
+  if (write_more) write_more(staging);  // its files are synced as written
   std::ostringstream text;
   for (const auto& [key, value] : meta) text << key << " = " << value << "\n";
   write_file_atomically(staging / kMeta, text.str());

@@ -39,13 +39,28 @@ struct CheckpointOptimizer {
 };
 
 // Writes checkpoint `name` under `root` and makes it the latest; keeps the newest `keep` ones.
-// `write_pipeline`, if set, writes the pipeline's in-flight state into the directory it is given.
-// Returns the checkpoint's directory.
+// `write_more`, if set, writes further files (the pipeline's state in flight, in pipeline/) into the
+// checkpoint directory it is given, before the MANIFEST is written. Returns the checkpoint's directory.
 std::filesystem::path write_checkpoint(const std::filesystem::path& root, const std::string& name,
                                        const nn::Module& model, const std::vector<CheckpointOptimizer>& optimizers,
                                        const CheckpointMeta& meta, bool with_gradients,
-                                       const std::function<void(const std::filesystem::path&)>& write_pipeline = {},
+                                       const std::function<void(const std::filesystem::path&)>& write_more = {},
                                        int keep = 2);
+
+// Saves the gradients of `parameters` that have one as dir/<name>.npy (the grads/ of a checkpoint).
+void save_gradients(const std::filesystem::path& dir, const std::vector<std::pair<std::string, Variable>>& parameters);
+
+// A file as bytes, named by its path relative to some directory: how the parts of a checkpoint
+// travel between the processes of an --mpi run.
+struct FileBytes {
+  std::string path;
+  std::string bytes;
+};
+// Every regular file under `dir`, sorted by path.
+std::vector<FileBytes> read_tree(const std::filesystem::path& dir);
+// Writes each file under `dir` (creating directories), fsynced. CheckpointError on a path that
+// is absolute or leaves `dir`.
+void write_tree(const std::filesystem::path& dir, const std::vector<FileBytes>& files);
 
 // The directory of the newest complete checkpoint under `root`, verified; CheckpointError if there
 // is none or it is damaged.

@@ -56,6 +56,11 @@ class SequentialExecutor {
   virtual BackwardMessage receive_backward(int j, std::int64_t microbatch, bool wait);
   virtual void send_backward(int j, BackwardMessage message);
   std::chrono::milliseconds message_timeout() const { return message_timeout_; }
+  // The in-process channels: from stage j to j + 1, and from j + 1 to j. An executor with another
+  // transport parks there the messages that arrived before a checkpoint, so that save_in_flight
+  // holds them.
+  Channel<ForwardMessage>& channel_up(int j) { return to_next_[static_cast<std::size_t>(j)]; }
+  Channel<BackwardMessage>& channel_down(int j) { return to_previous_[static_cast<std::size_t>(j)]; }
   // Wakes every waiting worker, which then raises (a worker failed); reopen before the next run.
   void abort_channels();
   void reopen_channels();

@@ -206,8 +206,48 @@ std::pair<Tensor, Tensor> MpiExecutor::receive(int to_stage, int from_stage, Kin
   return tensors;
 }
 
+namespace {
+
+// The mini-batches of stage j's actions of `kind` in steps [0, boundary), in order.
+std::vector<std::int64_t> actions_before(const Schedule& schedule, int j, Action::Kind kind, std::int64_t boundary) {
+  std::vector<std::int64_t> microbatches;
+  for (std::int64_t t = 0; t < boundary; ++t)
+    for (const Action& a : schedule.cells[static_cast<std::size_t>(t)][static_cast<std::size_t>(j)])
+      if (a.kind == kind) microbatches.push_back(a.microbatch);
+  return microbatches;
+}
+
+}  // namespace
+
+void MpiExecutor::collect_in_flight(const Schedule& schedule, std::int64_t boundary) {
+  check_range(schedule, 0, boundary);
+  const int J = schedule.stages;
+  for (int j = 0; j < J; ++j) {
+    if (!hosts(j)) continue;
+    if (j > 0 && !hosts(j - 1)) {  // activations sent up by j - 1 that j has not read yet
+      const auto sent = actions_before(schedule, j - 1, Action::Kind::forward, boundary);
+      const auto read = actions_before(schedule, j, Action::Kind::forward, boundary);
+      for (std::size_t i = read.size() + channel_up(j - 1).pending().size(); i < sent.size(); ++i)
+        channel_up(j - 1).push(receive_forward_from_wire(j, sent[i]));
+    }
+    if (j + 1 < J && !hosts(j + 1)) {  // gradients sent down by j + 1 that j has not read yet
+      const auto sent = actions_before(schedule, j + 1, Action::Kind::backward, boundary);
+      const auto read = actions_before(schedule, j, Action::Kind::backward, boundary);
+      for (std::size_t i = read.size() + channel_down(j).pending().size(); i < sent.size(); ++i)
+        channel_down(j).push(receive_backward_from_wire(j, sent[i]));
+    }
+  }
+  complete_finished_sends();
+}
+
 ForwardMessage MpiExecutor::receive_forward(int j, std::int64_t microbatch, bool wait) {
-  if (hosts(j - 1)) return SequentialExecutor::receive_forward(j, microbatch, wait);
+  // Messages of the same process, and those collected before a checkpoint, wait in the channel.
+  if (hosts(j - 1) || !channel_up(j - 1).pending().empty())
+    return SequentialExecutor::receive_forward(j, microbatch, wait);
+  return receive_forward_from_wire(j, microbatch);
+}
+
+ForwardMessage MpiExecutor::receive_forward_from_wire(int j, std::int64_t microbatch) {
   // Tagged as the sender's forward tags it: the input buffer of j when j keeps its inputs.
   const bool kept = stage(static_cast<std::size_t>(j)).keeps_input();
   auto [activation, labels] =
@@ -221,7 +261,12 @@ void MpiExecutor::send_forward(int j, ForwardMessage message) {
 }
 
 BackwardMessage MpiExecutor::receive_backward(int j, std::int64_t microbatch, bool wait) {
-  if (hosts(j + 1)) return SequentialExecutor::receive_backward(j, microbatch, wait);
+  if (hosts(j + 1) || !channel_down(j).pending().empty())
+    return SequentialExecutor::receive_backward(j, microbatch, wait);
+  return receive_backward_from_wire(j, microbatch);
+}
+
+BackwardMessage MpiExecutor::receive_backward_from_wire(int j, std::int64_t microbatch) {
   auto [input, gradient] = receive(j, j + 1, kBackward, microbatch, MemoryTag::messages, j + 1);
   return {microbatch, std::move(input), std::move(gradient)};
 }
@@ -267,6 +312,83 @@ struct MpiLife {
   }
 };
 
+// Files as one string: per file, the path's and the bytes' lengths (8 bytes each), then both.
+std::string pack(const std::vector<FileBytes>& files) {
+  std::string packed;
+  const auto put_size = [&](std::uint64_t n) { packed.append(reinterpret_cast<const char*>(&n), sizeof n); };
+  for (const FileBytes& f : files) {
+    put_size(f.path.size());
+    put_size(f.bytes.size());
+    packed += f.path;
+    packed += f.bytes;
+  }
+  return packed;
+}
+
+std::vector<FileBytes> unpack(const std::string& packed) {
+  std::vector<FileBytes> files;
+  std::size_t at = 0;
+  const auto take = [&](std::size_t n) {
+    PETRA_CHECK(n <= packed.size() - at, Error, "mpi: a packed file list is cut short at byte ", at);
+    std::string part = packed.substr(at, n);
+    at += n;
+    return part;
+  };
+  const auto take_size = [&] {
+    std::uint64_t n = 0;
+    std::memcpy(&n, take(sizeof n).data(), sizeof n);
+    return static_cast<std::size_t>(n);
+  };
+  while (at < packed.size()) {
+    const std::size_t path_size = take_size(), bytes_size = take_size();
+    std::string path = take(path_size);
+    files.push_back({std::move(path), take(bytes_size)});
+  }
+  return files;
+}
+
+// MPI counts in int: strings longer than that are sent in pieces (of at most 1 GiB).
+constexpr std::size_t kPiece = std::size_t{1} << 30;
+
+void broadcast_string(std::string& text, int root) {
+  std::uint64_t size = text.size();
+  check_mpi(MPI_Bcast(&size, 1, MPI_UINT64_T, root, MPI_COMM_WORLD), "MPI_Bcast");
+  text.resize(static_cast<std::size_t>(size));
+  for (std::size_t at = 0; at < text.size(); at += kPiece)
+    check_mpi(MPI_Bcast(text.data() + at, static_cast<int>(std::min(kPiece, text.size() - at)), MPI_BYTE, root,
+                        MPI_COMM_WORLD),
+              "MPI_Bcast");
+}
+
+// Every process's string, in rank order, on rank 0 (empty elsewhere): each sends to rank 0 in turn.
+std::vector<std::string> gather_strings(const std::string& mine) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  constexpr int kTag = 2 * kTagPerKind;  // beyond the pipeline's tags
+  if (rank != 0) {
+    std::uint64_t n = mine.size();
+    check_mpi(MPI_Send(&n, 1, MPI_UINT64_T, 0, kTag, MPI_COMM_WORLD), "MPI_Send");
+    for (std::size_t at = 0; at < mine.size(); at += kPiece)
+      check_mpi(MPI_Send(mine.data() + at, static_cast<int>(std::min(kPiece, mine.size() - at)), MPI_BYTE, 0, kTag,
+                         MPI_COMM_WORLD),
+                "MPI_Send");
+    return {};
+  }
+  std::vector<std::string> all{mine};
+  for (int from = 1; from < size; ++from) {
+    std::uint64_t n = 0;
+    check_mpi(MPI_Recv(&n, 1, MPI_UINT64_T, from, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
+    std::string text(static_cast<std::size_t>(n), '\0');
+    for (std::size_t at = 0; at < text.size(); at += kPiece)
+      check_mpi(MPI_Recv(text.data() + at, static_cast<int>(std::min(kPiece, text.size() - at)), MPI_BYTE, from, kTag,
+                         MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+                "MPI_Recv");
+    all.push_back(std::move(text));
+  }
+  return all;
+}
+
 class MpiProcessGroup : public ProcessGroup {
  public:
   MpiProcessGroup() {
@@ -279,6 +401,33 @@ class MpiProcessGroup : public ProcessGroup {
   std::unique_ptr<SequentialExecutor> make_executor(nn::Model& model, const RuntimeOptions& options) override {
     placement_ = MpiExecutor::even_placement(static_cast<int>(model.num_stages()), size_);
     return std::make_unique<MpiExecutor>(model, options, placement_, MPI_COMM_WORLD);
+  }
+  bool hosts(int stage) const override { return placement_.at(static_cast<std::size_t>(stage)) == rank_; }
+  void collect_in_flight(SequentialExecutor& executor, const Schedule& schedule, std::int64_t boundary) override {
+    auto* mpi = dynamic_cast<MpiExecutor*>(&executor);
+    PETRA_CHECK(mpi != nullptr, ValueError, "collect_in_flight: not the executor of this process group");
+    mpi->collect_in_flight(schedule, boundary);
+  }
+  std::vector<FileBytes> gather_files(const std::vector<FileBytes>& mine) override {
+    const std::string packed = pack(mine);
+    const std::vector<std::string> all = gather_strings(packed);
+    std::vector<FileBytes> files;
+    for (const std::string& part : all)
+      for (FileBytes& f : unpack(part)) files.push_back(std::move(f));
+    return files;
+  }
+  std::vector<FileBytes> broadcast_files(const std::vector<FileBytes>& from_first) override {
+    std::string packed = rank_ == 0 ? pack(from_first) : std::string();
+    broadcast_string(packed, 0);
+    return unpack(packed);
+  }
+  std::string first_error(const std::string& mine) override {
+    int failed = mine.empty() ? size_ : rank_;  // the lowest failing rank, or size_ for none
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce");
+    if (failed == size_) return {};
+    std::string message = rank_ == failed ? mine : std::string();
+    broadcast_string(message, failed);
+    return rank_ == failed ? message : fmt::format("process {}: {}", failed, message);
   }
   void sum(std::span<double> values) override {
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM,

@@ -45,6 +45,12 @@ class MpiExecutor : public SequentialExecutor {
   int rank() const { return rank_; }
   bool hosts(int stage) const { return rank_of_stage_.at(static_cast<std::size_t>(stage)) == rank_; }
 
+  // Receives into the in-process channels every message that a stage of this process reads after
+  // step `boundary` but that another process sent before it (counted from the schedule's cells), so
+  // that save_in_flight holds this process's whole state in flight; a later receive reads them
+  // first. Call it between run()s, after the steps before `boundary`, on every process.
+  void collect_in_flight(const Schedule& schedule, std::int64_t boundary);
+
   // Stage j's parameters, from the rank that hosts it to every rank (collective: call it on all).
   void broadcast_parameters(nn::Model& model);
 
@@ -77,6 +83,9 @@ class MpiExecutor : public SequentialExecutor {
   std::pair<Tensor, Tensor> receive(int to_stage, int from_stage, Kind kind, std::int64_t microbatch,
                                     MemoryTag tag, int owner);
   void complete_finished_sends();
+  // Stage j's next message from another process, from MPI itself.
+  ForwardMessage receive_forward_from_wire(int j, std::int64_t microbatch);
+  BackwardMessage receive_backward_from_wire(int j, std::int64_t microbatch);
 
   std::vector<int> rank_of_stage_;
   MPI_Comm comm_;

@@ -7,12 +7,22 @@
 // the processes, and every stage's parameters and buffers (batch norm's running statistics) go from
 // the process that trained them to all, so every process holds the whole model and evaluates it
 // identically.
+//
+// Checkpoints (Trainer::save_checkpoint): each process writes its part (its stages' optimizer state,
+// gradients and state in flight, after collect_in_flight has taken off the wire the messages its
+// stages have been sent but not yet read) and sends it to the first process, which writes the one
+// checkpoint directory and its one MANIFEST. A resume goes the other way: the first process reads
+// and verifies the checkpoint and sends it to all. So only the first process needs to see the
+// checkpoint directory.
 #pragma once
 
 #include <memory>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "petra/nn/models.hpp"
+#include "petra/pipeline/checkpoint.hpp"
 #include "petra/pipeline/executor.hpp"
 
 namespace petra::pipeline {
@@ -28,6 +38,20 @@ class ProcessGroup {
   virtual void sum(std::span<double> values) = 0;
   // Every stage's parameters and buffers, from the process hosting it to all (collective).
   virtual void share_model(nn::Model& model) = 0;
+  // True when stage j's cells run in this process (after make_executor).
+  virtual bool hosts(int stage) const = 0;
+  // Receives, into the executor's in-process channels, every message that a stage of this process
+  // reads after step `boundary` of `schedule` but that another process sent before it: then the
+  // executor's save_in_flight holds this process's whole state in flight. Every process must have
+  // run the steps before `boundary`. The executor must be the one make_executor returned.
+  virtual void collect_in_flight(SequentialExecutor& executor, const Schedule& schedule, std::int64_t boundary) = 0;
+  // Collective: every process's files, in rank order, on the first process; nothing elsewhere.
+  virtual std::vector<FileBytes> gather_files(const std::vector<FileBytes>& mine) = 0;
+  // Collective: the first process's files on every process.
+  virtual std::vector<FileBytes> broadcast_files(const std::vector<FileBytes>& from_first) = 0;
+  // Collective: "" when every process passes "", else the message of the lowest rank that failed,
+  // on every process; so that a failure on one process stops all instead of leaving them waiting.
+  virtual std::string first_error(const std::string& mine) = 0;
 };
 
 // The processes of MPI_COMM_WORLD; initialises MPI if needed (and finalises it at exit). DeviceError

@@ -51,8 +51,6 @@ void validate(const TrainConfig& c) {
   PETRA_CHECK(!c.mpi || is_delayed(c.method), ValueError,
               "--mpi spreads a pipeline's stages over processes: use a pipelined method (petra, dsp, ...)");
   PETRA_CHECK(!c.mpi || c.devices.empty(), ValueError, "--mpi: each process is one worker; leave out --devices");
-  PETRA_CHECK(!c.mpi || c.checkpoint_dir.empty(), ValueError,
-              "--mpi with --checkpoint-dir is not supported yet (checkpoints across processes)");
   PETRA_CHECK(!c.mpi || c.track_gradient_quality == 0, ValueError,
               "--mpi with --track-gradient-quality is not supported yet");
   PETRA_CHECK(c.message_timeout > 0, ValueError, "--message-timeout must be > 0 seconds, got ", c.message_timeout);

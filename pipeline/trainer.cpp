@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <set>
+
+#include <unistd.h>
 
 #include "petra/checked.hpp"
 #include "petra/functions.hpp"
@@ -77,7 +80,10 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   nn::validate(schedule_);
 
   build_schedule_and_executor();
-  if (config_.resume) restore_checkpoint(latest_checkpoint(config_.checkpoint_dir));
+  if (config_.resume && group_)
+    restore_checkpoint_across_processes();
+  else if (config_.resume)
+    restore_checkpoint(latest_checkpoint(config_.checkpoint_dir));
 }
 
 // The whole run is one schedule: mini-batch m is batch m % S of epoch m / S. A synchronous grid has
@@ -276,14 +282,66 @@ void Trainer::save_checkpoint() {
   meta["format"] = "2";  // 2: every method runs on the executor (one optimizer per stage)
   meta["next_epoch"] = std::to_string(epoch_);
   meta["global_step"] = std::to_string(global_step_);
-  const auto write_pipeline = [this](const std::filesystem::path& dir) { executor_->save_in_flight(dir); };
+  if (group_) return save_checkpoint_across_processes(meta);
+  const auto write_pipeline = [this](const std::filesystem::path& dir) { executor_->save_in_flight(dir / "pipeline"); };
   // Any stage may hold an open accumulation window: its gradients are saved with the model.
   last_checkpoint_ = write_checkpoint(config_.checkpoint_dir, fmt::format("epoch-{:06d}", epoch_), *model_,
                                       checkpoint_optimizers(), meta, /*gradients=*/true, write_pipeline);
 }
 
-void Trainer::restore_checkpoint(const std::filesystem::path& dir) {
-  const CheckpointMeta meta = read_checkpoint_meta(dir);
+// A temporary directory of this process's own (several processes may share a machine).
+std::filesystem::path Trainer::scratch_directory(const char* what) const {
+  return std::filesystem::temp_directory_path() / fmt::format("petra-{}-{}-rank-{}", what, ::getpid(), rank());
+}
+
+// Each process writes its part: its stages' optimizer state and gradients in optimizer/ and grads/,
+// as one process would, and its state in flight in pipeline/rank-R/ (the messages on the wire
+// collected first). The first process receives every part and writes them, with the model (which
+// every process holds whole at the end of an epoch), as one checkpoint with one MANIFEST.
+void Trainer::save_checkpoint_across_processes(CheckpointMeta meta) {
+  namespace fs = std::filesystem;
+  meta["processes"] = std::to_string(group_->size());
+  const fs::path part = scratch_directory("checkpoint-part");
+  std::vector<FileBytes> files;
+  std::string error;
+  try {
+    group_->collect_in_flight(*executor_, grid_, global_step_);
+    fs::remove_all(part);
+    for (std::size_t j = 0; j < executor_->num_stages(); ++j) {
+      if (!group_->hosts(static_cast<int>(j))) continue;
+      executor_->stage(j).optimizer().save_state(part / "optimizer" / fmt::format("stage-{:02d}", j));
+      std::set<const void*> in_stage;  // the stage's parameters, by their storage
+      for (const Variable& p : model_->stage(j).parameters()) in_stage.insert(p.data().raw_data());
+      std::vector<std::pair<std::string, Variable>> parameters;
+      for (const auto& [name, p] : model_->named_parameters())
+        if (in_stage.count(p.data().raw_data())) parameters.emplace_back(name, p);
+      save_gradients(part / "grads", parameters);
+    }
+    executor_->save_in_flight(part / "pipeline" / fmt::format("rank-{}", rank()));
+    files = read_tree(part);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  fs::remove_all(part);
+  if (const std::string first = group_->first_error(error); !first.empty())
+    throw CheckpointError("checkpoint: " + first);
+  files = group_->gather_files(files);
+  error.clear();
+  if (rank() == 0) {
+    try {
+      last_checkpoint_ = write_checkpoint(config_.checkpoint_dir, fmt::format("epoch-{:06d}", epoch_), *model_, {},
+                                          meta, /*gradients=*/false,
+                                          [&](const fs::path& dir) { write_tree(dir, files); });
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (const std::string first = group_->first_error(error); !first.empty())
+    throw CheckpointError("checkpoint: " + first);
+}
+
+// Refuses a checkpoint that this run cannot continue, saying why.
+void Trainer::check_resumable(const std::filesystem::path& dir, const CheckpointMeta& meta) const {
   const auto mine = describe(config_);
   // Format 1 checkpoints of a synchronous method hold one optimizer for the whole model; those of a
   // delayed method are laid out as format 2 (one optimizer per stage, the pipeline in flight).
@@ -298,11 +356,61 @@ void Trainer::restore_checkpoint(const std::filesystem::path& dir) {
     PETRA_CHECK(meta.count("epochs") && meta.at("epochs") == mine.at("epochs"), CheckpointError, "checkpoint ",
                 dir.string(), " belongs to a pipelined run of ", meta.count("epochs") ? meta.at("epochs") : "?",
                 " epochs; resume it with the same --epochs (this run has ", mine.at("epochs"), ")");
+  // The state in flight is kept per process: the same number of processes must continue it.
+  const std::string theirs = meta.count("processes") ? meta.at("processes") : "1";
+  const std::string ours = std::to_string(group_ ? group_->size() : 1);
+  PETRA_CHECK(theirs == ours, CheckpointError, "checkpoint ", dir.string(), " was written by ", theirs,
+              " process(es) (--mpi); resume it with ", theirs, ", not ", ours);
+}
+
+void Trainer::restore_checkpoint(const std::filesystem::path& dir) {
+  const CheckpointMeta meta = read_checkpoint_meta(dir);
+  check_resumable(dir, meta);
+  load_checkpoint(dir, meta, dir / "pipeline");
+  last_checkpoint_ = dir;
+}
+
+void Trainer::load_checkpoint(const std::filesystem::path& dir, const CheckpointMeta& meta,
+                              const std::filesystem::path& in_flight) {
   pipeline::restore_checkpoint(dir, *model_, checkpoint_optimizers());
-  executor_->load_in_flight(dir / "pipeline");
+  executor_->load_in_flight(in_flight);
   epoch_ = std::stoll(meta.at("next_epoch"));
   global_step_ = std::stoll(meta.at("global_step"));
-  last_checkpoint_ = dir;
+}
+
+// The first process finds, verifies and checks the latest checkpoint and sends it to all; each
+// loads the model, every stage's optimizer state (it uses its own stages') and its own state in
+// flight, pipeline/rank-R/. A failure on any process stops all with its message.
+void Trainer::restore_checkpoint_across_processes() {
+  namespace fs = std::filesystem;
+  fs::path dir;
+  std::vector<FileBytes> files;
+  std::string error;
+  if (rank() == 0) {
+    try {
+      dir = latest_checkpoint(config_.checkpoint_dir);
+      check_resumable(dir, read_checkpoint_meta(dir));
+      files = read_tree(dir);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (const std::string first = group_->first_error(error); !first.empty()) throw CheckpointError(first);
+  files = group_->broadcast_files(files);
+  const fs::path local = rank() == 0 ? dir : scratch_directory("resume");
+  error.clear();
+  try {
+    if (rank() != 0) {
+      fs::remove_all(local);
+      write_tree(local, files);
+    }
+    load_checkpoint(local, read_checkpoint_meta(local), local / "pipeline" / fmt::format("rank-{}", rank()));
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (rank() != 0) fs::remove_all(local);
+  if (const std::string first = group_->first_error(error); !first.empty()) throw CheckpointError(first);
+  last_checkpoint_ = rank() == 0 ? dir : config_.checkpoint_dir;  // only the first process reports it
 }
 
 }  // namespace petra::pipeline

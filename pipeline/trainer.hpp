@@ -99,7 +99,14 @@ class Trainer {
   MiniBatch batch_of(std::int64_t microbatch) const;
   std::vector<CheckpointOptimizer> checkpoint_optimizers();
   void save_checkpoint();
+  void save_checkpoint_across_processes(CheckpointMeta meta);
+  void check_resumable(const std::filesystem::path& dir, const CheckpointMeta& meta) const;
   void restore_checkpoint(const std::filesystem::path& dir);
+  void restore_checkpoint_across_processes();
+  // Model, optimizers and gradients from checkpoint `dir`, the state in flight from `in_flight`.
+  void load_checkpoint(const std::filesystem::path& dir, const CheckpointMeta& meta,
+                       const std::filesystem::path& in_flight);
+  std::filesystem::path scratch_directory(const char* what) const;
 
   TrainConfig config_;
   data::Split split_;
