@@ -339,6 +339,11 @@ int main(int argc, char** argv) {
                "spread the stages over the processes of mpirun (contiguous groups; the first process reports): "
                "mpirun --allow-run-as-root --oversubscribe -np 2 build/petra-train --mpi --method petra")
       ->group(pipelining);
+  app.add_option("--replicas", c.replicas,
+                 "with --mpi: copies of the pipeline, each on -np / R processes, training their share of every "
+                 "epoch's mini-batches and averaging each stage's gradients before its update (data parallel; "
+                 "a synchronous method needs R = -np)")
+      ->group(pipelining);
   app.add_option("--message-timeout", c.message_timeout,
                  "seconds a worker waits for a message before the run fails as stuck (default 600)")
       ->group(pipelining);

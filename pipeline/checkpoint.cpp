@@ -183,9 +183,13 @@ void restore_checkpoint(const fs::path& dir, const nn::Module& model, const std:
   model.load_state(dir / "model");
   for (const auto& [subdirectory, optimizer] : optimizers) optimizer->load_state(dir / "optimizer" / subdirectory);
   model.zero_grad();
-  if (!fs::exists(dir / "grads")) return;
+  load_gradients(dir / "grads", model);
+}
+
+void load_gradients(const fs::path& dir, const nn::Module& model) {
+  if (!fs::exists(dir)) return;
   for (const auto& [name, p] : model.named_parameters()) {
-    const fs::path file = dir / "grads" / (name + ".npy");
+    const fs::path file = dir / (name + ".npy");
     if (!fs::exists(file)) continue;
     MemoryScope scope(MemoryTag::gradients, p.data().storage()->owner());
     Tensor g = load_npy(file, p.data().device());

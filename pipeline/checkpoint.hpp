@@ -47,8 +47,10 @@ std::filesystem::path write_checkpoint(const std::filesystem::path& root, const 
                                        const std::function<void(const std::filesystem::path&)>& write_more = {},
                                        int keep = 2);
 
-// Saves the gradients of `parameters` that have one as dir/<name>.npy (the grads/ of a checkpoint).
+// Saves the gradients of `parameters` that have one as dir/<name>.npy (the grads/ of a checkpoint);
+// load_gradients sets the gradient of each of the model's parameters that has a file there.
 void save_gradients(const std::filesystem::path& dir, const std::vector<std::pair<std::string, Variable>>& parameters);
+void load_gradients(const std::filesystem::path& dir, const nn::Module& model);
 
 // A file as bytes, named by its path relative to some directory: how the parts of a checkpoint
 // travel between the processes of an --mpi run.

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "petra/allocator.hpp"
+#include "petra/ops.hpp"
 #include "petra/pipeline/process_group.hpp"
 #include "petra/stream.hpp"
 
@@ -85,6 +86,7 @@ MpiExecutor::~MpiExecutor() {
 void MpiExecutor::run(const Schedule& schedule, std::int64_t first, std::int64_t last, const BatchSource& batches,
                       const HeadCallback& on_head) {
   check_range(schedule, first, last);
+  if (ranks_ == 1) return SequentialExecutor::run(schedule, first, last, batches, on_head);  // replicas only
   PETRA_CHECK(is_delayed(schedule.method), ValueError, "mpi executor: ", name_of(schedule.method),
               " is synchronous; its stages cannot overlap across processes");
   for (std::int64_t t = first; t < last; ++t) {
@@ -391,28 +393,68 @@ std::vector<std::string> gather_strings(const std::string& mine) {
 
 class MpiProcessGroup : public ProcessGroup {
  public:
-  MpiProcessGroup() {
+  explicit MpiProcessGroup(int replicas) : replicas_(replicas) {
     static MpiLife life;
     check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+    PETRA_CHECK(replicas_ >= 1 && size_ % replicas_ == 0, ValueError, "--replicas ", replicas_,
+                " does not divide the ", size_, " processes of mpirun (each replica needs as many processes)");
+    group_size_ = size_ / replicas_;
+    replica_ = rank_ / group_size_;
+    // pipeline_: the processes of this replica; across_: those hosting the same stages in every replica.
+    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, replica_, rank_, &pipeline_), "MPI_Comm_split");
+    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, rank_ % group_size_, rank_, &across_), "MPI_Comm_split");
+  }
+  ~MpiProcessGroup() override {
+    int finalised = 0;
+    MPI_Finalized(&finalised);
+    if (finalised) return;
+    MPI_Comm_free(&pipeline_);
+    MPI_Comm_free(&across_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  int replica() const override { return replica_; }
+  int replicas() const override { return replicas_; }
   std::unique_ptr<SequentialExecutor> make_executor(nn::Model& model, const RuntimeOptions& options) override {
-    placement_ = MpiExecutor::even_placement(static_cast<int>(model.num_stages()), size_);
-    return std::make_unique<MpiExecutor>(model, options, placement_, MPI_COMM_WORLD);
+    PETRA_CHECK(is_delayed(options.method) || group_size_ == 1, ValueError, "--mpi: ", name_of(options.method),
+                " is synchronous, its stages cannot overlap across processes; run one process per replica "
+                "(--replicas equal to mpirun's -np, ", size_, ") or a pipelined method");
+    placement_ = MpiExecutor::even_placement(static_cast<int>(model.num_stages()), group_size_);
+    return std::make_unique<MpiExecutor>(model, options, placement_, pipeline_);
   }
-  bool hosts(int stage) const override { return placement_.at(static_cast<std::size_t>(stage)) == rank_; }
+  bool hosts(int stage) const override {
+    return placement_.at(static_cast<std::size_t>(stage)) == rank_ % group_size_;
+  }
+  void average_over_replicas(const std::vector<Variable>& parameters) override {
+    // A reduction to one process then a broadcast, rather than MPI_Allreduce, whose result MPI
+    // does not promise to be the same bits on every process.
+    for (const Variable& p : parameters) {
+      if (!p.grad().defined()) continue;
+      PETRA_CHECK(p.grad().device().is_cpu(), DeviceError, "--replicas: gradients on ", p.grad().device().str(),
+                  " need NCCL, which petra does not use yet");
+      MemoryScope scope(MemoryTag::gradients, p.data().storage()->owner());
+      Tensor sum = p.grad().clone();
+      const MPI_Datatype type = p.grad().dtype() == DType::f64 ? MPI_DOUBLE : MPI_FLOAT;
+      PETRA_CHECK(p.grad().dtype() == DType::f64 || p.grad().dtype() == DType::f32, ValueError,
+                  "--replicas: gradients of dtype ", name_of(p.grad().dtype()), " cannot be averaged");
+      const int count = static_cast<int>(sum.numel());
+      if (replica_ == 0)
+        check_mpi(MPI_Reduce(MPI_IN_PLACE, sum.raw_data(), count, type, MPI_SUM, 0, across_), "MPI_Reduce");
+      else
+        check_mpi(MPI_Reduce(sum.raw_data(), nullptr, count, type, MPI_SUM, 0, across_), "MPI_Reduce");
+      check_mpi(MPI_Bcast(sum.raw_data(), count, type, 0, across_), "MPI_Bcast");
+      p.set_grad(ops::scale(sum, 1.0 / static_cast<double>(replicas_)));
+    }
+  }
   void collect_in_flight(SequentialExecutor& executor, const Schedule& schedule, std::int64_t boundary) override {
     auto* mpi = dynamic_cast<MpiExecutor*>(&executor);
     PETRA_CHECK(mpi != nullptr, ValueError, "collect_in_flight: not the executor of this process group");
     mpi->collect_in_flight(schedule, boundary);
   }
   std::vector<FileBytes> gather_files(const std::vector<FileBytes>& mine) override {
-    const std::string packed = pack(mine);
-    const std::vector<std::string> all = gather_strings(packed);
     std::vector<FileBytes> files;
-    for (const std::string& part : all)
+    for (const std::string& part : gather_strings(pack(mine)))
       for (FileBytes& f : unpack(part)) files.push_back(std::move(f));
     return files;
   }
@@ -436,7 +478,7 @@ class MpiProcessGroup : public ProcessGroup {
   }
   void share_model(nn::Model& model) override {
     for (std::size_t j = 0; j < model.num_stages(); ++j) {
-      const int root = placement_.at(j);
+      const int root = placement_.at(j);  // in replica 0, whose ranks are 0 .. group size - 1
       const auto share = [&](const Tensor& t) {
         check_mpi(MPI_Bcast(t.raw_data(), static_cast<int>(bytes_of(t)), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
       };
@@ -447,11 +489,13 @@ class MpiProcessGroup : public ProcessGroup {
 
  private:
   int rank_ = 0, size_ = 1;
-  std::vector<int> placement_;
+  int replicas_ = 1, replica_ = 0, group_size_ = 1;  // group size: the processes of one replica
+  MPI_Comm pipeline_ = MPI_COMM_NULL, across_ = MPI_COMM_NULL;
+  std::vector<int> placement_;  // stage -> rank within a replica
 };
 
 }  // namespace
 
-std::unique_ptr<ProcessGroup> mpi_process_group() { return std::make_unique<MpiProcessGroup>(); }
+std::unique_ptr<ProcessGroup> mpi_process_group(int replicas) { return std::make_unique<MpiProcessGroup>(replicas); }
 
 }  // namespace petra::pipeline

@@ -8,6 +8,12 @@
 // the process that trained them to all, so every process holds the whole model and evaluates it
 // identically.
 //
+// Data-parallel replicas (--replicas R): R copies of the pipeline, replica r trains the mini-batches
+// r, r + R, r + 2R, ... of each epoch, and every update of a stage first averages its gradients
+// over the replicas (MPI_Reduce then MPI_Bcast, so that every replica gets the same bits and the
+// copies never drift apart). Batch norm's running statistics stay per replica during an epoch; at
+// its end every process takes replica 0's, as PyTorch's DistributedDataParallel does with buffers.
+//
 // Checkpoints (Trainer::save_checkpoint): each process writes its part (its stages' optimizer state,
 // gradients and state in flight, after collect_in_flight has taken off the wire the messages its
 // stages have been sent but not yet read) and sends it to the first process, which writes the one
@@ -32,6 +38,13 @@ class ProcessGroup {
   virtual ~ProcessGroup() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // --replicas R: the size() processes hold R copies of the pipeline, each spread over size() / R
+  // processes (replica r: ranks [r * size() / R, (r + 1) * size() / R)). This process's copy is replica().
+  virtual int replica() const = 0;
+  virtual int replicas() const = 0;
+  // Collective among the processes hosting the same stage in every replica: each gradient of
+  // `parameters` becomes the mean over the replicas, the same bits on each.
+  virtual void average_over_replicas(const std::vector<Variable>& parameters) = 0;
   // The executor of this process's stages (contiguous groups, balanced by count).
   virtual std::unique_ptr<SequentialExecutor> make_executor(nn::Model& model, const RuntimeOptions& options) = 0;
   // Element-wise sums over the processes, in place.
@@ -54,8 +67,9 @@ class ProcessGroup {
   virtual std::string first_error(const std::string& mine) = 0;
 };
 
-// The processes of MPI_COMM_WORLD; initialises MPI if needed (and finalises it at exit). DeviceError
-// when petra was built without MPI.
-std::unique_ptr<ProcessGroup> mpi_process_group();
+// The processes of MPI_COMM_WORLD as `replicas` copies of the pipeline; initialises MPI if needed
+// (and finalises it at exit). ValueError when `replicas` does not divide the number of processes,
+// DeviceError when petra was built without MPI.
+std::unique_ptr<ProcessGroup> mpi_process_group(int replicas = 1);
 
 }  // namespace petra::pipeline

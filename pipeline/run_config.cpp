@@ -48,8 +48,9 @@ void validate(const TrainConfig& c) {
   PETRA_CHECK(c.threads_per_device <= 4 * cores, ValueError, "--threads-per-device ", c.threads_per_device,
               " but this machine has ", cores, " cores (at most ", 4 * cores, ")");
   PETRA_CHECK(c.max_steps >= -1, ValueError, "--max-steps must be >= 0 (or -1: no limit), got ", c.max_steps);
-  PETRA_CHECK(!c.mpi || is_delayed(c.method), ValueError,
-              "--mpi spreads a pipeline's stages over processes: use a pipelined method (petra, dsp, ...)");
+  PETRA_CHECK(c.replicas >= 1, ValueError, "--replicas must be >= 1, got ", c.replicas);
+  PETRA_CHECK(c.replicas == 1 || c.mpi, ValueError, "--replicas ", c.replicas, " needs --mpi (one process per stage "
+              "group and replica)");
   PETRA_CHECK(!c.mpi || c.devices.empty(), ValueError, "--mpi: each process is one worker; leave out --devices");
   PETRA_CHECK(!c.mpi || c.track_gradient_quality == 0, ValueError,
               "--mpi with --track-gradient-quality is not supported yet");

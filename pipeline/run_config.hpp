@@ -40,8 +40,9 @@ struct TrainConfig {
   bool flush_each_epoch = false;  // drain the pipeline at every epoch end (default: never flushed)
   nn::StatisticsPass bn_statistics = nn::StatisticsPass::forward;  // which pass moves BN running stats
   bool delay_compensation = false;  // spike compensation of the delayed stages' momentum (sgd only)
-  double message_timeout = 600;
-  bool mpi = false;  // the stages spread over the processes of mpirun (pipeline/process_group.hpp)  // seconds a concurrent worker waits for a message before the run fails
+  double message_timeout = 600;  // seconds a worker waits for a message before the run fails
+  bool mpi = false;  // the stages spread over the processes of mpirun (pipeline/process_group.hpp)
+  int replicas = 1;  // --mpi: copies of the pipeline, their gradients averaged (data parallel)
   std::int64_t epochs = 10;
   std::int64_t max_steps = -1;  // stop after this many mini-batches in total (-1: no limit)
   std::int64_t batch_size = 64;

@@ -166,6 +166,12 @@ BackwardMessage StageRuntime::backward(BackwardMessage from_above) {
   return out;
 }
 
+std::int64_t replica_microbatch(std::int64_t m, std::int64_t iterations_per_epoch, int replicas) {
+  if (replicas == 1) return m;
+  const std::int64_t per_replica = iterations_per_epoch / replicas;
+  return m / per_replica * iterations_per_epoch + m % per_replica * replicas + replicas - 1;
+}
+
 BackwardMessage StageRuntime::head_step(ForwardMessage in, HeadStats& stats) {
   MemoryScope scope(MemoryTag::activations, index_);
   const std::vector<Tensor> before = gradients_before();
@@ -186,7 +192,9 @@ void StageRuntime::update(std::int64_t microbatch) {
       for (const auto& p : stage_.parameters())
         if (p.grad().defined()) p.set_grad(ops::scale(p.grad(), inverse));
     }
-    optimizer_->step(nn::learning_rate(options_.schedule, microbatch, options_.iterations_per_epoch));
+    if (options_.average_over_replicas) options_.average_over_replicas(stage_.parameters());
+    const std::int64_t m = replica_microbatch(microbatch, options_.iterations_per_epoch, options_.replicas);
+    optimizer_->step(nn::learning_rate(options_.schedule, m, options_.iterations_per_epoch));
     optimizer_->zero_grad();
   }
   received_ = 0;

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,7 +57,10 @@ struct RuntimeOptions {
   nn::OptimizerOptions optimizer_options;
   double weight_decay = 0;
   nn::ScheduleConfig schedule;  // per stage, indexed by the mini-batch of the update's backward
-  std::int64_t iterations_per_epoch = 1;
+  std::int64_t iterations_per_epoch = 1;  // mini-batches per epoch, over all replicas
+  // Data-parallel replicas (petra-train --replicas) that average their gradients at every update:
+  // a replica's mini-batch m stands for R mini-batches of the epoch (replica_microbatch below).
+  int replicas = 1;
   bool apply_updates = true;       // false: gradients only accumulate (tests)
   bool track_reconstruction = false;  // keep true inputs to measure the rebuilt ones (debug)
   // Which pass moves batch norm's running statistics: the forward (default, as the official code)
@@ -68,12 +72,20 @@ struct RuntimeOptions {
   // The concurrent executor's deadline for a message (a stuck pipeline becomes PipelineStuckError
   // naming the stage, the action and the mini-batch); far above any stage's cost.
   double message_timeout_seconds = 600;
+  // Data-parallel replicas (petra-train --replicas): called by every update after the stage's own
+  // average, it replaces the stage's gradients by their average over the replicas of the stage.
+  std::function<void(const std::vector<Variable>& parameters)> average_over_replicas;
 };
 
 // How many updates of stage `index` (of `stages`) separate the parameters a gradient was computed
 // at from the update that applies it: 2(J-1-j) steps, in updates of k mini-batches; 0 for the
 // synchronous methods and for the head.
 double update_delay(PipelineMethod method, int index, int stages, std::int64_t accumulation);
+
+// The mini-batch of the epoch's order whose learning rate an update of replica-local mini-batch m
+// takes: of the R mini-batches averaged (i * R + r for r < R, where m is the i-th of its epoch), the
+// last, as one process averaging them with accumulation R would. m itself when R = 1.
+std::int64_t replica_microbatch(std::int64_t m, std::int64_t iterations_per_epoch, int replicas);
 
 class StageRuntime {
  public:

@@ -25,6 +25,8 @@ using Clock = std::chrono::steady_clock;
 
 Trainer::Trainer(const TrainConfig& config) : config_(config) {
   validate(config_);
+  // --mpi: this process runs its group of stages of one replica; messages to the others go over MPI.
+  if (config_.mpi) group_ = mpi_process_group(config_.replicas);
   if (config_.threads > 0) {
     set_default_cpu_threads(config_.threads);
     Stream::current().set_num_threads(config_.threads);
@@ -110,13 +112,15 @@ void Trainer::build_schedule_and_executor() {
   options.optimizer_options.nesterov = config_.nesterov;
   options.weight_decay = config_.weight_decay;
   options.schedule = schedule_;
-  options.iterations_per_epoch = S;
+  options.iterations_per_epoch = train_loader_->batches_per_epoch();
+  options.replicas = replicas();
   options.track_reconstruction = config_.track_reconstruction;
   options.statistics_pass = config_.bn_statistics;
   options.delay_compensation = config_.delay_compensation;
   options.message_timeout_seconds = config_.message_timeout;
-  if (config_.mpi) {  // this process runs its group of stages; messages to the others go over MPI
-    group_ = mpi_process_group();
+  if (group_) {
+    if (group_->replicas() > 1)
+      options.average_over_replicas = [this](const std::vector<Variable>& p) { group_->average_over_replicas(p); };
     executor_ = group_->make_executor(*model_, options);
     return;
   }
@@ -135,9 +139,11 @@ void Trainer::build_schedule_and_executor() {
   executor_ = std::make_unique<ConcurrentExecutor>(*model_, options, std::move(workers), std::move(placement));
 }
 
+// Mini-batch i of an epoch is the loader's batch i; with R replicas, replica r's i-th is the
+// loader's batch i * R + r.
 MiniBatch Trainer::batch_of(std::int64_t microbatch) const {
-  const std::int64_t S = steps_per_epoch();
-  data::Batch b = train_loader_->batch(microbatch / S, microbatch % S);
+  const std::int64_t S = steps_per_epoch(), R = replicas(), r = group_ ? group_->replica() : 0;
+  data::Batch b = train_loader_->batch(microbatch / S, (microbatch % S) * R + r);
   return {std::move(b.images), std::move(b.labels)};
 }
 
@@ -149,10 +155,14 @@ const std::vector<int>& Trainer::placement() const {
 
 Trainer::~Trainer() = default;
 
-std::int64_t Trainer::steps_per_epoch() const { return train_loader_->batches_per_epoch(); }
+// With R replicas each trains 1/R of the batches (the last batches_per_epoch % R are left out).
+std::int64_t Trainer::steps_per_epoch() const { return train_loader_->batches_per_epoch() / replicas(); }
+
+int Trainer::replicas() const { return group_ ? group_->replicas() : 1; }
 
 double Trainer::learning_rate_at(std::int64_t microbatch) const {
-  return nn::learning_rate(schedule_, microbatch, steps_per_epoch());
+  const std::int64_t S = train_loader_->batches_per_epoch();
+  return nn::learning_rate(schedule_, replica_microbatch(microbatch, S, replicas()), S);
 }
 
 void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
@@ -213,7 +223,7 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
       loss_sum = totals[0];
       correct = static_cast<std::int64_t>(totals[1]);
       samples = static_cast<std::int64_t>(totals[2]);
-      newest = static_cast<std::int64_t>(totals[3]);
+      newest = static_cast<std::int64_t>(totals[3]) / replicas();  // the head of each replica saw the same
       group_->share_model(*model_);
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -301,23 +311,27 @@ std::filesystem::path Trainer::scratch_directory(const char* what) const {
 void Trainer::save_checkpoint_across_processes(CheckpointMeta meta) {
   namespace fs = std::filesystem;
   meta["processes"] = std::to_string(group_->size());
+  meta["replicas"] = std::to_string(group_->replicas());
   const fs::path part = scratch_directory("checkpoint-part");
   std::vector<FileBytes> files;
   std::string error;
   try {
     group_->collect_in_flight(*executor_, grid_, global_step_);
     fs::remove_all(part);
+    const fs::path in_flight = part / "pipeline" / fmt::format("rank-{}", rank());
     for (std::size_t j = 0; j < executor_->num_stages(); ++j) {
       if (!group_->hosts(static_cast<int>(j))) continue;
-      executor_->stage(j).optimizer().save_state(part / "optimizer" / fmt::format("stage-{:02d}", j));
+      // The replicas' optimizers are equal (their updates are); their open windows' gradients are not.
+      if (group_->replica() == 0)
+        executor_->stage(j).optimizer().save_state(part / "optimizer" / fmt::format("stage-{:02d}", j));
       std::set<const void*> in_stage;  // the stage's parameters, by their storage
       for (const Variable& p : model_->stage(j).parameters()) in_stage.insert(p.data().raw_data());
       std::vector<std::pair<std::string, Variable>> parameters;
       for (const auto& [name, p] : model_->named_parameters())
         if (in_stage.count(p.data().raw_data())) parameters.emplace_back(name, p);
-      save_gradients(part / "grads", parameters);
+      save_gradients(in_flight / "grads", parameters);
     }
-    executor_->save_in_flight(part / "pipeline" / fmt::format("rank-{}", rank()));
+    executor_->save_in_flight(in_flight);
     files = read_tree(part);
   } catch (const std::exception& e) {
     error = e.what();
@@ -361,6 +375,9 @@ void Trainer::check_resumable(const std::filesystem::path& dir, const Checkpoint
   const std::string ours = std::to_string(group_ ? group_->size() : 1);
   PETRA_CHECK(theirs == ours, CheckpointError, "checkpoint ", dir.string(), " was written by ", theirs,
               " process(es) (--mpi); resume it with ", theirs, ", not ", ours);
+  const std::string their_replicas = meta.count("replicas") ? meta.at("replicas") : "1";
+  PETRA_CHECK(their_replicas == std::to_string(replicas()), CheckpointError, "checkpoint ", dir.string(),
+              " was written with --replicas ", their_replicas, "; resume it with the same, not ", replicas());
 }
 
 void Trainer::restore_checkpoint(const std::filesystem::path& dir) {
@@ -404,7 +421,9 @@ void Trainer::restore_checkpoint_across_processes() {
       fs::remove_all(local);
       write_tree(local, files);
     }
-    load_checkpoint(local, read_checkpoint_meta(local), local / "pipeline" / fmt::format("rank-{}", rank()));
+    const fs::path in_flight = local / "pipeline" / fmt::format("rank-{}", rank());
+    load_checkpoint(local, read_checkpoint_meta(local), in_flight);
+    load_gradients(in_flight / "grads", *model_);  // this process's open accumulation windows
   } catch (const std::exception& e) {
     error = e.what();
   }

@@ -85,13 +85,14 @@ class Trainer {
   const TrainConfig& config() const { return config_; }
   std::int64_t epoch() const { return epoch_; }  // the next epoch to train
   std::int64_t global_step() const { return global_step_; }  // steps of the grid done
-  std::int64_t steps_per_epoch() const;  // mini-batches per epoch
+  std::int64_t steps_per_epoch() const;  // mini-batches per epoch (of one replica)
   const data::Split& data() const { return split_; }
   std::optional<std::filesystem::path> last_checkpoint() const { return last_checkpoint_; }
   const Schedule& schedule() const { return grid_; }
   const std::vector<int>& placement() const;                // stage -> worker (concurrent executor)
   std::vector<double> reconstruction_errors();              // per stage, --track-reconstruction
   int rank() const { return group_ ? group_->rank() : 0; }  // this process, under --mpi
+  int replicas() const;  // copies of the pipeline (--replicas), 1 without --mpi
 
  private:
   double learning_rate_at(std::int64_t microbatch) const;
