@@ -154,15 +154,18 @@ std::size_t tag_index(MemoryTag tag) { return static_cast<std::size_t>(tag); }
 //                    held between steps plus the one this step's forward takes before its
 //                    backward releases the oldest (the head, d = 0, stashes nothing);
 //   input_buffer     delayed methods, stages that keep inputs: (d + 1) inputs for the same reason,
-//                    plus, for j > 0, two messages that share those bytes' tag: the next input
-//                    already waiting in the channel (the sequential executor runs stage j-1 before
-//                    stage j within a step) and the input j sent down with its gradient the step
-//                    before, which stage j-1 reads this step; synchronous methods: one input for each stage that
+//                    plus, for j > 0, the next input already waiting in the channel (the
+//                    sequential executor runs stage j-1 before stage j within a step) and, where
+//                    stage j-1 rebuilds its input from it (PETRA below a buffered stage), the
+//                    input j sent down with its gradient the step before, which stage j-1 reads
+//                    this step (both share those bytes' tag); synchronous methods: one input for each stage that
 //                    keeps it (revbackprop: the buffered stages; backprop: the images of stage 0,
 //                    its graph being activations).
 // It does not count activations, messages, workspace or other: transient, or (backprop's graph)
 // not estimated here.
-TagBytes analytic_stage(PipelineMethod method, const StageSizes& s, int j, int J) {
+TagBytes analytic_stage(PipelineMethod method, const std::vector<StageSizes>& sizes, int j, int J) {
+  const StageSizes& s = sizes[std::size_t(j)];
+  const bool previous_rebuilds = j > 0 && petra::pipeline::rebuilds_input(method, sizes[std::size_t(j - 1)].kind);
   TagBytes a{};
   a[tag_index(MemoryTag::parameters)] = s.parameter_bytes;
   a[tag_index(MemoryTag::gradients)] = s.gradient_bytes;
@@ -171,7 +174,8 @@ TagBytes analytic_stage(PipelineMethod method, const StageSizes& s, int j, int J
   if (petra::pipeline::is_delayed(method)) {
     const std::int64_t d = petra::pipeline::fifo_depth(j, J);
     if (keep.parameters) a[tag_index(MemoryTag::param_stash)] = (d + 1) * s.gradient_bytes;
-    if (keep.input) a[tag_index(MemoryTag::input_buffer)] = (d + 1 + (j > 0 ? 2 : 0)) * s.input_bytes;
+    if (keep.input)
+      a[tag_index(MemoryTag::input_buffer)] = (d + 1 + (j > 0 ? 1 : 0) + (previous_rebuilds ? 1 : 0)) * s.input_bytes;
   } else if (method == PipelineMethod::revbackprop ? keep.input : j == 0) {
     a[tag_index(MemoryTag::input_buffer)] = s.input_bytes;
   }
@@ -246,7 +250,7 @@ MethodMemory read_peaks(PipelineMethod method, const std::vector<StageSizes>& si
       s.peak[std::size_t(t)] = found == stage.end() ? 0 : found->second;
     }
     s.owner_peak = stage.at("total");
-    s.analytic = analytic_stage(method, sizes[std::size_t(j)], j, J);
+    s.analytic = analytic_stage(method, sizes, j, J);
     r.stages.push_back(s);
   }
   return r;

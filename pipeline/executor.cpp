@@ -67,7 +67,8 @@ SequentialExecutor::SequentialExecutor(nn::Model& model, const RuntimeOptions& o
   const int J = static_cast<int>(model.num_stages());
   for (int j = 0; j < J; ++j) {
     const bool next_keeps = j + 1 < J && keeping(options.method, model.stage(j + 1).kind()).input;
-    stages_.push_back(std::make_unique<StageRuntime>(model.stage(j), j, J, options, next_keeps));
+    const bool previous_rebuilds = j > 0 && rebuilds_input(options.method, model.stage(j - 1).kind());
+    stages_.push_back(std::make_unique<StageRuntime>(model.stage(j), j, J, options, next_keeps, previous_rebuilds));
   }
 }
 

@@ -88,7 +88,8 @@ void SequentialExecutor::save_in_flight(const fs::path& dir) const {
     }
     for (const BackwardMessage& m : to_previous_[j].pending()) {
       index += fmt::format("backward {} {}\n", j, m.microbatch);
-      save_npy(dir / fmt::format("backward-{}-{}-input.npy", j, m.microbatch), m.input);
+      if (m.input.defined())  // only where stage j rebuilds its input from it
+        save_npy(dir / fmt::format("backward-{}-{}-input.npy", j, m.microbatch), m.input);
       save_npy(dir / fmt::format("backward-{}-{}-gradient.npy", j, m.microbatch), m.gradient);
     }
   }
@@ -115,7 +116,8 @@ void SequentialExecutor::load_in_flight(const fs::path& dir) {
       to_next_[j].push({m, load_tensor(dir / fmt::format("forward-{}-{}-activation.npy", j, m), tag, owner),
                         load_tensor(dir / fmt::format("forward-{}-{}-labels.npy", j, m), MemoryTag::messages, j)});
     } else if (what == "backward") {  // from stage j + 1 to j
-      to_previous_[j].push({m, load_tensor(dir / fmt::format("backward-{}-{}-input.npy", j, m), MemoryTag::messages, j + 1),
+      const fs::path input = dir / fmt::format("backward-{}-{}-input.npy", j, m);
+      to_previous_[j].push({m, fs::exists(input) ? load_tensor(input, MemoryTag::messages, j + 1) : Tensor(),
                             load_tensor(dir / fmt::format("backward-{}-{}-gradient.npy", j, m), MemoryTag::messages, j + 1)});
     } else {
       throw CheckpointError(fmt::format("checkpoint: {}: unknown line '{}'", (dir / "channels.txt").string(), line));

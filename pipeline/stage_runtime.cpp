@@ -39,15 +39,21 @@ struct StashedParameters {
 
 }  // namespace
 
+bool rebuilds_input(PipelineMethod method, nn::StageKind kind) {
+  const Keeping k = keeping(method, kind);
+  return kind == nn::StageKind::reversible && !k.input && !k.graph;
+}
+
 double update_delay(PipelineMethod method, int index, int stages, std::int64_t accumulation) {
   if (!is_delayed(method)) return 0;
   return 2.0 * (stages - 1 - index) / static_cast<double>(accumulation);
 }
 
 StageRuntime::StageRuntime(nn::Stage& stage, int index, int stages, const RuntimeOptions& options,
-                           bool next_keeps_input)
+                           bool next_keeps_input, bool previous_rebuilds_input)
     : stage_(stage), index_(index), stages_(stages), options_(options), keeping_(keeping(options.method, stage.kind())),
-      next_keeps_input_(next_keeps_input) {
+      next_keeps_input_(next_keeps_input),
+      previous_rebuilds_input_(previous_rebuilds_input) {
   nn::OptimizerOptions optimizer_options = options.optimizer_options;
   if (options.delay_compensation) optimizer_options.delay = update_delay(options.method, index, stages, options.accumulation);
   optimizer_ = nn::make_optimizer(options.optimizer, nn::decay_groups(stage.named_parameters(), options.weight_decay),
@@ -146,11 +152,11 @@ BackwardMessage StageRuntime::backward(BackwardMessage from_above) {
   const std::vector<Tensor> before = gradients_before();
   nn::StatisticsPassScope statistics(options_.statistics_pass);
   StashedParameters stash([&] { swap_parameters(kept.parameters); }, keeping_.parameters);
-  const bool rebuilds_input = stage_.kind() == nn::StageKind::reversible && !keeping_.input && !keeping_.graph;
+  const bool rebuilds = rebuilds_input(options_.method, stage_.kind());
   if (keeping_.graph) {
     out.gradient = backward_through_graph(kept, from_above.gradient);
     out.input = kept.graph_input.data();
-  } else if (rebuilds_input) {
+  } else if (rebuilds) {
     // PETRA (current parameters) or delayed-reversible (stashed ones): rebuild the input from the
     // output received from above, reusing F's graph for the backward.
     std::tie(out.input, out.gradient) = stage_.reconstruct_and_backward(from_above.input, from_above.gradient);
@@ -160,7 +166,8 @@ BackwardMessage StageRuntime::backward(BackwardMessage from_above) {
     out.input = std::move(kept.input);
   }
   if (out.gradient.defined()) out.gradient.storage()->retag(MemoryTag::messages, index_);
-  if (rebuilds_input) out.input.storage()->retag(MemoryTag::messages, index_);  // the rebuilt input travels down
+  if (!previous_rebuilds_input_) out.input = Tensor();  // the stage below keeps what it needs
+  if (rebuilds && out.input.defined()) out.input.storage()->retag(MemoryTag::messages, index_);  // it travels down
   ++received_;
   capture(before, from_above.microbatch);
   return out;
@@ -180,7 +187,7 @@ BackwardMessage StageRuntime::head_step(ForwardMessage in, HeadStats& stats) {
   stats = {in.microbatch, r.loss, r.correct, in.labels.numel()};
   ++received_;
   capture(before, in.microbatch);
-  return {in.microbatch, std::move(in.activation), r.dx};
+  return {in.microbatch, previous_rebuilds_input_ ? std::move(in.activation) : Tensor(), r.dx};
 }
 
 void StageRuntime::update(std::int64_t microbatch) {

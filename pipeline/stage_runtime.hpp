@@ -12,9 +12,10 @@
 //   pipedream            no      every stage       yes               recompute from the stored x, stashed parameters
 //
 // Buffered stages (stem, transitions) keep their input and recompute from it (backprop: the graph
-// holds it); the head runs forward, loss and backward in one step. Every backward sends
-// (input, input gradient) down: the exact input for buffered stages and the head, the rebuilt one
-// for reversible stages.
+// holds it); the head runs forward, loss and backward in one step. Every backward sends the input
+// gradient down, and with it the input (the exact one, or the rebuilt one for a reversible stage)
+// where the stage below rebuilds its own input from it: PETRA and delayed-reversible below a
+// reversible stage. Elsewhere the stage below keeps what it needs and the input is not sent.
 //
 // Updates: each stage counts the gradients it has received since its last update; update()
 // averages them (1/count) and steps the stage's own optimizer with the learning rate of the
@@ -49,6 +50,9 @@ struct Keeping {
   bool parameters = false;  // a stash of the parameters the forward used
 };
 Keeping keeping(PipelineMethod method, nn::StageKind kind);
+// True when a stage of this kind rebuilds its input from its output in the backward (so the stage
+// above must send that output back down with the gradient).
+bool rebuilds_input(PipelineMethod method, nn::StageKind kind);
 
 struct RuntimeOptions {
   PipelineMethod method = PipelineMethod::petra;
@@ -90,7 +94,9 @@ std::int64_t replica_microbatch(std::int64_t m, std::int64_t iterations_per_epoc
 class StageRuntime {
  public:
   // next_keeps_input: the stage above keeps this stage's outputs (they are tagged its input_buffer).
-  StageRuntime(nn::Stage& stage, int index, int stages, const RuntimeOptions& options, bool next_keeps_input);
+  // previous_rebuilds_input: the stage below needs this stage's input back with each gradient.
+  StageRuntime(nn::Stage& stage, int index, int stages, const RuntimeOptions& options, bool next_keeps_input,
+               bool previous_rebuilds_input);
 
   ForwardMessage forward(ForwardMessage in);              // stages below the head
   BackwardMessage backward(BackwardMessage from_above);   // stages below the head
@@ -136,7 +142,7 @@ class StageRuntime {
   int index_, stages_;
   RuntimeOptions options_;
   Keeping keeping_;
-  bool next_keeps_input_;
+  bool next_keeps_input_, previous_rebuilds_input_;
   std::deque<Kept> fifo_;
   std::unique_ptr<nn::Optimizer> optimizer_;
   std::int64_t received_ = 0;  // backwards since the last update
