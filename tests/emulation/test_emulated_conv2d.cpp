@@ -14,8 +14,8 @@
 // (terms + 3) * 2^-24 * (the sum of |terms|), the bound of a float sum of `terms` products in any
 // order, so an error far below one term's size shows while no rounding can fail the test.
 //
-// Determinism: two runs give the same bits (forward, backward data, backward weight with 1 and 3
-// slices); the bias gradient gives the same bits with grid caps of 8192, 1 and 3 blocks (the caps
+// Determinism: two runs give the same bits (forward; backward data and backward weight with 1 and
+// 3 slices on alternate shapes); the bias gradient gives the same bits with grid caps of 8192, 1 and 3 blocks (the caps
 // make the block-per-channel loop go round). The split-K runs with 3 slices (and 2 and 5 on every
 // third shape) through conv2d_backward_weight_split and, on one shape, through
 // conv2d_backward_weight itself.
@@ -141,6 +141,7 @@ TEST_CASE("emulated conv2d: forward with and without bias matches ref, determini
     const Buffer x(sh.input_size(), seed, offset), w(sh.weight_size(), seed + 1, offset),
         bias(sh.out_channels, seed + 2, offset), y(sh.output_size(), seed + 3, offset, 5, 6);
     for (const bool with_bias : {true, false}) {
+      if (!with_bias && offset == 0) continue;  // without bias on every other shape (emulation time)
       CAPTURE(with_bias);
       y.reset();
       const float* b = with_bias ? bias.data() : nullptr;
@@ -198,6 +199,7 @@ TEST_CASE("emulated conv2d: backward data matches ref (the gather form), determi
     CHECK(emu::last_launch().grid.y == tiles(sh.in_channels));
     const std::vector<float> got = dx.values();
     CHECK(error_in_bounds(got, want, magnitude, sh.out_channels * sh.kernel_h * sh.kernel_w) <= 1.0);
+    if (offset == 0) continue;  // the determinism check on every other shape (emulation time)
     cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
     CHECK(bit_differences(dx.values(), got) == "");
   }
@@ -251,7 +253,7 @@ TEST_CASE("emulated conv2d: backward weight accumulates, matching ref, with 1, 2
       if (asked > 1 && depth > tiling::kTileK) CHECK(slices > 1);  // the split path ran
       const std::vector<float> got = dw.values();
       CHECK(error_in_bounds(got, want, magnitude, depth + 1) <= 1.0);
-      if (asked == 0 || asked == 3) {  // the same bits again
+      if ((asked == 0 && offset == 0) || (asked == 3 && offset == 1)) {  // the same bits again
         dw.reset();
         if (asked == 0)
           cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
