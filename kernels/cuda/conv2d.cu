@@ -1,5 +1,6 @@
 // kernels/cuda/conv2d.cu: the cuda:: 2-d convolution of kernels/conv2d.hpp (forward, backward
-// data, backward weight +=, backward bias +=), FP32, hand-written, deterministic.
+// data, backward weight +=, backward bias +=), FP32 (and an optional TF32 forward), hand-written,
+// deterministic.
 //
 // The three products are one shared-memory tiled SGEMM over operands gathered on the fly
 // (implicit GEMM: no im2col matrix is materialised; docs/gpu-kernels.md walks from the formula to
@@ -40,6 +41,13 @@
 // then sum_weight_partials adds, for each dw element, dw and its S partials in slice order in
 // double and rounds once. With S = 1 the tile adds into dw directly.
 //
+// The TF32 path (forward only, when set_conv2d_math(Conv2dMath::tf32)): implicit_gemm_tf32, the
+// same gather into the same shared tiles, but each of the 8 warps multiplies its 16 x 32 piece of
+// the tile on the tensor cores (WMMA m16n16k8, precision::tf32: inputs rounded to a 10-bit
+// mantissa, FP32 accumulation), and the finished tile goes through shared memory to the same
+// stores. The WMMA calls are confined to one small struct, WarpTileTf32; under the emulation (and
+// below sm_80) its twin does the same math lane by lane: fmaf(tf32_round(a), tf32_round(b), acc).
+//
 // The bias gradient: one block per out-channel (block-stride over channels) adds its batch*plane
 // values in double, each thread a fixed stride of them, then cuda_detail::block_sum's fixed tree.
 //
@@ -53,12 +61,17 @@
 // fastest algorithms are not deterministic). Global loads are scalar (the gathers have no
 // alignment to vectorise on), so no pointer alignment is assumed.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "petra/kernels/conv2d.hpp"
 #include "petra/kernels/cuda/block_sum.cuh"
 #include "petra/kernels/cuda/conv2d_tiling.cuh"
 #include "petra/kernels/cuda/launch.cuh"
+
+#ifdef __CUDACC__
+#include <mma.h>  // WMMA, for the TF32 path
+#endif
 
 // nvcc unrolls the fixed-count loops; the host compiler of the emulation does not know the pragma.
 #ifdef __CUDACC__
@@ -193,45 +206,60 @@ struct WeightProblem {
 
 // ---- the tiled implicit GEMM ------------------------------------------------------------------
 
-// C tile (blockIdx.y, blockIdx.x) of `p`, over K slice blockIdx.z. Block: kThreads threads (1-d).
+// One thread's part of gathering the tiles: the 4 A rows and the B column it loads, decomposed
+// once (conv2d_tiling::a_load, b_load), and the load of one K step into the shared tiles.
 template <class Problem>
-__global__ void __launch_bounds__(kThreads) implicit_gemm(Problem p) {
-  // a_tile[k][m] (A transposed) and b_tile[k][n]: in the inner loop a half-warp reads two a_tile
-  // values (broadcast) and 16 consecutive b_tile values. One column of padding.
-  __shared__ float a_tile[kTileK][kTileM + 1];
-  __shared__ float b_tile[kTileK][kTileN + 1];
-  const int t = int(threadIdx.x);
-  const std::int64_t m0 = std::int64_t(blockIdx.y) * kTileM, n0 = std::int64_t(blockIdx.x) * kTileN;
-  const std::int64_t rows = p.rows(), columns = p.columns();
-  const std::int64_t k_begin = p.k_begin(blockIdx.z), k_end = p.k_end(blockIdx.z);
+struct TileGather {
+  typename Problem::Row rows[kLoads];
+  bool row_valid[kLoads];
+  typename Problem::Column column;
+  bool column_valid;
 
-  // This thread's gather state, fixed for the whole K loop.
-  typename Problem::Row a_rows[kLoads];
-  bool a_valid[kLoads];
+  __device__ TileGather(const Problem& p, int t, std::int64_t m0, std::int64_t n0) {
 PETRA_UNROLL
-  for (int q = 0; q < kLoads; ++q) {
-    const std::int64_t m = m0 + tiling::a_load(t, q).mn;
-    a_valid[q] = m < rows;
-    a_rows[q] = p.row(a_valid[q] ? m : 0);
+    for (int q = 0; q < kLoads; ++q) {
+      const std::int64_t m = m0 + tiling::a_load(t, q).mn;
+      row_valid[q] = m < p.rows();
+      rows[q] = p.row(row_valid[q] ? m : 0);
+    }
+    const std::int64_t n = n0 + tiling::b_load(t, 0).mn;  // the same for every q
+    column_valid = n < p.columns();
+    column = p.column(column_valid ? n : 0);
   }
-  const std::int64_t my_column = n0 + tiling::b_load(t, 0).mn;  // the same for every q
-  const bool b_valid = my_column < columns;
-  const typename Problem::Column b_column = p.column(b_valid ? my_column : 0);
 
-  float acc[kMicro][kMicro] = {};
-  for (std::int64_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
+  // a_tile[k][m] = A(m0 + m, k0 + k), b_tile[k][n] = B(k0 + k, n0 + n), 0 outside [.., k_end).
+  __device__ void load(const Problem& p, int t, std::int64_t k0, std::int64_t k_end,
+                       float (*a_tile)[tiling::kTileLd], float (*b_tile)[tiling::kTileLd]) const {
 PETRA_UNROLL
     for (int q = 0; q < kLoads; ++q) {
       const tiling::TileCoordinate at = tiling::a_load(t, q);
       const std::int64_t k = k0 + at.k;
-      a_tile[at.k][at.mn] = a_valid[q] && k < k_end ? p.a(a_rows[q], k) : 0.0f;
+      a_tile[at.k][at.mn] = row_valid[q] && k < k_end ? p.a(rows[q], k) : 0.0f;
     }
 PETRA_UNROLL
     for (int q = 0; q < kLoads; ++q) {
       const tiling::TileCoordinate at = tiling::b_load(t, q);
       const std::int64_t k = k0 + at.k;
-      b_tile[at.k][at.mn] = b_valid && k < k_end ? p.b(b_column, k) : 0.0f;
+      b_tile[at.k][at.mn] = column_valid && k < k_end ? p.b(column, k) : 0.0f;
     }
+  }
+};
+
+// C tile (blockIdx.y, blockIdx.x) of `p`, over K slice blockIdx.z. Block: kThreads threads (1-d).
+template <class Problem>
+__global__ void __launch_bounds__(kThreads) implicit_gemm(Problem p) {
+  // a_tile[k][m] (A transposed) and b_tile[k][n]: in the inner loop a half-warp reads two a_tile
+  // values (broadcast) and 16 consecutive b_tile values. Rows padded to kTileLd.
+  __shared__ __align__(32) float a_tile[kTileK][tiling::kTileLd];
+  __shared__ __align__(32) float b_tile[kTileK][tiling::kTileLd];
+  const int t = int(threadIdx.x);
+  const std::int64_t m0 = std::int64_t(blockIdx.y) * kTileM, n0 = std::int64_t(blockIdx.x) * kTileN;
+  const std::int64_t k_begin = p.k_begin(blockIdx.z), k_end = p.k_end(blockIdx.z);
+  const TileGather<Problem> gather(p, t, m0, n0);
+
+  float acc[kMicro][kMicro] = {};
+  for (std::int64_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
+    gather.load(p, t, k0, k_end, a_tile, b_tile);
     __syncthreads();
 PETRA_UNROLL
     for (int k = 0; k < kTileK; ++k) {
@@ -247,6 +275,7 @@ PETRA_UNROLL
     }
     __syncthreads();
   }
+  const std::int64_t rows = p.rows(), columns = p.columns();
 PETRA_UNROLL
   for (int r = 0; r < kMicro; ++r) {
     const std::int64_t m = m0 + tiling::micro_row(t, r);
@@ -259,16 +288,134 @@ PETRA_UNROLL
   }
 }
 
+// ---- the TF32 path: the same tiles, multiplied by the tensor cores -----------------------------
+
+// A warp's 16 x 32 piece of the block's C tile (rows wm.., columns wn..): zero(), mma() adds
+// A(wm.., 0..kTileK) B(0..kTileK, wn..) from the shared tiles with TF32 inputs and FP32
+// accumulation, store() writes it to c_tile[m][n]. Every lane of the warp calls each (they are
+// warp-collective). The only code that touches WMMA; below sm_80 and under the emulation it is the
+// twin after it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+struct WarpTileTf32 {
+  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float> c[2];
+
+  __device__ void zero() {
+    nvcuda::wmma::fill_fragment(c[0], 0.0f);
+    nvcuda::wmma::fill_fragment(c[1], 0.0f);
+  }
+  __device__ void mma(const float (*a_tile)[tiling::kTileLd], const float (*b_tile)[tiling::kTileLd],
+                      int wm, int wn) {
+    namespace wmma = nvcuda::wmma;
+PETRA_UNROLL
+    for (int k = 0; k < kTileK; k += 8) {
+      // A(m, k) is a_tile[k][m]: column-major with leading dimension kTileLd.
+      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> a;
+      wmma::load_matrix_sync(a, &a_tile[k][wm], tiling::kTileLd);
+PETRA_UNROLL
+      for (int i = 0; i < a.num_elements; ++i) a.x[i] = wmma::__float_to_tf32(a.x[i]);
+PETRA_UNROLL
+      for (int f = 0; f < 2; ++f) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b;
+        wmma::load_matrix_sync(b, &b_tile[k][wn + 16 * f], tiling::kTileLd);
+PETRA_UNROLL
+        for (int i = 0; i < b.num_elements; ++i) b.x[i] = wmma::__float_to_tf32(b.x[i]);
+        wmma::mma_sync(c[f], a, b, c[f]);
+      }
+    }
+  }
+  __device__ void store(float (*c_tile)[tiling::kTileLd], int wm, int wn) const {
+    for (int f = 0; f < 2; ++f)
+      nvcuda::wmma::store_matrix_sync(&c_tile[wm][wn + 16 * f], c[f], tiling::kTileLd,
+                                      nvcuda::wmma::mem_row_major);
+  }
+};
+#else
+// The emulated twin (also valid CUDA): lane l owns elements e = l + 32 i (row e / 16, column
+// e % 16) of each 16 x 16 accumulator and adds, k in order, fmaf(tf32(A), tf32(B), acc): TF32
+// inputs, FP32 accumulation. The tensor cores' internal order of a k8 step is not specified, so a
+// GPU's bits may differ from these; the emulated test holds the twin to a host model bit for bit
+// and both to ref:: within TF32's error.
+struct WarpTileTf32 {
+  float c[2][8];
+
+  __device__ void zero() {
+    for (int f = 0; f < 2; ++f)
+      for (int i = 0; i < 8; ++i) c[f][i] = 0.0f;
+  }
+  __device__ void mma(const float (*a_tile)[tiling::kTileLd], const float (*b_tile)[tiling::kTileLd],
+                      int wm, int wn) {
+    __syncwarp();
+    const int lane = int(threadIdx.x) % 32;
+    for (int f = 0; f < 2; ++f)
+      for (int i = 0; i < 8; ++i) {
+        const int e = lane + 32 * i, row = e / 16, column = e % 16;
+        float v = c[f][i];
+        for (int k = 0; k < kTileK; ++k)
+          v = fmaf(tiling::tf32_round(a_tile[k][wm + row]), tiling::tf32_round(b_tile[k][wn + 16 * f + column]), v);
+        c[f][i] = v;
+      }
+    __syncwarp();
+  }
+  __device__ void store(float (*c_tile)[tiling::kTileLd], int wm, int wn) const {
+    const int lane = int(threadIdx.x) % 32;
+    for (int f = 0; f < 2; ++f)
+      for (int i = 0; i < 8; ++i) {
+        const int e = lane + 32 * i;
+        c_tile[wm + e / 16][wn + 16 * f + e % 16] = c[f][i];
+      }
+    __syncwarp();
+  }
+};
+#endif
+
+// implicit_gemm with the multiply on the tensor cores: the same gather into the same shared
+// tiles; each warp accumulates its 16 x 32 piece in WMMA fragments; at the end the block's C tile
+// goes through shared memory (the fragments' layout is opaque) to the same per-thread stores.
+// Deterministic too: a fixed sequence of mma_sync per warp. Used for the forward only.
 template <class Problem>
-void launch_gemm(const char* name, const StreamHandle& s, const Problem& p, std::int64_t rows,
-                 std::int64_t columns, std::int64_t slices) {
+__global__ void __launch_bounds__(kThreads) implicit_gemm_tf32(Problem p) {
+  __shared__ __align__(32) float a_tile[kTileK][tiling::kTileLd];
+  __shared__ __align__(32) float b_tile[kTileK][tiling::kTileLd];
+  __shared__ __align__(32) float c_tile[kTileM][tiling::kTileLd];
+  const int t = int(threadIdx.x), warp = t / 32;
+  const int wm = tiling::warp_row(warp), wn = tiling::warp_column(warp);
+  const std::int64_t m0 = std::int64_t(blockIdx.y) * kTileM, n0 = std::int64_t(blockIdx.x) * kTileN;
+  const std::int64_t k_begin = p.k_begin(blockIdx.z), k_end = p.k_end(blockIdx.z);
+  const TileGather<Problem> gather(p, t, m0, n0);
+
+  WarpTileTf32 acc;
+  acc.zero();
+  for (std::int64_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
+    gather.load(p, t, k0, k_end, a_tile, b_tile);
+    __syncthreads();
+    acc.mma(a_tile, b_tile, wm, wn);
+    __syncthreads();
+  }
+  acc.store(c_tile, wm, wn);
+  __syncthreads();
+  const std::int64_t rows = p.rows(), columns = p.columns();
+PETRA_UNROLL
+  for (int r = 0; r < kMicro; ++r) {
+    const int mt = tiling::micro_row(t, r);
+    if (m0 + mt >= rows) continue;
+PETRA_UNROLL
+    for (int q = 0; q < kMicro; ++q) {
+      const int nt = tiling::micro_column(t, q);
+      if (n0 + nt < columns) p.store(m0 + mt, n0 + nt, c_tile[mt][nt], blockIdx.z);
+    }
+  }
+}
+
+template <class Problem>
+void launch_gemm(const char* name, const StreamHandle& s, void (*kernel)(Problem), const Problem& p,
+                 std::int64_t rows, std::int64_t columns, std::int64_t slices) {
   cuda_detail::DeviceGuard guard(s.device_index);
 #ifdef PETRA_CUDA_EMULATION
   const ::petra::cuda_emulation::LaunchName launch_name(name);
 #endif
   const dim3 grid(unsigned(tiling::ceil_div(columns, kTileN)), unsigned(tiling::ceil_div(rows, kTileM)),
                   unsigned(slices));
-  PETRA_LAUNCH(implicit_gemm<Problem>, grid, kThreads, 0, cuda_detail::stream_of(s))(p);
+  PETRA_LAUNCH(kernel, grid, kThreads, 0, cuda_detail::stream_of(s))(p);
   cuda_detail::check_launch(name, __FILE__, __LINE__);
 }
 
@@ -299,20 +446,30 @@ __global__ void __launch_bounds__(cuda_detail::kBlockThreads)
   }
 }
 
+// The math of conv2d_forward (set_conv2d_math): process-wide, FP32 unless asked.
+std::atomic<int> forward_math{int(Conv2dMath::fp32)};
+
 }  // namespace
+
+void set_conv2d_math(Conv2dMath math) { forward_math.store(int(math)); }
+Conv2dMath conv2d_math() { return Conv2dMath(forward_math.load()); }
 
 void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float* x,
                     const float* w, const float* bias, float* y) {
   if (shape.output_size() <= 0) return;
   const ForwardProblem p{ConvGeometry::of(shape), x, w, bias, y};
-  launch_gemm("conv2d_forward", s, p, shape.out_channels, shape.batch * shape.out_h() * shape.out_w(), 1);
+  const std::int64_t columns = shape.batch * shape.out_h() * shape.out_w();
+  if (conv2d_math() == Conv2dMath::tf32)
+    launch_gemm("conv2d_forward_tf32", s, implicit_gemm_tf32<ForwardProblem>, p, shape.out_channels, columns, 1);
+  else
+    launch_gemm("conv2d_forward", s, implicit_gemm<ForwardProblem>, p, shape.out_channels, columns, 1);
 }
 
 void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const float* dy,
                           const float* w, float* dx) {
   if (shape.input_size() <= 0) return;
   const DataProblem p{ConvGeometry::of(shape), dy, w, dx};
-  launch_gemm("conv2d_backward_data", s, p, shape.in_channels, shape.batch * shape.in_h * shape.in_w, 1);
+  launch_gemm("conv2d_backward_data", s, implicit_gemm<DataProblem>, p, shape.in_channels, shape.batch * shape.in_h * shape.in_w, 1);
 }
 
 void conv2d_backward_weight_split(const StreamHandle& s, const Conv2dShape& shape, const float* x,
@@ -324,7 +481,7 @@ void conv2d_backward_weight_split(const StreamHandle& s, const Conv2dShape& shap
   float* partials =
       split.slices > 1 ? static_cast<float*>(s.scratch(std::size_t(split.slices * size) * sizeof(float))) : nullptr;
   const WeightProblem p{ConvGeometry::of(shape), x, dy, dw, partials, split};
-  launch_gemm("conv2d_backward_weight", s, p, shape.out_channels,
+  launch_gemm("conv2d_backward_weight", s, implicit_gemm<WeightProblem>, p, shape.out_channels,
               shape.in_channels * shape.kernel_h * shape.kernel_w, split.slices);
   if (partials != nullptr)
     cuda_detail::launch_grid_stride("conv2d_backward_weight_sum", s, size, sum_weight_partials, size,

@@ -20,7 +20,9 @@
 //   - output_offset: the dy element that reads an input pixel through a tap (backward data, the
 //     gather form), or -1 when no output does (outside the output, or, for strides > 1, when the
 //     tap does not land on the stride's grid);
-//   - the block's tile shape and which tile elements each thread loads and computes;
+//   - the block's tile shape and which tile elements each thread loads and computes (and, for the
+//     TF32 path, each warp);
+//   - tf32_round: the rounding of the tensor cores' TF32 inputs (the emulated WMMA uses it);
 //   - SplitK: K cut into fixed, tile-aligned slices (the deterministic split of the weight
 //     gradient), and weight_split_slices, the number of slices a shape gets.
 #pragma once
@@ -28,6 +30,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "petra/kernels/common.hpp"
 #include "petra/kernels/conv2d.hpp"
@@ -169,6 +172,9 @@ inline constexpr int kMicro = kTileM / kThreadsY;       // 4 rows and 4 columns 
 inline constexpr int kLoads = kTileM * kTileK / kThreads;  // 4 A and 4 B values per thread per step
 static_assert(kTileM == kTileN && kMicro * kThreadsX == kTileN);
 static_assert(kLoads * kThreads == kTileN * kTileK);
+// Row length of the shared tiles, a_tile[k][m], b_tile[k][n] and the TF32 path's c_tile[m][n]:
+// padded by 4 floats, a multiple of 4 as WMMA's leading dimension must be, and 16-byte rows.
+inline constexpr int kTileLd = kTileM + 4;
 
 // Tile coordinates (row m or column n in the tile, k in the step) of the q-th A value and B value
 // that thread t loads, q < kLoads. A: the 16 consecutive threads take 16 consecutive k of one row
@@ -187,6 +193,35 @@ PETRA_HOST_DEVICE constexpr TileCoordinate b_load(int t, int q) {
 // Tile row and column of thread t's output (r, q), r, q < kMicro.
 PETRA_HOST_DEVICE constexpr int micro_row(int t, int r) { return t / kThreadsX + r * kThreadsY; }
 PETRA_HOST_DEVICE constexpr int micro_column(int t, int q) { return t % kThreadsX + q * kThreadsX; }
+
+// ---- the TF32 path (forward only, conv2d_math() == Conv2dMath::tf32) ---------------------------
+
+// The 8 warps of a block tile the 64 x 64 output in 16 x 32 pieces: warp w computes rows
+// warp_row(w) .. + 15 and columns warp_column(w) .. + 31 (two 16 x 16 WMMA accumulators).
+PETRA_HOST_DEVICE constexpr int warp_row(int warp) { return warp / 2 * 16; }
+PETRA_HOST_DEVICE constexpr int warp_column(int warp) { return warp % 2 * 32; }
+static_assert(kThreads / 32 * 16 * 32 == kTileM * kTileN);
+
+// x rounded to TF32 (the 10 leading bits of the mantissa), to nearest with ties away from zero,
+// as the tensor cores' conversion cvt.rna.tf32.f32 (wmma::__float_to_tf32) does. Infinities and
+// NaNs are returned unchanged.
+PETRA_HOST_DEVICE inline float tf32_round(float x) {
+  std::uint32_t bits;
+#ifdef __CUDA_ARCH__
+  bits = __float_as_uint(x);
+#else
+  std::memcpy(&bits, &x, sizeof bits);
+#endif
+  if ((bits & 0x7f800000u) == 0x7f800000u) return x;
+  bits = (bits + 0x1000u) & ~0x1fffu;  // add half of the 13 dropped bits' unit, then drop them
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(bits);
+#else
+  float r;
+  std::memcpy(&r, &bits, sizeof r);
+  return r;
+#endif
+}
 
 // ---- split-K: fixed slices of the summed dimension --------------------------------------------
 

@@ -8,11 +8,16 @@
 //   - split_tap, split_pixel, quotient against / and %;
 //   - the block tile: every A and B element loaded by exactly one (thread, q), every C element
 //     computed by exactly one (thread, r, q);
-//   - split_k: slices in order, none empty, tile-aligned, covering K; weight_split_slices' bounds.
+//   - split_k: slices in order, none empty, tile-aligned, covering K; weight_split_slices' bounds;
+//   - the TF32 path: tf32_round against the two TF32 neighbours of a float, the warps' pieces
+//     covering the tile once.
 // Runs in every build (the header needs no CUDA).
 #include <doctest/doctest.h>
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -242,4 +247,45 @@ TEST_CASE("conv2d tiling: the weight gradient's slices respect their bounds") {
   CHECK(tiling::weight_split_slices(petra::kernels::conv2d_shape(256, 64, 56, 56, 64, 3, 1, 1)) == 64);
   // 4096 x 36864 weights: 576 MiB of partials per slice, so no split
   CHECK(tiling::weight_split_slices(petra::kernels::conv2d_shape(1, 4096, 3, 3, 4096, 3, 1, 1)) == 1);
+}
+
+TEST_CASE("conv2d tiling: tf32_round keeps 10 mantissa bits, to nearest, ties away from zero") {
+  const auto bits = [](float f) { return std::bit_cast<std::uint32_t>(f); };
+  const float one = 1.0f, ulp = std::ldexp(1.0f, -10);  // TF32's unit in the last place at 1
+  CHECK(tiling::tf32_round(one) == one);
+  CHECK(tiling::tf32_round(one + ulp) == one + ulp);
+  CHECK(tiling::tf32_round(one + ulp / 2) == one + ulp);                        // a tie: away from zero
+  CHECK(tiling::tf32_round(-(one + ulp / 2)) == -(one + ulp));
+  CHECK(tiling::tf32_round(std::nextafter(one + ulp / 2, 0.0f)) == one);        // below the tie: down
+  CHECK(tiling::tf32_round(one + 3 * ulp / 2) == one + 2 * ulp);                // a tie with an odd last bit
+  CHECK(tiling::tf32_round(std::nextafter(2.0f, 0.0f)) == 2.0f);                // carries into the exponent
+  CHECK(tiling::tf32_round(0.0f) == 0.0f);
+  CHECK(std::signbit(tiling::tf32_round(-0.0f)));
+  CHECK(std::isinf(tiling::tf32_round(std::numeric_limits<float>::infinity())));
+  CHECK(std::isnan(tiling::tf32_round(std::numeric_limits<float>::quiet_NaN())));
+  std::mt19937_64 gen(11);
+  std::uniform_real_distribution<float> dist(-1000.0f, 1000.0f);
+  for (int trial = 0; trial < 100000; ++trial) {
+    const float x = trial % 2 ? dist(gen) : std::ldexp(dist(gen), -120);  // normal and subnormal
+    const float r = tiling::tf32_round(x);
+    REQUIRE((bits(r) & 0x1fffu) == 0);                                      // 13 low bits gone
+    // the nearest of the two TF32 neighbours of x (ties away from zero)
+    const float down = std::bit_cast<float>(bits(x) & ~0x1fffu);            // towards zero
+    const float up = std::bit_cast<float>((bits(x) & ~0x1fffu) + 0x2000u);  // away from zero
+    const double dd = std::abs(double(x) - double(down)), du = std::abs(double(up) - double(x));
+    REQUIRE(r == (du <= dd ? up : down));
+  }
+}
+
+TEST_CASE("conv2d tiling: the TF32 path's warps cover the block tile once") {
+  std::vector<int> c(tiling::kTileM * tiling::kTileN, 0);
+  for (int warp = 0; warp < tiling::kThreads / 32; ++warp)
+    for (int r = 0; r < 16; ++r)
+      for (int q = 0; q < 32; ++q) ++c[(tiling::warp_row(warp) + r) * tiling::kTileN + tiling::warp_column(warp) + q];
+  for (const int count : c) CHECK(count == 1);
+  // WMMA needs a leading dimension that is a multiple of 4 floats, and 32-byte aligned fragment
+  // starts: rows k = 0, 8 of the K step, columns and rows at multiples of 16
+  CHECK(tiling::kTileLd % 4 == 0);
+  CHECK(8 * tiling::kTileLd * 4 % 32 == 0);
+  CHECK(16 * tiling::kTileLd * 4 % 32 == 0);
 }

@@ -1,6 +1,6 @@
 // tests/emulation/test_emulated_conv2d.cpp: the kernels of kernels/cuda/conv2d.cu (forward with
-// and without bias, backward data, backward weight +=, with and without the split-K, backward bias
-// +=), run on the CPU by the CUDA emulation (emulated_conv2d.cpp), against kernels::ref.
+// and without bias, FP32 and TF32, backward data, backward weight +=, with and without the split-K,
+// backward bias +=), run on the CPU by the CUDA emulation (emulated_conv2d.cpp), against kernels::ref.
 //
 // Shapes: kernels 1x1, 3x3, 7x7 (stride 2, padding 3) and non-square ones (1x3, 3x1, 2x5), strides
 // 1, 2, 3 and mixed, paddings 0, 1, 2 and mixed, channels 1, 3, 17, 33 and 65 (two tiles of M),
@@ -19,9 +19,13 @@
 // make the block-per-channel loop go round). The split-K runs with 3 slices (and 2 and 5 on every
 // third shape) through conv2d_backward_weight_split and, on one shape, through
 // conv2d_backward_weight itself.
+// The TF32 forward (set_conv2d_math(tf32)) runs the WMMA twin: bit for bit against a host model of
+// its arithmetic (fmaf of TF32-rounded inputs, k in order), within 2^-10 * sum |terms| of ref::,
+// different bits from the FP32 path, the same bits twice.
 // The emulation runs each block's 256 threads on the CPU, so the shapes stay small (a few blocks).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -335,3 +339,104 @@ TEST_CASE("emulated conv2d: backward bias accumulates, matching ref, the same bi
     }
   }
 }
+
+namespace {
+
+// Sets cu::conv2d_math() for a scope.
+class MathGuard {
+ public:
+  explicit MathGuard(cu::Conv2dMath math) : saved_(cu::conv2d_math()) { cu::set_conv2d_math(math); }
+  ~MathGuard() { cu::set_conv2d_math(saved_); }
+  MathGuard(const MathGuard&) = delete;
+  MathGuard& operator=(const MathGuard&) = delete;
+
+ private:
+  cu::Conv2dMath saved_;
+};
+
+// What the emulated TF32 path computes: per output, k = (c, i, j) in order,
+// acc = fmaf(tf32(w), tf32(x or 0 in the padding), acc), then + bias.
+std::vector<float> tf32_model(const Conv2dShape& sh, const float* x, const float* w, const float* bias) {
+  std::vector<float> y(std::size_t(sh.output_size()));
+  const std::int64_t oh_n = sh.out_h(), ow_n = sh.out_w();
+  for (std::int64_t b = 0; b < sh.batch; ++b)
+    for (std::int64_t o = 0; o < sh.out_channels; ++o)
+      for (std::int64_t oh = 0; oh < oh_n; ++oh)
+        for (std::int64_t ow = 0; ow < ow_n; ++ow) {
+          float acc = 0.0f;
+          for (std::int64_t c = 0; c < sh.in_channels; ++c)
+            for (std::int64_t i = 0; i < sh.kernel_h; ++i)
+              for (std::int64_t j = 0; j < sh.kernel_w; ++j) {
+                const std::int64_t h = oh * sh.stride_h - sh.pad_h + i, v = ow * sh.stride_w - sh.pad_w + j;
+                const float xv = h >= 0 && h < sh.in_h && v >= 0 && v < sh.in_w
+                                     ? x[((b * sh.in_channels + c) * sh.in_h + h) * sh.in_w + v]
+                                     : 0.0f;
+                acc = std::fmaf(tiling::tf32_round(w[((o * sh.in_channels + c) * sh.kernel_h + i) * sh.kernel_w + j]),
+                                tiling::tf32_round(xv), acc);
+              }
+          y[std::size_t(((b * sh.out_channels + o) * oh_n + oh) * ow_n + ow)] = bias != nullptr ? acc + bias[o] : acc;
+        }
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("emulated conv2d: TF32 forward (the WMMA twin) matches its model bit for bit and ref within TF32") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  const MathGuard tf32(cu::Conv2dMath::tf32);
+  const auto start = std::chrono::steady_clock::now();
+  // tails of M, N and K (K = 27, 153, 297: not multiples of 8 or 16), two tiles of M and of N,
+  // padding, stride 2, a non-square kernel
+  const std::vector<Conv2dShape> shapes = {
+      {3, 17, 9, 9, 33, 3, 3, 1, 1, 1, 1},
+      {1, 3, 5, 5, 65, 3, 3, 1, 1, 1, 1},
+      {1, 33, 7, 5, 3, 3, 3, 1, 1, 0, 0},
+      {3, 3, 9, 7, 17, 3, 3, 2, 2, 1, 1},
+      {1, 2, 7, 11, 3, 2, 5, 1, 2, 1, 2},
+  };
+  std::uint64_t seed = 2000;
+  std::size_t index = 0;
+  for (const Conv2dShape& sh : shapes) {
+    seed += 10;
+    const std::size_t offset = index++ % 2;
+    const bool with_bias = offset == 0;
+    INFO(describe(sh), ", offset ", offset, ", bias ", with_bias);
+    const Buffer x(sh.input_size(), seed, offset), w(sh.weight_size(), seed + 1, offset),
+        bias(sh.out_channels, seed + 2, offset), y(sh.output_size(), seed + 3, offset, 5, 6);
+    const float* b = with_bias ? bias.data() : nullptr;
+    cu::conv2d_forward(s, sh, x.data(), w.data(), b, y.data());
+    CHECK(emu::last_launch().kernel == std::string("conv2d_forward_tf32"));
+    CHECK(emu::last_launch().grid.x == tiles(sh.batch * sh.out_h() * sh.out_w()));
+    CHECK(emu::last_launch().grid.y == tiles(sh.out_channels));
+    CHECK(y.guards_kept());
+    const std::vector<float> got = y.values();
+    CHECK(bit_differences(got, tf32_model(sh, x.data(), w.data(), b)) == "");
+    // against ref: each product's inputs rounded by up to 2^-11 relative (2^-10 for the product)
+    std::vector<float> want = y.initial();
+    ref::conv2d_forward<float>(s, sh, x.data(), w.data(), b, want.data());
+    std::vector<double> magnitude(std::size_t(sh.output_size()));
+    const std::vector<double> ax = absolute(x.values()), aw = absolute(w.values()), ab = absolute(bias.values());
+    ref::conv2d_forward<double>(s, sh, ax.data(), aw.data(), with_bias ? ab.data() : nullptr, magnitude.data());
+    const std::int64_t terms = sh.in_channels * sh.kernel_h * sh.kernel_w + 1;
+    double worst = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, std::abs(double(got[i]) - double(want[i])) /
+                                  ((std::ldexp(1.0, -10) + double(terms + 3) * std::ldexp(1.0, -24)) * magnitude[i] + 1e-300));
+    CHECK(worst <= 1.0);
+    // the rounding is real: the FP32 path gives other bits
+    {
+      const MathGuard fp32(cu::Conv2dMath::fp32);
+      cu::conv2d_forward(s, sh, x.data(), w.data(), b, y.data());
+      CHECK(emu::last_launch().kernel == std::string("conv2d_forward"));
+      CHECK(bit_differences(y.values(), got) != "");
+    }
+    // and the same bits again
+    cu::conv2d_forward(s, sh, x.data(), w.data(), b, y.data());
+    CHECK(bit_differences(y.values(), got) == "");
+  }
+  CHECK(cu::conv2d_math() == cu::Conv2dMath::tf32);
+  MESSAGE("TF32 forward: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
+}
+
+TEST_CASE("emulated conv2d: FP32 is the default math") { CHECK(cu::conv2d_math() == cu::Conv2dMath::fp32); }
