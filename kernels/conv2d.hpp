@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "petra/config.hpp"
 #include "petra/kernels/common.hpp"
 
 namespace petra::kernels {
@@ -101,7 +102,39 @@ std::size_t conv2d_workspace_bytes(const Conv2dShape& shape, int num_threads);
 
 }  // namespace cpu
 
-// kernels::cuda: none yet; on a GPU tensor of this family petra/ops.cpp raises DeviceError naming
-// the op.
+#if PETRA_HAVE_CUDA
+// Same contracts as ref::, float, launched on s.cuda_stream; pointers are device memory
+// (kernels/cuda/conv2d.cu, docs/gpu-kernels.md). Forward, backward data and backward weight are
+// one shared-memory tiled implicit GEMM (64 x 64 tiles of the output, 4 x 4 per thread, the
+// operands gathered from x, w and dy on the fly, no im2col matrix); backward data is the gather
+// form (each dx written by one thread); backward weight splits its long sum into fixed slices whose
+// partials a second kernel adds in order. The bias gradient is one block per channel with a fixed
+// tree. Deterministic: no floating-point atomics, every addition order fixed by the shape.
+// conv2d_backward_weight needs scratch from s.workspace when it splits: at most
+// 64 MiB (kernels/cuda/conv2d_tiling.cuh, weight_split_slices). Checked under the CUDA emulation
+// only (tests/emulation/test_emulated_conv2d.cpp), not yet on a GPU.
+namespace cuda {
+
+void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float* x,
+                    const float* w, const float* bias, float* y);
+void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const float* dy,
+                          const float* w, float* dx);
+void conv2d_backward_weight(const StreamHandle& s, const Conv2dShape& shape, const float* x,
+                            const float* dy, float* dw);
+void conv2d_backward_bias(const StreamHandle& s, const Conv2dShape& shape, const float* dy,
+                          float* db);
+
+// The arithmetic of cuda::conv2d_forward, for the whole process (as PyTorch's allow_tf32):
+//   fp32 (the default): FP32 multiply-adds, the results above;
+//   tf32: the same tiles multiplied on the tensor cores (WMMA m16n16k8, inputs rounded to TF32's
+//         10-bit mantissa, FP32 accumulation): relative error about 2^-11 per product instead of
+//         2^-24, still deterministic. sm_80 and newer; below, an FP32 emulation of the same math.
+// The backward kernels always use fp32. Set it before launching work; kernels read it at launch.
+enum class Conv2dMath { fp32, tf32 };
+void set_conv2d_math(Conv2dMath math);
+Conv2dMath conv2d_math();
+
+}  // namespace cuda
+#endif
 
 }  // namespace petra::kernels

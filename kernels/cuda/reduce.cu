@@ -28,17 +28,19 @@
 #include <array>
 #include <cstdint>
 
+#include "petra/kernels/cuda/block_sum.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 #include "petra/kernels/reduce.hpp"
 
 namespace petra::kernels::cuda {
 namespace {
 
+using cuda_detail::block_sum;
+using cuda_detail::capped_blocks;
 using cuda_detail::kBlockThreads;
 using cuda_detail::launch_grid_stride;
 using cuda_detail::stream_of;
 
-constexpr int kWarps = kBlockThreads / 32;
 constexpr std::int64_t kChunk = 16 * 1024;     // elements per partial sum of the split path
 constexpr std::int64_t kSplitOutputs = 1024;   // fewer outputs than this: split long sums
 constexpr std::int64_t kMaxChunks = 1024;      // partials per output at most
@@ -106,23 +108,6 @@ Plan make_plan(std::span<const std::int64_t> dims, std::uint32_t reduce_mask) {
     std::reverse(list->stride, list->stride + list->count);
   }
   return plan;
-}
-
-// The sum of every thread's `value` over the block (kBlockThreads threads), by a fixed tree;
-// the result is valid in thread 0. Every thread of the block must call it.
-__device__ inline double block_sum(double value) {
-  __shared__ double warp_sums[kWarps];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_down_sync(0xffffffffu, value, offset);
-  if (lane == 0) warp_sums[warp] = value;
-  __syncthreads();
-  double total = 0;
-  if (warp == 0) {
-    total = lane < kWarps ? warp_sums[lane] : 0.0;
-    for (int offset = 16; offset > 0; offset /= 2) total += __shfl_down_sync(0xffffffffu, total, offset);
-  }
-  __syncthreads();  // warp_sums is free again for the caller's next call
-  return total;
 }
 
 // The sum, in double, of elements [begin, end) of output p's R elements (inner reduced), this
@@ -223,12 +208,6 @@ std::int64_t element_count(std::span<const std::int64_t> dims) {
   std::int64_t n = 1;
   for (const std::int64_t d : dims) n *= d;
   return n;
-}
-
-// Blocks of a block-per-item kernel: one per item, at most grid_stride_block_cap() (8192, plenty of
-// waves; the emulation lowers it so that the blocks go round their loop).
-unsigned capped_blocks(std::int64_t items) {
-  return unsigned(std::clamp<std::int64_t>(items, 1, std::int64_t(cuda_detail::grid_stride_block_cap())));
 }
 
 void sum_and_divide(const char* name, const StreamHandle& s, std::span<const std::int64_t> dims,

@@ -1,0 +1,282 @@
+// kernels/cuda/conv2d_tiling.cuh: the index and tile arithmetic of kernels/cuda/conv2d.cu (internal,
+// not installed), as plain functions that compile for the host and the device, so that they are
+// checked on their own against brute force (tests/cpu/test_conv2d_tiling.cpp, every CPU build,
+// with or without CUDA) and the kernels only combine them.
+//
+// The three convolution passes are matrix products whose operands are gathered from the tensors
+// on the fly (implicit GEMM: no im2col matrix is written):
+//
+//   pass            C (M x N)                   M              N               K (summed)
+//   forward         y  = W . im2col(x)          out_channels   batch*out_h*out_w in_channels*kh*kw
+//   backward data   dx = W^T . col2im-gather(dy) in_channels    batch*in_h*in_w   out_channels*kh*kw
+//   backward weight dw += dy . im2col(x)^T       out_channels   in_channels*kh*kw batch*out_h*out_w
+//
+// What lives here:
+//   - ConvGeometry: Conv2dShape's numbers with out_h, out_w, as the kernels receive them;
+//   - split_tap / split_pixel: a flat index of K or N into (channel, tap row, tap column) or
+//     (sample, row, column);
+//   - input_offset: the x element an output pixel reads through a tap (forward, weight), or -1 in
+//     the zero padding;
+//   - output_offset: the dy element that reads an input pixel through a tap (backward data, the
+//     gather form), or -1 when no output does (outside the output, or, for strides > 1, when the
+//     tap does not land on the stride's grid);
+//   - the block's tile shape and which tile elements each thread loads and computes (and, for the
+//     TF32 path, each warp);
+//   - tf32_round: the rounding of the tensor cores' TF32 inputs (the emulated WMMA uses it);
+//   - SplitK: K cut into fixed, tile-aligned slices (the deterministic split of the weight
+//     gradient), and weight_split_slices, the number of slices a shape gets.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "petra/kernels/common.hpp"
+#include "petra/kernels/conv2d.hpp"
+
+#ifndef PETRA_HOST_DEVICE
+#if defined(__CUDACC__)
+#define PETRA_HOST_DEVICE __host__ __device__
+#else
+#define PETRA_HOST_DEVICE
+#endif
+#endif
+
+namespace petra::kernels::cuda::conv2d_tiling {
+
+// ---- geometry -------------------------------------------------------------------------------
+
+struct ConvGeometry {
+  std::int64_t batch, in_channels, in_h, in_w;
+  std::int64_t out_channels, kernel_h, kernel_w;
+  std::int64_t stride_h, stride_w, pad_h, pad_w;
+  std::int64_t out_h, out_w;
+
+  static ConvGeometry of(const Conv2dShape& s) {
+    return {s.batch,    s.in_channels, s.in_h,  s.in_w,  s.out_channels, s.kernel_h, s.kernel_w,
+            s.stride_h, s.stride_w,    s.pad_h, s.pad_w, s.out_h(),      s.out_w()};
+  }
+  PETRA_HOST_DEVICE std::int64_t in_plane() const { return in_h * in_w; }
+  PETRA_HOST_DEVICE std::int64_t out_plane() const { return out_h * out_w; }
+  PETRA_HOST_DEVICE std::int64_t taps() const { return kernel_h * kernel_w; }
+};
+
+PETRA_HOST_DEVICE inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// a / b for a >= 0, b > 0, in 32 bits when both fit (a GPU divides 64-bit integers in a long
+// subroutine, several times slower); the same result either way. Every index division of the
+// kernels goes through it.
+PETRA_HOST_DEVICE inline std::int64_t quotient(std::int64_t a, std::int64_t b) {
+  if (((a | b) >> 31) == 0) return std::int64_t(std::uint32_t(a) / std::uint32_t(b));
+  return a / b;
+}
+
+// Flat index k = (c * kernel_h + i) * kernel_w + j of a weight row (c is the in-channel in the
+// forward and weight passes, the out-channel in the backward-data pass).
+struct Tap {
+  std::int64_t c, i, j;
+};
+PETRA_HOST_DEVICE inline Tap split_tap(std::int64_t k, std::int64_t kernel_h, std::int64_t kernel_w) {
+  const std::int64_t taps = kernel_h * kernel_w;
+  const std::int64_t c = quotient(k, taps), ij = k - c * taps;
+  const std::int64_t i = quotient(ij, kernel_w);
+  return {c, i, ij - i * kernel_w};
+}
+
+// Flat index n = (b * h + y) * w + x of a pixel of a batch of h x w planes.
+struct Pixel {
+  std::int64_t b, y, x;
+};
+PETRA_HOST_DEVICE inline Pixel split_pixel(std::int64_t n, std::int64_t h, std::int64_t w) {
+  const std::int64_t plane = h * w;
+  const std::int64_t b = quotient(n, plane), yx = n - b * plane;
+  const std::int64_t y = quotient(yx, w);
+  return {b, y, yx - y * w};
+}
+
+// ---- forward and weight gradient: which x an output pixel reads ------------------------------
+
+// Output pixel (b, oh, ow): where its sample starts in x, and the input coordinates of its tap
+// (0, 0) (oh * stride - pad, which is negative in the padding).
+struct OutputPixel {
+  std::int64_t x_sample;  // b * in_channels * in_h * in_w
+  std::int64_t h0, w0;
+};
+PETRA_HOST_DEVICE inline OutputPixel output_pixel(const ConvGeometry& g, std::int64_t n) {
+  const Pixel p = split_pixel(n, g.out_h, g.out_w);
+  return {p.b * g.in_channels * g.in_plane(), p.y * g.stride_h - g.pad_h, p.x * g.stride_w - g.pad_w};
+}
+
+// Offset in x of the value output pixel `o` multiplies with weight tap `t` (channel t.c), or -1
+// where that value is the zero padding.
+PETRA_HOST_DEVICE inline std::int64_t input_offset(const ConvGeometry& g, const OutputPixel& o,
+                                                   const Tap& t) {
+  const std::int64_t h = o.h0 + t.i, w = o.w0 + t.j;
+  if (h < 0 || h >= g.in_h || w < 0 || w >= g.in_w) return -1;
+  return o.x_sample + (t.c * g.in_h + h) * g.in_w + w;
+}
+
+// ---- backward data: which dy reads an input pixel (the gather form) --------------------------
+
+// The output coordinate whose tap `tap` reads input coordinate `in` (in = out * stride - pad +
+// tap), or -1 when there is none: in + pad - tap negative, not a multiple of the stride, or past
+// the output.
+PETRA_HOST_DEVICE inline std::int64_t output_coordinate(std::int64_t in, std::int64_t stride,
+                                                        std::int64_t pad, std::int64_t tap,
+                                                        std::int64_t out_extent) {
+  const std::int64_t t = in + pad - tap;
+  if (t < 0) return -1;
+  const std::int64_t out = quotient(t, stride);
+  if (out * stride != t || out >= out_extent) return -1;
+  return out;
+}
+
+// Input pixel (b, h, w): where its sample starts in dy, and its padded coordinates.
+struct InputPixel {
+  std::int64_t dy_sample;  // b * out_channels * out_h * out_w
+  std::int64_t h, w;
+};
+PETRA_HOST_DEVICE inline InputPixel input_pixel(const ConvGeometry& g, std::int64_t n) {
+  const Pixel p = split_pixel(n, g.in_h, g.in_w);
+  return {p.b * g.out_channels * g.out_plane(), p.y, p.x};
+}
+
+// Offset in dy of the gradient that reaches input pixel `p` through weight tap `t` of out-channel
+// t.c, or -1 when no output pixel reads p through that tap.
+PETRA_HOST_DEVICE inline std::int64_t output_offset(const ConvGeometry& g, const InputPixel& p,
+                                                    const Tap& t) {
+  const std::int64_t oh = output_coordinate(p.h, g.stride_h, g.pad_h, t.i, g.out_h);
+  if (oh < 0) return -1;
+  const std::int64_t ow = output_coordinate(p.w, g.stride_w, g.pad_w, t.j, g.out_w);
+  if (ow < 0) return -1;
+  return p.dy_sample + (t.c * g.out_h + oh) * g.out_w + ow;
+}
+
+// ---- the block tile ---------------------------------------------------------------------------
+
+// One block of kThreads = 16 x 16 threads computes a kTileM x kTileN tile of C; K is walked in
+// steps of kTileK. Thread (tx, ty) = (t % 16, t / 16) owns the kMicro x kMicro outputs
+// (ty + 16 r, tx + 16 q), r, q < kMicro: strided, so that in the inner loop the 16 threads of a
+// half-warp read 16 consecutive B values and two A values (broadcast), and their stores of C are
+// consecutive.
+inline constexpr int kTileM = 64;
+inline constexpr int kTileN = 64;
+inline constexpr int kTileK = 16;
+inline constexpr int kThreadsX = 16;
+inline constexpr int kThreadsY = 16;
+inline constexpr int kThreads = kThreadsX * kThreadsY;  // 256
+inline constexpr int kMicro = kTileM / kThreadsY;       // 4 rows and 4 columns per thread
+inline constexpr int kLoads = kTileM * kTileK / kThreads;  // 4 A and 4 B values per thread per step
+static_assert(kTileM == kTileN && kMicro * kThreadsX == kTileN);
+static_assert(kLoads * kThreads == kTileN * kTileK);
+// Row length of the shared tiles, a_tile[k][m], b_tile[k][n] and the TF32 path's c_tile[m][n]:
+// padded by 4 floats, a multiple of 4 as WMMA's leading dimension must be, and 16-byte rows.
+inline constexpr int kTileLd = kTileM + 4;
+
+// Tile coordinates (row m or column n in the tile, k in the step) of the q-th A value and B value
+// that thread t loads, q < kLoads. A: the 16 consecutive threads take 16 consecutive k of one row
+// (the weight rows and dy rows are contiguous in k). B: 64 consecutive threads take 64
+// consecutive columns of one k (consecutive pixels in the forward and backward data). A thread
+// keeps its B column and its A rows for the whole K loop, so their decomposition is done once.
+struct TileCoordinate {
+  int mn, k;
+};
+PETRA_HOST_DEVICE constexpr TileCoordinate a_load(int t, int q) {
+  return {t / kTileK + q * (kThreads / kTileK), t % kTileK};
+}
+PETRA_HOST_DEVICE constexpr TileCoordinate b_load(int t, int q) {
+  return {t % kTileN, t / kTileN + q * (kThreads / kTileN)};
+}
+// Tile row and column of thread t's output (r, q), r, q < kMicro.
+PETRA_HOST_DEVICE constexpr int micro_row(int t, int r) { return t / kThreadsX + r * kThreadsY; }
+PETRA_HOST_DEVICE constexpr int micro_column(int t, int q) { return t % kThreadsX + q * kThreadsX; }
+
+// ---- the TF32 path (forward only, conv2d_math() == Conv2dMath::tf32) ---------------------------
+
+// The 8 warps of a block tile the 64 x 64 output in 16 x 32 pieces: warp w computes rows
+// warp_row(w) .. + 15 and columns warp_column(w) .. + 31 (two 16 x 16 WMMA accumulators).
+PETRA_HOST_DEVICE constexpr int warp_row(int warp) { return warp / 2 * 16; }
+PETRA_HOST_DEVICE constexpr int warp_column(int warp) { return warp % 2 * 32; }
+static_assert(kThreads / 32 * 16 * 32 == kTileM * kTileN);
+
+// x rounded to TF32 (the 10 leading bits of the mantissa), to nearest with ties away from zero,
+// as the tensor cores' conversion cvt.rna.tf32.f32 (wmma::__float_to_tf32) does. Infinities and
+// NaNs are returned unchanged.
+PETRA_HOST_DEVICE inline float tf32_round(float x) {
+  std::uint32_t bits;
+#ifdef __CUDA_ARCH__
+  bits = __float_as_uint(x);
+#else
+  std::memcpy(&bits, &x, sizeof bits);
+#endif
+  if ((bits & 0x7f800000u) == 0x7f800000u) return x;
+  bits = (bits + 0x1000u) & ~0x1fffu;  // add half of the 13 dropped bits' unit, then drop them
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(bits);
+#else
+  float r;
+  std::memcpy(&r, &bits, sizeof r);
+  return r;
+#endif
+}
+
+// ---- split-K: fixed slices of the summed dimension --------------------------------------------
+
+// K = [0, total) cut into `slices` consecutive slices of slice_length (a multiple of kTileK, the
+// last one shorter), none empty. The cut depends only on total and the number asked for.
+struct SplitK {
+  std::int64_t total = 0, slice_length = 0, slices = 0;
+
+  PETRA_HOST_DEVICE std::int64_t begin(std::int64_t s) const { return s * slice_length; }
+  PETRA_HOST_DEVICE std::int64_t end(std::int64_t s) const {
+    const std::int64_t e = (s + 1) * slice_length;
+    return e < total ? e : total;
+  }
+};
+// At most `wanted` (>= 1) slices; fewer when K has fewer tile steps than that.
+PETRA_HOST_DEVICE inline SplitK split_k(std::int64_t total, std::int64_t wanted) {
+  if (total <= 0) return {total, kTileK, 1};
+  const std::int64_t steps = ceil_div(total, kTileK);
+  const std::int64_t per_slice = ceil_div(steps, wanted < 1 ? 1 : wanted);
+  const std::int64_t length = per_slice * kTileK;
+  return {total, length, ceil_div(total, length)};
+}
+
+// The weight gradient's slices, from the shape alone (so every run, and every GPU, sums in the
+// same order):
+//   - at least kWeightSliceMinK terms per slice (each block then runs >= 64 steps of kTileK),
+//   - at most kWeightMaxSlices slices,
+//   - no more slices than it takes to give about kWeightTargetBlocks blocks (more would only add
+//     partials to sum),
+//   - the partials (slices x weight_size floats of scratch) at most kWeightMaxPartialBytes, unless
+//     one slice: then there are no partials (the block adds into dw directly).
+inline constexpr std::int64_t kWeightSliceMinK = 1024;
+inline constexpr std::int64_t kWeightMaxSlices = 64;
+inline constexpr std::int64_t kWeightTargetBlocks = 1024;
+inline constexpr std::int64_t kWeightMaxPartialBytes = std::int64_t(64) << 20;
+
+inline std::int64_t weight_split_slices(const Conv2dShape& s) {
+  const std::int64_t k = s.batch * s.out_h() * s.out_w();
+  const std::int64_t n = s.in_channels * s.kernel_h * s.kernel_w;
+  const std::int64_t tiles = ceil_div(s.out_channels, kTileM) * ceil_div(n, kTileN);
+  std::int64_t wanted = std::clamp<std::int64_t>(k / kWeightSliceMinK, 1, kWeightMaxSlices);
+  wanted = std::min(wanted, std::max<std::int64_t>(1, kWeightTargetBlocks / std::max<std::int64_t>(tiles, 1)));
+  const std::int64_t weight_bytes = std::max<std::int64_t>(s.weight_size(), 1) * std::int64_t(sizeof(float));
+  wanted = std::min(wanted, std::max<std::int64_t>(1, kWeightMaxPartialBytes / weight_bytes));
+  return split_k(k, wanted).slices;
+}
+
+}  // namespace petra::kernels::cuda::conv2d_tiling
+
+#if PETRA_HAVE_CUDA
+namespace petra::kernels::cuda {
+// conv2d_backward_weight with the weight gradient's K cut into at most `slices` slices
+// (conv2d_tiling::split_k); conv2d_backward_weight itself asks for weight_split_slices(shape).
+// The emulated test calls it to run the split and the partials' sum on small shapes.
+void conv2d_backward_weight_split(const StreamHandle& s, const Conv2dShape& shape, const float* x,
+                                  const float* dy, float* dw, std::int64_t slices);
+}  // namespace petra::kernels::cuda
+#endif

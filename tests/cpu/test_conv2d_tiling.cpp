@@ -1,0 +1,291 @@
+// tests/cpu/test_conv2d_tiling.cpp: the index and tile arithmetic of the CUDA convolution
+// (kernels/cuda/conv2d_tiling.cuh), on the host, against brute force: every shape of a small grid
+// (kernels 1..4 x 1..3, strides 1..3, paddings 0..2, inputs 1..7, channels 1..3, batch 1..2) and
+// random larger ones.
+//   - input_offset(output_pixel(n), split_tap(k)) is the im2col matrix that ref::'s loops visit;
+//   - output_offset(input_pixel(n), split_tap(k)) is its transpose: for every input pixel and tap,
+//     the one dy that reads it there, or none (found by trying every output pixel);
+//   - split_tap, split_pixel, quotient against / and %;
+//   - the block tile: every A and B element loaded by exactly one (thread, q), every C element
+//     computed by exactly one (thread, r, q);
+//   - split_k: slices in order, none empty, tile-aligned, covering K; weight_split_slices' bounds;
+//   - the TF32 path: tf32_round against the two TF32 neighbours of a float, the warps' pieces
+//     covering the tile once.
+// Runs in every build (the header needs no CUDA).
+#include <doctest/doctest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "petra/kernels/conv2d.hpp"
+#include "petra/kernels/cuda/conv2d_tiling.cuh"
+
+namespace {
+
+namespace tiling = petra::kernels::cuda::conv2d_tiling;
+using petra::kernels::Conv2dShape;
+using tiling::ConvGeometry;
+
+std::string describe(const Conv2dShape& s) {
+  return "batch " + std::to_string(s.batch) + " C " + std::to_string(s.in_channels) + " " +
+         std::to_string(s.in_h) + "x" + std::to_string(s.in_w) + " O " + std::to_string(s.out_channels) +
+         " kernel " + std::to_string(s.kernel_h) + "x" + std::to_string(s.kernel_w) + " stride " +
+         std::to_string(s.stride_h) + "," + std::to_string(s.stride_w) + " pad " + std::to_string(s.pad_h) +
+         "," + std::to_string(s.pad_w);
+}
+
+std::vector<Conv2dShape> small_shapes() {
+  std::vector<Conv2dShape> shapes;
+  for (std::int64_t kh = 1; kh <= 4; ++kh)
+    for (std::int64_t kw = 1; kw <= 3; ++kw)
+      for (std::int64_t sh = 1; sh <= 3; ++sh)
+        for (std::int64_t pad = 0; pad <= 2; ++pad)
+          for (std::int64_t h = 1; h <= 7; h += 2)
+            for (std::int64_t w : {1, 4, 6}) {
+              Conv2dShape s{1 + (h + w) % 2, 1 + kh % 3, h, w, 2, kh, kw, sh, 1 + (sh + kw) % 3, pad, (pad + kh) % 3};
+              if (s.in_h + 2 * s.pad_h < s.kernel_h || s.in_w + 2 * s.pad_w < s.kernel_w) continue;
+              shapes.push_back(s);
+            }
+  std::mt19937_64 gen(7);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(gen); };
+  while (shapes.size() < 2200) {
+    Conv2dShape s{pick(1, 3), pick(1, 5), pick(1, 23), pick(1, 23), pick(1, 3), pick(1, 7), pick(1, 7),
+                  pick(1, 4), pick(1, 4), pick(0, 3), pick(0, 3)};
+    if (s.in_h + 2 * s.pad_h < s.kernel_h || s.in_w + 2 * s.pad_w < s.kernel_w) continue;
+    shapes.push_back(s);
+  }
+  return shapes;
+}
+
+}  // namespace
+
+TEST_CASE("conv2d tiling: quotient, split_tap and split_pixel agree with / and %") {
+  std::mt19937_64 gen(3);
+  for (int trial = 0; trial < 100000; ++trial) {
+    const std::int64_t a = trial < 50000 ? std::int64_t(gen() % (std::uint64_t(1) << 33))
+                                         : std::int64_t(gen() >> 1);
+    const std::int64_t b = 1 + std::int64_t(gen() % (trial % 3 == 0 ? (std::uint64_t(1) << 32) : 1000));
+    REQUIRE(tiling::quotient(a, b) == a / b);
+  }
+  for (const std::int64_t a : {0LL, 1LL, 2147483646LL, 2147483647LL, 2147483648LL, 4294967296LL})
+    for (const std::int64_t b : {1LL, 3LL, 2147483647LL, 2147483648LL}) CHECK(tiling::quotient(a, b) == a / b);
+  for (std::int64_t kh = 1; kh <= 5; ++kh)
+    for (std::int64_t kw = 1; kw <= 5; ++kw)
+      for (std::int64_t k = 0; k < 7 * kh * kw; ++k) {
+        const tiling::Tap t = tiling::split_tap(k, kh, kw);
+        REQUIRE(t.c == k / (kh * kw));
+        REQUIRE(t.i == k % (kh * kw) / kw);
+        REQUIRE(t.j == k % kw);
+        REQUIRE((t.c * kh + t.i) * kw + t.j == k);
+      }
+  for (std::int64_t h = 1; h <= 9; ++h)
+    for (std::int64_t w = 1; w <= 9; ++w)
+      for (std::int64_t n = 0; n < 3 * h * w; ++n) {
+        const tiling::Pixel p = tiling::split_pixel(n, h, w);
+        REQUIRE(p.y >= 0);
+        REQUIRE(p.y < h);
+        REQUIRE(p.x >= 0);
+        REQUIRE(p.x < w);
+        REQUIRE((p.b * h + p.y) * w + p.x == n);
+      }
+}
+
+TEST_CASE("conv2d tiling: the gathered operands are im2col and its transpose, on every small shape") {
+  std::size_t shapes = 0, gathers = 0;
+  for (const Conv2dShape& s : small_shapes()) {
+    ++shapes;
+    const ConvGeometry g = ConvGeometry::of(s);
+    INFO(describe(s));
+    REQUIRE(g.out_h == s.out_h());
+    REQUIRE(g.out_w == s.out_w());
+    // Forward / weight operand: (tap k, output pixel n) -> x offset, as ref::'s loops.
+    const std::int64_t taps = s.in_channels * s.kernel_h * s.kernel_w;
+    const std::int64_t pixels = s.batch * g.out_h * g.out_w;
+    // which (tap, output pixel) pairs read x element e: the transpose, for the data pass below
+    std::map<std::int64_t, std::vector<std::int64_t>> readers;
+    for (std::int64_t n = 0; n < pixels; ++n) {
+      const std::int64_t b = n / (g.out_h * g.out_w), oh = n / g.out_w % g.out_h, ow = n % g.out_w;
+      const tiling::OutputPixel op = tiling::output_pixel(g, n);
+      for (std::int64_t k = 0; k < taps; ++k) {
+        const std::int64_t c = k / (s.kernel_h * s.kernel_w), i = k / s.kernel_w % s.kernel_h, j = k % s.kernel_w;
+        const std::int64_t h = oh * s.stride_h - s.pad_h + i, w = ow * s.stride_w - s.pad_w + j;
+        const bool inside = h >= 0 && h < s.in_h && w >= 0 && w < s.in_w;
+        const std::int64_t want = inside ? ((b * s.in_channels + c) * s.in_h + h) * s.in_w + w : -1;
+        REQUIRE(tiling::input_offset(g, op, tiling::split_tap(k, s.kernel_h, s.kernel_w)) == want);
+        ++gathers;
+      }
+    }
+    // Backward data operand: (tap (o, i, j), input pixel (b, h, w)) -> the dy offset of the output
+    // pixel that reads x[b, :, h, w] through tap (i, j), or -1 when there is none.
+    const std::int64_t data_taps = s.out_channels * s.kernel_h * s.kernel_w;
+    const std::int64_t in_pixels = s.batch * s.in_h * s.in_w;
+    for (std::int64_t n = 0; n < in_pixels; ++n) {
+      const std::int64_t b = n / (s.in_h * s.in_w), h = n / s.in_w % s.in_h, w = n % s.in_w;
+      const tiling::InputPixel ip = tiling::input_pixel(g, n);
+      for (std::int64_t k = 0; k < data_taps; ++k) {
+        const std::int64_t o = k / (s.kernel_h * s.kernel_w), i = k / s.kernel_w % s.kernel_h, j = k % s.kernel_w;
+        std::int64_t want = -1;
+        int found = 0;
+        for (std::int64_t oh = 0; oh < g.out_h; ++oh)
+          for (std::int64_t ow = 0; ow < g.out_w; ++ow)
+            if (oh * s.stride_h - s.pad_h + i == h && ow * s.stride_w - s.pad_w + j == w) {
+              want = ((b * s.out_channels + o) * g.out_h + oh) * g.out_w + ow;
+              ++found;
+            }
+        REQUIRE(found <= 1);
+        REQUIRE(tiling::output_offset(g, ip, tiling::split_tap(k, s.kernel_h, s.kernel_w)) == want);
+        ++gathers;
+      }
+    }
+  }
+  MESSAGE(shapes, " shapes, ", gathers, " gathers checked");
+}
+
+TEST_CASE("conv2d tiling: output_coordinate inverts out * stride - pad + tap") {
+  for (std::int64_t stride = 1; stride <= 4; ++stride)
+    for (std::int64_t pad = 0; pad <= 3; ++pad)
+      for (std::int64_t tap = 0; tap <= 6; ++tap)
+        for (std::int64_t out_extent = 1; out_extent <= 6; ++out_extent)
+          for (std::int64_t in = 0; in <= 30; ++in) {
+            std::int64_t want = -1;
+            for (std::int64_t out = 0; out < out_extent; ++out)
+              if (out * stride - pad + tap == in) want = out;
+            REQUIRE(tiling::output_coordinate(in, stride, pad, tap, out_extent) == want);
+          }
+}
+
+TEST_CASE("conv2d tiling: each tile element is loaded once and computed once") {
+  std::vector<int> a(tiling::kTileM * tiling::kTileK, 0), b(tiling::kTileK * tiling::kTileN, 0),
+      c(tiling::kTileM * tiling::kTileN, 0);
+  for (int t = 0; t < tiling::kThreads; ++t) {
+    for (int q = 0; q < tiling::kLoads; ++q) {
+      const tiling::TileCoordinate at = tiling::a_load(t, q), bt = tiling::b_load(t, q);
+      REQUIRE(at.mn >= 0);
+      REQUIRE(at.mn < tiling::kTileM);
+      REQUIRE(at.k >= 0);
+      REQUIRE(at.k < tiling::kTileK);
+      REQUIRE(bt.mn >= 0);
+      REQUIRE(bt.mn < tiling::kTileN);
+      REQUIRE(bt.k >= 0);
+      REQUIRE(bt.k < tiling::kTileK);
+      ++a[at.mn * tiling::kTileK + at.k];
+      ++b[bt.k * tiling::kTileN + bt.mn];
+      // the kernel keeps one B column and the A rows per thread for the whole K loop
+      CHECK(bt.mn == tiling::b_load(t, 0).mn);
+      CHECK(at.k == tiling::a_load(t, 0).k);
+    }
+    for (int r = 0; r < tiling::kMicro; ++r)
+      for (int q = 0; q < tiling::kMicro; ++q) {
+        const int row = tiling::micro_row(t, r), column = tiling::micro_column(t, q);
+        REQUIRE(row >= 0);
+        REQUIRE(row < tiling::kTileM);
+        REQUIRE(column >= 0);
+        REQUIRE(column < tiling::kTileN);
+        ++c[row * tiling::kTileN + column];
+      }
+  }
+  for (const int count : a) CHECK(count == 1);
+  for (const int count : b) CHECK(count == 1);
+  for (const int count : c) CHECK(count == 1);
+}
+
+TEST_CASE("conv2d tiling: split_k cuts K into ordered, non-empty, tile-aligned slices") {
+  for (std::int64_t total = 1; total <= 700; ++total)
+    for (std::int64_t wanted = 1; wanted <= 12; ++wanted) {
+      const tiling::SplitK split = tiling::split_k(total, wanted);
+      INFO("K = ", total, ", wanted ", wanted);
+      REQUIRE(split.slices >= 1);
+      REQUIRE(split.slices <= wanted);
+      REQUIRE(split.slice_length % tiling::kTileK == 0);
+      REQUIRE(split.begin(0) == 0);
+      REQUIRE(split.end(split.slices - 1) == total);
+      for (std::int64_t s = 0; s < split.slices; ++s) {
+        REQUIRE(split.begin(s) < split.end(s));
+        REQUIRE(split.begin(s) % tiling::kTileK == 0);
+        if (s > 0) REQUIRE(split.begin(s) == split.end(s - 1));
+      }
+      // as many slices as asked for whenever K has enough tile steps to fill them evenly
+      if ((total + tiling::kTileK - 1) / tiling::kTileK % wanted == 0) CHECK(split.slices == wanted);
+    }
+  // K = 0 (an empty batch): one empty slice
+  CHECK(tiling::split_k(0, 4).slices == 1);
+  CHECK(tiling::split_k(0, 4).end(0) == 0);
+}
+
+TEST_CASE("conv2d tiling: the weight gradient's slices respect their bounds") {
+  // (batch, C, H, W, O, k, stride, pad)
+  struct Case {
+    std::int64_t batch, c, h, w, o, k, stride, pad;
+  };
+  const std::vector<Case> cases = {
+      {1, 1, 1, 1, 1, 1, 1, 0},        {3, 1, 27, 27, 1, 1, 1, 0},      {256, 64, 56, 56, 64, 3, 1, 1},
+      {256, 3, 224, 224, 64, 7, 2, 3}, {256, 512, 7, 7, 512, 3, 1, 1},  {128, 2048, 7, 7, 512, 1, 1, 0},
+      {1, 4096, 3, 3, 4096, 3, 1, 1},  {4096, 1, 64, 64, 1, 1, 1, 0},   {2, 8, 33, 33, 8, 3, 2, 1},
+  };
+  for (const Case& c : cases) {
+    const Conv2dShape s = petra::kernels::conv2d_shape(c.batch, c.c, c.h, c.w, c.o, c.k, c.stride, c.pad);
+    const std::int64_t k = s.batch * s.out_h() * s.out_w();
+    const std::int64_t slices = tiling::weight_split_slices(s);
+    INFO(describe(s), " -> ", slices, " slices");
+    CHECK(slices >= 1);
+    CHECK(slices <= tiling::kWeightMaxSlices);
+    CHECK(slices == tiling::split_k(k, slices).slices);  // what the kernel will run
+    if (slices > 1) {
+      CHECK(slices * s.weight_size() * 4 <= tiling::kWeightMaxPartialBytes);
+      CHECK(tiling::split_k(k, slices).slice_length >= tiling::kWeightSliceMinK);
+    }
+  }
+  CHECK(tiling::weight_split_slices(petra::kernels::conv2d_shape(1, 1, 1, 1, 1, 1, 1, 0)) == 1);
+  CHECK(tiling::weight_split_slices(petra::kernels::conv2d_shape(3, 1, 19, 19, 1, 1, 1, 0)) == 1);  // K = 1083
+  CHECK(tiling::weight_split_slices(petra::kernels::conv2d_shape(3, 1, 27, 27, 1, 1, 1, 0)) == 2);  // K = 2187
+  CHECK(tiling::weight_split_slices(petra::kernels::conv2d_shape(256, 64, 56, 56, 64, 3, 1, 1)) == 64);
+  // 4096 x 36864 weights: 576 MiB of partials per slice, so no split
+  CHECK(tiling::weight_split_slices(petra::kernels::conv2d_shape(1, 4096, 3, 3, 4096, 3, 1, 1)) == 1);
+}
+
+TEST_CASE("conv2d tiling: tf32_round keeps 10 mantissa bits, to nearest, ties away from zero") {
+  const auto bits = [](float f) { return std::bit_cast<std::uint32_t>(f); };
+  const float one = 1.0f, ulp = std::ldexp(1.0f, -10);  // TF32's unit in the last place at 1
+  CHECK(tiling::tf32_round(one) == one);
+  CHECK(tiling::tf32_round(one + ulp) == one + ulp);
+  CHECK(tiling::tf32_round(one + ulp / 2) == one + ulp);                        // a tie: away from zero
+  CHECK(tiling::tf32_round(-(one + ulp / 2)) == -(one + ulp));
+  CHECK(tiling::tf32_round(std::nextafter(one + ulp / 2, 0.0f)) == one);        // below the tie: down
+  CHECK(tiling::tf32_round(one + 3 * ulp / 2) == one + 2 * ulp);                // a tie with an odd last bit
+  CHECK(tiling::tf32_round(std::nextafter(2.0f, 0.0f)) == 2.0f);                // carries into the exponent
+  CHECK(tiling::tf32_round(0.0f) == 0.0f);
+  CHECK(std::signbit(tiling::tf32_round(-0.0f)));
+  CHECK(std::isinf(tiling::tf32_round(std::numeric_limits<float>::infinity())));
+  CHECK(std::isnan(tiling::tf32_round(std::numeric_limits<float>::quiet_NaN())));
+  std::mt19937_64 gen(11);
+  std::uniform_real_distribution<float> dist(-1000.0f, 1000.0f);
+  for (int trial = 0; trial < 100000; ++trial) {
+    const float x = trial % 2 ? dist(gen) : std::ldexp(dist(gen), -120);  // normal and subnormal
+    const float r = tiling::tf32_round(x);
+    REQUIRE((bits(r) & 0x1fffu) == 0);                                      // 13 low bits gone
+    // the nearest of the two TF32 neighbours of x (ties away from zero)
+    const float down = std::bit_cast<float>(bits(x) & ~0x1fffu);            // towards zero
+    const float up = std::bit_cast<float>((bits(x) & ~0x1fffu) + 0x2000u);  // away from zero
+    const double dd = std::abs(double(x) - double(down)), du = std::abs(double(up) - double(x));
+    REQUIRE(r == (du <= dd ? up : down));
+  }
+}
+
+TEST_CASE("conv2d tiling: the TF32 path's warps cover the block tile once") {
+  std::vector<int> c(tiling::kTileM * tiling::kTileN, 0);
+  for (int warp = 0; warp < tiling::kThreads / 32; ++warp)
+    for (int r = 0; r < 16; ++r)
+      for (int q = 0; q < 32; ++q) ++c[(tiling::warp_row(warp) + r) * tiling::kTileN + tiling::warp_column(warp) + q];
+  for (const int count : c) CHECK(count == 1);
+  // WMMA needs a leading dimension that is a multiple of 4 floats, and 32-byte aligned fragment
+  // starts: rows k = 0, 8 of the K step, columns and rows at multiples of 16
+  CHECK(tiling::kTileLd % 4 == 0);
+  CHECK(8 * tiling::kTileLd * 4 % 32 == 0);
+  CHECK(16 * tiling::kTileLd * 4 % 32 == 0);
+}

@@ -1,0 +1,7 @@
+// tests/emulation/emulated_conv2d.cpp: kernels/cuda/conv2d.cu compiled by the host compiler against
+// the CUDA emulation, so that its kernels::cuda:: functions run on the CPU
+// (test_emulated_conv2d.cpp). This executable does not link petra-core, whose kernels::cuda:: are
+// the real ones.
+#include "tests/emulation/cuda_emulation.hpp"
+
+#include "petra/kernels/cuda/conv2d.cu"

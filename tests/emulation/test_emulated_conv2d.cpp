@@ -1,0 +1,442 @@
+// tests/emulation/test_emulated_conv2d.cpp: the kernels of kernels/cuda/conv2d.cu (forward with
+// and without bias, FP32 and TF32, backward data, backward weight +=, with and without the split-K,
+// backward bias +=), run on the CPU by the CUDA emulation (emulated_conv2d.cpp), against kernels::ref.
+//
+// Shapes: kernels 1x1, 3x3, 7x7 (stride 2, padding 3) and non-square ones (1x3, 3x1, 2x5), strides
+// 1, 2, 3 and mixed, paddings 0, 1, 2 and mixed, channels 1, 3, 17, 33 and 65 (two tiles of M),
+// batch 1 and 3, odd spatial sizes (5, 7, 9, 11), a kernel as large as the padded input, a stride
+// larger than the kernel (input pixels that no output reads), an empty batch. Every tensor is
+// pre-filled and followed by guard elements: y and dx must be assigned, dw and db accumulated onto
+// non-zero values, the guards untouched. Pointers are 64-byte aligned for even-numbered shapes and
+// one float off for odd ones (the kernels load scalars, so nothing may depend on alignment).
+//
+// Tolerance: each output is compared with ref:: (double, rounded once) within
+// (terms + 3) * 2^-24 * (the sum of |terms|), the bound of a float sum of `terms` products in any
+// order, so an error far below one term's size shows while no rounding can fail the test.
+//
+// Determinism: two runs give the same bits (forward; backward data and backward weight with 1 and
+// 3 slices on alternate shapes); the bias gradient gives the same bits with grid caps of 8192, 1 and 3 blocks (the caps
+// make the block-per-channel loop go round). The split-K runs with 3 slices (and 2 and 5 on every
+// third shape) through conv2d_backward_weight_split and, on one shape, through
+// conv2d_backward_weight itself.
+// The TF32 forward (set_conv2d_math(tf32)) runs the WMMA twin: bit for bit against a host model of
+// its arithmetic (fmaf of TF32-rounded inputs, k in order), within 2^-10 * sum |terms| of ref::,
+// different bits from the FP32 path, the same bits twice.
+// The emulation runs each block's 256 threads on the CPU, so the shapes stay small (a few blocks).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "petra/kernels/common.hpp"
+#include "petra/kernels/conv2d.hpp"
+#include "petra/kernels/cuda/conv2d_tiling.cuh"
+#include "tests/emulation/kernel_checks.hpp"
+
+namespace {
+
+using namespace petra::emulation_testing::vocabulary;
+using petra::kernels::Conv2dShape;
+namespace tiling = petra::kernels::cuda::conv2d_tiling;
+
+// {batch, in_channels, in_h, in_w, out_channels, kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w}
+const std::vector<Conv2dShape> kShapes = {
+    {3, 17, 5, 7, 33, 1, 1, 1, 1, 0, 0},   // 1x1
+    {1, 3, 9, 9, 17, 1, 1, 2, 2, 0, 0},    // 1x1 stride 2
+    {3, 17, 9, 9, 33, 3, 3, 1, 1, 1, 1},   // 3x3 stride 1 padding 1: 4 tiles of N, 10 steps of K
+    {3, 3, 9, 7, 17, 3, 3, 2, 2, 1, 1},    // 3x3 stride 2 padding 1
+    {1, 33, 7, 5, 3, 3, 3, 1, 1, 0, 0},    // 3x3 padding 0, K = 297
+    {3, 1, 9, 9, 1, 3, 3, 2, 2, 0, 0},     // one channel in and out
+    {3, 3, 11, 9, 5, 7, 7, 2, 2, 3, 3},    // 7x7 stride 2 padding 3
+    {1, 3, 7, 9, 5, 1, 3, 1, 1, 0, 1},     // 1x3
+    {3, 17, 5, 9, 3, 3, 1, 2, 1, 1, 0},    // 3x1, stride (2, 1), padding (1, 0)
+    {1, 2, 7, 11, 3, 2, 5, 1, 2, 1, 2},    // 2x5
+    {1, 3, 5, 5, 65, 3, 3, 1, 1, 1, 1},    // 65 out-channels: two tiles of M (forward, weight)
+    {1, 65, 3, 3, 2, 3, 3, 1, 1, 1, 1},    // 65 in-channels: two tiles of M (backward data)
+    {1, 2, 8, 8, 3, 2, 2, 3, 3, 0, 0},     // stride 3 > kernel 2: rows and columns no output reads
+    {1, 2, 3, 3, 3, 5, 5, 1, 1, 1, 1},     // the kernel covers the whole padded input: 1x1 output
+    {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},     // one of everything
+    {0, 3, 5, 5, 4, 3, 3, 1, 1, 1, 1},     // empty batch
+};
+
+std::string describe(const Conv2dShape& s) {
+  return "batch " + std::to_string(s.batch) + ", " + std::to_string(s.in_channels) + "x" +
+         std::to_string(s.in_h) + "x" + std::to_string(s.in_w) + " -> " + std::to_string(s.out_channels) +
+         ", kernel " + std::to_string(s.kernel_h) + "x" + std::to_string(s.kernel_w) + ", stride " +
+         std::to_string(s.stride_h) + "," + std::to_string(s.stride_w) + ", padding " +
+         std::to_string(s.pad_h) + "," + std::to_string(s.pad_w);
+}
+
+// An array of n values that starts `offset` floats into a 64-byte aligned buffer, followed by
+// kGuard guard values.
+class Buffer {
+ public:
+  Buffer(std::int64_t n, std::uint64_t seed, std::size_t offset, double lo = -1, double hi = 1)
+      : n_(std::size_t(n)), offset_(offset),
+        data_(random_values(offset + n_ + kGuard, seed, lo, hi)), before_(data_.values()) {}
+  float* data() const { return data_.data() + offset_; }
+  std::vector<float> values() const {  // the n values
+    const std::vector<float> all = data_.values();
+    return std::vector<float>(all.begin() + long(offset_), all.begin() + long(offset_ + n_));
+  }
+  std::vector<float> initial() const {
+    return std::vector<float>(before_.begin() + long(offset_), before_.begin() + long(offset_ + n_));
+  }
+  // Nothing before or after the n values changed.
+  bool guards_kept() const {
+    const std::vector<float> all = data_.values();
+    for (std::size_t i = 0; i < all.size(); ++i)
+      if ((i < offset_ || i >= offset_ + n_) && all[i] != before_[i]) return false;
+    return true;
+  }
+  // Resets the n values to what they were.
+  void reset() const { std::copy(before_.begin() + long(offset_), before_.begin() + long(offset_ + n_), data()); }
+
+ private:
+  std::size_t n_, offset_;
+  AlignedFloats data_;
+  std::vector<float> before_;
+};
+
+std::vector<double> absolute(const std::vector<float>& v) {
+  std::vector<double> a(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) a[i] = std::abs(double(v[i]));
+  return a;
+}
+
+// The largest |got - want| / ((terms + 3) * 2^-24 * magnitude) over the elements (<= 1 passes).
+double error_in_bounds(const std::vector<float>& got, const std::vector<float>& want,
+                       const std::vector<double>& magnitude, std::int64_t terms) {
+  const double unit = std::ldexp(1.0, -24) * double(terms + 3);
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double d = std::abs(double(got[i]) - double(want[i]));
+    if (d == 0) continue;
+    worst = std::max(worst, d / (unit * magnitude[i] + 1e-300));
+  }
+  return worst;
+}
+
+unsigned tiles(std::int64_t n) { return unsigned(tiling::ceil_div(n, 64)); }
+
+struct Stream {
+  HeapWorkspace workspace;
+  StreamHandle s;
+  Stream() { s.workspace = &workspace; }
+};
+
+}  // namespace
+
+TEST_CASE("emulated conv2d: forward with and without bias matches ref, deterministic") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  const auto start = std::chrono::steady_clock::now();
+  std::uint64_t seed = 100;
+  std::size_t index = 0;
+  for (const Conv2dShape& sh : kShapes) {
+    seed += 10;
+    const std::size_t offset = index++ % 2;
+    INFO(describe(sh), ", offset ", offset);
+    const Buffer x(sh.input_size(), seed, offset), w(sh.weight_size(), seed + 1, offset),
+        bias(sh.out_channels, seed + 2, offset), y(sh.output_size(), seed + 3, offset, 5, 6);
+    for (const bool with_bias : {true, false}) {
+      if (!with_bias && offset == 0) continue;  // without bias on every other shape (emulation time)
+      CAPTURE(with_bias);
+      y.reset();
+      const float* b = with_bias ? bias.data() : nullptr;
+      std::vector<float> want = y.initial();
+      ref::conv2d_forward<float>(s, sh, x.data(), w.data(), b, want.data());
+      // the sum of |terms|: the same convolution of |x|, |w|, |bias| in double
+      std::vector<double> magnitude(std::size_t(sh.output_size()));
+      const std::vector<double> ax = absolute(x.values()), aw = absolute(w.values()), ab = absolute(bias.values());
+      ref::conv2d_forward<double>(s, sh, ax.data(), aw.data(), with_bias ? ab.data() : nullptr, magnitude.data());
+      const std::size_t before = emu::launches();
+      cu::conv2d_forward(s, sh, x.data(), w.data(), b, y.data());
+      CHECK(y.guards_kept());
+      if (sh.output_size() == 0) {
+        CHECK(emu::launches() == before);  // nothing to do, no launch (an empty grid is an error)
+        continue;
+      }
+      CHECK(emu::last_launch().kernel == std::string("conv2d_forward"));
+      CHECK(emu::last_launch().grid.x == tiles(sh.batch * sh.out_h() * sh.out_w()));
+      CHECK(emu::last_launch().grid.y == tiles(sh.out_channels));
+      CHECK(emu::last_launch().grid.z == 1);
+      CHECK(emu::last_launch().block.x == 256);
+      const std::vector<float> got = y.values();
+      CHECK(error_in_bounds(got, want, magnitude, sh.in_channels * sh.kernel_h * sh.kernel_w + 1) <= 1.0);
+      if (with_bias) {  // a second run gives the same bits
+        cu::conv2d_forward(s, sh, x.data(), w.data(), b, y.data());
+        CHECK(bit_differences(y.values(), got) == "");
+      }
+    }
+  }
+  MESSAGE("forward: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
+}
+
+TEST_CASE("emulated conv2d: backward data matches ref (the gather form), deterministic") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  const auto start = std::chrono::steady_clock::now();
+  std::uint64_t seed = 500;
+  std::size_t index = 0;
+  for (const Conv2dShape& sh : kShapes) {
+    seed += 10;
+    const std::size_t offset = (index++ + 1) % 2;
+    INFO(describe(sh), ", offset ", offset);
+    const Buffer dy(sh.output_size(), seed, offset), w(sh.weight_size(), seed + 1, offset),
+        dx(sh.input_size(), seed + 2, offset, 5, 6);
+    std::vector<float> want = dx.initial();
+    ref::conv2d_backward_data<float>(s, sh, dy.data(), w.data(), want.data());
+    std::vector<double> magnitude(std::size_t(sh.input_size()));
+    const std::vector<double> ady = absolute(dy.values()), aw = absolute(w.values());
+    ref::conv2d_backward_data<double>(s, sh, ady.data(), aw.data(), magnitude.data());
+    cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
+    CHECK(dx.guards_kept());
+    if (sh.input_size() == 0) continue;
+    CHECK(emu::last_launch().kernel == std::string("conv2d_backward_data"));
+    CHECK(emu::last_launch().grid.x == tiles(sh.batch * sh.in_h * sh.in_w));
+    CHECK(emu::last_launch().grid.y == tiles(sh.in_channels));
+    const std::vector<float> got = dx.values();
+    CHECK(error_in_bounds(got, want, magnitude, sh.out_channels * sh.kernel_h * sh.kernel_w) <= 1.0);
+    if (offset == 0) continue;  // the determinism check on every other shape (emulation time)
+    cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
+    CHECK(bit_differences(dx.values(), got) == "");
+  }
+  MESSAGE("backward data: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
+}
+
+TEST_CASE("emulated conv2d: backward weight accumulates, matching ref, with 1, 2, 3 and 5 slices") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  const auto start = std::chrono::steady_clock::now();
+  std::uint64_t seed = 900;
+  std::size_t index = 0;
+  for (const Conv2dShape& sh : kShapes) {
+    seed += 10;
+    const std::size_t offset = index++ % 2;
+    INFO(describe(sh), ", offset ", offset);
+    const std::int64_t depth = sh.batch * sh.out_h() * sh.out_w();
+    const Buffer x(sh.input_size(), seed, offset), dy(sh.output_size(), seed + 1, offset),
+        dw(sh.weight_size(), seed + 2, offset);
+    std::vector<float> want = dw.initial();
+    ref::conv2d_backward_weight<float>(s, sh, x.data(), dy.data(), want.data());
+    // sum of |terms|, including the initial |dw|
+    std::vector<double> magnitude = absolute(dw.initial());
+    const std::vector<double> ax = absolute(x.values()), ady = absolute(dy.values());
+    ref::conv2d_backward_weight<double>(s, sh, ax.data(), ady.data(), magnitude.data());
+    // slices as asked, the first time through the public function (one slice for these shapes)
+    for (const std::int64_t asked : {std::int64_t(0), std::int64_t(2), std::int64_t(3), std::int64_t(5)}) {
+      if ((asked == 2 || asked == 5) && index % 3 != 0) continue;  // every third shape (emulation time)
+      CAPTURE(asked);
+      dw.reset();
+      const std::size_t before = emu::launches();
+      if (asked == 0)
+        cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
+      else
+        cu::conv2d_backward_weight_split(s, sh, x.data(), dy.data(), dw.data(), asked);
+      CHECK(dw.guards_kept());
+      if (depth == 0) {
+        CHECK(emu::launches() == before);
+        CHECK(bit_differences(dw.values(), dw.initial()) == "");  // dw += 0
+        continue;
+      }
+      const std::int64_t slices = asked == 0 ? tiling::weight_split_slices(sh) : tiling::split_k(depth, asked).slices;
+      CAPTURE(slices);
+      CHECK(emu::launches() - before == (slices > 1 ? 2u : 1u));
+      CHECK(emu::last_launch().kernel ==
+            std::string(slices > 1 ? "conv2d_backward_weight_sum" : "conv2d_backward_weight"));
+      if (slices == 1) {
+        CHECK(emu::last_launch().grid.x == tiles(sh.in_channels * sh.kernel_h * sh.kernel_w));
+        CHECK(emu::last_launch().grid.y == tiles(sh.out_channels));
+      }
+      if (asked > 1 && depth > tiling::kTileK) CHECK(slices > 1);  // the split path ran
+      const std::vector<float> got = dw.values();
+      CHECK(error_in_bounds(got, want, magnitude, depth + 1) <= 1.0);
+      if ((asked == 0 && offset == 0) || (asked == 3 && offset == 1)) {  // the same bits again
+        dw.reset();
+        if (asked == 0)
+          cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
+        else
+          cu::conv2d_backward_weight_split(s, sh, x.data(), dy.data(), dw.data(), asked);
+        CHECK(bit_differences(dw.values(), got) == "");
+      }
+    }
+  }
+  MESSAGE("backward weight: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
+}
+
+TEST_CASE("emulated conv2d: backward weight splits a long sum by itself, deterministically") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  // K = 3 * 27 * 27 = 2187 >= 2 * kWeightSliceMinK: two slices of 1104 and 1083 terms.
+  const Conv2dShape sh{3, 2, 27, 27, 3, 1, 1, 1, 1, 0, 0};
+  REQUIRE(tiling::weight_split_slices(sh) == 2);
+  const Buffer x(sh.input_size(), 7, 1), dy(sh.output_size(), 8, 1), dw(sh.weight_size(), 9, 1);
+  std::vector<float> want = dw.initial();
+  ref::conv2d_backward_weight<float>(s, sh, x.data(), dy.data(), want.data());
+  std::vector<double> magnitude = absolute(dw.initial());
+  const std::vector<double> ax = absolute(x.values()), ady = absolute(dy.values());
+  ref::conv2d_backward_weight<double>(s, sh, ax.data(), ady.data(), magnitude.data());
+  const std::size_t before = emu::launches();
+  cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
+  CHECK(emu::launches() - before == 2);
+  CHECK(emu::last_launch().kernel == std::string("conv2d_backward_weight_sum"));
+  CHECK(stream.workspace.capacity() >= 2 * std::size_t(sh.weight_size()) * sizeof(float));
+  const std::vector<float> got = dw.values();
+  CHECK(error_in_bounds(got, want, magnitude, 2187 + 1) <= 1.0);
+  CHECK(dw.guards_kept());
+  dw.reset();
+  cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
+  CHECK(bit_differences(dw.values(), got) == "");
+}
+
+TEST_CASE("emulated conv2d: backward bias accumulates, matching ref, the same bits whatever the grid") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  std::uint64_t seed = 1300;
+  std::size_t index = 0;
+  // The bias gradient reads only (batch, out_channels, out_h, out_w). Each block iteration costs
+  // the emulation a few barriers over 256 threads, so few channels: 23 in all.
+  const std::vector<Conv2dShape> shapes = {
+      {3, 3, 9, 7, 7, 3, 3, 2, 2, 1, 1},    // 7 channels of 5x4 (caps 1 and 3 loop, with a rest)
+      {3, 1, 17, 19, 5, 1, 1, 1, 1, 0, 0},  // planes of 323 > 256 threads
+      {2, 1, 1, 1, 3, 1, 1, 1, 1, 0, 0},    // planes of 1
+      {1, 2, 7, 11, 3, 2, 5, 1, 2, 1, 2},   // batch 1, 7x5
+      {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},    // one of everything
+      {0, 3, 5, 5, 4, 3, 3, 1, 1, 1, 1},    // empty batch: db += 0
+  };
+  for (const Conv2dShape& sh : shapes) {
+    seed += 10;
+    const std::size_t offset = index++ % 2;
+    INFO(describe(sh), ", offset ", offset);
+    const Buffer dy(sh.output_size(), seed, offset), db(sh.out_channels, seed + 1, offset);
+    std::vector<float> want = db.initial();
+    ref::conv2d_backward_bias<float>(s, sh, dy.data(), want.data());
+    std::vector<double> magnitude = absolute(db.initial());
+    const std::vector<double> ady = absolute(dy.values());
+    ref::conv2d_backward_bias<double>(s, sh, ady.data(), magnitude.data());
+    std::vector<float> first;
+    for (const std::size_t cap : kGridCaps) {
+      const emu::GridStrideCap capped(cap);
+      CAPTURE(cap);
+      db.reset();
+      cu::conv2d_backward_bias(s, sh, dy.data(), db.data());
+      CHECK(emu::last_launch().kernel == std::string("conv2d_backward_bias"));
+      CHECK(emu::last_launch().grid.x == unsigned(std::min<std::int64_t>(sh.out_channels, std::int64_t(cap))));
+      CHECK(db.guards_kept());
+      const std::vector<float> got = db.values();
+      // double sums, rounded twice at most: far inside the float-sum bound
+      CHECK(error_in_bounds(got, want, magnitude, 1) <= 1.0);
+      if (first.empty())
+        first = got;
+      else
+        CHECK(bit_differences(got, first) == "");
+    }
+  }
+}
+
+namespace {
+
+// Sets cu::conv2d_math() for a scope.
+class MathGuard {
+ public:
+  explicit MathGuard(cu::Conv2dMath math) : saved_(cu::conv2d_math()) { cu::set_conv2d_math(math); }
+  ~MathGuard() { cu::set_conv2d_math(saved_); }
+  MathGuard(const MathGuard&) = delete;
+  MathGuard& operator=(const MathGuard&) = delete;
+
+ private:
+  cu::Conv2dMath saved_;
+};
+
+// What the emulated TF32 path computes: per output, k = (c, i, j) in order,
+// acc = fmaf(tf32(w), tf32(x or 0 in the padding), acc), then + bias.
+std::vector<float> tf32_model(const Conv2dShape& sh, const float* x, const float* w, const float* bias) {
+  std::vector<float> y(std::size_t(sh.output_size()));
+  const std::int64_t oh_n = sh.out_h(), ow_n = sh.out_w();
+  for (std::int64_t b = 0; b < sh.batch; ++b)
+    for (std::int64_t o = 0; o < sh.out_channels; ++o)
+      for (std::int64_t oh = 0; oh < oh_n; ++oh)
+        for (std::int64_t ow = 0; ow < ow_n; ++ow) {
+          float acc = 0.0f;
+          for (std::int64_t c = 0; c < sh.in_channels; ++c)
+            for (std::int64_t i = 0; i < sh.kernel_h; ++i)
+              for (std::int64_t j = 0; j < sh.kernel_w; ++j) {
+                const std::int64_t h = oh * sh.stride_h - sh.pad_h + i, v = ow * sh.stride_w - sh.pad_w + j;
+                const float xv = h >= 0 && h < sh.in_h && v >= 0 && v < sh.in_w
+                                     ? x[((b * sh.in_channels + c) * sh.in_h + h) * sh.in_w + v]
+                                     : 0.0f;
+                acc = std::fmaf(tiling::tf32_round(w[((o * sh.in_channels + c) * sh.kernel_h + i) * sh.kernel_w + j]),
+                                tiling::tf32_round(xv), acc);
+              }
+          y[std::size_t(((b * sh.out_channels + o) * oh_n + oh) * ow_n + ow)] = bias != nullptr ? acc + bias[o] : acc;
+        }
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("emulated conv2d: TF32 forward (the WMMA twin) matches its model bit for bit and ref within TF32") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  const MathGuard tf32(cu::Conv2dMath::tf32);
+  const auto start = std::chrono::steady_clock::now();
+  // tails of M, N and K (K = 27, 153, 297: not multiples of 8 or 16), two tiles of M and of N,
+  // padding, stride 2, a non-square kernel
+  const std::vector<Conv2dShape> shapes = {
+      {3, 17, 9, 9, 33, 3, 3, 1, 1, 1, 1},
+      {1, 3, 5, 5, 65, 3, 3, 1, 1, 1, 1},
+      {1, 33, 7, 5, 3, 3, 3, 1, 1, 0, 0},
+      {3, 3, 9, 7, 17, 3, 3, 2, 2, 1, 1},
+      {1, 2, 7, 11, 3, 2, 5, 1, 2, 1, 2},
+  };
+  std::uint64_t seed = 2000;
+  std::size_t index = 0;
+  for (const Conv2dShape& sh : shapes) {
+    seed += 10;
+    const std::size_t offset = index++ % 2;
+    const bool with_bias = offset == 0;
+    INFO(describe(sh), ", offset ", offset, ", bias ", with_bias);
+    const Buffer x(sh.input_size(), seed, offset), w(sh.weight_size(), seed + 1, offset),
+        bias(sh.out_channels, seed + 2, offset), y(sh.output_size(), seed + 3, offset, 5, 6);
+    const float* b = with_bias ? bias.data() : nullptr;
+    cu::conv2d_forward(s, sh, x.data(), w.data(), b, y.data());
+    CHECK(emu::last_launch().kernel == std::string("conv2d_forward_tf32"));
+    CHECK(emu::last_launch().grid.x == tiles(sh.batch * sh.out_h() * sh.out_w()));
+    CHECK(emu::last_launch().grid.y == tiles(sh.out_channels));
+    CHECK(y.guards_kept());
+    const std::vector<float> got = y.values();
+    CHECK(bit_differences(got, tf32_model(sh, x.data(), w.data(), b)) == "");
+    // against ref: each product's inputs rounded by up to 2^-11 relative (2^-10 for the product)
+    std::vector<float> want = y.initial();
+    ref::conv2d_forward<float>(s, sh, x.data(), w.data(), b, want.data());
+    std::vector<double> magnitude(std::size_t(sh.output_size()));
+    const std::vector<double> ax = absolute(x.values()), aw = absolute(w.values()), ab = absolute(bias.values());
+    ref::conv2d_forward<double>(s, sh, ax.data(), aw.data(), with_bias ? ab.data() : nullptr, magnitude.data());
+    const std::int64_t terms = sh.in_channels * sh.kernel_h * sh.kernel_w + 1;
+    double worst = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, std::abs(double(got[i]) - double(want[i])) /
+                                  ((std::ldexp(1.0, -10) + double(terms + 3) * std::ldexp(1.0, -24)) * magnitude[i] + 1e-300));
+    CHECK(worst <= 1.0);
+    // the rounding is real: the FP32 path gives other bits
+    {
+      const MathGuard fp32(cu::Conv2dMath::fp32);
+      cu::conv2d_forward(s, sh, x.data(), w.data(), b, y.data());
+      CHECK(emu::last_launch().kernel == std::string("conv2d_forward"));
+      CHECK(bit_differences(y.values(), got) != "");
+    }
+    // and the same bits again
+    cu::conv2d_forward(s, sh, x.data(), w.data(), b, y.data());
+    CHECK(bit_differences(y.values(), got) == "");
+  }
+  CHECK(cu::conv2d_math() == cu::Conv2dMath::tf32);
+  MESSAGE("TF32 forward: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
+}
+
+TEST_CASE("emulated conv2d: FP32 is the default math") { CHECK(cu::conv2d_math() == cu::Conv2dMath::fp32); }
