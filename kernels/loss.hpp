@@ -65,7 +65,24 @@ void count_correct(const StreamHandle& s, const CrossEntropyShape& shape, const 
 
 }  // namespace cpu
 
-// kernels::cuda: none yet; on a GPU tensor of this family petra/ops.cpp raises DeviceError naming
-// the op.
+// Same contracts, float, on the GPU (kernels/cuda/loss.cu), with every pointer in device memory:
+// logits, labels, probs, loss, dloss, dlogits, predicted and correct (so count_correct's result is
+// one int64 on the device, which the caller copies back). A block per row, fixed-order trees, no
+// atomics: the same input gives the same bits. cross_entropy_forward needs s.workspace (a double
+// per row) and, to return the first bad label, copies it to the host and synchronises the stream;
+// the other three are asynchronous. count_correct needs s.workspace too (an int64 per row).
+namespace cuda {
+
+std::int64_t cross_entropy_forward(const StreamHandle& s, const CrossEntropyShape& shape,
+                                   const float* logits, const std::int64_t* labels, float* loss,
+                                   float* probs);
+void cross_entropy_backward(const StreamHandle& s, const CrossEntropyShape& shape, const float* probs,
+                            const std::int64_t* labels, const float* dloss, float* dlogits);
+void argmax(const StreamHandle& s, const CrossEntropyShape& shape, const float* logits,
+            std::int64_t* predicted);
+void count_correct(const StreamHandle& s, const CrossEntropyShape& shape, const float* logits,
+                   const std::int64_t* labels, std::int64_t* correct);
+
+}  // namespace cuda
 
 }  // namespace petra::kernels

@@ -83,7 +83,24 @@ void global_avg_pool_backward(const StreamHandle& s, const GlobalPoolShape& shap
 
 }  // namespace cpu
 
-// kernels::cuda: none yet; on a GPU tensor of this family petra/ops.cpp raises DeviceError naming
-// the op.
+// Same contracts, float, on the GPU (kernels/cuda/pool.cu): a thread per output element for the
+// window forwards, a thread per input element gathering the windows that cover it for their
+// backwards (no atomics: every dx element is written once, and all of these are ref::'s bits), a
+// warp per plane for the global forward. max_pool2d_backward reads an index only in a window that
+// covers it, so the indices must come from max_pool2d_forward on the same shape.
+namespace cuda {
+
+void max_pool2d_forward(const StreamHandle& s, const Pool2dShape& shape, const float* x, float* y,
+                        std::int32_t* indices);
+void max_pool2d_backward(const StreamHandle& s, const Pool2dShape& shape, const float* dy,
+                         const std::int32_t* indices, float* dx);
+void avg_pool2d_forward(const StreamHandle& s, const Pool2dShape& shape, const float* x, float* y);
+void avg_pool2d_backward(const StreamHandle& s, const Pool2dShape& shape, const float* dy, float* dx);
+void global_avg_pool_forward(const StreamHandle& s, const GlobalPoolShape& shape, const float* x,
+                             float* y);
+void global_avg_pool_backward(const StreamHandle& s, const GlobalPoolShape& shape, const float* dy,
+                              float* dx);
+
+}  // namespace cuda
 
 }  // namespace petra::kernels

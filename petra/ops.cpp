@@ -17,6 +17,7 @@
 #include "petra/kernels/pool.hpp"
 #include "petra/kernels/reduce.hpp"
 #include "petra/config.hpp"
+#include "petra/cuda_backend.hpp"
 #include "petra/ops.hpp"
 #include "petra/optimizer_steps.hpp"
 #include "petra/stream.hpp"
@@ -64,38 +65,44 @@ void check_shape(const Tensor& t, const Shape& expected, const char* op, const c
 }  // namespace
 
 // Runs kernels::cpu::NAME (float32) or kernels::ref::NAME<double> (float64); the arguments may
-// use the alias T for the element type.
-#define PETRA_CPU_CALL(tensor, NAME, ...)       \
-  do {                                          \
-    if ((tensor).dtype() == DType::f32) {       \
-      using T = float;                          \
-      kernels::cpu::NAME(__VA_ARGS__);          \
-    } else {                                    \
-      using T = double;                         \
-      kernels::ref::NAME<T>(__VA_ARGS__);       \
-    }                                           \
+// use the alias T for the element type. `assign` is empty, or `result =` to keep the kernel's
+// return value.
+#define PETRA_CPU_CALL(assign, tensor, NAME, ...) \
+  do {                                            \
+    if ((tensor).dtype() == DType::f32) {         \
+      using T = float;                            \
+      assign kernels::cpu::NAME(__VA_ARGS__);     \
+    } else {                                      \
+      using T = double;                           \
+      assign kernels::ref::NAME<T>(__VA_ARGS__);  \
+    }                                             \
   } while (0)
 
 // Runs kernels::cuda::NAME (T = float) when the op's family has a CUDA kernel in this build, else
 // raises DeviceError naming the op. PETRA_CUDA_<FAMILY> comes from the family table in
 // kernels/meson.build (1 where the family has kernels/cuda/<family>.cu and petra is built with CUDA).
-#define PETRA_CUDA_CALL_1(NAME, ...)  \
-  do {                                \
-    using T = float;                  \
-    kernels::cuda::NAME(__VA_ARGS__); \
+#define PETRA_CUDA_CALL_1(assign, NAME, ...) \
+  do {                                       \
+    using T = float;                         \
+    assign kernels::cuda::NAME(__VA_ARGS__); \
   } while (0)
-#define PETRA_CUDA_CALL_0(NAME, ...) no_cuda_kernel(#NAME)
+#define PETRA_CUDA_CALL_0(assign, NAME, ...) no_cuda_kernel(#NAME)
 #define PETRA_PASTE_(a, b) a##b
 #define PETRA_PASTE(a, b) PETRA_PASTE_(a, b)
 
-// The one dispatch point of every op: family FAMILY's kernel NAME for `tensor`'s device and dtype.
-#define PETRA_CALL(FAMILY, tensor, NAME, ...)                                          \
+#define PETRA_DISPATCH(assign, FAMILY, tensor, NAME, ...)                              \
   do {                                                                                 \
     if ((tensor).device().is_cuda())                                                   \
-      PETRA_PASTE(PETRA_CUDA_CALL_, PETRA_CUDA_##FAMILY)(NAME, __VA_ARGS__);           \
+      PETRA_PASTE(PETRA_CUDA_CALL_, PETRA_CUDA_##FAMILY)(assign, NAME, __VA_ARGS__);   \
     else                                                                               \
-      PETRA_CPU_CALL(tensor, NAME, __VA_ARGS__);                                       \
+      PETRA_CPU_CALL(assign, tensor, NAME, __VA_ARGS__);                               \
   } while (0)
+
+// The one dispatch point of every op: family FAMILY's kernel NAME for `tensor`'s device and dtype.
+#define PETRA_CALL(FAMILY, tensor, NAME, ...) PETRA_DISPATCH(, FAMILY, tensor, NAME, __VA_ARGS__)
+// The same for a kernel that returns a value, assigned to `result`.
+#define PETRA_CALL_INTO(result, FAMILY, tensor, NAME, ...) \
+  PETRA_DISPATCH(result =, FAMILY, tensor, NAME, __VA_ARGS__)
 
 // ---------------------------------------------------------------- element-wise
 namespace {
@@ -411,6 +418,19 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 
 // ---------------------------------------------------------------- loss
 namespace {
+// Element i of an int64 tensor, read on the host: directly on the CPU; from a GPU by a copy on s, the
+// stream whose kernels wrote it, which is then synchronised.
+std::int64_t read_int64(const Tensor& t, std::int64_t i, const kernels::StreamHandle& s) {
+  const std::int64_t* p = t.data_ptr<std::int64_t>() + i;
+  if (!t.device().is_cuda()) return *p;
+  std::int64_t value = 0;
+  cuda_backend::memcpy_async(&value, p, sizeof value, s.cuda_stream);
+  cuda_backend::stream_synchronize(s.cuda_stream);
+  return value;
+}
+
+// Logits [batch, classes] and int64 labels [batch], contiguous, on the same device (on a GPU the
+// kernels read the labels there: they must be copied to the device with the images).
 kernels::CrossEntropyShape loss_shape(const Tensor& logits, const Tensor& labels, const char* op) {
   check_float(logits, op, "logits");
   PETRA_CHECK(logits.ndim() == 2, ShapeError, op, ": logits ", logits.str(), " must be [batch, classes]");
@@ -429,16 +449,11 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, CrossEn
   Tensor loss = Tensor::empty({1}, logits.dtype(), logits.device());
   saved->probs = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
   const auto& s = stream_for(logits.device());
-  if (logits.device().is_cuda()) no_cuda_kernel("cross_entropy");
-  const std::int64_t* label_data = labels.data_ptr<std::int64_t>();
-  const std::int64_t bad =
-      logits.dtype() == DType::f32
-          ? kernels::cpu::cross_entropy_forward(s, k, logits.data_ptr<float>(), label_data, loss.data_ptr<float>(),
-                                                saved->probs.data_ptr<float>())
-          : kernels::ref::cross_entropy_forward<double>(s, k, logits.data_ptr<double>(), label_data, loss.data_ptr<double>(),
-                                                        saved->probs.data_ptr<double>());
+  std::int64_t bad = -1;  // the first sample whose label is outside [0, classes)
+  PETRA_CALL_INTO(bad, LOSS, logits, cross_entropy_forward, s, k, logits.data_ptr<T>(),
+                  labels.data_ptr<std::int64_t>(), loss.data_ptr<T>(), saved->probs.data_ptr<T>());
   if (bad >= 0)
-    throw ValueError(detail::concat("cross_entropy: label ", labels.data_ptr<std::int64_t>()[bad], " of sample ", bad,
+    throw ValueError(detail::concat("cross_entropy: label ", read_int64(labels, bad, s), " of sample ", bad,
                                     " is outside [0, ", k.classes, ")"));
   return loss;
 }
@@ -466,10 +481,12 @@ Tensor argmax(const Tensor& logits) {
 
 std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
   const auto k = loss_shape(logits, labels, "count_correct");
-  std::int64_t correct = 0;
+  // The kernel writes the count where the logits are (device memory on a GPU); it comes back here.
+  const Tensor correct = Tensor::empty({1}, DType::i64, logits.device());
   const auto& s = stream_for(logits.device());
-  PETRA_CALL(LOSS, logits, count_correct, s, k, logits.data_ptr<T>(), labels.data_ptr<std::int64_t>(), &correct);
-  return correct;
+  PETRA_CALL(LOSS, logits, count_correct, s, k, logits.data_ptr<T>(), labels.data_ptr<std::int64_t>(),
+             correct.data_ptr<std::int64_t>());
+  return read_int64(correct, 0, s);
 }
 
 // ---------------------------------------------------------------- optimizer steps

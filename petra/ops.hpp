@@ -106,7 +106,9 @@ Tensor channel_concat(std::span<const Tensor> parts);
 struct CrossEntropySaved {
   Tensor probs;  // softmax of the logits
 };
-// Mean over the batch; a label outside [0, classes) raises ValueError naming the sample.
+// Mean over the batch; a label outside [0, classes) raises ValueError naming the sample. Labels are
+// int64 [batch] on the logits' device (DeviceError otherwise). On a GPU the forward waits for its
+// kernels (to learn whether a label was out of range), and count_correct copies its count back.
 Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, CrossEntropySaved* saved);  // scalar [1]
 Tensor cross_entropy_backward(const CrossEntropySaved& saved, const Tensor& labels, const Tensor& dloss);
 Tensor argmax(const Tensor& logits);                                  // int64 [batch]

@@ -30,13 +30,7 @@
 #include <math.h>  // logf, sqrtf, cosf, sinf, fmaf, nextafterf: the same global names on host and device
 #include <vector>
 
-#ifndef PETRA_HOST_DEVICE
-#if defined(__CUDACC__)
-#define PETRA_HOST_DEVICE __host__ __device__
-#else
-#define PETRA_HOST_DEVICE
-#endif
-#endif
+#include "petra/kernels/host_device.hpp"
 
 namespace petra {
 

@@ -25,8 +25,8 @@ void validate_devices(const std::vector<Device>& devices) {
     const int found = cuda_backend::device_count();
     PETRA_CHECK(d.index < found, DeviceError, "--devices ", d.str(), ": no such GPU; this machine has ", found,
                 " CUDA device", found == 1 ? "" : "s", " (", cuda_backend::describe(), ")");
-    throw DeviceError(fmt::format("--devices {}: training on a GPU is not supported yet (the models' convolution, "
-                                  "batch norm, pooling and loss have no CUDA kernels); use cpu:N workers",
+    throw DeviceError(fmt::format("--devices {}: training on a GPU is not supported yet (the models' convolution "
+                                  "has no CUDA kernel); use cpu:N workers",
                                   d.str()));
   }
 }

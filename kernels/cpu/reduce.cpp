@@ -1,7 +1,8 @@
 // kernels/cpu/reduce.cpp: the fast reductions.
 //
-// First the dims are simplified: size-1 dims are dropped and neighbours of the same kind (both
-// kept or both reduced) merged, so the groups left alternate, e.g. NCHW per channel becomes
+// First the dims are simplified (make_reduce_plan, kernels/reduce_plan.hpp, shared with
+// kernels/cuda/reduce.cu): size-1 dims are dropped and neighbours of the same kind (both kept or
+// both reduced) merged, so the groups left alternate, e.g. NCHW per channel becomes
 // [N: reduced, C: kept, HW: reduced]. The innermost group decides the inner loop:
 //   - reduced: each output element is a sum of contiguous runs of x (a dot-product-like loop);
 //   - kept: an output row accumulates contiguous rows of x (an axpy-like loop).
@@ -13,6 +14,7 @@
 #include <array>
 
 #include "petra/kernels/reduce.hpp"
+#include "petra/kernels/reduce_plan.hpp"
 #include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
@@ -21,72 +23,6 @@ namespace {
 constexpr std::int64_t kColumnBlock = 2048;              // output columns accumulated at once (16 KB of doubles)
 constexpr std::int64_t kOutputBlock = 256;               // outputs accumulated at once when the inner dim is reduced
 constexpr std::int64_t kBroadcastPiece = 16 * 1024;      // elements of dx written by one work item
-
-// A list of dims with the stride of each in x.
-struct DimList {
-  int count = 0;
-  std::array<std::int64_t, kMaxReduceDims> size{};
-  std::array<std::int64_t, kMaxReduceDims> stride{};
-
-  std::int64_t total() const {
-    std::int64_t n = 1;
-    for (int i = 0; i < count; ++i) n *= size[i];
-    return n;
-  }
-  // The x offset of the flat (row-major) index `flat` over these dims.
-  std::int64_t offset_of(std::int64_t flat) const {
-    std::int64_t offset = 0;
-    for (int i = count; i-- > 0;) {
-      offset += flat % size[i] * stride[i];
-      flat /= size[i];
-    }
-    return offset;
-  }
-};
-
-// The simplified reduction: x offset = kept.offset_of(p) + reduced.offset_of(q) + inner index.
-struct ReducePlan {
-  DimList kept;               // outer kept groups: output element (inner reduced) or row (inner kept) p
-  DimList reduced;            // outer reduced groups: the q-th run of x that folds into p
-  std::int64_t inner = 1;     // length of the innermost group, contiguous in x
-  bool inner_reduced = false;
-};
-
-ReducePlan make_plan(std::span<const std::int64_t> dims, std::uint32_t reduce_mask) {
-  // merge into alternating groups, innermost last
-  std::array<std::int64_t, kMaxReduceDims> size{};
-  std::array<bool, kMaxReduceDims> reduced{};
-  int groups = 0;
-  for (std::size_t d = 0; d < dims.size(); ++d) {
-    if (dims[d] == 1) continue;
-    const bool r = reduce_mask >> d & 1u;
-    if (groups > 0 && reduced[groups - 1] == r) {
-      size[groups - 1] *= dims[d];
-    } else {
-      size[groups] = dims[d];
-      reduced[groups] = r;
-      ++groups;
-    }
-  }
-  ReducePlan plan;
-  if (groups == 0) return plan;  // a single element: inner = 1, kept
-  plan.inner = size[groups - 1];
-  plan.inner_reduced = reduced[groups - 1];
-  std::int64_t stride = plan.inner;
-  // walk outwards so strides build up, then reverse to keep row-major order
-  for (int g = groups - 2; g >= 0; --g) {
-    DimList& list = reduced[g] ? plan.reduced : plan.kept;
-    list.size[list.count] = size[g];
-    list.stride[list.count] = stride;
-    ++list.count;
-    stride *= size[g];
-  }
-  for (DimList* list : {&plan.kept, &plan.reduced}) {
-    std::reverse(list->size.begin(), list->size.begin() + list->count);
-    std::reverse(list->stride.begin(), list->stride.begin() + list->count);
-  }
-  return plan;
-}
 
 // Sum of n contiguous values in double. 32 independent accumulators (four 8-wide vectors) keep
 // the adds from waiting on each other, so the loop runs at memory speed; short runs skip them.
@@ -170,7 +106,7 @@ void sum_and_scale(const StreamHandle& s, std::span<const std::int64_t> dims, st
     std::fill(y, y + outputs, static_cast<T>(0.0 * scale));
     return;
   }
-  const ReducePlan plan = make_plan(dims, reduce_mask);
+  const ReducePlan plan = make_reduce_plan(dims, reduce_mask);
   if (plan.inner_reduced && plan.kept.count == 0 && plan.reduced.count == 0) {
     sum_all(s, n, scale, x, y);
   } else if (plan.inner_reduced) {
@@ -188,7 +124,7 @@ void broadcast_and_scale(const StreamHandle& s, std::span<const std::int64_t> di
   std::int64_t n = 1;
   for (std::int64_t d : dims) n *= d;
   if (n == 0) return;
-  const ReducePlan plan = make_plan(dims, reduce_mask);
+  const ReducePlan plan = make_reduce_plan(dims, reduce_mask);
   const std::int64_t runs = plan.reduced.total(), width = plan.inner;
   const std::int64_t pieces_per_run = ceil_div(width, kBroadcastPiece);
   const std::int64_t items = plan.kept.total() * runs * pieces_per_run;

@@ -8,7 +8,8 @@
 //   1. channel_partials: the channel's n = N*H*W values are split into S slices (S depends only
 //      on n, at most kMaxSlices), one block of 256 threads per (channel, slice). Each thread adds
 //      its values (a grid-stride walk of the slice, in a fixed order) in double; the block adds
-//      its threads' pairs with a fixed binary tree in shared memory and writes one pair.
+//      its threads' pairs with a fixed binary tree in shared memory (block_tree_sum,
+//      kernels/cuda/block_reduce.cuh) and writes one pair.
 //   2. one thread per channel adds its S pairs in order, in double, and derives the per-channel
 //      results (mean, invstd, running statistics; or dgamma +=, dbeta +=, and the three
 //      coefficients of dx).
@@ -27,18 +28,17 @@
 #include <cstdint>
 
 #include "petra/kernels/batchnorm.hpp"
+#include "petra/kernels/cuda/block_reduce.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 
 namespace petra::kernels::cuda {
 namespace {
 
+using cuda_detail::block_tree_sum;
+using cuda_detail::grid_threads;
 using cuda_detail::kBlockThreads;
 using cuda_detail::launch_grid_stride;
-
-__device__ inline std::int64_t thread_index() {
-  return std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ inline std::int64_t grid_threads() { return std::int64_t(gridDim.x) * blockDim.x; }
+using cuda_detail::thread_index;
 
 // Slices of a channel: about 2048 values (8 per thread) each, at most kMaxSlices.
 inline constexpr std::int64_t kValuesPerSlice = 8 * kBlockThreads;
@@ -53,19 +53,6 @@ __device__ inline std::int64_t value_index(std::int64_t j, std::int64_t c, std::
                                            std::int64_t plane) {
   const std::int64_t n = j / plane;
   return (n * channels + c) * plane + (j - n * plane);
-}
-
-// Adds the block's kBlockThreads pairs (a[t], b[t]) with a fixed binary tree; the totals end in
-// a[0], b[0]. Every thread of the block calls it.
-__device__ inline void block_tree_sum(double* a, double* b) {
-  for (unsigned half = kBlockThreads / 2; half > 0; half /= 2) {
-    __syncthreads();
-    if (threadIdx.x < half) {
-      a[threadIdx.x] += a[threadIdx.x + half];
-      b[threadIdx.x] += b[threadIdx.x + half];
-    }
-  }
-  __syncthreads();
 }
 
 enum class Sums {
@@ -100,7 +87,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
   first[threadIdx.x] = s1;
   second[threadIdx.x] = s2;
-  block_tree_sum(first, second);
+  block_tree_sum(first, second);  // kernels/cuda/block_reduce.cuh: a fixed tree
   if (threadIdx.x == 0) {
     partials[2 * blockIdx.x] = first[0];
     partials[2 * blockIdx.x + 1] = second[0];
@@ -206,15 +193,9 @@ template <Sums sums>
 void launch_partials(const char* name, const StreamHandle& s, const BatchNormShape& shape,
                      std::int64_t slices, const float* x, const float* dy,
                      const float* saved_mean, double* partials) {
-  cuda_detail::DeviceGuard guard(s.device_index);
-#ifdef PETRA_CUDA_EMULATION
-  const ::petra::cuda_emulation::LaunchName launch_name(name);
-#endif
-  PETRA_LAUNCH(channel_partials<sums>, unsigned(shape.channels * slices), kBlockThreads, 0,
-               cuda_detail::stream_of(s))(shape.channels, shape.plane(),
-                                          shape.values_per_channel(), slices, x, dy, saved_mean,
-                                          partials);
-  cuda_detail::check_launch(name, __FILE__, __LINE__);
+  cuda_detail::launch_blocks(name, s, unsigned(shape.channels * slices), kBlockThreads,
+                             channel_partials<sums>, shape.channels, shape.plane(),
+                             shape.values_per_channel(), slices, x, dy, saved_mean, partials);
 }
 
 }  // namespace

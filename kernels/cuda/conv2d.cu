@@ -65,7 +65,7 @@
 #include <cstdint>
 
 #include "petra/kernels/conv2d.hpp"
-#include "petra/kernels/cuda/block_sum.cuh"
+#include "petra/kernels/cuda/block_reduce.cuh"
 #include "petra/kernels/cuda/conv2d_tiling.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 
@@ -500,7 +500,7 @@ void conv2d_backward_bias(const StreamHandle& s, const Conv2dShape& shape, const
 #ifdef PETRA_CUDA_EMULATION
   const ::petra::cuda_emulation::LaunchName launch_name("conv2d_backward_bias");
 #endif
-  PETRA_LAUNCH(bias_gradient, cuda_detail::capped_blocks(shape.out_channels), cuda_detail::kBlockThreads, 0,
+  PETRA_LAUNCH(bias_gradient, cuda_detail::block_stride_blocks(shape.out_channels), cuda_detail::kBlockThreads, 0,
                cuda_detail::stream_of(s))(shape.batch, shape.out_channels, shape.out_h() * shape.out_w(), dy, db);
   cuda_detail::check_launch("conv2d_backward_bias", __FILE__, __LINE__);
 }

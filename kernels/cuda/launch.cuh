@@ -10,8 +10,12 @@
 //       inside a kernel: `type* const name` points at the block's dynamic shared memory (the
 //       launch's shared_bytes). One per kernel; carve several arrays out of it by offsets.
 //   stream_of(s)                      the cudaStream_t of a StreamHandle
+//   thread_index(), grid_threads()    inside a kernel: this thread's index in a 1-d grid, and the
+//                                     grid's thread count (the start and step of a grid-stride loop)
 //   grid_stride_blocks(n)             launch size of a grid-stride kernel over n items
-//   launch_grid_stride(name, s, n, kernel, args...)   launch + check of a grid-stride kernel
+//   block_stride_blocks(n)            launch size of a kernel with a block per item (blocks loop)
+//   launch_blocks(name, s, blocks, threads, kernel, args...)   launch + check, explicit grid
+//   launch_grid_stride(name, s, n, kernel, args...)            launch + check of a grid-stride kernel
 //
 // Every kernel file (kernels/cuda/*.cu) launches through these and writes no <<< itself: that is
 // what lets the same file compile with the host compiler, with PETRA_CUDA_EMULATION defined and
@@ -83,19 +87,43 @@ inline unsigned grid_stride_blocks(std::size_t n) {
   return static_cast<unsigned>(std::clamp<std::size_t>(wanted, 1, grid_stride_block_cap()));
 }
 
-// Launches `kernel` (a grid-stride loop over `items` items) on s's stream, with s's device
-// current, and checks the launch. Does nothing when there are no items: an empty grid is an error.
+// Blocks for a kernel where a block owns one item at a time (a row, a plane, a partial sum) and
+// the blocks stride over the items: one per item, at most grid_stride_block_cap() (8192, plenty
+// of waves; the emulation lowers it so that the blocks go round their loop).
+inline unsigned block_stride_blocks(std::int64_t items) {
+  return static_cast<unsigned>(
+      std::clamp<std::int64_t>(items, 1, static_cast<std::int64_t>(grid_stride_block_cap())));
+}
+
+// The calling thread's index in a 1-d grid and the number of threads of the grid: a grid-stride
+// loop is for (i = thread_index(); i < n; i += grid_threads()).
+__device__ inline std::int64_t thread_index() {
+  return std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ inline std::int64_t grid_threads() { return std::int64_t(gridDim.x) * blockDim.x; }
+
+// Launches `kernel` as `blocks` blocks of `threads` threads (1-d, no dynamic shared memory) on
+// s's stream, with s's device current, and checks the launch. `name` is the one the emulator's
+// messages and last_launch() use.
 template <class... Params, class... Args>
-void launch_grid_stride(const char* name, const kernels::StreamHandle& s, std::int64_t items,
-                        void (*kernel)(Params...), Args... args) {
-  if (items <= 0) return;
+void launch_blocks(const char* name, const kernels::StreamHandle& s, unsigned blocks,
+                   unsigned threads, void (*kernel)(Params...), Args... args) {
   DeviceGuard guard(s.device_index);
 #ifdef PETRA_CUDA_EMULATION
   const ::petra::cuda_emulation::LaunchName launch_name(name);  // for the emulator's messages
 #endif
-  PETRA_LAUNCH(kernel, grid_stride_blocks(static_cast<std::size_t>(items)), kBlockThreads, 0,
-               stream_of(s))(static_cast<Params>(args)...);
+  PETRA_LAUNCH(kernel, blocks, threads, 0, stream_of(s))(static_cast<Params>(args)...);
   check_launch(name, __FILE__, __LINE__);
+}
+
+// Launches `kernel` (a grid-stride loop over `items` items) in blocks of kBlockThreads. Does
+// nothing when there are no items: an empty grid is an error.
+template <class... Params, class... Args>
+void launch_grid_stride(const char* name, const kernels::StreamHandle& s, std::int64_t items,
+                        void (*kernel)(Params...), Args... args) {
+  if (items <= 0) return;
+  launch_blocks(name, s, grid_stride_blocks(static_cast<std::size_t>(items)), kBlockThreads,
+                kernel, args...);
 }
 
 }  // namespace petra::cuda_detail

@@ -13,8 +13,9 @@
 // on the stream, which orders them:
 //   1. lars_partials: a grid of B <= kMaxPartialBlocks blocks; each thread accumulates the squares
 //      of its grid-stride elements in double, the block adds its threads' sums with a fixed binary
-//      tree in shared memory, and thread 0 writes the block's two partial sums. B depends only on
-//      n (and the grid-stride cap), so the partition, and with it every rounding, is fixed.
+//      tree in shared memory (block_tree_sum, kernels/cuda/block_reduce.cuh), and thread 0 writes
+//      the block's two partial sums. B depends only on n (and the grid-stride cap), so the
+//      partition, and with it every rounding, is fixed.
 //   2. lars_trust: one block adds the B partials, each thread a fixed strided subset in order and
 //      then the same fixed tree, computes the trust ratio in double as ref:: does, and writes
 //      float(lr * trust) to scratch.
@@ -27,19 +28,19 @@
 #include <cmath>
 #include <cstdint>
 
+#include "petra/kernels/cuda/block_reduce.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 #include "petra/kernels/optim.hpp"
 
 namespace petra::kernels::cuda {
 namespace {
 
+using cuda_detail::block_tree_sum;
+using cuda_detail::grid_threads;
 using cuda_detail::kBlockThreads;
+using cuda_detail::launch_blocks;
 using cuda_detail::launch_grid_stride;
-
-__device__ inline std::int64_t thread_index() {
-  return std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ inline std::int64_t grid_threads() { return std::int64_t(gridDim.x) * blockDim.x; }
+using cuda_detail::thread_index;
 
 // ---- SGD
 
@@ -100,16 +101,6 @@ __global__ void adam_kernel(std::int64_t n, AdamCoefficients c, float* param, co
 // fill a GPU with the first pass (1024 blocks of 256 threads, each looping).
 inline constexpr unsigned kMaxPartialBlocks = 1024;
 
-// Adds the kBlockThreads values of `sums` (shared) with a fixed binary tree; the total ends in
-// sums[0]. Every thread of the block must call it.
-__device__ inline void block_tree_sum(double* sums) {
-  for (unsigned half = kBlockThreads / 2; half > 0; half /= 2) {
-    __syncthreads();
-    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
-  }
-  __syncthreads();
-}
-
 // partials[2 * b] = sum of param^2, partials[2 * b + 1] = sum of grad^2 over block b's elements.
 __global__ void __launch_bounds__(kBlockThreads)
     lars_partials(std::int64_t n, const float* param, const float* grad, double* partials) {
@@ -123,8 +114,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
   param_sums[threadIdx.x] = p2;
   grad_sums[threadIdx.x] = g2;
-  block_tree_sum(param_sums);  // its barriers also cover grad_sums' writes
-  block_tree_sum(grad_sums);
+  block_tree_sum(param_sums, grad_sums);  // kernels/cuda/block_reduce.cuh: a fixed tree
   if (threadIdx.x == 0) {
     partials[2 * blockIdx.x] = param_sums[0];
     partials[2 * blockIdx.x + 1] = grad_sums[0];
@@ -144,8 +134,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
   param_sums[threadIdx.x] = p2;
   grad_sums[threadIdx.x] = g2;
-  block_tree_sum(param_sums);
-  block_tree_sum(grad_sums);
+  block_tree_sum(param_sums, grad_sums);
   if (threadIdx.x == 0) {
     const double param_norm = sqrt(param_sums[0]), grad_norm = sqrt(grad_sums[0]);
     const double trust = param_norm > 0 && grad_norm > 0
@@ -165,19 +154,6 @@ __global__ void lars_update(std::int64_t n, const float* scaled_lr_at, float wei
     momentum_buffer[i] = buf;
     param[i] = p - buf;
   }
-}
-
-// Launches a kernel with an explicit configuration on s's stream and checks the launch.
-template <class... Params, class... Args>
-void launch(const char* name, const StreamHandle& s, unsigned grid, void (*kernel)(Params...),
-            Args... args) {
-  cuda_detail::DeviceGuard guard(s.device_index);
-#ifdef PETRA_CUDA_EMULATION
-  const ::petra::cuda_emulation::LaunchName launch_name(name);
-#endif
-  PETRA_LAUNCH(kernel, grid, kBlockThreads, 0, cuda_detail::stream_of(s))(
-      static_cast<Params>(args)...);
-  cuda_detail::check_launch(name, __FILE__, __LINE__);
 }
 
 }  // namespace
@@ -228,9 +204,9 @@ void lars_step(const StreamHandle& s, std::int64_t n, const LarsOptions& o, floa
   // Scratch: the partial pairs (doubles), then the scaled learning rate.
   auto* partials = static_cast<double*>(s.scratch((2 * std::size_t(blocks) + 1) * sizeof(double)));
   auto* scaled_lr = reinterpret_cast<float*>(partials + 2 * blocks);
-  launch("lars_partials", s, blocks, lars_partials, n, param, grad, partials);
-  launch("lars_trust", s, 1, lars_trust, blocks, partials, o.lr, o.eta, o.weight_decay,
-         scaled_lr);
+  launch_blocks("lars_partials", s, blocks, kBlockThreads, lars_partials, n, param, grad, partials);
+  launch_blocks("lars_trust", s, 1, kBlockThreads, lars_trust, blocks, partials, o.lr, o.eta,
+                o.weight_decay, scaled_lr);
   launch_grid_stride("lars_step", s, n, lars_update, n, scaled_lr, float(o.weight_decay),
                      float(o.momentum), param, grad, momentum_buffer);
 }

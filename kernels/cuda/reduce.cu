@@ -1,8 +1,9 @@
 // kernels/cuda/reduce.cu: the cuda:: reductions of kernels/reduce.hpp (sum and mean over a mask of
 // dims, and their backward, a broadcast).
 //
-// The dims are first simplified as kernels/cpu/reduce.cpp does: size-1 dims dropped, neighbours
-// of the same kind merged, so what is left alternates kept / reduced groups. The innermost group
+// The dims are first simplified as kernels/cpu/reduce.cpp does, by the same make_reduce_plan
+// (kernels/reduce_plan.hpp): size-1 dims dropped, neighbours of the same kind merged, so what is
+// left alternates kept / reduced groups. The innermost group
 // chooses the kernel:
 //   - inner reduced (a per-row sum, per-channel sums of NCHW, everything): each output is the sum
 //     of R = runs * inner elements, read as contiguous runs. A block of 256 threads owns one
@@ -25,94 +26,30 @@
 // The backward is a grid-stride broadcast: dx[i] = dy[index of i's output] / divisor, the index
 // computed from i through the simplified groups (at most three divisions for NCHW per channel).
 #include <algorithm>
-#include <array>
 #include <cstdint>
 
-#include "petra/kernels/cuda/block_sum.cuh"
+#include "petra/kernels/cuda/block_reduce.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 #include "petra/kernels/reduce.hpp"
+#include "petra/kernels/reduce_plan.hpp"
 
 namespace petra::kernels::cuda {
 namespace {
 
+using cuda_detail::block_stride_blocks;
 using cuda_detail::block_sum;
-using cuda_detail::capped_blocks;
 using cuda_detail::kBlockThreads;
+using cuda_detail::launch_blocks;
 using cuda_detail::launch_grid_stride;
-using cuda_detail::stream_of;
 
 constexpr std::int64_t kChunk = 16 * 1024;     // elements per partial sum of the split path
 constexpr std::int64_t kSplitOutputs = 1024;   // fewer outputs than this: split long sums
 constexpr std::int64_t kMaxChunks = 1024;      // partials per output at most
 
-// A list of groups with the stride of each in x (row-major: the last is the fastest).
-struct DimList {
-  int count = 0;
-  std::int64_t size[kMaxReduceDims] = {};
-  std::int64_t stride[kMaxReduceDims] = {};
-
-  __host__ __device__ std::int64_t total() const {
-    std::int64_t n = 1;
-    for (int i = 0; i < count; ++i) n *= size[i];
-    return n;
-  }
-  // The x offset of the flat (row-major) index `flat` over these groups.
-  __host__ __device__ std::int64_t offset_of(std::int64_t flat) const {
-    std::int64_t offset = 0;
-    for (int i = count; i-- > 0;) {
-      offset += flat % size[i] * stride[i];
-      flat /= size[i];
-    }
-    return offset;
-  }
-};
-
-// x offset = kept.offset_of(p) + reduced.offset_of(q) + i, i < inner.
-struct Plan {
-  DimList kept, reduced;
-  std::int64_t inner = 1;
-  bool inner_reduced = false;
-  __host__ __device__ std::int64_t outputs() const { return kept.total() * (inner_reduced ? 1 : inner); }
-  __host__ __device__ std::int64_t per_output() const { return reduced.total() * (inner_reduced ? inner : 1); }
-};
-
-Plan make_plan(std::span<const std::int64_t> dims, std::uint32_t reduce_mask) {
-  std::array<std::int64_t, kMaxReduceDims> size{};
-  std::array<bool, kMaxReduceDims> reduced{};
-  int groups = 0;
-  for (std::size_t d = 0; d < dims.size(); ++d) {
-    if (dims[d] == 1) continue;
-    const bool r = reduce_mask >> d & 1u;
-    if (groups > 0 && reduced[groups - 1] == r) {
-      size[groups - 1] *= dims[d];
-    } else {
-      size[groups] = dims[d];
-      reduced[groups] = r;
-      ++groups;
-    }
-  }
-  Plan plan;
-  if (groups == 0) return plan;  // one element, kept
-  plan.inner = size[groups - 1];
-  plan.inner_reduced = reduced[groups - 1];
-  std::int64_t stride = plan.inner;
-  for (int g = groups - 2; g >= 0; --g) {  // outwards, then reversed to row-major order
-    DimList& list = reduced[g] ? plan.reduced : plan.kept;
-    list.size[list.count] = size[g];
-    list.stride[list.count] = stride;
-    ++list.count;
-    stride *= size[g];
-  }
-  for (DimList* list : {&plan.kept, &plan.reduced}) {
-    std::reverse(list->size, list->size + list->count);
-    std::reverse(list->stride, list->stride + list->count);
-  }
-  return plan;
-}
 
 // The sum, in double, of elements [begin, end) of output p's R elements (inner reduced), this
 // thread taking every kBlockThreads-th.
-__device__ inline double thread_part(const Plan& plan, std::int64_t p, std::int64_t begin,
+__device__ inline double thread_part(const ReducePlan& plan, std::int64_t p, std::int64_t begin,
                                      std::int64_t end, const float* x) {
   const float* xp = x + plan.kept.offset_of(p);
   double sum = 0;
@@ -125,7 +62,7 @@ __device__ inline double thread_part(const Plan& plan, std::int64_t p, std::int6
 
 // Inner reduced, one block per output (block-stride over outputs): y[p] = sum / divisor.
 __global__ void __launch_bounds__(kBlockThreads)
-    sum_rows(Plan plan, std::int64_t outputs, double divisor, const float* x, float* y) {
+    sum_rows(ReducePlan plan, std::int64_t outputs, double divisor, const float* x, float* y) {
   const std::int64_t count = plan.per_output();
   for (std::int64_t p = blockIdx.x; p < outputs; p += gridDim.x) {
     const double total = block_sum(thread_part(plan, p, 0, count, x));
@@ -135,7 +72,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 // Split path, first pass: partial[p * chunks + c] = sum of chunk c of output p.
 __global__ void __launch_bounds__(kBlockThreads)
-    sum_chunks(Plan plan, std::int64_t outputs, std::int64_t chunks, std::int64_t chunk,
+    sum_chunks(ReducePlan plan, std::int64_t outputs, std::int64_t chunks, std::int64_t chunk,
                const float* x, double* partial) {
   const std::int64_t count = plan.per_output();
   for (std::int64_t k = blockIdx.x; k < outputs * chunks; k += gridDim.x) {
@@ -160,7 +97,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 // Inner kept: y[p] = (sum over q of x[kept(p / inner) + reduced(q) + p % inner]) / divisor, one
 // thread per output, q in order.
-__global__ void sum_columns(Plan plan, std::int64_t outputs, double divisor, const float* x,
+__global__ void sum_columns(ReducePlan plan, std::int64_t outputs, double divisor, const float* x,
                             float* y) {
   const std::int64_t runs = plan.reduced.total();
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
@@ -175,7 +112,7 @@ __global__ void sum_columns(Plan plan, std::int64_t outputs, double divisor, con
 }
 
 // dx[i] = dy[output of i] / divisor over the n elements of x.
-__global__ void broadcast(Plan plan, std::int64_t n, double divisor, const float* dy, float* dx) {
+__global__ void broadcast(ReducePlan plan, std::int64_t n, double divisor, const float* dy, float* dx) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     // i = (outer index) * inner + j; the outer index walks the kept and reduced groups, which
@@ -212,38 +149,32 @@ std::int64_t element_count(std::span<const std::int64_t> dims) {
 
 void sum_and_divide(const char* name, const StreamHandle& s, std::span<const std::int64_t> dims,
                     std::uint32_t reduce_mask, double divisor, const float* x, float* y) {
-  const Plan plan = make_plan(dims, reduce_mask);
+  const ReducePlan plan = make_reduce_plan(dims, reduce_mask);
   const std::int64_t outputs = plan.outputs(), count = plan.per_output();
   if (outputs <= 0) return;
   if (!plan.inner_reduced) {
     launch_grid_stride(name, s, outputs, sum_columns, plan, outputs, divisor, x, y);
     return;
   }
-  cuda_detail::DeviceGuard guard(s.device_index);
-#ifdef PETRA_CUDA_EMULATION
-  const ::petra::cuda_emulation::LaunchName launch_name(name);
-#endif
   const std::int64_t chunk = std::max(kChunk, (count + kMaxChunks - 1) / kMaxChunks);
   const std::int64_t chunks = (count + chunk - 1) / chunk;
   if (outputs < kSplitOutputs && chunks > 1) {
     auto* partial = static_cast<double*>(s.scratch(std::size_t(outputs * chunks) * sizeof(double)));
-    PETRA_LAUNCH(sum_chunks, capped_blocks(outputs * chunks), kBlockThreads, 0, stream_of(s))(
-        plan, outputs, chunks, chunk, x, partial);
-    cuda_detail::check_launch(name, __FILE__, __LINE__);
-    PETRA_LAUNCH(sum_partials, capped_blocks(outputs), kBlockThreads, 0, stream_of(s))(
-        outputs, chunks, divisor, partial, y);
+    launch_blocks(name, s, block_stride_blocks(outputs * chunks), kBlockThreads, sum_chunks, plan,
+                  outputs, chunks, chunk, x, partial);
+    launch_blocks(name, s, block_stride_blocks(outputs), kBlockThreads, sum_partials, outputs,
+                  chunks, divisor, partial, y);
   } else {
-    PETRA_LAUNCH(sum_rows, capped_blocks(outputs), kBlockThreads, 0, stream_of(s))(
-        plan, outputs, divisor, x, y);
+    launch_blocks(name, s, block_stride_blocks(outputs), kBlockThreads, sum_rows, plan, outputs,
+                  divisor, x, y);
   }
-  cuda_detail::check_launch(name, __FILE__, __LINE__);
 }
 
 void broadcast_and_divide(const char* name, const StreamHandle& s,
                           std::span<const std::int64_t> dims, std::uint32_t reduce_mask,
                           double divisor, const float* dy, float* dx) {
   const std::int64_t n = element_count(dims);
-  launch_grid_stride(name, s, n, broadcast, make_plan(dims, reduce_mask), n, divisor, dy, dx);
+  launch_grid_stride(name, s, n, broadcast, make_reduce_plan(dims, reduce_mask), n, divisor, dy, dx);
 }
 
 }  // namespace

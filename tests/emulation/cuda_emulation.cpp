@@ -215,32 +215,35 @@ Current& current_thread(const char* what, const std::source_location& where) {
   return current;
 }
 
-// Threads that run the emulated threads of one block: `size` of them, thread i running emulated
-// thread i of every block. Kept between launches of the same block size.
+// Threads that run the emulated threads of one block, thread i running emulated thread i of every
+// block. The pool only grows (to the largest block launched so far) and a block uses its first
+// `size` threads, so that kernels of different block sizes, one after another, do not create and
+// join hundreds of threads per launch.
 class Pool {
  public:
-  ~Pool() { resize(0); }
-
-  void resize(int size) {
-    if (int(threads_.size()) == size) return;
+  ~Pool() {
     {
       std::lock_guard lock(mutex_);
       stop_ = true;
     }
     start_.notify_all();
     for (std::thread& t : threads_) t.join();
-    threads_.clear();
-    stop_ = false;
+  }
+
+  // At least `size` threads. Called between runs (launches are serialised), never during one.
+  void reserve(int size) {
     // A new thread waits for the next job, not for the generations before it was born.
-    for (int i = 0; i < size; ++i)
+    for (int i = int(threads_.size()); i < size; ++i)
       threads_.emplace_back([this, i, seen = generation_] { work(i, seen); });
   }
 
-  // Runs job(i) on every thread i; aborts the process if they are not all done within `timeout`.
-  void run(const std::function<void(int)>& job, double timeout_seconds, const std::string& what) {
+  // Runs job(i) on threads i < size; aborts the process if they are not all done within `timeout`.
+  void run(const std::function<void(int)>& job, int size, double timeout_seconds,
+           const std::string& what) {
     std::unique_lock lock(mutex_);
     job_ = &job;
-    remaining_ = int(threads_.size());
+    active_ = size;
+    remaining_ = size;
     ++generation_;
     start_.notify_all();
     const auto timeout = std::chrono::duration<double>(timeout_seconds);
@@ -265,6 +268,7 @@ class Pool {
         if (stop_) return;
         seen = generation_;
         job = job_;
+        if (i >= active_) continue;  // not part of this block
       }
       (*job)(i);
       std::lock_guard lock(mutex_);
@@ -276,6 +280,7 @@ class Pool {
   std::mutex mutex_;
   std::condition_variable start_, done_;
   std::uint64_t generation_ = 0;
+  int active_ = 0;
   int remaining_ = 0;
   bool stop_ = false;
   const std::function<void(int)>* job_ = nullptr;
@@ -384,7 +389,7 @@ void run_grid(const LaunchConfig& c, const std::function<void()>& body) {
   static Pool pool;
   static Block block;
   const int threads = int(c.block.x * c.block.y * c.block.z);
-  pool.resize(threads);
+  pool.reserve(threads);
   const std::function<void(int)> job = [&](int tid) {
     const unsigned t = unsigned(tid);
     threadIdx = uint3{t % c.block.x, t / c.block.x % c.block.y, t / (c.block.x * c.block.y)};
@@ -429,7 +434,8 @@ void run_grid(const LaunchConfig& c, const std::function<void()>& body) {
       for (unsigned x = 0; x < c.grid.x; ++x) {
         block.reset(dim3(x, y, z), c.block);
         std::memset(dynamic_shared_buffer.get(), 0xff, c.shared_bytes);  // uninitialised: NaN
-        pool.run(job, settings().block_timeout_seconds, what + ", block " + dims(dim3(x, y, z)));
+        pool.run(job, threads, settings().block_timeout_seconds,
+                 what + ", block " + dims(dim3(x, y, z)));
         if (block.failed)
           throw KernelError(what + ", block " + dims(dim3(x, y, z)) + ": " + block.error);
       }

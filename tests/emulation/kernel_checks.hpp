@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "petra/kernels/common.hpp"
 #include "tests/emulation/cuda_emulation.hpp"
 #include "tests/support/testing.hpp"
 
@@ -39,6 +40,13 @@ class AlignedFloats {
   };
   std::size_t size_;
   std::unique_ptr<float[], Delete> data_;
+};
+
+// A stream whose kernels may take scratch memory (s.scratch(), from a host workspace).
+struct ScratchStream {
+  petra::kernels::HeapWorkspace workspace;
+  petra::kernels::StreamHandle s;
+  ScratchStream() { s.workspace = &workspace; }
 };
 
 // Elements after each array, which no kernel may touch.
@@ -88,6 +96,7 @@ using petra::emulation_testing::expected_blocks;
 using petra::emulation_testing::kGridCaps;
 using petra::emulation_testing::kGuard;
 using petra::emulation_testing::kOffsets;
+using petra::emulation_testing::ScratchStream;
 using petra::kernels::HeapWorkspace;
 using petra::kernels::StreamHandle;
 using petra::testing::max_abs_diff;

@@ -1,0 +1,60 @@
+// kernels/cuda/block_reduce.cuh: the fixed-shape trees that combine the values of a block's
+// threads (internal, not installed). Used by batchnorm.cu, optim.cu, loss.cu (block_tree) and
+// reduce.cu, conv2d.cu (block_sum).
+//
+//   block_sum(value)             the sum of one double per thread over a block of kBlockThreads
+//                                (256): each warp adds its 32 values by shuffles (offsets 16, 8, 4,
+//                                2, 1), lane 0 writes the warp's sum to shared memory, then warp 0
+//                                adds the 8 warp sums the same way; valid in thread 0
+//   block_tree(combine)          combine(i, j) folds slot j into slot i, for the pairs of a fixed
+//                                binary tree over blockDim.x slots; the result ends in slot 0
+//   block_tree_sum(a, b, ...)    the same adding shared arrays element-wise: totals in a[0], b[0]
+//
+// Each thread writes its own slot of the shared arrays (slot threadIdx.x), then every thread of
+// the block calls the function (it has __syncthreads inside, so none may skip it). The tree
+// folds slot t + half into slot t for half = blockDim.x / 2, / 4, ..., 1: its shape depends only
+// on the block size, never on the scheduling, so the result is the same bits on every run. That
+// is why petra's reductions use it and not floating-point atomics, whose order of arrival (and
+// so the rounding) changes from run to run. blockDim.x must be a power of two.
+//
+// A barrier comes before the first step (the callers' writes to their slots are then visible)
+// and after the last (slot 0 may be read by any thread, and the arrays rewritten by the next
+// call).
+#pragma once
+
+#include "petra/kernels/cuda/launch.cuh"
+
+namespace petra::cuda_detail {
+
+// Every thread of the block must call it; blockDim.x must be kBlockThreads.
+__device__ inline double block_sum(double value) {
+  constexpr int kWarps = kBlockThreads / 32;
+  __shared__ double warp_sums[kWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_down_sync(0xffffffffu, value, offset);
+  if (lane == 0) warp_sums[warp] = value;
+  __syncthreads();
+  double total = 0;
+  if (warp == 0) {
+    total = lane < kWarps ? warp_sums[lane] : 0.0;
+    for (int offset = 16; offset > 0; offset /= 2) total += __shfl_down_sync(0xffffffffu, total, offset);
+  }
+  __syncthreads();  // warp_sums is free again for the caller's next call
+  return total;
+}
+
+template <class Combine>
+__device__ inline void block_tree(Combine combine) {
+  for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+    __syncthreads();
+    if (threadIdx.x < half) combine(threadIdx.x, threadIdx.x + half);
+  }
+  __syncthreads();
+}
+
+template <class... T>
+__device__ inline void block_tree_sum(T*... arrays) {
+  block_tree([=](unsigned into, unsigned from) { ((arrays[into] += arrays[from]), ...); });
+}
+
+}  // namespace petra::cuda_detail
