@@ -10,11 +10,15 @@
 #include <vector>
 
 #include "petra/nn/layers.hpp"
+#include "petra/nn/models.hpp"
 #include "petra/device.hpp"
 #include "petra/pipeline/checkpoint.hpp"
 #include "petra/pipeline/schedule.hpp"
 
 namespace petra::pipeline {
+
+// The longest --message-timeout, in seconds: a year (a deadline must fit the clock's arithmetic).
+inline constexpr double kMaxMessageTimeout = 365.0 * 24 * 3600;
 
 struct TrainConfig {
   // data
@@ -40,8 +44,8 @@ struct TrainConfig {
   bool flush_each_epoch = false;  // drain the pipeline at every epoch end (default: never flushed)
   nn::StatisticsPass bn_statistics = nn::StatisticsPass::forward;  // which pass moves BN running stats
   bool delay_compensation = false;  // spike compensation of the delayed stages' momentum (sgd only)
-  double message_timeout = 600;
-  bool mpi = false;  // the stages spread over the processes of mpirun (pipeline/process_group.hpp)  // seconds a concurrent worker waits for a message before the run fails
+  double message_timeout = 600;  // seconds a concurrent worker waits for a message before the run fails
+  bool mpi = false;  // the stages spread over the processes of mpirun (pipeline/process_group.hpp)
   std::int64_t epochs = 10;
   std::int64_t max_steps = -1;  // stop after this many mini-batches in total (-1: no limit)
   std::int64_t batch_size = 64;

@@ -18,7 +18,35 @@ namespace petra::pipeline {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+
+// "[60000, 1, 28, 28] uint8 crc32 0x1a2b3c4d": what training reads of a tensor (an empty set: "none").
+std::string fingerprint(const Tensor& t) {
+  if (!t.defined()) return "none";
+  const Tensor packed = t.contiguous();
+  const auto bytes = std::span(static_cast<const std::byte*>(packed.raw_data()), packed.nbytes());
+  return fmt::format("{} {} crc32 {:#010x}", t.shape().str(), name_of(t.dtype()), crc32_of(bytes));
+}
 }  // namespace
+
+CheckpointMeta dataset_identity(const data::Split& split) {
+  return {{"data_train_images", fingerprint(split.train.images)},
+          {"data_train_labels", fingerprint(split.train.labels)},
+          {"data_test_images", fingerprint(split.test.images)},
+          {"data_test_labels", fingerprint(split.test.labels)}};
+}
+
+std::string dataset_mismatch(const CheckpointMeta& meta, const CheckpointMeta& identity) {
+  for (const auto& [key, mine] : identity) {
+    const auto found = meta.find(key);
+    if (found == meta.end()) continue;  // a checkpoint from before the key: unchecked
+    if (found->second != mine) {
+      const auto data_dir = meta.find("data_dir");
+      return fmt::format("was written on other data: {} = {} there, {} here{}", key, found->second, mine,
+                         data_dir == meta.end() ? "" : fmt::format(" (its --data-dir was '{}')", data_dir->second));
+    }
+  }
+  return {};
+}
 
 Trainer::Trainer(const TrainConfig& config) : config_(config) {
   validate(config_);
@@ -40,6 +68,8 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   PETRA_CHECK(split_.train.size() > 0, IOError, config_.dataset, " in '", config_.data_dir.string(),
               "': the training set is empty");
   if (config_.classes == 0) config_.classes = split_.train.classes;
+  // Only runs that write or read checkpoints pay for the checksums (~30 ms for Fashion-MNIST).
+  if (!config_.checkpoint_dir.empty()) data_identity_ = dataset_identity(split_);
   PETRA_CHECK(config_.classes >= split_.train.classes, ValueError, "--classes ", config_.classes, " but ",
               config_.dataset, " has ", split_.train.classes, " classes");
 
@@ -77,7 +107,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   nn::validate(schedule_);
 
   build_schedule_and_executor();
-  if (config_.resume) restore_checkpoint(latest_checkpoint(config_.checkpoint_dir));
+  if (config_.resume) resume_from(latest_checkpoint(config_.checkpoint_dir));
 }
 
 // The whole run is one schedule: mini-batch m is batch m % S of epoch m / S. A synchronous grid has
@@ -86,8 +116,15 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
 // the grid, or S + 2(J-1) when each epoch is drained.
 void Trainer::build_schedule_and_executor() {
   const std::int64_t S = steps_per_epoch();
-  std::int64_t batches = config_.epochs * S;
-  if (config_.max_steps >= 0) batches = std::min(batches, config_.max_steps);
+  std::int64_t batches = config_.max_steps;
+  if (config_.max_steps < 0 || config_.max_steps / S >= config_.epochs)  // --max-steps may bound --epochs
+    batches = checked_mul(config_.epochs, S, [&] { return fmt::format("--epochs {} of {} mini-batches", config_.epochs, S); });
+  // The whole run's grid is built in memory (pipeline/schedule.hpp): name the flag that makes it huge.
+  const std::int64_t J64 = static_cast<std::int64_t>(model_->num_stages());
+  PETRA_CHECK(batches <= kMaxScheduleCells / J64, ValueError, "--epochs ", config_.epochs, " of ", S,
+              " mini-batches make ", batches, " mini-batches on ", J64, " stages: the run's schedule would be above ",
+              "the limit of ", kMaxScheduleCells, " cells; train fewer epochs per run (resume from a checkpoint), ",
+              "or set --max-steps");
   const int J = static_cast<int>(model_->num_stages());
   if (config_.flush_each_epoch && is_delayed(config_.method)) {
     grid_ = make_flushed_schedule(config_.method, J, batches, config_.accumulation, S);
@@ -160,6 +197,9 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
     // This epoch's steps; the last epoch also runs the drain steps that finish the pipeline.
     const std::int64_t first = global_step_;
     const bool last_epoch = epoch_ + 1 == config_.epochs || (epoch_ + 1) * S >= grid_.batches;
+    // --max-steps ends the run in this epoch: its grid drains the pipeline and flushes the open
+    // accumulation windows here, which the uninterrupted run does not do.
+    const bool cut_here = last_epoch && epoch_ + 1 < config_.epochs;
     const std::int64_t last = last_epoch ? grid_.steps : std::min((epoch_ + 1) * L, grid_.steps);
     double loss_sum = 0;
     std::int64_t correct = 0, samples = 0, newest = 0;  // newest: the last mini-batch the head saw
@@ -228,8 +268,10 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
     report.complete = (epoch_ + 1) * S <= grid_.batches;
     if (report.complete) {  // a partial epoch is reported but neither counted nor checkpointed
       ++epoch_;
-      // The checkpoint holds the mini-batches in flight: a resumed run continues the same grid.
-      if (!config_.checkpoint_dir.empty()) save_checkpoint();
+      // The checkpoint holds the mini-batches in flight: a resumed run continues the same grid. An
+      // epoch that --max-steps ends, even at its last mini-batch, is not checkpointed: its state is
+      // drained, and no longer that of the run it would resume.
+      if (!config_.checkpoint_dir.empty() && !cut_here) save_checkpoint();
     }
     if (on_epoch) on_epoch(report);
     if (!report.complete) break;
@@ -273,6 +315,7 @@ std::vector<CheckpointOptimizer> Trainer::checkpoint_optimizers() {
 
 void Trainer::save_checkpoint() {
   CheckpointMeta meta = describe(config_);
+  meta.insert(data_identity_.begin(), data_identity_.end());
   meta["format"] = "2";  // 2: every method runs on the executor (one optimizer per stage)
   meta["next_epoch"] = std::to_string(epoch_);
   meta["global_step"] = std::to_string(global_step_);
@@ -282,7 +325,7 @@ void Trainer::save_checkpoint() {
                                       checkpoint_optimizers(), meta, /*gradients=*/true, write_pipeline);
 }
 
-void Trainer::restore_checkpoint(const std::filesystem::path& dir) {
+void Trainer::resume_from(const std::filesystem::path& dir) {
   const CheckpointMeta meta = read_checkpoint_meta(dir);
   const auto mine = describe(config_);
   // Format 1 checkpoints of a synchronous method hold one optimizer for the whole model; those of a
@@ -293,15 +336,37 @@ void Trainer::restore_checkpoint(const std::filesystem::path& dir) {
               " run, written before every method ran on the executor; this petra cannot resume it");
   const std::string mismatch = resume_mismatch(meta, config_);
   PETRA_CHECK(mismatch.empty(), CheckpointError, "checkpoint ", dir.string(), " ", mismatch);
+  if (data_identity_.empty()) data_identity_ = dataset_identity(split_);
+  const std::string other_data = dataset_mismatch(meta, data_identity_);
+  PETRA_CHECK(other_data.empty(), CheckpointError, "checkpoint ", dir.string(), " ", other_data,
+              "; resume it on the data it was trained on");
+  data_unchecked_ = !meta.count("data_train_images");
   // A delayed pipeline continues its grid, which the number of epochs shapes (mini-batch ids, drain).
   if (is_delayed(config_.method))
     PETRA_CHECK(meta.count("epochs") && meta.at("epochs") == mine.at("epochs"), CheckpointError, "checkpoint ",
                 dir.string(), " belongs to a pipelined run of ", meta.count("epochs") ? meta.at("epochs") : "?",
                 " epochs; resume it with the same --epochs (this run has ", mine.at("epochs"), ")");
+  // The counters: which epoch comes next, and the grid step it starts at. The directory's name says
+  // the epoch too, and a delayed grid's step follows from it (the run's last epoch also ran the
+  // drain steps): a checkpoint renamed, or with another's counters, is refused here.
+  const std::int64_t L = grid_steps_per_epoch_;
+  const std::int64_t next_epoch = checkpoint_integer(meta, "next_epoch", dir, 1, kMaxSize / L);
+  const std::int64_t global_step = checkpoint_integer(meta, "global_step", dir, 0, kMaxSize);
+  PETRA_CHECK(dir.filename() == fmt::format("epoch-{:06d}", next_epoch), CheckpointError, "checkpoint ", dir.string(),
+              " holds the state after epoch ", next_epoch, " (next_epoch = ", next_epoch,
+              " in its trainer.txt) but its directory is named otherwise: renamed, or not this run's");
+  const bool drained_end = is_delayed(config_.method) && !config_.flush_each_epoch && next_epoch == config_.epochs;
+  const std::int64_t expected_step =
+      checked_add<CheckpointError>(next_epoch * L, drained_end ? 2 * (grid_.stages - 1) : 0, "the step of next_epoch");
+  PETRA_CHECK(global_step == expected_step, CheckpointError, "checkpoint ", dir.string(), ": global_step = ",
+              global_step, " in its trainer.txt, but epoch ", next_epoch, " of this run starts at step ", expected_step);
+  PETRA_CHECK(config_.max_steps < 0 || config_.max_steps >= next_epoch * steps_per_epoch(), ValueError,
+              "--max-steps ", config_.max_steps, " ends the run before the checkpoint's epoch ", next_epoch,
+              " (mini-batch ", next_epoch * steps_per_epoch(), "); nothing would be left to train");
   pipeline::restore_checkpoint(dir, *model_, checkpoint_optimizers());
-  executor_->load_in_flight(dir / "pipeline");
-  epoch_ = std::stoll(meta.at("next_epoch"));
-  global_step_ = std::stoll(meta.at("global_step"));
+  executor_->load_in_flight(dir / "pipeline", grid_, global_step);
+  epoch_ = next_epoch;
+  global_step_ = global_step;
   last_checkpoint_ = dir;
 }
 
