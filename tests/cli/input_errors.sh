@@ -14,25 +14,12 @@
 # data set's identity was recorded resumes with a note. The checkpoint files are edited together
 # with their MANIFEST line, so that what is refused is the contents, not a checksum.
 set -uo pipefail
+# shellcheck source=tests/cli/expect.sh
+source "$(dirname "$(realpath "$0")")/expect.sh"  # expect RC FRAGMENT ARGS...
 train=$(realpath "$1")
 dir=$2/input-errors
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir" || exit 1
 status=0
-
-# expect RC FRAGMENT ARGS...: petra-train ARGS exits RC and its output contains FRAGMENT.
-expect() {
-  local rc=$1 fragment=$2
-  shift 2
-  local out got
-  out=$(timeout 120 "$train" "$@" 2>&1)
-  got=$?
-  if [ "$got" -ne "$rc" ] || ! grep -qF -- "$fragment" <<<"$out"; then
-    echo "FAIL: petra-train $*: exit $got (expected $rc with '$fragment'), output: $out"
-    status=1
-  else
-    echo "ok: exit $rc: $(grep -F -- "$fragment" <<<"$out" | head -n 1)"
-  fi
-}
 
 # edit CHECKPOINT FILE EXPRESSION: FILE (relative to CHECKPOINT) becomes the Python expression of its
 # text `t`, and its MANIFEST line is rewritten to match.
