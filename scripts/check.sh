@@ -8,8 +8,9 @@
 #               consumer without the sanitizers' runtime) and a short concurrent training run.
 #   --tsan      build-tsan/: TSan (-Db_sanitize=thread, debugoptimized, no CUDA, no MPI, no OpenMP: libgomp
 #               is not built with TSan, and its own barriers show as races; the pipeline's threads,
-#               channels and allocator are all petra's). Runs the pipeline and executor tests
-#               (pipeline, trainer, synchronous, stream, allocator) and the short concurrent run.
+#               channels and allocator are all petra's). Runs the tests of the threaded parts
+#               (pipeline, trainer, synchronous, stream, allocator, data: the loader's prefetch
+#               thread) and the short concurrent run.
 #
 # The short concurrent run: PETRA on two CPU workers (cpu:0, cpu:1), synthetic data, 2 epochs of 8
 # mini-batches cut by --max-steps 12 with checkpoints, then resumed to the end: concurrent stages,
@@ -54,7 +55,7 @@ if [ "$mode" = --sanitize ]; then
   mapfile -t tests < <(meson test -C "$dir" --list --suite cpu 2>/dev/null | sed -n 's/^petra:[^ ]* \/ //p' |
                        grep -vx 'pkg-config-consumer')
 else
-  tests=(pipeline trainer synchronous stream allocator)
+  tests=(pipeline trainer synchronous stream allocator data)
 fi
 echo "check: ${#tests[@]} tests under ${mode#--}: ${tests[*]}"
 meson test -C "$dir" --num-processes "$jobs" --timeout-multiplier 8 --print-errorlogs "${tests[@]}"
