@@ -9,14 +9,16 @@
 //
 // Exit codes (also in --help): 0 success, 1 internal error, 2 bad arguments, 3 bad data or input
 // file, 4 training diverged (NaN/Inf loss), 5 checkpoint missing, damaged or mismatched,
-// 6 device error.
+// 6 device error or out of memory.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <fmt/format.h>
 #include <fstream>
+#include <new>
 #include <nlohmann/json.hpp>
 
 #include "benchmarks/training_plot.hpp"
@@ -38,7 +40,8 @@ enum ExitCode { kOk = 0, kInternal = 1, kBadArguments = 2, kBadData = 3, kDiverg
 
 constexpr const char* kExitCodes =
     "Exit codes: 0 success, 1 internal error, 2 bad arguments, 3 bad data or input file, "
-    "4 training diverged (NaN/Inf loss), 5 checkpoint missing, damaged or mismatched, 6 device error.";
+    "4 training diverged (NaN/Inf loss), 5 checkpoint missing, damaged or mismatched, 6 device error or out of "
+    "memory.";
 
 std::string duration(double seconds) {
   const auto s = static_cast<long long>(seconds + 0.5);
@@ -167,6 +170,22 @@ std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
+// --placement "0,0,1,1": one worker index per stage; ValueError naming the flag and the item.
+std::vector<int> parse_placement(const std::string& text) {
+  std::vector<int> workers;
+  for (const std::string& item : split_list(text)) {
+    int worker = -1;
+    const auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), worker);
+    PETRA_CHECK(error == std::errc() && end == item.data() + item.size() && worker >= 0, petra::ValueError,
+                "--placement '", text, "': '", item, "' is not a worker index (one per stage, e.g. 0,0,0,0,0,1,1,1,1,1)");
+    workers.push_back(worker);
+  }
+  return workers;
+}
+
+// The most steps --print-schedule prints (a grid of J columns per step, built in memory first).
+constexpr std::int64_t kMaxPrintedSteps = 100'000;
+
 // The epoch records of an existing --log-json for epochs 1..completed_epochs, so that a resumed run
 // keeps its history (its own records follow; a summary line of the earlier process is dropped).
 std::vector<std::string> earlier_log_lines(const std::filesystem::path& log_json, std::int64_t completed_epochs) {
@@ -208,6 +227,9 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
   if (trainer.last_checkpoint())
     std::printf("resumed from %s at epoch %lld\n", trainer.last_checkpoint()->c_str(),
                 static_cast<long long>(trainer.epoch() + 1));
+  if (trainer.resumed_data_unchecked())
+    std::printf("note: the checkpoint predates petra's record of the data set's identity: the data was not "
+                "compared with the checkpoint's (the next checkpoint records it)\n");
 
   if (eval_only) {
     if (trainer.data().test.size() == 0)  // only an npy directory may have no test set
@@ -308,12 +330,12 @@ int main(int argc, char** argv) {
   app.add_flag("--no-augment", no_augment, "no random crop or flip")->group(data);
   app.add_flag("--no-shuffle", no_shuffle, "same order every epoch")->group(data);
   app.add_option("--synthetic-size", c.synthetic_train_size, "training images of --dataset synthetic")
-      ->group(data)->capture_default_str()->check(CLI::PositiveNumber);
+      ->group(data)->capture_default_str()->check(CLI::Range(std::int64_t{1}, petra::data::kMaxSyntheticImages));
   auto* model = "Model";
   app.add_option("--model", model_arch, "revnet18, revnet34, revnet50, resnet18, resnet34 or resnet50")
       ->group(model)->capture_default_str()->check(CLI::IsMember(petra::nn::known_architectures()));
   app.add_option("--width", c.width, "channels of one stream in the first group (64 = the paper's models)")
-      ->group(model)->capture_default_str()->check(CLI::PositiveNumber);
+      ->group(model)->capture_default_str()->check(CLI::Range(std::int64_t{1}, petra::nn::kMaxWidth));
   app.add_option("--stem", c.stem, "cifar (conv3x3) or imagenet (conv7x7 stride 2 + max-pool)")
       ->group(model)->capture_default_str()->check(CLI::IsMember({"cifar", "imagenet"}));
   app.add_option("--classes", c.classes, "output classes (default: the dataset's; needed for an npy directory without "
@@ -352,7 +374,7 @@ int main(int argc, char** argv) {
   app.add_option("--placement", placement_text, "worker of each stage, e.g. 0,0,0,0,1,1,1,1,1,1 (default: balanced by "
                  "measured stage costs)")->group(pipelining);
   app.add_option("--print-schedule", print_schedule, "print the first N steps of the schedule grid and exit")
-      ->group(pipelining)->check(CLI::PositiveNumber);
+      ->group(pipelining)->check(CLI::Range(std::int64_t{1}, kMaxPrintedSteps));
   app.add_flag("--track-reconstruction", c.track_reconstruction,
                "keep the true inputs of reversible stages to report each stage's reconstruction error (debug)")
       ->group(pipelining);
@@ -420,7 +442,7 @@ int main(int argc, char** argv) {
       for (const auto& d : split_list(devices_text)) c.devices.push_back(petra::Device::parse(d));
     if (!stages_text.empty()) c.stage_sizes = petra::nn::parse_stage_sizes(stages_text, c.arch);
     if (!placement_text.empty())
-      for (const auto& p : split_list(placement_text)) c.placement.push_back(std::stoi(p));
+      c.placement = parse_placement(placement_text);
     if (print_schedule > 0) {
       petra::nn::ModelConfig m;
       m.arch = c.arch;
@@ -462,6 +484,14 @@ int main(int argc, char** argv) {
     return kBadArguments;
   } catch (const petra::DeviceError& e) {
     std::fprintf(stderr, "petra-train: device: %s\n", e.what());
+    return kDevice;
+  } catch (const petra::OutOfMemoryError& e) {  // the device is too small for this run: not a bug
+    std::fprintf(stderr, "petra-train: device: out of memory: %s (a smaller --width or --batch-size may fit)\n",
+                 e.what());
+    return kDevice;
+  } catch (const std::bad_alloc& e) {
+    std::fprintf(stderr, "petra-train: device: out of memory (%s); a smaller --width or --batch-size may fit\n",
+                 e.what());
     return kDevice;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "petra-train: internal error: %s\n", e.what());

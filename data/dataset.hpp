@@ -28,6 +28,7 @@ namespace petra::data {
 inline constexpr std::int64_t kMaxClasses = 100'000;     // ImageNet-21k, the largest in common use, has 21,841
 inline constexpr std::int64_t kMaxChannels = 1'024;      // hyperspectral images have a few hundred bands
 inline constexpr std::int64_t kMaxImageSide = 65'536;    // pixels, for the height and the width
+inline constexpr std::int64_t kMaxSyntheticImages = 10'000'000;  // --synthetic-size (ImageNet has 1.28 million)
 
 // Per-channel normalisation: a pixel x becomes (x - mean[c]) / std[c], where x = byte / 255 for
 // uint8 images and the stored value for float32 images.

@@ -199,6 +199,7 @@ std::span<std::byte> ChunkedBuffer::room() {
 }
 
 void ChunkedBuffer::commit(std::size_t n) {
+  if (n == 0) return;  // nothing came (room() may have had none to give: an entry of 0 bytes)
   PETRA_CHECK(!chunks_.empty() && n <= chunks_.back().capacity - chunks_.back().used, ValueError,
               "ChunkedBuffer::commit: ", n, " bytes, more than the room");
   chunks_.back().used += n;

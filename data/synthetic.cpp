@@ -93,6 +93,8 @@ Split make_synthetic(const SyntheticSpec& spec) {
               ValueError, "make_synthetic: sizes must be positive (train ", spec.train_size, ", test ", spec.test_size,
               ", ", spec.channels, "x", spec.height, "x", spec.width, ", ", spec.classes, " classes)");
   check_at_most<ValueError>(spec.classes, kMaxClasses, "make_synthetic: the number of classes");
+  check_at_most<ValueError>(spec.train_size, kMaxSyntheticImages, "make_synthetic: the training images (--synthetic-size)");
+  check_at_most<ValueError>(spec.test_size, kMaxSyntheticImages, "make_synthetic: the test images");
   check_at_most<ValueError>(spec.channels, kMaxChannels, "make_synthetic: the channel count");
   check_at_most<ValueError>(spec.height, kMaxImageSide, "make_synthetic: the height");
   check_at_most<ValueError>(spec.width, kMaxImageSide, "make_synthetic: the width");

@@ -130,7 +130,10 @@ std::vector<std::int64_t> parse_stage_sizes(const std::string& text, const std::
     begin = end + 1;
   }
   if (sizes.size() > 1) return sizes;
-  return even_stage_sizes(block_count(arch), sizes.front());
+  const std::int64_t blocks = block_count(arch);
+  PETRA_CHECK(sizes.front() <= blocks, ValueError, "--stages ", sizes.front(), ": ", arch, " has ", blocks,
+              " blocks (stem, residual blocks, head), so 1 to ", blocks, " stages");
+  return even_stage_sizes(blocks, sizes.front());
 }
 
 const std::vector<std::string>& known_architectures() {
@@ -142,6 +145,8 @@ Model::Model(const ModelConfig& config) : config_(config) {
   const Architecture a = architecture_of(config.arch);
   PETRA_CHECK(config.width >= 1 && config.in_channels >= 1 && config.classes >= 2, ValueError,
               "make_model: width ", config.width, ", input channels ", config.in_channels, ", classes ", config.classes);
+  PETRA_CHECK(config.width <= kMaxWidth, ValueError, "make_model: width ", config.width, " is above the limit of ",
+              kMaxWidth);
   PETRA_CHECK(config.stem == "cifar" || config.stem == "imagenet", ValueError, "make_model: unknown stem '",
               config.stem, "' (cifar or imagenet)");
   const std::vector<int> stage_of_block = stage_of_blocks(config);

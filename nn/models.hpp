@@ -20,9 +20,13 @@
 
 namespace petra::nn {
 
+// The widest first group a model may have: 16x the paper's 64 (wide ResNets use 10x). A RevNet50 of
+// this width has about 7.8 billion parameters; anything wider is a typo (petra-train --width).
+inline constexpr std::int64_t kMaxWidth = 1'024;
+
 struct ModelConfig {
   std::string arch = "revnet18";  // revnet18|revnet34|revnet50|resnet18|resnet34|resnet50
-  std::int64_t width = 64;        // w: channels of one stream in the first group
+  std::int64_t width = 64;        // w: channels of one stream in the first group, 1 to kMaxWidth
   std::int64_t in_channels = 3;
   std::int64_t classes = 10;
   std::string stem = "cifar";     // cifar|imagenet

@@ -419,7 +419,9 @@ Tensor load_npy(const std::filesystem::path& path, Device device) {
   PETRA_CHECK(array.shape.size() <= static_cast<std::size_t>(Shape::kMaxDims), IOError, path.string(), ": ",
               array.shape.size(), " dims, petra tensors have at most ", Shape::kMaxDims);
   const Tensor host = Tensor::empty(Shape(std::span<const std::int64_t>(array.shape)), array.dtype, Device::cpu());
-  std::memcpy(host.raw_data(), array.data.data(), array.data.size());
+  // An array with no elements has no data pointer on either side: memcpy(dst, nullptr, 0) is
+  // undefined behaviour (UBSan, found by tests/fuzz/fuzz_npy.cpp).
+  if (!array.data.empty()) std::memcpy(host.raw_data(), array.data.data(), array.data.size());
   return host.to(device);
 }
 

@@ -1,9 +1,11 @@
 // pipeline/checkpoint.cpp: atomic, checksummed checkpoint directories.
 #include "petra/pipeline/checkpoint.hpp"
 
+#include <fmt/format.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <charconv>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -14,6 +16,16 @@
 namespace petra::pipeline {
 
 namespace fs = std::filesystem;
+
+std::uint32_t crc32_of(std::span<const std::byte> bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  // zlib takes the length as uInt: feed large ranges in pieces.
+  for (std::size_t at = 0; at < bytes.size(); at += 1u << 30) {
+    const std::size_t n = std::min<std::size_t>(bytes.size() - at, 1u << 30);
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + at), static_cast<uInt>(n));
+  }
+  return static_cast<std::uint32_t>(crc);
+}
 
 namespace {
 
@@ -29,15 +41,7 @@ std::string read_file(const fs::path& path) {
   return s.str();
 }
 
-std::uint32_t crc32_of(const std::string& bytes) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  // zlib takes the length as uInt: feed large files in pieces.
-  for (std::size_t at = 0; at < bytes.size(); at += 1u << 30) {
-    const std::size_t n = std::min<std::size_t>(bytes.size() - at, 1u << 30);
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + at), static_cast<uInt>(n));
-  }
-  return static_cast<std::uint32_t>(crc);
-}
+std::uint32_t checksum(const std::string& bytes) { return crc32_of(std::as_bytes(std::span(bytes))); }
 
 // Every regular file under dir except the manifest, as paths relative to dir, sorted.
 std::vector<fs::path> files_of(const fs::path& dir) {
@@ -101,7 +105,7 @@ fs::path write_checkpoint(const fs::path& root, const std::string& name, const n
   manifest << "petra-checkpoint 1\n";
   for (const fs::path& file : files_of(staging)) {
     const std::string bytes = read_file(staging / file);
-    manifest << file.string() << " " << bytes.size() << " " << crc32_of(bytes) << "\n";
+    manifest << file.string() << " " << bytes.size() << " " << checksum(bytes) << "\n";
   }
   write_file_atomically(staging / kManifest, manifest.str());
   for (const auto& entry : fs::recursive_directory_iterator(staging))
@@ -136,34 +140,57 @@ void verify_checkpoint(const fs::path& dir) {
   while (std::getline(lines, line)) {
     ++line_number;
     std::istringstream fields(line);
-    std::string file;
+    std::string file, extra;
     std::uint64_t size = 0, crc = 0;
-    PETRA_CHECK(static_cast<bool>(fields >> file >> size >> crc), CheckpointError, manifest_path.string(), " line ",
-                line_number, ": malformed");
-    const fs::path path = dir / file;
-    PETRA_CHECK(fs::exists(path), CheckpointError, "checkpoint: ", path.string(), " is missing");
+    PETRA_CHECK(static_cast<bool>(fields >> file >> size >> crc) && !(fields >> extra), CheckpointError,
+                manifest_path.string(), " line ", line_number, ": malformed");
+    // A name inside the checkpoint, listed once: never a path that leads out of it (to a device or
+    // a file elsewhere), nor one read twice.
+    const fs::path relative = fs::path(file).lexically_normal();
+    const bool inside = relative.is_relative() && !relative.empty() && *relative.begin() != ".." &&
+                        relative.filename() != kManifest;
+    PETRA_CHECK(inside && std::find(listed.begin(), listed.end(), relative) == listed.end(), CheckpointError,
+                manifest_path.string(), " line ", line_number, ": '", file, "' is not a file of the checkpoint",
+                inside ? " listed once" : "");
+    const fs::path path = dir / relative;
+    PETRA_CHECK(fs::is_regular_file(fs::symlink_status(path)), CheckpointError, "checkpoint: ", path.string(),
+                " is missing (or not a regular file)");
+    const std::uint64_t on_disk = fs::file_size(path);
+    PETRA_CHECK(on_disk == size, CheckpointError, "checkpoint: ", path.string(), " has ", on_disk,
+                " bytes, the manifest says ", size, " (truncated or modified)");
     const std::string bytes = read_file(path);
     PETRA_CHECK(bytes.size() == size, CheckpointError, "checkpoint: ", path.string(), " has ", bytes.size(),
                 " bytes, the manifest says ", size, " (truncated or modified)");
-    PETRA_CHECK(crc32_of(bytes) == crc, CheckpointError, "checkpoint: ", path.string(),
+    PETRA_CHECK(checksum(bytes) == crc, CheckpointError, "checkpoint: ", path.string(),
                 " does not match its checksum (corrupted)");
-    listed.push_back(file);
+    listed.push_back(relative);
   }
   std::sort(listed.begin(), listed.end());
   PETRA_CHECK(listed == files_of(dir), CheckpointError, "checkpoint ", dir.string(),
               ": files differ from the MANIFEST (added or removed)");
 }
 
-fs::path latest_checkpoint(const fs::path& root) {
+namespace {
+fs::path latest_checkpoint_unchecked(const fs::path& root) {
   const fs::path pointer = root / kLatest;
   PETRA_CHECK(fs::exists(pointer), CheckpointError, "checkpoint: no checkpoint in ", root.string(), " (no '", kLatest,
               "' file)");
+  PETRA_CHECK(fs::is_regular_file(fs::symlink_status(pointer)) && fs::file_size(pointer) <= 256, CheckpointError,
+              pointer.string(), ": not the small file that names the latest checkpoint");
   std::string name = read_file(pointer);
-  name.erase(std::remove(name.begin(), name.end(), '\n'), name.end());
-  PETRA_CHECK(!name.empty() && name.find('/') == std::string::npos, CheckpointError, pointer.string(),
-              ": bad checkpoint name '", name, "'");
+  if (!name.empty() && name.back() == '\n') name.pop_back();
+  PETRA_CHECK(!name.empty() && name != "." && name != ".." &&
+                  name.find_first_of(std::string("/\n\0", 3)) == std::string::npos,
+              CheckpointError, pointer.string(), ": bad checkpoint name '", name, "'");
   const fs::path dir = root / name;
   verify_checkpoint(dir);
+  return dir;
+}
+}  // namespace
+
+fs::path latest_checkpoint(const fs::path& root) {
+  fs::path dir;
+  reading_checkpoint(root, [&] { dir = latest_checkpoint_unchecked(root); });
   return dir;
 }
 
@@ -179,12 +206,29 @@ CheckpointMeta read_checkpoint_meta(const fs::path& dir) {
   return meta;
 }
 
-void restore_checkpoint(const fs::path& dir, const nn::Module& model, const std::vector<CheckpointOptimizer>& optimizers) {
+std::int64_t checkpoint_integer(const CheckpointMeta& meta, const std::string& key, const fs::path& dir,
+                                std::int64_t lowest, std::int64_t highest) {
+  const auto found = meta.find(key);
+  PETRA_CHECK(found != meta.end(), CheckpointError, "checkpoint ", (dir / kMeta).string(), ": no '", key, "'");
+  const std::string& text = found->second;
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  PETRA_CHECK(error == std::errc() && end == text.data() + text.size(), CheckpointError, "checkpoint ",
+              (dir / kMeta).string(), ": '", key, " = ", text, "' is not an integer");
+  PETRA_CHECK(lowest <= value && value <= highest, CheckpointError, "checkpoint ", (dir / kMeta).string(), ": '", key,
+              " = ", text, "' is outside [", lowest, ", ", highest, "]");
+  return value;
+}
+
+namespace {
+void restore_checkpoint_files(const fs::path& dir, const nn::Module& model,
+                              const std::vector<CheckpointOptimizer>& optimizers) {
   model.load_state(dir / "model");
   for (const auto& [subdirectory, optimizer] : optimizers) optimizer->load_state(dir / "optimizer" / subdirectory);
   model.zero_grad();
   load_gradients(dir / "grads", model);
 }
+}  // namespace
 
 void load_gradients(const fs::path& dir, const nn::Module& model) {
   if (!fs::exists(dir)) return;
@@ -193,9 +237,33 @@ void load_gradients(const fs::path& dir, const nn::Module& model) {
     if (!fs::exists(file)) continue;
     MemoryScope scope(MemoryTag::gradients, p.data().storage()->owner());
     Tensor g = load_npy(file, p.data().device());
-    PETRA_CHECK(g.shape() == p.shape(), CheckpointError, "checkpoint: ", file.string(), " has shape ", g.shape().str());
+    PETRA_CHECK(g.shape() == p.shape() && g.dtype() == p.data().dtype(), CheckpointError, "checkpoint: ",
+                file.string(), " holds ", g.str(), " for the gradient of ", p.data().str());
     p.set_grad(std::move(g));
   }
+}
+
+void reading_checkpoint(const fs::path& dir, const std::function<void()>& read) {
+  const auto fail = [&](const std::exception& e) {
+    throw CheckpointError(fmt::format("checkpoint {}: {}", dir.string(), e.what()));
+  };
+  try {
+    read();
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const IOError& e) {
+    fail(e);
+  } catch (const ValueError& e) {
+    fail(e);
+  } catch (const ShapeError& e) {
+    fail(e);
+  } catch (const fs::filesystem_error& e) {
+    fail(e);
+  }
+}
+
+void restore_checkpoint(const fs::path& dir, const nn::Module& model, const std::vector<CheckpointOptimizer>& optimizers) {
+  reading_checkpoint(dir, [&] { restore_checkpoint_files(dir, model, optimizers); });
 }
 
 }  // namespace petra::pipeline

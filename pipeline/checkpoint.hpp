@@ -16,7 +16,9 @@
 
 #include <filesystem>
 #include <functional>
+#include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -71,10 +73,25 @@ std::filesystem::path latest_checkpoint(const std::filesystem::path& root);
 // Verifies every file of the checkpoint directory against its MANIFEST.
 void verify_checkpoint(const std::filesystem::path& dir);
 
+// The key = value lines of the checkpoint's trainer.txt (CheckpointError for a malformed line).
 CheckpointMeta read_checkpoint_meta(const std::filesystem::path& dir);
 
+// meta[key] as an integer from `lowest` to `highest`; CheckpointError naming the checkpoint's
+// trainer.txt, the key and the text when it is missing, not a decimal integer or out of range.
+std::int64_t checkpoint_integer(const CheckpointMeta& meta, const std::string& key, const std::filesystem::path& dir,
+                                std::int64_t lowest, std::int64_t highest);
+
+// Runs `read`, which reads from checkpoint `dir`, and turns an error of what it reads (IOError,
+// ValueError, ShapeError from the .npy and optimizer readers, a filesystem error) into a
+// CheckpointError naming the checkpoint: whatever is wrong in a checkpoint is the checkpoint's fault.
+void reading_checkpoint(const std::filesystem::path& dir, const std::function<void()>& read);
+
+// CRC-32 (zlib's) of a byte range of any length: the MANIFEST's checksums and the data set's identity.
+std::uint32_t crc32_of(std::span<const std::byte> bytes);
+
 // Loads model, optimizers (and gradients, if saved) from a verified checkpoint directory; the
-// pipeline's state, if any, is the caller's to load from dir / "pipeline".
+// pipeline's state, if any, is the caller's to load from dir / "pipeline". CheckpointError for any
+// file that does not fit the model or the optimizers.
 void restore_checkpoint(const std::filesystem::path& dir, const nn::Module& model,
                         const std::vector<CheckpointOptimizer>& optimizers);
 

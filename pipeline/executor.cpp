@@ -57,13 +57,20 @@ template class Channel<ForwardMessage>;
 template class Channel<BackwardMessage>;
 
 // ---------------------------------------------------------------- sequential executor
+namespace {
+// The deadline in milliseconds, checked before the conversion (infinity or 1e300 s would overflow it).
+std::chrono::milliseconds timeout_of(double seconds) {
+  PETRA_CHECK(seconds > 0 && seconds <= 1e9, ValueError, "executor: the message timeout must be > 0 s and at most "
+              "1e9 s, got ", seconds);
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
+}  // namespace
+
 SequentialExecutor::SequentialExecutor(nn::Model& model, const RuntimeOptions& options)
     : to_next_(model.num_stages()),
       to_previous_(model.num_stages()),
       last_backward_(model.num_stages(), 0),
-      message_timeout_(std::chrono::milliseconds(static_cast<std::int64_t>(options.message_timeout_seconds * 1000))) {
-  PETRA_CHECK(options.message_timeout_seconds > 0, ValueError, "executor: the message timeout must be > 0 s, got ",
-              options.message_timeout_seconds);
+      message_timeout_(timeout_of(options.message_timeout_seconds)) {
   const int J = static_cast<int>(model.num_stages());
   for (int j = 0; j < J; ++j) {
     const bool next_keeps = j + 1 < J && keeping(options.method, model.stage(j + 1).kind()).input;

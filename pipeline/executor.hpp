@@ -37,12 +37,16 @@ class SequentialExecutor {
 
   // Everything in flight between two steps (run() calls): each stage's state in dir/stage-NN/ and
   // the messages in the channels in dir/channels.txt + .npy files (pipeline/in_flight.cpp).
-  // load_in_flight restores it into a fresh executor built for the same model, method and options
-  // (CheckpointError if the files are missing or malformed).
+  // load_in_flight replaces the executor's state with it and checks that it is the state the first
+  // `step` steps of `schedule` leave (the mini-batches kept by each stage and in each channel, the
+  // last backward and the gradients since the last update): CheckpointError if the files are
+  // missing, malformed, or hold another state.
   void save_in_flight(const std::filesystem::path& dir) const;
-  void load_in_flight(const std::filesystem::path& dir);
+  void load_in_flight(const std::filesystem::path& dir, const Schedule& schedule, std::int64_t step);
 
  protected:
+  // True when this executor runs stage j's cells (all of them here; an MPI process, its own group).
+  virtual bool runs_stage(int j) const { return j >= 0; }
   void check_range(const Schedule& schedule, std::int64_t first, std::int64_t last) const;
   // Runs one cell: the actions of stage j at one step, in order. wait: block for messages.
   void execute_cell(const std::vector<Action>& cell, bool wait, const BatchSource& batches,
@@ -67,6 +71,7 @@ class SequentialExecutor {
 
  private:
   void execute(const Action& action, bool wait, const BatchSource& batches, const HeadCallback& on_head);
+  void check_in_flight(const std::filesystem::path& dir, const Schedule& schedule, std::int64_t step) const;
 
   std::vector<std::unique_ptr<StageRuntime>> stages_;
   std::vector<Channel<ForwardMessage>> to_next_;       // [j]: from stage j to j + 1 (the head's: to itself)

@@ -3,10 +3,12 @@
 // update, and the channels hold the messages sent but not yet read. This file writes all of it as
 // .npy files plus text indexes (stage-NN/state.txt, channels.txt) and reads it back into a fresh
 // executor built for the same model, method and options.
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "petra/files.hpp"
 #include "petra/npy.hpp"
@@ -30,7 +32,9 @@ std::vector<std::string> read_lines(const fs::path& path) {
 Tensor load_tensor(const fs::path& path, MemoryTag tag, int owner) {
   PETRA_CHECK(fs::exists(path), CheckpointError, "checkpoint: ", path.string(), " is missing");
   MemoryScope scope(tag, owner);
-  return load_npy(path);
+  Tensor t;
+  reading_checkpoint(path.parent_path(), [&] { t = load_npy(path); });
+  return t;
 }
 
 std::string stage_dir(int j) { return fmt::format("stage-{:02d}", j); }
@@ -62,17 +66,34 @@ void StageRuntime::load_in_flight(const fs::path& dir) {
       int has_input = 0;
       std::size_t parameters = 0;
       fields >> k.microbatch >> has_input >> parameters;
-      PETRA_CHECK(!fields.fail() && parameters <= stage_.parameters().size(), CheckpointError, "checkpoint: ",
-                  (dir / "state.txt").string(), ": malformed line '", line, "'");
+      // What this stage's backward will need must be there: its input if the method keeps it, every
+      // parameter if it stashes them (with their shapes), nothing more.
+      const auto params = stage_.parameters();
+      PETRA_CHECK(!fields.fail() && k.microbatch >= 0 && (has_input == 0 || has_input == 1) &&
+                      (has_input == 1 || !keeping_.input) && parameters == (keeping_.parameters ? params.size() : 0),
+                  CheckpointError, "checkpoint: ", (dir / "state.txt").string(), ": line '", line, "' does not fit stage ",
+                  index_, " (it keeps ", keeping_.input ? "its input" : "no input", " and ",
+                  keeping_.parameters ? params.size() : 0, " stashed parameters)");
       if (has_input) k.input = load_tensor(dir / fmt::format("kept-{}-input.npy", k.microbatch), MemoryTag::input_buffer, index_);
-      for (std::size_t i = 0; i < parameters; ++i)
-        k.parameters.push_back(load_tensor(dir / fmt::format("kept-{}-param-{}.npy", k.microbatch, i),
-                                           MemoryTag::param_stash, index_));
+      for (std::size_t i = 0; i < parameters; ++i) {
+        const fs::path file = dir / fmt::format("kept-{}-param-{}.npy", k.microbatch, i);
+        Tensor stashed = load_tensor(file, MemoryTag::param_stash, index_);
+        const Tensor& current = params[i].data();
+        PETRA_CHECK(stashed.shape() == current.shape() && stashed.dtype() == current.dtype(), CheckpointError,
+                    "checkpoint: ", file.string(), " holds ", stashed.str(), " for parameter ", current.str());
+        k.parameters.push_back(std::move(stashed));
+      }
       fifo_.push_back(std::move(k));
     }
-    PETRA_CHECK(!fields.fail(), CheckpointError, "checkpoint: ", (dir / "state.txt").string(), ": malformed line '",
-                line, "'");
+    PETRA_CHECK(!fields.fail() && received_ >= 0, CheckpointError, "checkpoint: ", (dir / "state.txt").string(),
+                ": malformed line '", line, "'");
   }
+}
+
+std::vector<std::int64_t> StageRuntime::in_flight() const {
+  std::vector<std::int64_t> ids;
+  for (const Kept& k : fifo_) ids.push_back(k.microbatch);
+  return ids;
 }
 
 void SequentialExecutor::save_in_flight(const fs::path& dir) const {
@@ -96,8 +117,12 @@ void SequentialExecutor::save_in_flight(const fs::path& dir) const {
   write_file_atomically(dir / "channels.txt", index);
 }
 
-void SequentialExecutor::load_in_flight(const fs::path& dir) {
+void SequentialExecutor::load_in_flight(const fs::path& dir, const Schedule& schedule, std::int64_t step) {
   const int J = static_cast<int>(stages_.size());
+  PETRA_CHECK(schedule.stages == J && 0 <= step, CheckpointError, "checkpoint ", dir.string(), ": step ", step,
+              " of a schedule of ", schedule.stages, " stages for ", J, " stages");
+  for (auto& c : to_next_) c.clear();
+  for (auto& c : to_previous_) c.clear();
   for (int j = 0; j < J; ++j) stages_[j]->load_in_flight(dir / stage_dir(j));
   for (const std::string& line : read_lines(dir / "channels.txt")) {
     std::istringstream fields(line);
@@ -122,6 +147,68 @@ void SequentialExecutor::load_in_flight(const fs::path& dir) {
     } else {
       throw CheckpointError(fmt::format("checkpoint: {}: unknown line '{}'", (dir / "channels.txt").string(), line));
     }
+  }
+  check_in_flight(dir, schedule, step);
+}
+
+namespace {
+// The ids of `sent` (in order) that the receiver, having taken `taken` of them, has not taken yet.
+std::vector<std::int64_t> not_taken(const std::vector<std::int64_t>& sent, std::size_t taken) {
+  return {sent.begin() + static_cast<std::ptrdiff_t>(std::min(taken, sent.size())), sent.end()};
+}
+}  // namespace
+
+// The state the first `step` steps of the grid leave, derived from the grid: stage j's FIFO holds the
+// forwards it ran minus the backwards it ran; the channel up from j the forwards of j that j + 1 did
+// not run yet; the channel down to j the backwards of j + 1 that j did not run yet. A checkpoint
+// whose state differs would stop the run later with a message about the executor (or, with two
+// workers, a stuck pipeline): it is refused here, naming what differs.
+void SequentialExecutor::check_in_flight(const fs::path& dir, const Schedule& schedule, std::int64_t step) const {
+  if (step > schedule.steps) return;  // a finished run resumed with fewer epochs: nothing runs
+  const int J = static_cast<int>(stages_.size());
+  std::vector<std::vector<std::int64_t>> forwards(J), backwards(J);
+  std::vector<std::int64_t> since_update(J, 0);
+  for (std::int64_t t = 0; t < step; ++t)
+    for (int j = 0; j < J; ++j)
+      for (const Action& a : schedule.cells[t][j]) {
+        if (a.kind == Action::Kind::forward) forwards[j].push_back(a.microbatch);
+        if (a.kind == Action::Kind::backward) backwards[j].push_back(a.microbatch), ++since_update[j];
+        if (a.kind == Action::Kind::update) since_update[j] = 0;
+      }
+  const auto expect = [&](const std::string& what, const std::vector<std::int64_t>& found,
+                          const std::vector<std::int64_t>& expected) {
+    PETRA_CHECK(found == expected, CheckpointError, "checkpoint ", dir.string(), ": ", what, " holds mini-batches [",
+                fmt::format("{}", fmt::join(found, ", ")), "] but step ", step, " of the schedule has [",
+                fmt::format("{}", fmt::join(expected, ", ")), "] there (the pipeline state and the counters disagree)");
+  };
+  const auto ids = [](const auto& channel) {
+    std::vector<std::int64_t> out;
+    for (const auto& m : channel.pending()) out.push_back(m.microbatch);
+    return out;
+  };
+  const std::vector<std::int64_t> none;
+  for (int j = 0; j < J; ++j) {
+    const StageRuntime& s = *stages_[j];
+    const bool below_head = j + 1 < J;
+    // A channel's messages are held where their receiver runs (an MPI process collects those sent to it).
+    if (below_head && runs_stage(j + 1))
+      expect(fmt::format("the channel from stage {} up", j), ids(to_next_[j]),
+             not_taken(forwards[j], forwards[j + 1].size()));
+    if (!runs_stage(j)) continue;  // another process holds this stage's state
+    expect(fmt::format("stage {}'s kept mini-batches", j), s.in_flight(), not_taken(forwards[j], backwards[j].size()));
+    if (!below_head) expect(fmt::format("the channel from stage {} up", j), ids(to_next_[j]), none);
+    expect(fmt::format("the channel down to stage {}", j), ids(to_previous_[j]),
+           below_head ? not_taken(backwards[j + 1], backwards[j].size()) : none);
+    const std::int64_t last = backwards[j].empty() ? 0 : backwards[j].back();
+    PETRA_CHECK(last_backward_[j] == last, CheckpointError, "checkpoint ", dir.string(), ": stage ", j,
+                "'s last backward was of mini-batch ", last_backward_[j], " but step ", step, " of the schedule says ",
+                last);
+    // A synchronous run may resume with more epochs than it was written with: its last step then
+    // flushed windows that the longer grid leaves open, so only the window's size is checked.
+    const bool exact = is_delayed(schedule.method);
+    PETRA_CHECK(exact ? s.received() == since_update[j] : s.received() < schedule.accumulation, CheckpointError,
+                "checkpoint ", dir.string(), ": stage ", j, " has ", s.received(),
+                " gradients since its last update but step ", step, " of the schedule says ", since_update[j]);
   }
 }
 

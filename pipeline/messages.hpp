@@ -75,6 +75,11 @@ class Channel {
   void reopen();
   // The messages waiting, oldest first (between runs only: no lock is taken).
   const std::deque<Message>& pending() const { return queue_; }
+  // Drops every message waiting (between runs only: a checkpoint's state replaces them).
+  void clear() {
+    std::lock_guard lock(mutex_);
+    queue_.clear();
+  }
 
  private:
   std::mutex mutex_;

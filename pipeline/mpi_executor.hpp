@@ -66,6 +66,7 @@ class MpiExecutor : public SequentialExecutor {
   static std::vector<int> even_placement(int stages, int ranks);
 
  protected:
+  bool runs_stage(int j) const override { return hosts(j); }
   ForwardMessage receive_forward(int j, std::int64_t microbatch, bool wait) override;
   void send_forward(int j, ForwardMessage message) override;
   BackwardMessage receive_backward(int j, std::int64_t microbatch, bool wait) override;

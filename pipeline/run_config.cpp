@@ -54,7 +54,11 @@ void validate(const TrainConfig& c) {
   PETRA_CHECK(!c.mpi || c.devices.empty(), ValueError, "--mpi: each process is one worker; leave out --devices");
   PETRA_CHECK(!c.mpi || c.track_gradient_quality == 0, ValueError,
               "--mpi with --track-gradient-quality is not supported yet");
-  PETRA_CHECK(c.message_timeout > 0, ValueError, "--message-timeout must be > 0 seconds, got ", c.message_timeout);
+  PETRA_CHECK(c.message_timeout > 0 && c.message_timeout <= kMaxMessageTimeout, ValueError,
+              "--message-timeout must be > 0 seconds and at most ", kMaxMessageTimeout, " (a year), got ",
+              c.message_timeout);
+  PETRA_CHECK(c.width >= 1 && c.width <= nn::kMaxWidth, ValueError, "--width must be from 1 to ", nn::kMaxWidth,
+              ", got ", c.width);
   PETRA_CHECK(!c.resume || !c.checkpoint_dir.empty(), ValueError, "--resume needs --checkpoint-dir");
   PETRA_CHECK(c.threads_per_device >= 1, ValueError, "threads per device must be >= 1");
   PETRA_CHECK(c.track_gradient_quality >= 0, ValueError, "--track-gradient-quality must be >= 0");

@@ -10,11 +10,15 @@
 #include <vector>
 
 #include "petra/nn/layers.hpp"
+#include "petra/nn/models.hpp"
 #include "petra/device.hpp"
 #include "petra/pipeline/checkpoint.hpp"
 #include "petra/pipeline/schedule.hpp"
 
 namespace petra::pipeline {
+
+// The longest --message-timeout, in seconds: a year (a deadline must fit the clock's arithmetic).
+inline constexpr double kMaxMessageTimeout = 365.0 * 24 * 3600;
 
 struct TrainConfig {
   // data

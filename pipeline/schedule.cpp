@@ -8,6 +8,7 @@
 #include <sstream>
 #include <utility>
 
+#include "petra/checked.hpp"
 #include "petra/error.hpp"
 
 namespace petra::pipeline {
@@ -125,6 +126,14 @@ void add_flush_updates(Schedule& s, const std::vector<std::int64_t>& backwards) 
 }
 
 bool entered(std::int64_t microbatch, std::int64_t batches) { return microbatch >= 0 && microbatch < batches; }
+
+// Refuses a grid of `steps` rows of `stages` cells beyond kMaxScheduleCells, before it is allocated.
+void check_grid_size(std::int64_t steps, int stages, std::int64_t batches) {
+  const std::int64_t cells = checked_mul(steps, stages, "make_schedule: the grid's cells");
+  PETRA_CHECK(cells <= kMaxScheduleCells, ValueError, "make_schedule: ", batches, " mini-batches on ", stages,
+              " stages make a grid of ", steps, " steps x ", stages, " stages = ", cells,
+              " cells, above the limit of ", kMaxScheduleCells, " (the whole grid is held in memory)");
+}
 }  // namespace
 
 Schedule make_schedule(PipelineMethod method, int stages, std::int64_t batches, std::int64_t accumulation,
@@ -135,7 +144,8 @@ Schedule make_schedule(PipelineMethod method, int stages, std::int64_t batches, 
   const bool delayed = is_delayed(method);
   const int head = stages - 1;
   Schedule s{method, stages, batches, accumulation, batches, {}};
-  if (delayed && drain) s.steps += 2 * head;
+  if (delayed && drain) s.steps = checked_add(s.steps, 2 * head, "make_schedule: the grid's steps");
+  check_grid_size(s.steps, stages, batches);
   s.cells.assign(s.steps, std::vector<std::vector<Action>>(stages));
   std::vector<std::int64_t> backwards(stages, 0);
 
@@ -161,6 +171,12 @@ Schedule make_flushed_schedule(PipelineMethod method, int stages, std::int64_t b
                                std::int64_t segment) {
   PETRA_CHECK(segment >= 1, ValueError, "make_flushed_schedule: segment must be >= 1, got ", segment);
   Schedule whole = make_schedule(method, stages, 0, accumulation, /*drain=*/false);  // no rows yet
+  PETRA_CHECK(batches >= 0, ValueError, "make_flushed_schedule: negative number of mini-batches ", batches);
+  const std::int64_t segments = batches / segment + (batches % segment != 0);
+  const std::int64_t drain_steps = is_delayed(method) ? 2 * std::int64_t{stages - 1} : 0;
+  check_grid_size(checked_add(batches, checked_mul(segments, drain_steps, "make_flushed_schedule: the drain steps"),
+                              "make_flushed_schedule: the grid's steps"),
+                  stages, batches);
   whole.batches = batches;
   for (std::int64_t offset = 0; offset < batches; offset += segment) {
     Schedule part = make_schedule(method, stages, std::min(segment, batches - offset), accumulation, /*drain=*/true);

@@ -160,7 +160,9 @@ BackwardMessage StageRuntime::backward(BackwardMessage from_above) {
     // PETRA (current parameters) or delayed-reversible (stashed ones): rebuild the input from the
     // output received from above, reusing F's graph for the backward.
     std::tie(out.input, out.gradient) = stage_.reconstruct_and_backward(from_above.input, from_above.gradient);
-    if (options_.track_reconstruction) last_reconstruction_error_ = ops::relative_error(out.input, kept.input);
+    // (A mini-batch in flight from a checkpoint of a run that did not track has no true input.)
+    if (options_.track_reconstruction && kept.input.defined())
+      last_reconstruction_error_ = ops::relative_error(out.input, kept.input);
   } else {
     out.gradient = nn::backward_from_input(stage_, kept.input, from_above.gradient, /*input_gradient=*/index_ > 0);
     out.input = std::move(kept.input);

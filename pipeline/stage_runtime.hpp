@@ -105,6 +105,8 @@ class StageRuntime {
 
   int index() const { return index_; }
   std::size_t kept() const { return fifo_.size(); }  // mini-batches in flight at this stage
+  std::vector<std::int64_t> in_flight() const;       // their ids, oldest first
+  std::int64_t received() const { return received_; }  // gradients since the last update
   bool keeps_input() const { return keeping_.input; }
   // Relative error ||x_rebuilt - x|| / ||x|| of the last backward (track_reconstruction only).
   double last_reconstruction_error() const { return last_reconstruction_error_; }

@@ -21,7 +21,35 @@ namespace petra::pipeline {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+
+// "[60000, 1, 28, 28] uint8 crc32 0x1a2b3c4d": what training reads of a tensor (an empty set: "none").
+std::string fingerprint(const Tensor& t) {
+  if (!t.defined()) return "none";
+  const Tensor packed = t.contiguous();
+  const auto bytes = std::span(static_cast<const std::byte*>(packed.raw_data()), packed.nbytes());
+  return fmt::format("{} {} crc32 {:#010x}", t.shape().str(), name_of(t.dtype()), crc32_of(bytes));
+}
 }  // namespace
+
+CheckpointMeta dataset_identity(const data::Split& split) {
+  return {{"data_train_images", fingerprint(split.train.images)},
+          {"data_train_labels", fingerprint(split.train.labels)},
+          {"data_test_images", fingerprint(split.test.images)},
+          {"data_test_labels", fingerprint(split.test.labels)}};
+}
+
+std::string dataset_mismatch(const CheckpointMeta& meta, const CheckpointMeta& identity) {
+  for (const auto& [key, mine] : identity) {
+    const auto found = meta.find(key);
+    if (found == meta.end()) continue;  // a checkpoint from before the key: unchecked
+    if (found->second != mine) {
+      const auto data_dir = meta.find("data_dir");
+      return fmt::format("was written on other data: {} = {} there, {} here{}", key, found->second, mine,
+                         data_dir == meta.end() ? "" : fmt::format(" (its --data-dir was '{}')", data_dir->second));
+    }
+  }
+  return {};
+}
 
 Trainer::Trainer(const TrainConfig& config) : config_(config) {
   validate(config_);
@@ -45,6 +73,8 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   PETRA_CHECK(split_.train.size() > 0, IOError, config_.dataset, " in '", config_.data_dir.string(),
               "': the training set is empty");
   if (config_.classes == 0) config_.classes = split_.train.classes;
+  // Only runs that write or read checkpoints pay for the checksums (~30 ms for Fashion-MNIST).
+  if (!config_.checkpoint_dir.empty()) data_identity_ = dataset_identity(split_);
   PETRA_CHECK(config_.classes >= split_.train.classes, ValueError, "--classes ", config_.classes, " but ",
               config_.dataset, " has ", split_.train.classes, " classes");
 
@@ -83,9 +113,9 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
 
   build_schedule_and_executor();
   if (config_.resume && group_)
-    restore_checkpoint_across_processes();
+    resume_across_processes();
   else if (config_.resume)
-    restore_checkpoint(latest_checkpoint(config_.checkpoint_dir));
+    resume_from(latest_checkpoint(config_.checkpoint_dir));
 }
 
 // The whole run is one schedule: mini-batch m is batch m % S of epoch m / S. A synchronous grid has
@@ -94,8 +124,15 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
 // the grid, or S + 2(J-1) when each epoch is drained.
 void Trainer::build_schedule_and_executor() {
   const std::int64_t S = steps_per_epoch();
-  std::int64_t batches = config_.epochs * S;
-  if (config_.max_steps >= 0) batches = std::min(batches, config_.max_steps);
+  std::int64_t batches = config_.max_steps;
+  if (config_.max_steps < 0 || config_.max_steps / S >= config_.epochs)  // --max-steps may bound --epochs
+    batches = checked_mul(config_.epochs, S, [&] { return fmt::format("--epochs {} of {} mini-batches", config_.epochs, S); });
+  // The whole run's grid is built in memory (pipeline/schedule.hpp): name the flag that makes it huge.
+  const std::int64_t J64 = static_cast<std::int64_t>(model_->num_stages());
+  PETRA_CHECK(batches <= kMaxScheduleCells / J64, ValueError, "--epochs ", config_.epochs, " of ", S,
+              " mini-batches make ", batches, " mini-batches on ", J64, " stages: the run's schedule would be above ",
+              "the limit of ", kMaxScheduleCells, " cells; train fewer epochs per run (resume from a checkpoint), ",
+              "or set --max-steps");
   const int J = static_cast<int>(model_->num_stages());
   if (config_.flush_each_epoch && is_delayed(config_.method)) {
     grid_ = make_flushed_schedule(config_.method, J, batches, config_.accumulation, S);
@@ -176,6 +213,9 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
     // This epoch's steps; the last epoch also runs the drain steps that finish the pipeline.
     const std::int64_t first = global_step_;
     const bool last_epoch = epoch_ + 1 == config_.epochs || (epoch_ + 1) * S >= grid_.batches;
+    // --max-steps ends the run in this epoch: its grid drains the pipeline and flushes the open
+    // accumulation windows here, which the uninterrupted run does not do.
+    const bool cut_here = last_epoch && epoch_ + 1 < config_.epochs;
     const std::int64_t last = last_epoch ? grid_.steps : std::min((epoch_ + 1) * L, grid_.steps);
     double loss_sum = 0;
     std::int64_t correct = 0, samples = 0, newest = 0;  // newest: the last mini-batch the head saw
@@ -244,8 +284,10 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
     report.complete = (epoch_ + 1) * S <= grid_.batches;
     if (report.complete) {  // a partial epoch is reported but neither counted nor checkpointed
       ++epoch_;
-      // The checkpoint holds the mini-batches in flight: a resumed run continues the same grid.
-      if (!config_.checkpoint_dir.empty()) save_checkpoint();
+      // The checkpoint holds the mini-batches in flight: a resumed run continues the same grid. An
+      // epoch that --max-steps ends, even at its last mini-batch, is not checkpointed: its state is
+      // drained, and no longer that of the run it would resume.
+      if (!config_.checkpoint_dir.empty() && !cut_here) save_checkpoint();
     }
     if (on_epoch) on_epoch(report);
     if (!report.complete) break;
@@ -289,6 +331,7 @@ std::vector<CheckpointOptimizer> Trainer::checkpoint_optimizers() {
 
 void Trainer::save_checkpoint() {
   CheckpointMeta meta = describe(config_);
+  meta.insert(data_identity_.begin(), data_identity_.end());
   meta["format"] = "2";  // 2: every method runs on the executor (one optimizer per stage)
   meta["next_epoch"] = std::to_string(epoch_);
   meta["global_step"] = std::to_string(global_step_);
@@ -354,8 +397,8 @@ void Trainer::save_checkpoint_across_processes(CheckpointMeta meta) {
     throw CheckpointError("checkpoint: " + first);
 }
 
-// Refuses a checkpoint that this run cannot continue, saying why.
-void Trainer::check_resumable(const std::filesystem::path& dir, const CheckpointMeta& meta) const {
+// Refuses a checkpoint that this run cannot continue, saying why; returns its counters.
+Trainer::Counters Trainer::check_resumable(const std::filesystem::path& dir, const CheckpointMeta& meta) {
   const auto mine = describe(config_);
   // Format 1 checkpoints of a synchronous method hold one optimizer for the whole model; those of a
   // delayed method are laid out as format 2 (one optimizer per stage, the pipeline in flight).
@@ -365,6 +408,11 @@ void Trainer::check_resumable(const std::filesystem::path& dir, const Checkpoint
               " run, written before every method ran on the executor; this petra cannot resume it");
   const std::string mismatch = resume_mismatch(meta, config_);
   PETRA_CHECK(mismatch.empty(), CheckpointError, "checkpoint ", dir.string(), " ", mismatch);
+  if (data_identity_.empty()) data_identity_ = dataset_identity(split_);
+  const std::string other_data = dataset_mismatch(meta, data_identity_);
+  PETRA_CHECK(other_data.empty(), CheckpointError, "checkpoint ", dir.string(), " ", other_data,
+              "; resume it on the data it was trained on");
+  data_unchecked_ = !meta.count("data_train_images");
   // A delayed pipeline continues its grid, which the number of epochs shapes (mini-batch ids, drain).
   if (is_delayed(config_.method))
     PETRA_CHECK(meta.count("epochs") && meta.at("epochs") == mine.at("epochs"), CheckpointError, "checkpoint ",
@@ -378,41 +426,62 @@ void Trainer::check_resumable(const std::filesystem::path& dir, const Checkpoint
   const std::string their_replicas = meta.count("replicas") ? meta.at("replicas") : "1";
   PETRA_CHECK(their_replicas == std::to_string(replicas()), CheckpointError, "checkpoint ", dir.string(),
               " was written with --replicas ", their_replicas, "; resume it with the same, not ", replicas());
+  // The counters: which epoch comes next, and the grid step it starts at. The directory's name says
+  // the epoch too, and a delayed grid's step follows from it (the run's last epoch also ran the
+  // drain steps): a checkpoint renamed, or with another's counters, is refused here.
+  const std::int64_t L = grid_steps_per_epoch_;
+  const std::int64_t next_epoch = checkpoint_integer(meta, "next_epoch", dir, 1, kMaxSize / L);
+  const std::int64_t global_step = checkpoint_integer(meta, "global_step", dir, 0, kMaxSize);
+  PETRA_CHECK(dir.filename() == fmt::format("epoch-{:06d}", next_epoch), CheckpointError, "checkpoint ", dir.string(),
+              " holds the state after epoch ", next_epoch, " (next_epoch = ", next_epoch,
+              " in its trainer.txt) but its directory is named otherwise: renamed, or not this run's");
+  const bool drained_end = is_delayed(config_.method) && !config_.flush_each_epoch && next_epoch == config_.epochs;
+  const std::int64_t expected_step =
+      checked_add<CheckpointError>(next_epoch * L, drained_end ? 2 * (grid_.stages - 1) : 0, "the step of next_epoch");
+  PETRA_CHECK(global_step == expected_step, CheckpointError, "checkpoint ", dir.string(), ": global_step = ",
+              global_step, " in its trainer.txt, but epoch ", next_epoch, " of this run starts at step ", expected_step);
+  PETRA_CHECK(config_.max_steps < 0 || config_.max_steps >= next_epoch * steps_per_epoch(), ValueError,
+              "--max-steps ", config_.max_steps, " ends the run before the checkpoint's epoch ", next_epoch,
+              " (mini-batch ", next_epoch * steps_per_epoch(), "); nothing would be left to train");
+  return {next_epoch, global_step};
 }
 
-void Trainer::restore_checkpoint(const std::filesystem::path& dir) {
-  const CheckpointMeta meta = read_checkpoint_meta(dir);
-  check_resumable(dir, meta);
-  load_checkpoint(dir, meta, dir / "pipeline");
+void Trainer::resume_from(const std::filesystem::path& dir) {
+  const Counters counters = check_resumable(dir, read_checkpoint_meta(dir));
+  load_checkpoint(dir, dir / "pipeline", counters);
   last_checkpoint_ = dir;
 }
 
-void Trainer::load_checkpoint(const std::filesystem::path& dir, const CheckpointMeta& meta,
-                              const std::filesystem::path& in_flight) {
+void Trainer::load_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& in_flight,
+                              const Counters& counters) {
   pipeline::restore_checkpoint(dir, *model_, checkpoint_optimizers());
-  executor_->load_in_flight(in_flight);
-  epoch_ = std::stoll(meta.at("next_epoch"));
-  global_step_ = std::stoll(meta.at("global_step"));
+  executor_->load_in_flight(in_flight, grid_, counters.global_step);
+  epoch_ = counters.next_epoch;
+  global_step_ = counters.global_step;
 }
 
 // The first process finds, verifies and checks the latest checkpoint and sends it to all; each
 // loads the model, every stage's optimizer state (it uses its own stages') and its own state in
 // flight, pipeline/rank-R/. A failure on any process stops all with its message.
-void Trainer::restore_checkpoint_across_processes() {
+void Trainer::resume_across_processes() {
   namespace fs = std::filesystem;
   fs::path dir;
   std::vector<FileBytes> files;
   std::string error;
+  double counters[2] = {0, 0};  // next epoch, global step: checked on the first process, summed to all
   if (rank() == 0) {
     try {
       dir = latest_checkpoint(config_.checkpoint_dir);
-      check_resumable(dir, read_checkpoint_meta(dir));
+      const Counters c = check_resumable(dir, read_checkpoint_meta(dir));
+      counters[0] = static_cast<double>(c.next_epoch);
+      counters[1] = static_cast<double>(c.global_step);
       files = read_tree(dir);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
   if (const std::string first = group_->first_error(error); !first.empty()) throw CheckpointError(first);
+  group_->sum(counters);
   files = group_->broadcast_files(files);
   const fs::path local = rank() == 0 ? dir : scratch_directory("resume");
   error.clear();
@@ -422,7 +491,7 @@ void Trainer::restore_checkpoint_across_processes() {
       write_tree(local, files);
     }
     const fs::path in_flight = local / "pipeline" / fmt::format("rank-{}", rank());
-    load_checkpoint(local, read_checkpoint_meta(local), in_flight);
+    load_checkpoint(local, in_flight, {static_cast<std::int64_t>(counters[0]), static_cast<std::int64_t>(counters[1])});
     load_gradients(in_flight / "grads", *model_);  // this process's open accumulation windows
   } catch (const std::exception& e) {
     error = e.what();

@@ -70,6 +70,15 @@ struct Evaluation {
   std::int64_t samples = 0;
 };
 
+// The data set's identity, part of a checkpoint's resume keys: per split, the shape, dtype and a
+// CRC-32 of the images and of the labels ("data_train_images" = "[60000, 1, 28, 28] uint8 crc32 0x...").
+// The content, not the files: the same data moved or recompressed still resumes, other data does not.
+CheckpointMeta dataset_identity(const data::Split& split);
+// Why a checkpoint written with `meta` was trained on other data than `identity`: the first key that
+// differs, both values and the checkpoint's --data-dir; empty when none does. A checkpoint without
+// the keys (written before they existed) is not compared.
+std::string dataset_mismatch(const CheckpointMeta& meta, const CheckpointMeta& identity);
+
 class Trainer {
  public:
   explicit Trainer(const TrainConfig& config);
@@ -80,6 +89,11 @@ class Trainer {
   void run(const std::function<void(const StepProgress&)>& on_step,
            const std::function<void(const EpochReport&)>& on_epoch);
   Evaluation evaluate();  // the test set, current parameters, evaluation mode
+  // Continues from checkpoint directory `dir` (config.resume does this with the latest checkpoint,
+  // verified against its MANIFEST first): its keys must match this run's (resume_mismatch, the data
+  // set's identity), its counters its directory's name and this run's grid, and its state the
+  // model, the optimizers and the pipeline in flight. CheckpointError naming what does not fit.
+  void resume_from(const std::filesystem::path& dir);
 
   nn::Model& model() { return *model_; }
   const TrainConfig& config() const { return config_; }
@@ -93,6 +107,9 @@ class Trainer {
   std::vector<double> reconstruction_errors();              // per stage, --track-reconstruction
   int rank() const { return group_ ? group_->rank() : 0; }  // this process, under --mpi
   int replicas() const;  // copies of the pipeline (--replicas), 1 without --mpi
+  // Resumed from a checkpoint written before the data set's identity was recorded: the data could
+  // not be compared with the checkpoint's.
+  bool resumed_data_unchecked() const { return data_unchecked_; }
 
  private:
   double learning_rate_at(std::int64_t microbatch) const;
@@ -101,12 +118,14 @@ class Trainer {
   std::vector<CheckpointOptimizer> checkpoint_optimizers();
   void save_checkpoint();
   void save_checkpoint_across_processes(CheckpointMeta meta);
-  void check_resumable(const std::filesystem::path& dir, const CheckpointMeta& meta) const;
-  void restore_checkpoint(const std::filesystem::path& dir);
-  void restore_checkpoint_across_processes();
+  struct Counters {
+    std::int64_t next_epoch = 0, global_step = 0;
+  };
+  Counters check_resumable(const std::filesystem::path& dir, const CheckpointMeta& meta);
+  void resume_across_processes();
   // Model, optimizers and gradients from checkpoint `dir`, the state in flight from `in_flight`.
-  void load_checkpoint(const std::filesystem::path& dir, const CheckpointMeta& meta,
-                       const std::filesystem::path& in_flight);
+  void load_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& in_flight,
+                       const Counters& counters);
   std::filesystem::path scratch_directory(const char* what) const;
 
   TrainConfig config_;
@@ -121,6 +140,8 @@ class Trainer {
   std::unique_ptr<SequentialExecutor> executor_;
   std::unique_ptr<ProcessGroup> group_;  // --mpi: the processes sharing the stages
   std::optional<std::filesystem::path> last_checkpoint_;
+  CheckpointMeta data_identity_;  // dataset_identity(split_), when checkpoints are written or read
+  bool data_unchecked_ = false;
 };
 
 }  // namespace petra::pipeline

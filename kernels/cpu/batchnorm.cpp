@@ -152,7 +152,11 @@ void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape,
                              float* running_mean, float* running_var) {
   use_threads(s);
   const int blocks = channel_blocks(s, shape);
-  const auto [shift, sum, square] = sample_arrays(s, shape);
+  // Named pointers, not a structured binding: clang before 16 cannot capture one in a lambda.
+  const SampleArrays arrays = sample_arrays(s, shape);
+  float* const shift = arrays.first;
+  float* const sum = arrays.second;
+  float* const square = arrays.third;
   std::vector<AffineMap> maps(shape.channels);
   const std::int64_t plane = shape.plane(), pitch = shape.channels * plane;
   const double count = double(shape.values_per_channel());
@@ -207,7 +211,10 @@ void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, cons
                         const float* saved_invstd, float* dx, float* dgamma, float* dbeta) {
   use_threads(s);
   const int blocks = channel_blocks(s, shape);
-  const auto [mean, dy_sum, dy_centered_sum] = sample_arrays(s, shape);
+  const SampleArrays arrays = sample_arrays(s, shape);  // named pointers: see batchnorm_forward_train
+  float* const mean = arrays.first;
+  float* const dy_sum = arrays.second;
+  float* const dy_centered_sum = arrays.third;
   struct GradientMap {
     float a, b, k, mean;
   };

@@ -7,26 +7,13 @@
 #   - npy directories: no classes.txt, a label of 999999 against --classes 10, no test set for
 #     --eval-only; and one good directory that must run (exit 0).
 set -uo pipefail
+# shellcheck source=tests/cli/expect.sh
+source "$(dirname "$(realpath "$0")")/expect.sh"  # expect RC FRAGMENT ARGS...
 train=$(realpath "$1")
 dir=$2/bad-data
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir" || exit 1
 common=(--method backprop --devices cpu:0 --width 2 --batch-size 4 --threads 1)
 status=0
-
-# expect RC FRAGMENT ARGS...: petra-train ARGS exits RC and its output contains FRAGMENT.
-expect() {
-  local rc=$1 fragment=$2
-  shift 2
-  local out got
-  out=$(timeout 120 "$train" "$@" 2>&1)
-  got=$?
-  if [ "$got" -ne "$rc" ] || ! grep -qF -- "$fragment" <<<"$out"; then
-    echo "FAIL: petra-train $*: exit $got (expected $rc with '$fragment'), output: $out"
-    status=1
-  else
-    echo "ok: exit $rc: $(grep -F -- "$fragment" <<<"$out" | head -n 1)"
-  fi
-}
 
 be32() { printf "\\x$(printf %02x $(($1 >> 24 & 255)))\\x$(printf %02x $(($1 >> 16 & 255)))\\x$(printf %02x $(($1 >> 8 & 255)))\\x$(printf %02x $(($1 & 255)))"; }
 

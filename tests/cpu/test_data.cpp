@@ -458,6 +458,20 @@ TEST_CASE("data: zip archives with stored, deflated and ZIP64 entries are read a
   }
 }
 
+TEST_CASE("data: a deflated zip entry of 0 bytes reads as empty") {
+  // Found by tests/fuzz/fuzz_zip.cpp: inflate had no room to give, ChunkedBuffer::commit(0) raised an
+  // internal ValueError, and zlib's state leaked past it (corpus/zip/finding-zero-size-deflated-entry-leak).
+  TemporaryDirectory dir("data");
+  for (const bool zip64 : {false, true}) {
+    CAPTURE(zip64);
+    write_file(dir / "empty.zip", make_zip({{"nothing.txt", {}, true, zip64}}, zip64));
+    const ZipArchive zip(dir / "empty.zip");
+    REQUIRE(zip.find("nothing.txt") != nullptr);
+    CHECK(zip.find("nothing.txt")->method == 8);
+    CHECK(zip.read(*zip.find("nothing.txt")).bytes.empty());
+  }
+}
+
 TEST_CASE("data: ImageNet32 .npz batches are read (stored and deflated data, 1-based labels)") {
   TemporaryDirectory dir("data");
   write_file(dir / "a.npz", imagenet_npz(0, 3, 4, {1, 1000, 7}, false, true));  // numpy's ZIP64 form

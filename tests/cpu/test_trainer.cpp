@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 
 #include "petra/pipeline/checkpoint.hpp"
 #include "petra/cuda_backend.hpp"
@@ -319,4 +321,132 @@ TEST_CASE("a pipelined run cut by --max-steps checkpoints only complete epochs, 
   CHECK(resumed.epoch() == 1);
   resumed.run({}, {});
   CHECK(parameters_of(resumed) == parameters_of(straight));
+}
+
+namespace {
+// Rewrites a text file of a checkpoint: its contents become f(contents). (resume_from does not check
+// the MANIFEST, so what these cases refuse is the contents.)
+template <class F>
+void rewrite(const fs::path& file, F f) {
+  std::ifstream in(file);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  in.close();
+  std::ofstream(file, std::ios::trunc) << f(text);
+}
+
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const auto at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  return text.replace(at, from.size(), to);
+}
+
+// CheckpointError whose message holds `fragment`, from resuming `dir` into a fresh run of `c`.
+void refused(const TrainConfig& c, const fs::path& dir, const std::string& fragment) {
+  Trainer t(c);
+  CHECK_THROWS_WITH_AS(t.resume_from(dir), doctest::Contains(fragment.c_str()), CheckpointError);
+}
+}  // namespace
+
+TEST_CASE("a checkpoint's counters, directory name, pipeline in flight and files are checked, never trusted") {
+  const TemporaryDirectory temporary("trainer-metadata");
+  TrainConfig c = tiny_pipelined();  // 2 epochs of 4 mini-batches, PETRA on the sequential executor
+  c.checkpoint_dir = temporary.path();
+  { Trainer(c).run({}, {}); }
+  const fs::path saved = temporary.path() / "saved";
+  fs::copy(temporary.path() / "epoch-000001", saved, fs::copy_options::recursive);
+  const fs::path dir = temporary.path() / "epoch-000001";
+  const auto reset = [&] {
+    fs::remove_all(dir);
+    fs::copy(saved, dir, fs::copy_options::recursive);
+  };
+  const auto meta = [&](const std::string& from, const std::string& to) {
+    reset();
+    rewrite(dir / "trainer.txt", [&](const std::string& t) { return replaced(t, from, to); });
+  };
+  {
+    Trainer good(c);
+    good.resume_from(dir);  // as written: resumes
+    CHECK(good.epoch() == 1);
+    CHECK(good.global_step() == 4);
+  }
+  meta("next_epoch = 1\n", "");
+  refused(c, dir, "trainer.txt: no 'next_epoch'");
+  meta("next_epoch = 1", "next_epoch = one");
+  refused(c, dir, "'next_epoch = one' is not an integer");
+  meta("global_step = 4", "global_step = 99999999999999999999");
+  refused(c, dir, "'global_step = 99999999999999999999' is not an integer");
+  meta("next_epoch = 1", "next_epoch = 0");
+  refused(c, dir, "'next_epoch = 0' is outside [1, ");
+  meta("global_step = 4", "global_step = 22");  // a drained pipeline's step
+  refused(c, dir, "global_step = 22 in its trainer.txt, but epoch 1 of this run starts at step 4");
+  meta("next_epoch = 1", "next_epoch = 2");  // another epoch than the directory's name
+  refused(c, dir, "holds the state after epoch 2 (next_epoch = 2 in its trainer.txt) but its directory is named");
+
+  // The pipeline in flight must be the one the grid leaves at that step.
+  reset();
+  rewrite(dir / "pipeline" / "channels.txt", [](const std::string& t) { return replaced(t, "forward 0 3\n", ""); });
+  refused(c, dir, "the channel from stage 0 up holds mini-batches [] but step 4 of the schedule has [3]");
+  reset();
+  rewrite(dir / "pipeline" / "stage-00" / "state.txt", [](const std::string& t) { return replaced(t, "received 0", "received 5"); });
+  refused(c, dir, "stage 0 has 5 gradients since its last update but step 4 of the schedule says 0");
+  reset();
+  rewrite(dir / "pipeline" / "stage-00" / "state.txt", [](const std::string& t) { return replaced(t, "kept 0 1", "kept 0 0"); });
+  refused(c, dir, "does not fit stage 0 (it keeps its input");
+
+  // Errors of the readers below (an optimizer's manifest, an .npy file) are the checkpoint's.
+  reset();
+  rewrite(dir / "optimizer" / "stage-02" / "optimizer_state.txt",
+          [](const std::string& t) { return replaced(t, "step_count", "step_kount"); });
+  refused(c, dir, "unknown entry 'step_kount'");
+  reset();
+  std::ofstream(dir / "model" / "stages.1.f.conv1.weight.npy", std::ios::trunc) << "not an npy file";
+  refused(c, dir, "stages.1.f.conv1.weight.npy");
+}
+
+TEST_CASE("the data set's identity is a resume key: other data is refused, a checkpoint without it resumes") {
+  const TemporaryDirectory temporary("trainer-identity");
+  TrainConfig c = tiny(temporary.path());
+  c.epochs = 1;
+  { Trainer(c).run({}, {}); }
+  const fs::path dir = latest_checkpoint(temporary.path());
+  c.epochs = 2;
+  c.resume = true;
+  {
+    Trainer same(c);
+    CHECK(same.epoch() == 1);
+    CHECK(!same.resumed_data_unchecked());
+    CHECK(dataset_identity(same.data()).at("data_train_images").find("[256, 3, 32, 32] uint8 crc32 0x") == 0);
+  }
+  TrainConfig other = c;
+  other.synthetic_train_size = 320;  // other images, the same everything else
+  CHECK_THROWS_WITH_AS(Trainer{other}, doctest::Contains("was written on other data: data_test_images = [51, 3, 32, 32]"),
+                       CheckpointError);
+  // Written before the keys existed: resumed as before, flagged as not compared.
+  rewrite(dir / "trainer.txt", [](const std::string& t) {
+    std::string kept;
+    std::istringstream lines(t);
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind("data_", 0) != 0) kept += line + "\n";
+    return kept;
+  });
+  TrainConfig fresh = c;
+  fresh.resume = false;
+  Trainer old(fresh);
+  old.resume_from(dir);
+  CHECK(old.epoch() == 1);
+  CHECK(old.resumed_data_unchecked());
+}
+
+TEST_CASE("an epoch that --max-steps ends at its last mini-batch is not checkpointed: its pipeline was drained") {
+  const TemporaryDirectory checkpoints("trainer-cut-at-boundary");
+  TrainConfig c = tiny_pipelined();
+  c.checkpoint_dir = checkpoints.path();
+  c.max_steps = 4;  // exactly epoch 1 of 2
+  Trainer cut(c);
+  std::vector<bool> complete;
+  cut.run({}, [&](const EpochReport& r) { complete.push_back(r.complete); });
+  CHECK(complete == std::vector<bool>{true});
+  CHECK(cut.epoch() == 1);
+  CHECK(!cut.last_checkpoint());
+  CHECK(!fs::exists(checkpoints.path() / "epoch-000001"));
 }
