@@ -34,14 +34,7 @@
 
 #include "petra/kernels/common.hpp"
 #include "petra/kernels/conv2d.hpp"
-
-#ifndef PETRA_HOST_DEVICE
-#if defined(__CUDACC__)
-#define PETRA_HOST_DEVICE __host__ __device__
-#else
-#define PETRA_HOST_DEVICE
-#endif
-#endif
+#include "petra/kernels/host_device.hpp"
 
 namespace petra::kernels::cuda::conv2d_tiling {
 
