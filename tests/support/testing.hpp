@@ -3,6 +3,7 @@
 //   random_values(n, seed)          reproducible uniform values in [lo, hi)
 //   max_abs_diff / relative_error   compare two arrays
 //   check_gradient(loss, x, grad)   compares an analytic gradient with central finite differences
+//   kTimingIsMeaningful             false under a sanitizer: timing assertions are skipped
 //
 // The gradient checker works on a scalar function of one flat vector of doubles. To check a
 // vector-valued op y = f(x), build the scalar L(x) = <g, f(x)> with a fixed random g; the analytic
@@ -24,6 +25,21 @@
 #include <vector>
 
 namespace petra::testing {
+
+// Whether timings mean anything in this build: not under a sanitizer (scripts/check.sh builds
+// with ASan, UBSan or TSan, which slow every memory access several times). Tests that assert a
+// time check it and only report the time otherwise.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kTimingIsMeaningful = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool kTimingIsMeaningful = false;
+#else
+inline constexpr bool kTimingIsMeaningful = true;
+#endif
+#else
+inline constexpr bool kTimingIsMeaningful = true;
+#endif
 
 template <class T = float>
 std::vector<T> random_values(std::size_t n, std::uint64_t seed, double lo = -1.0, double hi = 1.0) {
