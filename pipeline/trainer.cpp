@@ -169,6 +169,12 @@ void Trainer::build_schedule_and_executor() {
   std::vector<ConcurrentExecutor::Worker> workers;
   for (const Device& d : config_.devices) workers.push_back({d, config_.threads_per_device});
   std::vector<int> placement = config_.placement;
+  const auto workers_count = static_cast<int>(workers.size());
+  PETRA_CHECK(placement.empty() || (static_cast<int>(placement.size()) == J &&
+                                    std::all_of(placement.begin(), placement.end(),
+                                                [&](int w) { return 0 <= w && w < workers_count; })),
+              ValueError, "--placement gives ", placement.size(), " workers for the model's ", J,
+              " stages, each from 0 to ", workers_count - 1, " (one per device of --devices)");
   if (placement.empty()) {
     const std::vector<double> costs = measure_stage_costs(*model_, batch_of(0), config_.threads_per_device);
     placement = balanced_placement(costs, static_cast<int>(workers.size()));

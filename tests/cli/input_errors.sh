@@ -60,6 +60,8 @@ synthetic=(--dataset synthetic --synthetic-size 64 --batch-size 16 --threads 1)
 
 # ---- flags: exit 2, naming the flag (and the limit)
 expect 2 "--placement 'a,b': 'a' is not a worker index" "${synthetic[@]}" --method petra --placement a,b --epochs 0
+expect 2 "--placement gives 3 workers for the model's 10 stages, each from 0 to 1" "${synthetic[@]}" --method petra \
+  --placement 0,1,2 --epochs 0
 expect 2 "--width: Value 100000 not in range 1 to 1024" "${synthetic[@]}" --width 100000 --epochs 0
 expect 2 "--print-schedule: Value 1000000000000 not in range 1 to 100000" --print-schedule 1000000000000
 expect 2 "--epochs 100000000000 of 4 mini-batches" "${synthetic[@]}" --method backprop --epochs 100000000000
