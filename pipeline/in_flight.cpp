@@ -27,10 +27,11 @@ std::vector<std::string> read_lines(const fs::path& path) {
   return lines;
 }
 
-Tensor load_tensor(const fs::path& path, MemoryTag tag, int owner) {
+// On `device`: a stage's kept tensors on its own device, a message on its sender's.
+Tensor load_tensor(const fs::path& path, MemoryTag tag, int owner, Device device) {
   PETRA_CHECK(fs::exists(path), CheckpointError, "checkpoint: ", path.string(), " is missing");
   MemoryScope scope(tag, owner);
-  return load_npy(path);
+  return load_npy(path, device);
 }
 
 std::string stage_dir(int j) { return fmt::format("stage-{:02d}", j); }
@@ -64,10 +65,12 @@ void StageRuntime::load_in_flight(const fs::path& dir) {
       fields >> k.microbatch >> has_input >> parameters;
       PETRA_CHECK(!fields.fail() && parameters <= stage_.parameters().size(), CheckpointError, "checkpoint: ",
                   (dir / "state.txt").string(), ": malformed line '", line, "'");
-      if (has_input) k.input = load_tensor(dir / fmt::format("kept-{}-input.npy", k.microbatch), MemoryTag::input_buffer, index_);
+      const Device device = stage_.device();
+      if (has_input)
+        k.input = load_tensor(dir / fmt::format("kept-{}-input.npy", k.microbatch), MemoryTag::input_buffer, index_, device);
       for (std::size_t i = 0; i < parameters; ++i)
         k.parameters.push_back(load_tensor(dir / fmt::format("kept-{}-param-{}.npy", k.microbatch, i),
-                                           MemoryTag::param_stash, index_));
+                                           MemoryTag::param_stash, index_, device));
       fifo_.push_back(std::move(k));
     }
     PETRA_CHECK(!fields.fail(), CheckpointError, "checkpoint: ", (dir / "state.txt").string(), ": malformed line '",
@@ -113,12 +116,17 @@ void SequentialExecutor::load_in_flight(const fs::path& dir) {
       const bool kept_above = j + 1 < J && stages_[j + 1]->keeps_input();
       const MemoryTag tag = kept_above ? MemoryTag::input_buffer : MemoryTag::messages;
       const int owner = kept_above ? j + 1 : j;
-      to_next_[j].push({m, load_tensor(dir / fmt::format("forward-{}-{}-activation.npy", j, m), tag, owner),
-                        load_tensor(dir / fmt::format("forward-{}-{}-labels.npy", j, m), MemoryTag::messages, j)});
+      const Device sender = stages_[j]->stage().device();
+      to_next_[j].push({m, load_tensor(dir / fmt::format("forward-{}-{}-activation.npy", j, m), tag, owner, sender),
+                        load_tensor(dir / fmt::format("forward-{}-{}-labels.npy", j, m), MemoryTag::messages, j, sender), nullptr});
     } else if (what == "backward") {  // from stage j + 1 to j
+      PETRA_CHECK(j + 1 < J, CheckpointError, "checkpoint: ", (dir / "channels.txt").string(),
+                  ": a backward message from above the head: '", line, "'");
+      const Device sender = stages_[j + 1]->stage().device();
       const fs::path input = dir / fmt::format("backward-{}-{}-input.npy", j, m);
-      to_previous_[j].push({m, fs::exists(input) ? load_tensor(input, MemoryTag::messages, j + 1) : Tensor(),
-                            load_tensor(dir / fmt::format("backward-{}-{}-gradient.npy", j, m), MemoryTag::messages, j + 1)});
+      to_previous_[j].push({m, fs::exists(input) ? load_tensor(input, MemoryTag::messages, j + 1, sender) : Tensor(),
+                            load_tensor(dir / fmt::format("backward-{}-{}-gradient.npy", j, m), MemoryTag::messages,
+                                        j + 1, sender), nullptr});
     } else {
       throw CheckpointError(fmt::format("checkpoint: {}: unknown line '{}'", (dir / "channels.txt").string(), line));
     }
