@@ -46,13 +46,13 @@ constexpr unsigned char kPoison = 0xff;                        // NaN as float
 
 struct EmulatedStream {
   std::uint64_t magic = kStreamMagic;
-  int device;
+  int device = 0;
   bool live = true;
 };
 
 struct EmulatedEvent {
   std::uint64_t magic = kEventMagic;
-  int device;
+  int device = 0;
   bool live = true;
   bool recorded = false;
 };
@@ -299,25 +299,45 @@ void free_host(void* p) noexcept {
   s.live.pinned_bytes -= static_cast<std::int64_t>(bytes);
 }
 
-void* stream_create(int device) {
+namespace {
+
+// A new stream or event of `device`, registered in `all` and counted in `live`; never deleted (see
+// the top of this file).
+template <class Handle>
+void* make_handle(int device, const char* operation, std::set<const void*>& all, std::int64_t& live) {
   ed::install_hooks();
-  ed::require_device(device, "stream_create");
-  std::lock_guard lock(ed::state().mutex);
-  auto* stream = new ed::EmulatedStream{ed::kStreamMagic, device};  // never deleted (see the top)
-  ed::state().streams.insert(stream);
-  ++ed::state().live.streams;
-  return stream;
+  ed::require_device(device, operation);
+  auto* handle = new Handle{};
+  handle->device = device;
+  all.insert(handle);
+  ++live;
+  return handle;
 }
 
-void stream_destroy(void* stream) noexcept {
-  if (stream == nullptr) return;
-  std::lock_guard lock(ed::state().mutex);
+// Marks a stream or event destroyed (`lookup` checks it is a live one; misuse aborts: this runs in
+// destructors).
+template <class Handle>
+void end_handle(void* handle, Handle& (*lookup)(void*, const char*), const char* operation,
+                std::int64_t& live) noexcept {
+  if (handle == nullptr) return;
   try {
-    ed::stream_of(stream, "cuda_backend::stream_destroy").live = false;
+    lookup(handle, operation).live = false;
   } catch (const std::exception& e) {
     ed::fatal(e.what());
   }
-  --ed::state().live.streams;
+  --live;
+}
+
+}  // namespace
+
+void* stream_create(int device) {
+  std::lock_guard lock(ed::state().mutex);
+  return make_handle<ed::EmulatedStream>(device, "stream_create", ed::state().streams, ed::state().live.streams);
+}
+
+void stream_destroy(void* stream) noexcept {
+  std::lock_guard lock(ed::state().mutex);
+  end_handle(stream, &ed::stream_of, "cuda_backend::stream_destroy", ed::state().live.streams);
 }
 
 void stream_synchronize(void* stream) {
@@ -326,24 +346,13 @@ void stream_synchronize(void* stream) {
 }
 
 void* event_create(int device) {
-  ed::install_hooks();
-  ed::require_device(device, "event_create");
   std::lock_guard lock(ed::state().mutex);
-  auto* event = new ed::EmulatedEvent{ed::kEventMagic, device};  // never deleted
-  ed::state().events.insert(event);
-  ++ed::state().live.events;
-  return event;
+  return make_handle<ed::EmulatedEvent>(device, "event_create", ed::state().events, ed::state().live.events);
 }
 
 void event_destroy(void* event) noexcept {
-  if (event == nullptr) return;
   std::lock_guard lock(ed::state().mutex);
-  try {
-    ed::event_of(event, "cuda_backend::event_destroy").live = false;
-  } catch (const std::exception& e) {
-    ed::fatal(e.what());
-  }
-  --ed::state().live.events;
+  end_handle(event, &ed::event_of, "cuda_backend::event_destroy", ed::state().live.events);
 }
 
 void event_record(void* event, void* stream) {

@@ -9,59 +9,36 @@
 #include <vector>
 
 #include "petra/pipeline/trainer.hpp"
-#include "petra/npy.hpp"
 #include "tests/emulation/emulated_device.hpp"
+#include "tests/emulation/emulated_runs.hpp"
 #include "tests/support/fixtures.hpp"
 
 using namespace petra;
 using namespace petra::pipeline;
-using petra::testing::random_tensor;
 using petra::testing::TemporaryDirectory;
 namespace ed = petra::emulated_device;
 
 namespace {
 
-std::vector<std::vector<float>> parameters_of(const nn::Module& m) {
-  std::vector<std::vector<float>> out;
-  for (const auto& p : m.parameters()) out.push_back(p.data().to_vector<float>());
-  for (const auto& [name, b] : m.named_buffers()) out.push_back(b.to_vector<float>());
-  return out;
-}
-
+// 8x8 images and width 2: the smallest a RevNet18 takes (the comparison is bit for bit, so the
+// conditioning that test_emulated_training.cpp needs 12x12 for does not matter here).
 TrainConfig tiny_pipeline(const std::filesystem::path& data) {
-  TrainConfig c;
-  c.dataset = "npy";
-  c.data_dir = data;
-  c.classes = 10;
-  c.arch = "revnet18";
-  c.width = 2;
-  c.batch_size = 4;
-  c.epochs = 2;  // the pipeline is not flushed between them: messages stay in flight across run() calls
-  c.augment = false;
-  c.method = PipelineMethod::petra;
-  c.lr = 0.05;
-  c.warmup_epochs = 0;
-  c.schedule = "constant";
-  c.seed = 11;
-  c.threads = 1;
+  TrainConfig c = petra::testing::tiny_run(data, PipelineMethod::petra, 2, 11);
   c.message_timeout = 120;  // a protocol error fails in two minutes instead of hanging
-  return c;
+  return c;  // 2 epochs: the pipeline is not flushed between them, messages stay in flight across run()
 }
 
 }  // namespace
 
 TEST_CASE("emulated pipeline: GPU workers on two devices, or two streams of one, equal the sequential executor") {
   const TemporaryDirectory data("emulated-pipeline-data");
-  save_npy(data / "images.npy", random_tensor({8, 3, 8, 8}, 21, DType::f32));
-  save_npy(data / "labels.npy", petra::testing::cyclic_labels(8, 10, 3));
-  save_npy(data / "test_images.npy", random_tensor({4, 3, 8, 8}, 22, DType::f32));
-  save_npy(data / "test_labels.npy", petra::testing::cyclic_labels(4, 10, 1));
+  petra::testing::write_tiny_dataset(data.path(), 8, 4, 8, 21);
 
   TrainConfig sequential = tiny_pipeline(data.path());
   sequential.devices = {Device::cuda(0)};
   Trainer oracle(sequential);
   oracle.run({}, {});
-  const auto expected = parameters_of(oracle.model());
+  const auto expected = petra::testing::parameters_and_buffers(oracle.model());
 
   SUBCASE("stages on cuda:0 and cuda:1: messages cross between the GPUs") {
     TrainConfig c = tiny_pipeline(data.path());
@@ -75,7 +52,7 @@ TEST_CASE("emulated pipeline: GPU workers on two devices, or two streams of one,
     std::vector<EpochReport> reports;
     t.run({}, [&](const EpochReport& r) { reports.push_back(r); });
     CHECK(ed::launches(1) > on_second_before);  // the upper stages' kernels ran on cuda:1
-    CHECK(parameters_of(t.model()) == expected);
+    CHECK(petra::testing::parameters_and_buffers(t.model()) == expected);
     CHECK(t.memory_devices().size() == 2);
     REQUIRE(!reports.empty());
     CHECK(reports.back().peak_device_bytes > 0);
@@ -89,7 +66,7 @@ TEST_CASE("emulated pipeline: GPU workers on two devices, or two streams of one,
     c.placement = {0, 0, 0, 1, 1, 1, 1, 1, 1, 1};
     Trainer t(c);
     t.run({}, {});
-    CHECK(parameters_of(t.model()) == expected);
+    CHECK(petra::testing::parameters_and_buffers(t.model()) == expected);
   }
 }
 
@@ -97,8 +74,7 @@ TEST_CASE("emulated pipeline: a GPU pipeline leaves no stream or event behind, a
   const ed::Live before = ed::live();
   {
     const TemporaryDirectory data("emulated-pipeline-leaks");
-    save_npy(data / "images.npy", random_tensor({4, 3, 8, 8}, 31, DType::f32));
-    save_npy(data / "labels.npy", petra::testing::cyclic_labels(4, 10));
+    petra::testing::write_tiny_dataset(data.path(), 4, 0, 8, 31);
     TrainConfig c = tiny_pipeline(data.path());
     c.epochs = 1;
     c.devices = {Device::cuda(0), Device::cuda(1)};

@@ -18,24 +18,22 @@
 #include "petra/functions.hpp"
 #include "petra/npy.hpp"
 #include "tests/emulation/emulated_device.hpp"
+#include "tests/emulation/emulated_runs.hpp"
+#include "tests/support/resume.hpp"
 #include "tests/support/fixtures.hpp"
 
 using namespace petra;
 using namespace petra::pipeline;
 using petra::testing::random_tensor;
 using petra::testing::TemporaryDirectory;
+using petra::testing::parameters_and_buffers;
+using petra::testing::tiny_run;
+using petra::testing::write_tiny_dataset;
 namespace fs = std::filesystem;
 
 namespace {
 
 const Device kGpu0 = Device::cuda(0);
-
-std::vector<std::vector<float>> parameters_of(const nn::Module& m) {
-  std::vector<std::vector<float>> out;
-  for (const auto& p : m.parameters()) out.push_back(p.data().to_vector<float>());
-  for (const auto& [name, b] : m.named_buffers()) out.push_back(b.to_vector<float>());
-  return out;
-}
 
 // The largest ||a - b|| / ||b|| over the tensors (parameters and buffers).
 double worst_relative_difference(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
@@ -53,38 +51,11 @@ double worst_relative_difference(const std::vector<std::vector<float>>& a, const
   return worst;
 }
 
-// An npy directory of 12x12 RGB images (float32, channels first) with a test set. RevNet18's
-// transitions take them to 6x6, 3x3 and 2x2: batch norm of the last stages still normalises 16 values
-// per channel at batch 4. (With 8x8 images the last ones normalise 4 values, a channel is often
-// nearly constant, and the CPU and GPU runs part ways within a few steps: 1/sqrt(eps) times their
-// rounding differences.)
-void write_tiny_dataset(const fs::path& dir, std::int64_t train, std::int64_t test) {
-  const auto write = [&](const std::string& prefix, std::int64_t n, std::uint64_t seed) {
-    save_npy(dir / (prefix + "images.npy"), random_tensor({n, 3, 12, 12}, seed, DType::f32));
-    save_npy(dir / (prefix + "labels.npy"), petra::testing::cyclic_labels(n, 10, static_cast<std::int64_t>(seed)));
-  };
-  write("", train, 1);
-  write("test_", test, 2);
-}
-
-TrainConfig tiny_run(const fs::path& data, PipelineMethod method) {
-  TrainConfig c;
-  c.dataset = "npy";
-  c.data_dir = data;
-  c.classes = 10;
-  c.arch = "revnet18";
-  c.width = 4;
-  c.batch_size = 4;
-  c.epochs = 2;
-  c.augment = false;
-  c.method = method;
-  c.lr = 0.05;
-  c.warmup_epochs = 0;
-  c.schedule = "constant";
-  c.seed = 5;
-  c.threads = 1;
-  return c;
-}
+// 12x12 images: RevNet18's transitions take them to 6x6, 3x3 and 2x2, so batch norm in the last
+// stages still normalises 16 values per channel at batch 4. (With 8x8 images the last ones normalise
+// 4 values, a channel is often nearly constant, and the CPU and GPU runs part ways within a few
+// steps: 1/sqrt(eps) times their rounding differences.) Width 4.
+constexpr std::int64_t kSide = 12, kWidth = 4;
 
 }  // namespace
 
@@ -92,7 +63,7 @@ TEST_CASE("emulated training: Module::to moves parameters, buffers and every ali
   nn::ModelConfig mc = petra::testing::tiny_model_config("revnet18", 2);
   mc.width = 2;
   nn::Model model(mc);
-  const auto before = parameters_of(model);
+  const auto before = parameters_and_buffers(model);
   const Tensor x = random_tensor({2, 1, 8, 8}, 4, DType::f32);
   Tensor y_cpu;
   {
@@ -104,7 +75,7 @@ TEST_CASE("emulated training: Module::to moves parameters, buffers and every ali
   CHECK(model.device() == kGpu0);
   for (const auto& [name, p] : model.named_parameters()) CHECK_MESSAGE(p.data().device() == kGpu0, name);
   for (const auto& [name, b] : model.named_buffers()) CHECK_MESSAGE(b.device() == kGpu0, name);
-  CHECK(parameters_of(model) == before);
+  CHECK(parameters_and_buffers(model) == before);
   {
     NoGradGuard no_grad;  // the layers read their own members (running statistics): they moved too
     const Tensor y_gpu = model.forward(Variable(x.to(kGpu0))).data();
@@ -113,7 +84,7 @@ TEST_CASE("emulated training: Module::to moves parameters, buffers and every ali
   }
   model.to(Device::cpu());
   CHECK(model.device().is_cpu());
-  CHECK(parameters_of(model) == before);
+  CHECK(parameters_and_buffers(model) == before);
 }
 
 TEST_CASE("emulated training: an optimizer's state follows its parameters to the device") {
@@ -140,10 +111,10 @@ TEST_CASE("emulated training: an optimizer's state follows its parameters to the
 
 TEST_CASE("emulated training: --devices cuda:0 trains where the CPU does, bit-identical from run to run") {
   const TemporaryDirectory data("emulated-training-data");
-  write_tiny_dataset(data.path(), 12, 4);  // 3 mini-batches of 4 per epoch
+  write_tiny_dataset(data.path(), 12, 4, kSide, 1);  // 3 mini-batches of 4 per epoch
   for (const PipelineMethod method : {PipelineMethod::backprop, PipelineMethod::petra}) {
     CAPTURE(name_of(method));
-    TrainConfig cpu = tiny_run(data.path(), method);
+    TrainConfig cpu = tiny_run(data.path(), method, kWidth, 5);
     TrainConfig gpu = cpu;
     gpu.devices = {kGpu0};
     Trainer on_cpu(cpu), on_gpu(gpu), again(gpu);
@@ -154,15 +125,15 @@ TEST_CASE("emulated training: --devices cuda:0 trains where the CPU does, bit-id
     on_gpu.run({}, [&](const EpochReport& r) { reports.push_back(r); });
     again.run({}, {});
     // The same kernels in the same order: the same bits.
-    CHECK(parameters_of(again.model()) == parameters_of(on_gpu.model()));
+    CHECK(parameters_and_buffers(again.model()) == parameters_and_buffers(on_gpu.model()));
     // Other kernels (cuda:: against cpu::) sum in other orders: within a tolerance of the CPU run.
     // Measured: about 5e-6 after 6 updates (each kernel's rounding differs in the last bits; the
     // differences grow slowly with the steps); 1e-4 leaves room and still catches any real error.
-    const double difference = worst_relative_difference(parameters_of(on_gpu.model()), parameters_of(on_cpu.model()));
+    const double difference = worst_relative_difference(parameters_and_buffers(on_gpu.model()), parameters_and_buffers(on_cpu.model()));
     MESSAGE(name_of(method), ": cuda:0 against the CPU after ", on_gpu.global_step(),
             " steps: worst relative difference of a parameter or buffer ", difference);
     CHECK(difference < 1e-4);
-    CHECK(parameters_of(on_gpu.model()) != parameters_of(on_cpu.model()));  // really other kernels
+    CHECK(parameters_and_buffers(on_gpu.model()) != parameters_and_buffers(on_cpu.model()));  // really other kernels
     // The epoch reports count the device's memory, by tag.
     REQUIRE(reports.size() == 2);
     CHECK(reports[0].peak_device_bytes > 0);
@@ -178,24 +149,16 @@ TEST_CASE("emulated training: --devices cuda:0 trains where the CPU does, bit-id
 
 TEST_CASE("emulated training: a cuda:0 run resumed from its checkpoint ends bit-identical to an uninterrupted one") {
   const TemporaryDirectory data("emulated-resume-data"), checkpoints("emulated-resume");
-  write_tiny_dataset(data.path(), 8, 4);  // 2 mini-batches per epoch
-  TrainConfig c = tiny_run(data.path(), PipelineMethod::petra);
+  write_tiny_dataset(data.path(), 8, 4, kSide, 1);  // 2 mini-batches per epoch
+  TrainConfig c = tiny_run(data.path(), PipelineMethod::petra, kWidth, 5);
   c.devices = {kGpu0};
   Trainer straight(c);
   straight.run({}, {});
 
-  c.checkpoint_dir = checkpoints.path();
-  struct Crash {};
-  {
-    Trainer crashing(c);
-    CHECK_THROWS_AS(crashing.run({}, [](const EpochReport&) { throw Crash{}; }), Crash);
-  }
-  // The checkpoint was written from device tensors (PETRA's pipeline holds mini-batches in flight).
-  CHECK(fs::exists(latest_checkpoint(c.checkpoint_dir) / "pipeline" / "channels.txt"));
-  c.resume = true;
-  Trainer resumed(c);
-  CHECK(resumed.epoch() == 1);
-  CHECK(resumed.model().device() == kGpu0);
-  resumed.run({}, {});
-  CHECK(parameters_of(resumed.model()) == parameters_of(straight.model()));
+  // The checkpoint is written from device tensors (PETRA's pipeline holds mini-batches in flight)
+  // and read back onto the device.
+  const auto resumed = petra::testing::resume_after_first_epoch(c, checkpoints.path());
+  CHECK(resumed->model().device() == kGpu0);
+  resumed->run({}, {});
+  CHECK(parameters_and_buffers(resumed->model()) == parameters_and_buffers(straight.model()));
 }
