@@ -23,6 +23,7 @@
 
 #include "benchmarks/training_plot.hpp"
 #include "petra/data/dataset.hpp"
+#include "petra/cuda_backend.hpp"
 #include "petra/files.hpp"
 #include "petra/petra.hpp"
 #include "petra/pipeline/checkpoint.hpp"
@@ -224,6 +225,8 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
               static_cast<long long>(trainer.data().train.size()), static_cast<long long>(trainer.data().test.size()),
               settings.at("method").c_str(), trainer.config().threads > 0 ? trainer.config().threads
                                                                           : petra::default_cpu_threads());
+  if (trainer.device().is_cuda())
+    std::printf("training on %s: %s\n", trainer.device().str().c_str(), petra::cuda_backend::describe().c_str());
   if (trainer.last_checkpoint())
     std::printf("resumed from %s at epoch %lld\n", trainer.last_checkpoint()->c_str(),
                 static_cast<long long>(trainer.epoch() + 1));
@@ -265,6 +268,13 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
       std::printf("epoch %lld/%lld: train (pipeline filling, no loss yet) | test loss %.4f acc %.2f%% | %.1f s\n",
                   static_cast<long long>(r.epoch + 1), static_cast<long long>(config.epochs), r.test_loss,
                   100 * r.test_accuracy, r.seconds);
+    if (trainer.device().is_cuda()) {
+      std::string gpus;
+      for (const petra::Device& d : trainer.memory_devices()) gpus += (gpus.empty() ? "" : " + ") + d.str();
+      std::printf("  peak memory on %s: %.1f MB (allocator, all tags%s)\n", gpus.c_str(),
+                  double(r.peak_device_bytes) / 1e6,
+                  trainer.memory_devices().size() > 1 ? ", each GPU's peak, summed" : "");
+    }
     print_gradient_quality(r, trainer.model().num_stages());
     std::fflush(stdout);
     if (!log_json.empty()) append_to_log(epoch_json_with_stages(r).dump());
@@ -284,7 +294,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
   }
   if (report_memory_after)
     std::printf("%s", petra::pipeline::format_memory_report(petra::pipeline::read_memory_report(
-                          petra::Device::cpu(), static_cast<int>(trainer.model().num_stages()))).c_str());
+                          trainer.memory_devices(), static_cast<int>(trainer.model().num_stages()))).c_str());
 
   const double total = std::chrono::duration<double>(Clock::now() - start).count();
   const auto final_eval = reports.empty() ? trainer.evaluate() : petra::pipeline::Evaluation{};
@@ -355,7 +365,7 @@ int main(int argc, char** argv) {
   std::int64_t print_schedule = 0;
   bool report_memory = false;
   app.add_option("--devices", devices_text, "one worker per device (default cpu:0,cpu:1: two CPU workers; cpu:0 alone "
-                 "runs the sequential executor)")
+                 "runs the sequential executor; cuda:0 trains on that GPU; cuda:0,cuda:1 one worker per GPU)")
       ->group(pipelining);
   app.add_flag("--mpi", c.mpi,
                "spread the stages over the processes of mpirun (contiguous groups; the first process reports): "

@@ -176,7 +176,12 @@ bool Model::is_reversible() const { return architecture_of(config_.arch).reversi
 
 Variable Model::forward(const Variable& x) const {
   Variable h = x;
-  for (const auto& stage : stages_) h = stage->forward(h);
+  for (const auto& stage : stages_) {
+    // The stages may sit on several GPUs (the concurrent executor's workers): h follows them.
+    const auto params = stage->parameters();
+    if (!params.empty()) h = to_device(h, params.front().data().device());
+    h = stage->forward(h);
+  }
   return h;
 }
 

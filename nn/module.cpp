@@ -54,6 +54,21 @@ std::int64_t Module::parameter_count() const {
   return n;
 }
 
+void Module::to(Device device) const {
+  for (const auto& [name, v] : named_parameters()) {
+    v.data().storage()->move_to(device);
+    if (v.grad().defined()) v.grad().storage()->move_to(device);
+  }
+  for (const auto& [name, t] : named_buffers()) t.storage()->move_to(device);
+}
+
+Device Module::device() const {
+  const auto params = named_parameters();
+  if (!params.empty()) return params.front().second.data().device();
+  const auto buffers = named_buffers();
+  return buffers.empty() ? Device::cpu() : buffers.front().second.device();
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& [name, child] : children_) child->train(on);

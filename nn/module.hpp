@@ -33,6 +33,15 @@ class Module {
   std::vector<Variable> parameters() const;
   std::int64_t parameter_count() const;
 
+  // Moves every parameter (with its gradient, if any) and every buffer to `device`, in place: the
+  // Variables and Tensors that already refer to them (a layer's members, an optimizer's groups)
+  // follow, since their storage moves (Storage::move_to), and keep their tag and owner. An
+  // optimizer's state follows its parameters at the optimizer's next step (nn/optimizer.hpp).
+  // Synchronous; not while other threads run the module.
+  void to(Device device) const;
+  // The device of the first parameter (or buffer); cpu:0 for a module with neither.
+  Device device() const;
+
   void train(bool on = true);  // recursive
   void eval() { train(false); }
   bool is_training() const { return training_; }

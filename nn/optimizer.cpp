@@ -131,11 +131,18 @@ void Optimizer::step(double lr) {
       if (!param.grad().defined()) continue;  // no gradient reached it: skipped, as in PyTorch
       ParameterState& state = states_[g][i];
       if (state.tensors.empty()) allocate_state(param, state);
+      for (const Tensor& t : state.tensors) t.storage()->move_to(param.data().device());  // follows the parameter
       update(param, group, lr * group.lr_scale, state);
       ++state.steps;
     }
   }
   ++step_count_;
+}
+
+void Optimizer::to(Device device) {
+  for (auto& group : states_)
+    for (ParameterState& state : group)
+      for (const Tensor& t : state.tensors) t.storage()->move_to(device);
 }
 
 void Optimizer::zero_grad() {

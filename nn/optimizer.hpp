@@ -18,6 +18,12 @@
 // decay: a group with weight_decay == 0 (batch-norm parameters and biases, see decay_groups) gets
 // plain momentum SGD (trust ratio 1), as the common LARS implementations for ResNets exclude them.
 //
+// Devices: the state of a parameter lives on the parameter's device. It is allocated there on the
+// first update, read there by load_state, and it follows its parameter: a step that finds a
+// parameter on another device than its state (the model was moved with nn::Module::to) moves the
+// state first, in place. to(device) moves all the state at once (for example before measuring
+// memory).
+//
 // save_state(dir) writes one .npy file per state tensor, named <parameter>.<state>.npy (e.g.
 // "stages.3.f.conv1.weight.momentum_buffer.npy"), then the manifest optimizer_state.txt:
 //   petra-optimizer-state 1
@@ -62,6 +68,8 @@ class Optimizer {
   void step(double lr);
   // Drops every parameter's gradient (PyTorch's zero_grad(set_to_none=True)).
   void zero_grad();
+  // Moves every state tensor to `device` (in place; the parameters are moved by Module::to).
+  void to(Device device);
 
   const std::vector<ParamGroup>& groups() const { return groups_; }
   std::int64_t step_count() const { return step_count_; }  // calls of step() so far

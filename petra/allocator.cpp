@@ -10,8 +10,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <set>
+#include <string>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "petra/cuda_backend.hpp"
 #include "petra/error.hpp"
@@ -76,19 +79,43 @@ struct Counter {
   MemoryStats stats() const { return {current, peak}; }
 };
 
+using FreeBlocks = std::multimap<std::size_t, void*>;  // capacity -> free block
+
+// A GPU block freed while other streams may still use it: it waits for their events.
+struct PendingBlock {
+  void* ptr;
+  std::size_t capacity;
+  void* home;                                 // the stream whose cache it returns to
+  std::vector<std::pair<void*, int>> events;  // recorded on the other streams at the free, with their GPU
+};
+
 struct DeviceState {
   Counter total;
   std::array<Counter, kNumMemoryTags> by_tag;
   std::map<int, Counter> by_owner;
   std::map<std::pair<int, int>, Counter> by_tag_owner;
-  std::multimap<std::size_t, void*> cache;  // capacity -> free block
-  std::int64_t cached = 0;
+  FreeBlocks cache;  // CPU: every free block; GPU: blocks free for every stream
+  // GPU only (allocator.hpp, "stream-ordered"):
+  std::map<void*, FreeBlocks> stream_cache;             // free in the order of one stream
+  std::vector<PendingBlock> pending;                    // waiting for other streams' events
+  // live block -> the other streams using it, with their devices (a copy stream of another GPU
+  // reads a message's block: its event is made on that GPU)
+  std::map<void*, std::vector<std::pair<void*, int>>> other_streams;
+  std::int64_t cached = 0;  // bytes in cache, stream_cache and pending
 };
 
 int device_key(Device d) { return static_cast<int>(d.type) * 4096 + d.index; }
 
-void* system_allocate(std::size_t capacity, Device device) {
-  if (device.is_cuda()) return cuda_backend::malloc_device(capacity, device.index);
+// nullptr when the memory is not there (a full GPU: `why` says what the runtime said).
+void* system_allocate(std::size_t capacity, Device device, std::string& why) {
+  if (device.is_cuda()) {
+    try {
+      return cuda_backend::malloc_device(capacity, device.index);
+    } catch (const OutOfMemoryError& e) {
+      why = e.what();
+      return nullptr;
+    }
+  }
   const std::size_t alignment = capacity >= kHugePage ? kHugePage : 64;
   void* p = std::aligned_alloc(alignment, capacity);
   if (p != nullptr && capacity >= kHugePage) madvise(p, capacity, MADV_HUGEPAGE);  // 7x faster first touch here
@@ -106,6 +133,8 @@ void system_free(void* p, Device device) noexcept {
 
 struct Allocator::Impl {
   mutable std::mutex mutex;
+  std::set<void*> forgotten_streams;                 // destroyed (synchronised) GPU streams
+  std::map<int, std::vector<void*>> spare_events;    // by GPU index, completed and reusable
   std::map<int, DeviceState> devices;
   std::map<int, Device> device_of_key;
   std::int64_t system_allocations = 0;
@@ -119,21 +148,99 @@ struct Allocator::Impl {
     return it == devices.end() ? nullptr : &it->second;
   }
 
-  // A cached block of at least `capacity` and less than twice it, or nullptr.
-  void* take_from_cache(DeviceState& s, std::size_t capacity, std::size_t& got) {
-    auto it = s.cache.lower_bound(capacity);
-    if (it == s.cache.end() || it->first >= 2 * capacity) return nullptr;
+  // A block of `blocks` of at least `capacity` and less than twice it, or nullptr.
+  static void* take(DeviceState& s, FreeBlocks& blocks, std::size_t capacity, std::size_t& got) {
+    auto it = blocks.lower_bound(capacity);
+    if (it == blocks.end() || it->first >= 2 * capacity) return nullptr;
     got = it->first;
     void* p = it->second;
-    s.cache.erase(it);
+    blocks.erase(it);
     s.cached -= static_cast<std::int64_t>(got);
     return p;
   }
 
+  // A cached block for `stream`: one freed in its own order, else one free for every stream.
+  void* take_from_cache(DeviceState& s, Device d, std::size_t capacity, void* stream, std::size_t& got) {
+    if (d.is_cuda()) {
+      collect_pending(s);
+      auto it = s.stream_cache.find(stream);
+      if (it != s.stream_cache.end())
+        if (void* p = take(s, it->second, capacity, got)) return p;
+    }
+    return take(s, s.cache, capacity, got);
+  }
+
+  // Where a freed GPU block of home stream `home` is cached: that stream's cache, or every
+  // stream's when the stream is gone.
+  FreeBlocks& cache_of(DeviceState& s, void* home) {
+    return forgotten_streams.count(home) ? s.cache : s.stream_cache[home];
+  }
+
+  // Pending blocks whose events have all completed go back to their home stream's cache.
+  void collect_pending(DeviceState& s) {
+    std::erase_if(s.pending, [&](PendingBlock& b) {
+      for (const auto& [e, device] : b.events)
+        if (!cuda_backend::event_query(e)) return false;
+      for (const auto& [e, device] : b.events) spare_events[device].push_back(e);
+      cache_of(s, b.home).emplace(b.capacity, b.ptr);
+      return true;
+    });
+  }
+
+  // Everything cached goes back to the system. On a GPU the pending blocks' events are waited for
+  // first, and cudaFree itself waits for the device, so no queued kernel still uses a block freed.
   void release(DeviceState& s, Device d) {
+    for (PendingBlock& b : s.pending) {
+      for (const auto& [e, device] : b.events) {
+        cuda_backend::event_synchronize(e);
+        spare_events[device].push_back(e);
+      }
+      system_free(b.ptr, d);
+    }
+    s.pending.clear();
     for (auto& [capacity, p] : s.cache) system_free(p, d);
     s.cache.clear();
+    for (auto& [stream, blocks] : s.stream_cache)
+      for (auto& [capacity, p] : blocks) system_free(p, d);
+    s.stream_cache.clear();
     s.cached = 0;
+  }
+
+  // A GPU block freed by its last user: cached for its home stream, or, if other streams used it,
+  // pending until events recorded on them now have completed.
+  void free_gpu_block(DeviceState& s, const Allocation& a) noexcept {
+    const auto uses = s.other_streams.find(a.ptr);
+    if (uses == s.other_streams.end()) {
+      cache_of(s, a.stream).emplace(a.capacity, a.ptr);
+      return;
+    }
+    PendingBlock pending{a.ptr, a.capacity, a.stream, {}};
+    try {
+      for (const auto& [stream, device] : uses->second) {
+        if (forgotten_streams.count(stream)) continue;  // synchronised before it was destroyed
+        auto& spare = spare_events[device];
+        void* e = nullptr;
+        if (spare.empty()) {
+          e = cuda_backend::event_create(device);
+        } else {
+          e = spare.back();
+          spare.pop_back();
+        }
+        pending.events.emplace_back(e, device);
+        cuda_backend::event_record(e, stream);
+      }
+    } catch (const std::exception& error) {
+      // No event, no proof the other streams are done: the block goes back to the driver, whose
+      // cudaFree waits for the device.
+      std::fprintf(stderr, "petra: Allocator: freeing a block used on several streams: %s\n", error.what());
+      for (const auto& [e, device] : pending.events) spare_events[device].push_back(e);
+      s.other_streams.erase(uses);
+      s.cached -= static_cast<std::int64_t>(a.capacity);
+      system_free(a.ptr, a.device);
+      return;
+    }
+    s.other_streams.erase(uses);
+    s.pending.push_back(std::move(pending));
   }
 
   void count(DeviceState& s, const Allocation& a, bool add) {
@@ -155,25 +262,28 @@ Allocator& Allocator::instance() {
   return *allocator;
 }
 
-Allocation Allocator::allocate(std::size_t bytes, Device device, MemoryTag tag, int owner) {
+Allocation Allocator::allocate(std::size_t bytes, Device device, MemoryTag tag, int owner, void* stream) {
   Allocation a;
   a.bytes = bytes;
   a.device = device;
   a.tag = tag;
   a.owner = owner;
+  a.stream = device.is_cuda() ? stream : nullptr;
   const std::size_t capacity = block_capacity(bytes);
   std::lock_guard lock(impl_->mutex);
   DeviceState& s = impl_->state(device);
-  a.ptr = impl_->take_from_cache(s, capacity, a.capacity);
+  a.ptr = impl_->take_from_cache(s, device, capacity, a.stream, a.capacity);
   if (a.ptr == nullptr) {
     a.capacity = capacity;
-    a.ptr = system_allocate(capacity, device);
+    std::string why;  // the driver's words when a GPU is full
+    a.ptr = system_allocate(capacity, device, why);
     if (a.ptr == nullptr && s.cached > 0) {  // give the cache back and try once more
       impl_->release(s, device);
-      a.ptr = system_allocate(capacity, device);
+      a.ptr = system_allocate(capacity, device, why);
     }
     PETRA_CHECK(a.ptr != nullptr, OutOfMemoryError, "Allocator: cannot allocate ", bytes, " bytes on ",
-                device.str(), " for ", name_of(tag), " (", s.total.current, " bytes live)");
+                device.str(), " for ", name_of(tag), " (", s.total.current, " bytes live)",
+                why.empty() ? "" : ": ", why);
     ++impl_->system_allocations;
   }
   impl_->count(s, a, true);
@@ -185,8 +295,59 @@ void Allocator::deallocate(const Allocation& a) noexcept {
   std::lock_guard lock(impl_->mutex);
   DeviceState& s = impl_->state(a.device);
   impl_->count(s, a, false);
-  s.cache.emplace(a.capacity, a.ptr);
+  if (a.pinned) {
+    cuda_backend::free_host(a.ptr);
+    return;
+  }
   s.cached += static_cast<std::int64_t>(a.capacity);
+  if (a.device.is_cuda())
+    impl_->free_gpu_block(s, a);
+  else
+    s.cache.emplace(a.capacity, a.ptr);
+}
+
+Allocation Allocator::allocate_pinned(std::size_t bytes, MemoryTag tag, int owner) {
+  Allocation a;
+  a.bytes = bytes;
+  a.capacity = bytes;
+  a.device = Device::cpu();
+  a.tag = tag;
+  a.owner = owner;
+  a.pinned = true;
+  a.ptr = cuda_backend::malloc_host(bytes);  // throws when there is no CUDA runtime to pin with
+  std::lock_guard lock(impl_->mutex);
+  ++impl_->system_allocations;
+  impl_->count(impl_->state(a.device), a, true);
+  return a;
+}
+
+void Allocator::record_stream(const Allocation& a, void* stream, Device stream_device) {
+  if (a.ptr == nullptr || !a.device.is_cuda() || stream == a.stream) return;
+  PETRA_CHECK(stream != nullptr && stream_device.is_cuda(), DeviceError, "Allocator::record_stream: a block of ",
+              a.device.str(), " used on a stream that is not a GPU stream (", stream_device.str(), ")");
+  std::lock_guard lock(impl_->mutex);
+  auto& streams = impl_->state(a.device).other_streams[a.ptr];
+  const std::pair<void*, int> use{stream, stream_device.index};
+  if (std::find(streams.begin(), streams.end(), use) == streams.end()) streams.push_back(use);
+}
+
+void Allocator::forget_stream(Device device, void* stream) noexcept {
+  if (!device.is_cuda() || stream == nullptr) return;
+  std::lock_guard lock(impl_->mutex);
+  impl_->forgotten_streams.insert(stream);
+  // Its blocks, on whichever GPU, are free for every stream.
+  for (auto& [key, s] : impl_->devices) {
+    const auto it = s.stream_cache.find(stream);
+    if (it == s.stream_cache.end()) continue;
+    s.cache.merge(it->second);
+    s.stream_cache.erase(it);
+  }
+}
+
+void Allocator::stream_created(Device device, void* stream) {
+  if (!device.is_cuda()) return;
+  std::lock_guard lock(impl_->mutex);
+  impl_->forgotten_streams.erase(stream);
 }
 
 void Allocator::retag(Allocation& a, MemoryTag tag, int owner) {

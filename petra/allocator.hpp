@@ -12,6 +12,16 @@
 // The tag and owner of an allocation come from the innermost MemoryScope of the calling thread
 // (default: MemoryTag::other, kNoOwner), so the pipeline runtime can say "everything allocated
 // now is stage 3's activations" without threading tags through every op.
+//
+// Device memory is stream-ordered. A GPU block is allocated for a stream (its home: the stream the
+// op that asked for it runs on, petra/stream.hpp's Stream::for_device) and, once freed, cached for
+// that stream: work queued later on the same stream runs after every kernel that used the block,
+// so the stream may reuse it at once, but another stream may not. A block also used on other
+// streams (record_stream: a message read by the next stage's stream, an upload on the copy stream)
+// gets, when it is freed, an event on each of them, and goes back to its home stream's cache only
+// once they have completed. Blocks of a destroyed stream (synchronised first) and blocks whose
+// events completed are free for any stream. When the device is full, the cache is given back to
+// the driver (cudaFree waits for the device) and the allocation is tried once more.
 #pragma once
 
 #include <array>
@@ -68,15 +78,30 @@ struct Allocation {
   Device device;
   MemoryTag tag = MemoryTag::other;
   int owner = kNoOwner;
+  void* stream = nullptr;  // GPU: the stream whose order the block follows (its home); see the top
+  bool pinned = false;     // page-locked host memory (allocate_pinned)
 };
 
 class Allocator {
  public:
   static Allocator& instance();  // the process-wide allocator
 
-  // Thread-safe. Memory is 64-byte aligned (2 MiB for large host blocks, which get huge pages).
-  Allocation allocate(std::size_t bytes, Device device, MemoryTag tag, int owner);
+  // Thread-safe. Memory is 64-byte aligned (2 MiB for large host blocks, which get huge pages;
+  // 256 bytes on a GPU). `stream` (a GPU's cudaStream_t, ignored on the CPU) is the block's home.
+  Allocation allocate(std::size_t bytes, Device device, MemoryTag tag, int owner, void* stream = nullptr);
   void deallocate(const Allocation& a) noexcept;
+  // Page-locked host memory (cuda_backend::malloc_host), counted on cpu:0 under `tag` and `owner`;
+  // not cached (staging buffers live as long as what stages through them). Freed by deallocate.
+  Allocation allocate_pinned(std::size_t bytes, MemoryTag tag, int owner);
+  // The GPU block of `a` is also used by work queued on `stream`, a GPU stream of `stream_device`
+  // (not its home stream; it may be another GPU's): when it is freed it waits for that work before
+  // any reuse. Nothing to do on the CPU or for the home stream.
+  void record_stream(const Allocation& a, void* stream, Device stream_device);
+  // ~Stream calls this once it has synchronised a GPU stream: the blocks cached for it are free for
+  // every stream, and blocks still homed on it go to every stream when they are freed.
+  void forget_stream(Device device, void* stream) noexcept;
+  // Stream's constructor: a new stream (the runtime may hand out a destroyed stream's handle again).
+  void stream_created(Device device, void* stream);
   // Moves a live allocation's bytes to another tag and owner (a stage's output becomes the next
   // stage's input buffer once the forward that made it is over).
   void retag(Allocation& a, MemoryTag tag, int owner);

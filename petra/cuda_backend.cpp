@@ -143,6 +143,26 @@ void free_device(void* p, int device) noexcept {
   }
 }
 
+void* malloc_host(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  const cudaError_t code = cudaMallocHost(&p, bytes);
+  if (code == cudaSuccess) return p;
+  (void)cudaGetLastError();
+  if (code == cudaErrorMemoryAllocation)
+    throw OutOfMemoryError(detail::concat("cuda_backend::malloc_host: cannot pin ", bytes, " bytes of host memory"));
+  cuda_detail::throw_cuda_error(code, "cuda_backend::malloc_host: cudaMallocHost", __FILE__, __LINE__);
+}
+
+void free_host(void* p) noexcept {
+  if (p == nullptr) return;
+  const cudaError_t code = cudaFreeHost(p);
+  if (code != cudaSuccess) {
+    (void)cudaGetLastError();
+    std::fprintf(stderr, "petra: cuda_backend::free_host(%p): cudaFreeHost: %s\n", p, cudaGetErrorString(code));
+  }
+}
+
 void* stream_create(int device) {
   require_device(device, "stream_create");
   cuda_detail::DeviceGuard guard(device);
@@ -207,6 +227,12 @@ bool event_query(void* event) {
 void memcpy_async(void* dst, const void* src, std::size_t bytes, void* stream) {
   if (bytes == 0) return;
   PETRA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_stream(stream)));
+}
+
+void memcpy_2d_async(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t width,
+                     std::size_t rows, void* stream) {
+  if (width == 0 || rows == 0) return;
+  PETRA_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDefault, as_stream(stream)));
 }
 
 void memset_async(void* dst, int value, std::size_t bytes, void* stream) {

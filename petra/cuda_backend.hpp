@@ -7,6 +7,9 @@
 // it reports no device and throws DeviceError("... petra was built without CUDA") from anything
 // that needs a GPU.
 //
+// A third implementation, tests/emulation/emulated_backend.cpp, runs it on host memory for the
+// emulated device of the tests (two GPUs, every misuse an error).
+//
 // Errors: every failing CUDA call becomes a petra exception whose message names the operation,
 // the CUDA error and the file:line (OutOfMemoryError for allocations, DeviceError when there is no
 // such device, Error otherwise). The *_destroy / free_device functions run in destructors, so they
@@ -38,6 +41,13 @@ void* malloc_device(std::size_t bytes, int device);
 // Frees memory from malloc_device (nullptr is ignored). Blocks until the device is idle.
 void free_device(void* p, int device) noexcept;
 
+// Pinned (page-locked) host memory: a copy from it to a device is truly asynchronous (from pageable
+// memory the runtime stages it and may return only after it). For staging buffers such as the
+// trainer's batch uploads (pipeline/batch_upload.hpp); nullptr for 0 bytes.
+void* malloc_host(std::size_t bytes);
+// Frees memory from malloc_host (nullptr is ignored). Blocks until the device is idle.
+void free_host(void* p) noexcept;
+
 // A stream on `device` that does not synchronise with the legacy default stream: ordering between
 // streams comes only from events (docs/architecture.md, "Streams are explicit").
 void* stream_create(int device);
@@ -60,6 +70,10 @@ bool event_query(void* event);
 // Asynchronous copy in any direction (cudaMemcpyDefault: host or device pointers, found from the
 // unified address space). With pageable host memory the runtime may return only after the copy.
 void memcpy_async(void* dst, const void* src, std::size_t bytes, void* stream);
+// `rows` copies of `width` bytes, row r from src + r * src_pitch to dst + r * dst_pitch, on `stream`
+// (cudaMemcpy2DAsync, any direction): a strided view (a channel slice of NCHW) in one call.
+void memcpy_2d_async(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                     std::size_t width, std::size_t rows, void* stream);
 // Sets `bytes` bytes at device pointer `dst` to the byte `value`, on `stream`.
 void memset_async(void* dst, int value, std::size_t bytes, void* stream);
 

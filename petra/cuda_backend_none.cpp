@@ -31,6 +31,9 @@ std::string describe() { return "CUDA: petra was built without CUDA; no devices"
 void* malloc_device(std::size_t, int) { no_cuda("malloc_device"); }
 void free_device(void* p, int) noexcept { warn_foreign_handle("free_device", p); }
 
+void* malloc_host(std::size_t) { no_cuda("malloc_host"); }
+void free_host(void* p) noexcept { warn_foreign_handle("free_host", p); }
+
 void* stream_create(int) { no_cuda("stream_create"); }
 void stream_destroy(void* stream) noexcept { warn_foreign_handle("stream_destroy", stream); }
 void stream_synchronize(void*) { no_cuda("stream_synchronize"); }
@@ -43,6 +46,9 @@ void event_synchronize(void*) { no_cuda("event_synchronize"); }
 bool event_query(void*) { no_cuda("event_query"); }
 
 void memcpy_async(void*, const void*, std::size_t, void*) { no_cuda("memcpy_async"); }
+void memcpy_2d_async(void*, std::size_t, const void*, std::size_t, std::size_t, std::size_t, void*) {
+  no_cuda("memcpy_2d_async");
+}
 void memset_async(void*, int, std::size_t, void*) { no_cuda("memset_async"); }
 
 }  // namespace petra::cuda_backend

@@ -252,6 +252,15 @@ Variable coupling(const Variable& x, const Variable& f) {
   });
 }
 
+Variable to_device(const Variable& x, Device device) {
+  if (x.data().device() == device) return x;
+  Tensor y = x.data().to(device);
+  if (!should_record({&x})) return Variable(y);
+  const Device from = x.data().device();
+  return record_one(std::move(y), "to_device", {x},
+                    [=](std::span<const Tensor> g) { return std::vector<Tensor>{g[0].to(from)}; });
+}
+
 // ---------------------------------------------------------------- operators
 namespace {
 // A constant (no gradient) of x's shape, dtype and device, every element `value`.

@@ -26,17 +26,9 @@ namespace petra::ops {
 
 namespace {
 
-// The stream an op on tensors of `device` runs on: the current stream if it is on that device,
-// else the calling thread's default stream for the device. All CPU devices share one memory
-// ("cpu:1" names a pipeline worker, not a memory space), so any CPU stream runs CPU tensors.
-const kernels::StreamHandle& stream_for(Device device) {
-  Stream& current = Stream::current();
-  if (current.device() == device || (current.device().is_cpu() && device.is_cpu())) return current.handle();
-  thread_local std::map<int, std::unique_ptr<Stream>> defaults;
-  auto& s = defaults[static_cast<int>(device.type) * 4096 + device.index];
-  if (!s) s = std::make_unique<Stream>(device);
-  return s->handle();
-}
+// The stream an op on tensors of `device` runs on: Stream::for_device's (petra/stream.hpp), the
+// same rule by which its output was allocated and by which copies choose theirs.
+const kernels::StreamHandle& stream_for(Device device) { return Stream::for_device(device).handle(); }
 
 void check_float(const Tensor& t, const char* op, const char* what) {
   require_contiguous(t, op, what);
@@ -58,7 +50,7 @@ void check_shape(const Tensor& t, const Shape& expected, const char* op, const c
               expected.str());
 }
 
-[[noreturn]] void no_cuda_kernel(const char* op) {
+[[noreturn, maybe_unused]] void no_cuda_kernel(const char* op) {  // unused while every family has a kernel
   throw DeviceError(detail::concat(op, ": no CUDA kernel yet (this op runs on the CPU only)"));
 }
 

@@ -2,6 +2,8 @@
 #include "petra/stream.hpp"
 
 #include <atomic>
+#include <cstdio>
+#include <map>
 #include <thread>
 
 #include "petra/allocator.hpp"
@@ -36,9 +38,12 @@ void set_default_cpu_threads(int n) {
 }
 
 // Scratch memory from the caching allocator, tagged "workspace" and owned by whatever scope
-// created the stream's first scratch; grows, never shrinks.
+// created the stream's first scratch; grows, never shrinks. On a GPU the block's home is this
+// stream, so the block a reserve() replaces is freed in the stream's order: the kernels queued
+// before it may still read it, and no other stream can be handed it.
 struct Stream::Workspace final : kernels::Workspace {
   Device device;
+  void* stream = nullptr;  // the GPU stream the scratch is used on
   Allocation block;
   explicit Workspace(Device d) : device(d) {}
   ~Workspace() override { Allocator::instance().deallocate(block); }
@@ -46,7 +51,7 @@ struct Stream::Workspace final : kernels::Workspace {
     if (bytes > block.bytes) {
       Allocator::instance().deallocate(block);
       block = {};
-      block = Allocator::instance().allocate(bytes, device, MemoryTag::workspace, MemoryScope::current_owner());
+      block = Allocator::instance().allocate(bytes, device, MemoryTag::workspace, MemoryScope::current_owner(), stream);
     }
     return block.ptr;
   }
@@ -59,12 +64,26 @@ Stream::Stream(Device device, int num_threads) : device_(device), workspace_(std
   handle_.device_index = device.index;
   if (device.is_cuda()) {
     PETRA_CHECK(cuda_available(), DeviceError, "Stream: cannot create a stream on ", device.str(), ": no usable GPU");
+    PETRA_CHECK(device.index < cuda_backend::device_count(), DeviceError, "Stream: ", device.str(),
+                " does not exist (", cuda_backend::device_count(), " CUDA device(s))");
     handle_.cuda_stream = cuda_backend::stream_create(device.index);
+    workspace_->stream = handle_.cuda_stream;
+    Allocator::instance().stream_created(device, handle_.cuda_stream);
   }
 }
 
+// A GPU stream is synchronised before it goes: then every block cached for it, and every block
+// still homed on it, is free for any stream (Allocator::forget_stream).
 Stream::~Stream() {
-  if (handle_.cuda_stream != nullptr) cuda_backend::stream_destroy(handle_.cuda_stream);
+  if (handle_.cuda_stream == nullptr) return;
+  try {
+    cuda_backend::stream_synchronize(handle_.cuda_stream);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "petra: ~Stream on %s: %s\n", device_.str().c_str(), e.what());
+  }
+  workspace_.reset();
+  Allocator::instance().forget_stream(device_, handle_.cuda_stream);
+  cuda_backend::stream_destroy(handle_.cuda_stream);
 }
 
 void Stream::set_num_threads(int n) {
@@ -86,6 +105,15 @@ Stream& Stream::current() {
   if (tls_current != nullptr) return *tls_current;
   thread_local Stream thread_default(Device::cpu());
   return thread_default;
+}
+
+Stream& Stream::for_device(Device device) {
+  Stream& current = Stream::current();
+  if (current.device() == device || (current.device().is_cpu() && device.is_cpu())) return current;
+  thread_local std::map<std::pair<int, int>, std::unique_ptr<Stream>> defaults;
+  auto& s = defaults[{static_cast<int>(device.type), device.index}];
+  if (!s) s = std::make_unique<Stream>(device);
+  return *s;
 }
 
 StreamGuard::StreamGuard(Stream& stream) : saved_(tls_current) { tls_current = &stream; }

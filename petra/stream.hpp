@@ -7,8 +7,20 @@
 //     the same code runs with no GPU. It carries the number of threads its kernels may use: two
 //     pipeline workers on one machine each own a CPU stream with its own thread count.
 // Each stream owns a workspace (scratch memory for kernels, allocator tag "workspace"); a stream
-// runs one kernel at a time, so one grow-only scratch buffer per stream is enough.
+// runs one kernel at a time, so one grow-only scratch buffer per stream is enough. When it grows,
+// the old block is freed in the stream's order (petra/allocator.hpp): kernels still queued on the
+// stream may use it, and only later work on the same stream can get it again.
 // Ordering across streams is only by events: record an Event on one stream, wait for it on another.
+//
+// Which stream work on a device runs on, in a given thread: Stream::for_device(device), the one
+// rule that ops (petra/ops.cpp), copies (Tensor::copy_from), fills and allocations (the block's home
+// stream) all follow. Without a StreamGuard on that device it is the thread's own default stream of
+// the device, so everything one thread does on one device is in one stream's order.
+//
+// A tensor made on one stream and used on another (a pipeline message, an upload on a copy stream)
+// needs two things from whoever hands it over: the consumer's stream waits for an event recorded
+// after the producer's work (Stream::wait), and the allocator learns of the other stream
+// (Storage::record_stream), so that the block is not reused before that stream is done with it.
 #pragma once
 
 #include <memory>
@@ -40,6 +52,10 @@ class Stream {
 
   // The calling thread's current stream: the innermost StreamGuard's, else a per-thread CPU stream.
   static Stream& current();
+  // The stream the calling thread runs work on `device` on: the current stream if it is on
+  // `device` (for a CPU device any CPU stream: CPU devices share one memory, "cpu:1" names a
+  // pipeline worker), else the thread's own default stream of `device`, made on first use.
+  static Stream& for_device(Device device);
 
  private:
   struct Workspace;
@@ -68,6 +84,7 @@ class Event {
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
 
+  Device device() const { return device_; }
   void record(Stream& stream);  // marks the work submitted to `stream` so far
   void synchronize();           // blocks until that work is done
   bool query() const;           // done yet?

@@ -1,9 +1,13 @@
 // petra/tensor.cpp: Storage, Tensor views and copies.
 #include "petra/tensor.hpp"
 
+#include <cmath>
 #include <cstring>
+#include <optional>
 
+#include "petra/kernels/elementwise.hpp"
 #include "petra/checked.hpp"
+#include "petra/config.hpp"
 #include "petra/cuda_backend.hpp"
 #include "petra/rng.hpp"
 #include "petra/stream.hpp"
@@ -15,10 +19,21 @@ using detail::concat;
 Storage::Storage(std::size_t bytes, Device device)
     : Storage(bytes, device, MemoryScope::current_tag(), MemoryScope::current_owner()) {}
 
+namespace {
+// The stream a new block of `device` is homed on: the one its first op will run on.
+void* home_stream(Device device) {
+  return device.is_cuda() ? Stream::for_device(device).handle().cuda_stream : nullptr;
+}
+}  // namespace
+
 Storage::Storage(std::size_t bytes, Device device, MemoryTag tag, int owner)
-    : allocation_(Allocator::instance().allocate(bytes, device, tag, owner)) {}
+    : allocation_(Allocator::instance().allocate(bytes, device, tag, owner, home_stream(device))) {}
 
 Storage::~Storage() { Allocator::instance().deallocate(allocation_); }
+
+void Storage::record_stream(const Stream& stream) {
+  Allocator::instance().record_stream(allocation_, stream.handle().cuda_stream, stream.device());
+}
 
 Tensor::Tensor(std::shared_ptr<Storage> storage, std::int64_t offset, const Shape& shape, DType dtype)
     : storage_(std::move(storage)), offset_(offset), shape_(shape), dtype_(dtype) {
@@ -40,9 +55,9 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
-  Tensor host = empty(shape, dtype, Device::cpu());
-  host.fill(value);
-  return host.to(device);
+  Tensor t = empty(shape, dtype, device);
+  t.fill(value);
+  return t;
 }
 
 namespace {
@@ -185,7 +200,9 @@ void convert_into(const Tensor& src, To* dst) {
 Tensor Tensor::to(DType target) const {
   PETRA_CHECK(defined(), ShapeError, "Tensor::to: undefined tensor");
   if (target == dtype_) return *this;
-  PETRA_CHECK(device().is_cpu(), DeviceError, "Tensor::to(", name_of(target), "): dtype conversion runs on the CPU; ", str());
+  // There is no conversion kernel: a GPU tensor is converted on the host and copied back (a rare
+  // operation: inputs, checks, checkpoints).
+  if (!device().is_cpu()) return to(Device::cpu()).to(target).to(device());
   const Tensor src = contiguous();
   Tensor out = empty(shape_, target, Device::cpu());
   switch (target) {
@@ -198,6 +215,36 @@ Tensor Tensor::to(DType target) const {
   return out;
 }
 
+namespace {
+
+// A view as rows of packed bytes: `rows` rows of `width` bytes, consecutive rows `pitch` bytes
+// apart. Every view petra makes has this form (a batch slice is one row; a channel slice of NCHW is
+// one row per sample), so a GPU copy of it is one cudaMemcpy2DAsync.
+struct RowLayout {
+  std::int64_t rows = 1, width = 0, pitch = 0;  // width and pitch in bytes
+};
+
+std::optional<RowLayout> row_layout(const Shape& shape, const std::array<std::int64_t, Shape::kMaxDims>& strides,
+                                    std::size_t esize) {
+  const int nd = shape.ndim();
+  std::int64_t packed = 1;  // elements of the packed inner dims
+  int k = nd;
+  while (k > 0 && (shape[k - 1] == 1 || strides[k - 1] == packed)) packed *= shape[--k];
+  const auto bytes = static_cast<std::int64_t>(esize);
+  if (k == 0) return RowLayout{1, packed * bytes, packed * bytes};
+  // The outer dims [0, k) must step through memory as one progression of rows.
+  std::int64_t rows = shape[k - 1], next = strides[k - 1] * shape[k - 1];
+  for (int d = k - 2; d >= 0; --d) {
+    if (shape[d] == 1) continue;
+    if (strides[d] != next) return std::nullopt;
+    rows *= shape[d];
+    next = strides[d] * shape[d];
+  }
+  return RowLayout{rows, packed * bytes, strides[k - 1] * bytes};
+}
+
+}  // namespace
+
 void Tensor::copy_from(const Tensor& source) const {
   PETRA_CHECK(defined() && source.defined(), ShapeError, "Tensor::copy_from: undefined tensor");
   PETRA_CHECK(shape_ == source.shape_ && dtype_ == source.dtype_, ShapeError, "Tensor::copy_from: ", source.str(),
@@ -207,12 +254,60 @@ void Tensor::copy_from(const Tensor& source) const {
     pack_strided(source, static_cast<std::byte*>(raw_data()), source.strides_, source.offset_);
     return;
   }
-  // At least one side is on a GPU: copy packed bytes on the current stream, then wait for it.
-  const Tensor packed = source.device().is_cpu() ? source.contiguous() : source;
-  PETRA_CHECK(packed.is_contiguous(), ShapeError, "Tensor::copy_from: strided GPU source ", source.str());
-  Stream& stream = Stream::current();
-  cuda_backend::memcpy_async(raw_data(), packed.raw_data(), nbytes(), stream.handle().cuda_stream);
-  cuda_backend::stream_synchronize(stream.handle().cuda_stream);
+  if (numel() == 0) return;
+  // At least one side is on a GPU. The copy runs on the stream the destination's ops would run on
+  // (the source's for a copy to the host), in order with them.
+  Stream& stream = Stream::for_device(device().is_cuda() ? device() : source.device());
+  void* const cuda_stream = stream.handle().cuda_stream;
+  if (source.device().is_cpu()) {
+    // From the host: packed there first; waited for, since the packed source may be a temporary.
+    const Tensor packed = source.contiguous();
+    cuda_backend::memcpy_async(raw_data(), packed.raw_data(), nbytes(), cuda_stream);
+    stream.synchronize();
+    return;
+  }
+  if (device().is_cuda() && device() != source.device()) {
+    // Between two GPUs: after the work queued so far on the source's stream, and the source's
+    // block is not reused before the copy has read it.
+    Event produced(source.device());
+    produced.record(Stream::for_device(source.device()));
+    stream.wait(produced);
+    source.storage()->record_stream(stream);
+  }
+  const auto layout = row_layout(source.shape_, source.strides_, size_of(dtype_));
+  PETRA_CHECK(layout.has_value(), ShapeError, "Tensor::copy_from: the GPU view ", source.str(),
+              " is not rows of packed elements (only batch and channel slices are)");
+  if (layout->pitch == layout->width)
+    cuda_backend::memcpy_async(raw_data(), source.raw_data(), nbytes(), cuda_stream);
+  else
+    cuda_backend::memcpy_2d_async(raw_data(), static_cast<std::size_t>(layout->width), source.raw_data(),
+                                  static_cast<std::size_t>(layout->pitch), static_cast<std::size_t>(layout->width),
+                                  static_cast<std::size_t>(layout->rows), cuda_stream);
+  if (device().is_cpu()) stream.synchronize();  // to the host: the caller reads it next
+}
+
+// A setup operation (Module::to): synchronous, so that the old block can be freed at once. The
+// copy runs on the stream of the GPU side (the destination's when both are GPUs) after the work
+// the calling thread queued on the source's device.
+void Storage::move_to(Device device) {
+  if (device == allocation_.device) return;
+  Allocation moved =
+      Allocator::instance().allocate(allocation_.bytes, device, allocation_.tag, allocation_.owner, home_stream(device));
+  try {
+    if (allocation_.bytes > 0 && device.is_cpu() && allocation_.device.is_cpu()) {
+      std::memcpy(moved.ptr, allocation_.ptr, allocation_.bytes);
+    } else if (allocation_.bytes > 0) {
+      if (allocation_.device.is_cuda()) Stream::for_device(allocation_.device).synchronize();
+      Stream& stream = Stream::for_device(device.is_cuda() ? device : allocation_.device);
+      cuda_backend::memcpy_async(moved.ptr, allocation_.ptr, allocation_.bytes, stream.handle().cuda_stream);
+      stream.synchronize();
+    }
+  } catch (...) {
+    Allocator::instance().deallocate(moved);
+    throw;
+  }
+  Allocator::instance().deallocate(allocation_);
+  allocation_ = moved;
 }
 
 namespace {
@@ -225,7 +320,22 @@ void fill_as(const Tensor& t, double value) {
 
 void Tensor::fill(double value) const {
   PETRA_CHECK(defined(), ShapeError, "Tensor::fill: undefined tensor");
-  PETRA_CHECK(device().is_cpu() && is_contiguous(), ShapeError, "Tensor::fill: needs a contiguous CPU tensor, got ", str());
+  PETRA_CHECK(is_contiguous(), ShapeError, "Tensor::fill: needs a contiguous tensor, got ", str());
+  if (device().is_cuda()) {
+    // On the stream the tensor's ops run on: zeros (all bytes 0) by a memset, float32 by the fill
+    // kernel, anything else through the host.
+    Stream& stream = Stream::for_device(device());
+    if (value == 0 && !std::signbit(value)) {
+      cuda_backend::memset_async(raw_data(), 0, nbytes(), stream.handle().cuda_stream);
+#if PETRA_CUDA_ELEMENTWISE
+    } else if (dtype_ == DType::f32) {
+      kernels::cuda::fill(stream.handle(), numel(), value, data_ptr<float>());
+#endif
+    } else {
+      copy_from(full(shape_, value, dtype_, Device::cpu()));
+    }
+    return;
+  }
   switch (dtype_) {
     case DType::f32: fill_as<float>(*this, value); break;
     case DType::f64: fill_as<double>(*this, value); break;

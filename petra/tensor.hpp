@@ -7,8 +7,10 @@
 // along dim 1 (the channels: the two streams of a reversible block are channel halves) gives a
 // strided view, which contiguous() turns into a packed copy. Kernels require contiguous operands.
 //
-// Element access from host code (data_ptr<T>(), to_vector, item) is for CPU tensors only; use to()
-// to move a tensor between devices.
+// Element access from host code (data_ptr<T>() dereferenced, raw pointers) is for CPU tensors only;
+// to(), to_vector and item copy from any device. Copies and fills of GPU tensors run on
+// Stream::for_device (petra/stream.hpp), in order with the ops of the same thread; a copy to the
+// host waits for its stream, a copy from the host as well (its source may be a temporary).
 #pragma once
 
 #include <array>
@@ -26,6 +28,8 @@
 
 namespace petra {
 
+class Stream;
+
 // Bytes on one device, returned to the caching allocator when the last view goes away.
 class Storage {
  public:
@@ -42,6 +46,13 @@ class Storage {
   MemoryTag tag() const { return allocation_.tag; }
   int owner() const { return allocation_.owner; }
   void retag(MemoryTag tag, int owner) { Allocator::instance().retag(allocation_, tag, owner); }
+  // The bytes are also used by work queued on `stream` (a GPU stream other than the one they were
+  // allocated for): freeing them waits for that work (Allocator::record_stream).
+  void record_stream(const Stream& stream);
+  // Moves the bytes to `device` in place (same tag and owner): every Tensor viewing this storage
+  // follows, so a layer's parameters, its aliases and an optimizer's references all move at once
+  // (nn::Module::to). Not while other threads use the storage.
+  void move_to(Device device);
 
  private:
   Allocation allocation_;
@@ -92,9 +103,9 @@ class Tensor {
   Tensor contiguous() const;                     // this if already contiguous, else a packed copy
   Tensor clone() const;                          // a packed copy (new storage, current MemoryScope)
   Tensor to(Device device) const;                // a copy on `device` (this if already there)
-  Tensor to(DType dtype) const;                  // a converted copy (CPU)
+  Tensor to(DType dtype) const;                  // a converted copy, on the same device
   void copy_from(const Tensor& source) const;    // same shape and dtype; any devices; any layout
-  void fill(double value) const;                 // every element (CPU, contiguous)
+  void fill(double value) const;                 // every element (contiguous; any device)
 
   template <class T> std::vector<T> to_vector() const;  // CPU; any layout
   double item() const;                                   // single element as double (CPU)

@@ -3,10 +3,12 @@
 #include "petra/pipeline/executor.hpp"
 
 #include <exception>
+#include <optional>
 
 #include <fmt/format.h>
 #include <thread>
 
+#include "petra/cuda_backend.hpp"
 #include "petra/stream.hpp"
 
 namespace petra::pipeline {
@@ -88,7 +90,7 @@ void SequentialExecutor::execute(const Action& action, bool wait, const BatchSou
       ForwardMessage in;
       if (j == 0) {
         MiniBatch b = batches(m);
-        in = {m, std::move(b.images), std::move(b.labels)};
+        in = {m, std::move(b.images), std::move(b.labels), nullptr};
       } else {
         in = receive_forward(j, m, wait);
       }
@@ -182,11 +184,85 @@ ConcurrentExecutor::ConcurrentExecutor(nn::Model& model, const RuntimeOptions& o
   for (int w : placement_)
     PETRA_CHECK(0 <= w && w < static_cast<int>(workers_.size()), ValueError, "concurrent executor: worker ", w,
                 " does not exist (", workers_.size(), " workers)");
+  on_gpus_ = workers_.front().device.is_cuda();
   for (const Worker& w : workers_) {
     PETRA_CHECK(w.threads >= 1, ValueError, "concurrent executor: a worker needs at least one thread");
-    PETRA_CHECK(w.device.is_cpu(), DeviceError, "concurrent executor: ", w.device.str(),
-                " workers are not supported yet (the concurrent executor runs CPU workers); use cpu:N devices");
+    PETRA_CHECK(w.device.is_cuda() == on_gpus_, DeviceError, "concurrent executor: workers on ", w.device.str(),
+                " and ", workers_.front().device.str(), ": the workers are all CPU workers or all GPUs");
   }
+  if (on_gpus_)
+    for (std::size_t j = 0; j < placement_.size(); ++j) model.stage(j).to(device_of(static_cast<int>(j)));
+}
+
+namespace {
+
+// GPU workers: the calling worker's copy stream (set for the length of a run).
+thread_local Stream* tls_copy_stream = nullptr;
+
+// An event after the work the calling worker queued so far on its stream (on `device`).
+std::shared_ptr<Event> recorded_now(Device device) {
+  auto event = std::make_shared<Event>(device);
+  event->record(Stream::for_device(device));
+  return event;
+}
+
+// The tensors of a message that arrived at a worker on `device`, written by a sender whose stream
+// recorded `ready` after writing them: made usable by the worker's stream, in place on the same
+// device, through the worker's copy stream from another one. No host wait.
+void arrive(std::initializer_list<Tensor*> tensors, const std::shared_ptr<Event>& ready, Device device) {
+  Stream& compute = Stream::for_device(device);
+  bool waited = false;
+  for (Tensor* t : tensors) {
+    if (!t->defined()) continue;
+    if (t->device() == device) {
+      if (ready && !waited) compute.wait(*ready);
+      waited = true;
+      t->storage()->record_stream(compute);
+      continue;
+    }
+    Stream& copy = *tls_copy_stream;
+    if (ready) copy.wait(*ready);
+    PETRA_CHECK(t->is_contiguous(), ShapeError, "concurrent executor: a message ", t->str(), " is a strided view");
+    Tensor moved;
+    {
+      StreamGuard on_copy_stream(copy);  // the new block is the copy stream's
+      MemoryScope scope(t->storage()->tag(), t->storage()->owner());
+      moved = Tensor::empty(t->shape(), t->dtype(), device);
+    }
+    cuda_backend::memcpy_async(moved.raw_data(), t->raw_data(), t->nbytes(), copy.handle().cuda_stream);
+    t->storage()->record_stream(copy);  // the sender's block waits for the copy before any reuse
+    Event copied(device);
+    copied.record(copy);
+    compute.wait(copied);
+    moved.storage()->record_stream(compute);
+    *t = std::move(moved);
+  }
+}
+
+}  // namespace
+
+ForwardMessage ConcurrentExecutor::receive_forward(int j, std::int64_t microbatch, bool wait) {
+  ForwardMessage m = SequentialExecutor::receive_forward(j, microbatch, wait);
+  if (on_gpus_) arrive({&m.activation, &m.labels}, m.ready, device_of(j));
+  m.ready.reset();
+  return m;
+}
+
+void ConcurrentExecutor::send_forward(int j, ForwardMessage message) {
+  if (on_gpus_) message.ready = recorded_now(device_of(j));
+  SequentialExecutor::send_forward(j, std::move(message));
+}
+
+BackwardMessage ConcurrentExecutor::receive_backward(int j, std::int64_t microbatch, bool wait) {
+  BackwardMessage m = SequentialExecutor::receive_backward(j, microbatch, wait);
+  if (on_gpus_) arrive({&m.input, &m.gradient}, m.ready, device_of(j));
+  m.ready.reset();
+  return m;
+}
+
+void ConcurrentExecutor::send_backward(int j, BackwardMessage message) {
+  if (on_gpus_) message.ready = recorded_now(device_of(j));
+  SequentialExecutor::send_backward(j, std::move(message));
 }
 
 void ConcurrentExecutor::run(const Schedule& schedule, std::int64_t first, std::int64_t last,
@@ -210,10 +286,16 @@ void ConcurrentExecutor::run(const Schedule& schedule, std::int64_t first, std::
       try {
         Stream stream(workers_[w].device, workers_[w].threads);
         StreamGuard guard(stream);
+        std::optional<Stream> copy;  // GPU workers: messages from other GPUs come in on it
+        if (on_gpus_) copy.emplace(workers_[w].device);
+        tls_copy_stream = copy ? &*copy : nullptr;
         for (std::int64_t t = first; t < last; ++t)
           for (int j = 0; j < schedule.stages; ++j)
             if (placement_[j] == static_cast<int>(w)) execute_cell(schedule.cells[t][j], true, batches, guarded_head);
+        tls_copy_stream = nullptr;
+        // ~Stream synchronises both streams: when run() returns, the devices are done.
       } catch (...) {
+        tls_copy_stream = nullptr;
         {
           std::lock_guard lock(error_mutex);
           if (!first_error) first_error = std::current_exception();

@@ -86,11 +86,24 @@ class SequentialExecutor {
 // Each stage's local order is the sequential executor's and the channels are FIFO, so on the CPU the
 // parameters are bit-identical to the sequential executor's (with the same threads per kernel).
 // Delayed methods only: a synchronous step has nothing to overlap.
+//
+// GPU workers (all workers GPUs; one GPU may host several workers): the constructor moves each
+// stage to its worker's device. A worker's thread runs all its stages' kernels on its own stream
+// (a StreamGuard over the run) and has a copy stream on the same device. Every message it sends
+// carries an event recorded on its stream after the kernels that wrote it (ForwardMessage::ready);
+// the receiving worker's stream waits for that event (no host synchronisation per message), and
+// the allocator learns that the receiver's stream reads the tensors (Storage::record_stream). A
+// message from another GPU is copied first, on the receiver's copy stream (after the sender's
+// event), into a tensor of the receiver's device, which the compute stream waits for in turn.
+// Messages in a channel stay on their sender's device. run() returns once every worker's streams
+// have finished (each stream is synchronised when its worker ends), so the caller may read the
+// parameters. The same kernels in the same order on every stream: the parameters equal the
+// sequential executor's bit for bit, on GPUs as on the CPU.
 class ConcurrentExecutor : public SequentialExecutor {
  public:
   struct Worker {
     Device device = Device::cpu();
-    int threads = 1;  // per kernel, on this worker's stream
+    int threads = 1;  // CPU workers: per kernel, on this worker's stream
   };
   // placement[j] = the worker of stage j.
   ConcurrentExecutor(nn::Model& model, const RuntimeOptions& options, std::vector<Worker> workers,
@@ -100,9 +113,17 @@ class ConcurrentExecutor : public SequentialExecutor {
            const HeadCallback& on_head) override;
   const std::vector<int>& placement() const { return placement_; }
 
+ protected:
+  ForwardMessage receive_forward(int j, std::int64_t microbatch, bool wait) override;
+  void send_forward(int j, ForwardMessage message) override;
+  BackwardMessage receive_backward(int j, std::int64_t microbatch, bool wait) override;
+  void send_backward(int j, BackwardMessage message) override;
+
  private:
+  Device device_of(int stage) const { return workers_[static_cast<std::size_t>(placement_[stage])].device; }
   std::vector<Worker> workers_;
   std::vector<int> placement_;
+  bool on_gpus_ = false;
 };
 
 }  // namespace petra::pipeline

@@ -63,7 +63,7 @@ GradientQuality tracked_step(nn::Model& model, SequentialExecutor& executor, con
     for (int j : stages) {
       std::vector<Tensor> grads;
       for (const auto& p : model.stage(j).parameters())
-        grads.push_back(p.grad().defined() ? p.grad() : Tensor::zeros(p.shape(), p.data().dtype()));
+        grads.push_back(p.grad().defined() ? p.grad() : Tensor::zeros(p.shape(), p.data().dtype(), p.data().device()));
       exact[j] = flat_gradients(grads);
     }
     model.zero_grad();

@@ -29,11 +29,12 @@ std::vector<std::string> read_lines(const fs::path& path) {
   return lines;
 }
 
-Tensor load_tensor(const fs::path& path, MemoryTag tag, int owner) {
+// On `device`: a stage's kept tensors on its own device, a message on its sender's.
+Tensor load_tensor(const fs::path& path, MemoryTag tag, int owner, Device device) {
   PETRA_CHECK(fs::exists(path), CheckpointError, "checkpoint: ", path.string(), " is missing");
   MemoryScope scope(tag, owner);
   Tensor t;
-  reading_checkpoint(path.parent_path(), [&] { t = load_npy(path); });
+  reading_checkpoint(path.parent_path(), [&] { t = load_npy(path, device); });
   return t;
 }
 
@@ -74,10 +75,12 @@ void StageRuntime::load_in_flight(const fs::path& dir) {
                   CheckpointError, "checkpoint: ", (dir / "state.txt").string(), ": line '", line, "' does not fit stage ",
                   index_, " (it keeps ", keeping_.input ? "its input" : "no input", " and ",
                   keeping_.parameters ? params.size() : 0, " stashed parameters)");
-      if (has_input) k.input = load_tensor(dir / fmt::format("kept-{}-input.npy", k.microbatch), MemoryTag::input_buffer, index_);
+      const Device device = stage_.device();
+      if (has_input)
+        k.input = load_tensor(dir / fmt::format("kept-{}-input.npy", k.microbatch), MemoryTag::input_buffer, index_, device);
       for (std::size_t i = 0; i < parameters; ++i) {
         const fs::path file = dir / fmt::format("kept-{}-param-{}.npy", k.microbatch, i);
-        Tensor stashed = load_tensor(file, MemoryTag::param_stash, index_);
+        Tensor stashed = load_tensor(file, MemoryTag::param_stash, index_, device);
         const Tensor& current = params[i].data();
         PETRA_CHECK(stashed.shape() == current.shape() && stashed.dtype() == current.dtype(), CheckpointError,
                     "checkpoint: ", file.string(), " holds ", stashed.str(), " for parameter ", current.str());
@@ -138,12 +141,17 @@ void SequentialExecutor::load_in_flight(const fs::path& dir, const Schedule& sch
       const bool kept_above = j + 1 < J && stages_[j + 1]->keeps_input();
       const MemoryTag tag = kept_above ? MemoryTag::input_buffer : MemoryTag::messages;
       const int owner = kept_above ? j + 1 : j;
-      to_next_[j].push({m, load_tensor(dir / fmt::format("forward-{}-{}-activation.npy", j, m), tag, owner),
-                        load_tensor(dir / fmt::format("forward-{}-{}-labels.npy", j, m), MemoryTag::messages, j)});
+      const Device sender = stages_[j]->stage().device();
+      to_next_[j].push({m, load_tensor(dir / fmt::format("forward-{}-{}-activation.npy", j, m), tag, owner, sender),
+                        load_tensor(dir / fmt::format("forward-{}-{}-labels.npy", j, m), MemoryTag::messages, j, sender), nullptr});
     } else if (what == "backward") {  // from stage j + 1 to j
+      PETRA_CHECK(j + 1 < J, CheckpointError, "checkpoint: ", (dir / "channels.txt").string(),
+                  ": a backward message from above the head: '", line, "'");
+      const Device sender = stages_[j + 1]->stage().device();
       const fs::path input = dir / fmt::format("backward-{}-{}-input.npy", j, m);
-      to_previous_[j].push({m, fs::exists(input) ? load_tensor(input, MemoryTag::messages, j + 1) : Tensor(),
-                            load_tensor(dir / fmt::format("backward-{}-{}-gradient.npy", j, m), MemoryTag::messages, j + 1)});
+      to_previous_[j].push({m, fs::exists(input) ? load_tensor(input, MemoryTag::messages, j + 1, sender) : Tensor(),
+                            load_tensor(dir / fmt::format("backward-{}-{}-gradient.npy", j, m), MemoryTag::messages,
+                                        j + 1, sender), nullptr});
     } else {
       throw CheckpointError(fmt::format("checkpoint: {}: unknown line '{}'", (dir / "channels.txt").string(), line));
     }

@@ -7,21 +7,28 @@
 
 namespace petra::pipeline {
 
-MemoryReport read_memory_report(Device device, int stages) {
+MemoryReport read_memory_report(Device device, int stages) { return read_memory_report(std::vector{device}, stages); }
+
+MemoryReport read_memory_report(const std::vector<Device>& devices, int stages) {
   const Allocator& allocator = Allocator::instance();
   MemoryReport report;
   for (int t = 0; t < kNumMemoryTags; ++t) {
     const auto tag = static_cast<MemoryTag>(t);
-    report.peak_bytes[std::string(name_of(tag))] = allocator.stats(device, tag).peak;
+    std::int64_t peak = 0;
+    for (const Device& d : devices) peak += allocator.stats(d, tag).peak;
+    report.peak_bytes[std::string(name_of(tag))] = peak;
   }
   for (int j = 0; j < stages; ++j) {
     std::map<std::string, std::int64_t> stage;
     for (int t = 0; t < kNumMemoryTags; ++t) {
       const auto tag = static_cast<MemoryTag>(t);
-      const std::int64_t peak = allocator.stats(device, tag, j).peak;
+      std::int64_t peak = 0;
+      for (const Device& d : devices) peak += allocator.stats(d, tag, j).peak;
       if (peak > 0) stage[std::string(name_of(tag))] = peak;
     }
-    stage["total"] = allocator.stats_of_owner(device, j).peak;
+    std::int64_t total = 0;
+    for (const Device& d : devices) total += allocator.stats_of_owner(d, j).peak;
+    stage["total"] = total;
     report.stage_peak_bytes.push_back(std::move(stage));
   }
   return report;

@@ -21,6 +21,10 @@ struct MemoryReport {
 
 // The peaks since the device's last Allocator::reset_peaks, for stages 0 .. stages-1.
 MemoryReport read_memory_report(Device device, int stages);
+// Several devices (the GPUs of a pipeline): each number is the sum of the devices' own peaks (a
+// stage lives on one device, so its row is that device's; the whole-run tags add peaks that may
+// have happened at different times: an upper bound).
+MemoryReport read_memory_report(const std::vector<Device>& devices, int stages);
 
 // The report as the text petra-train --report-memory prints: a line of tags, then a table of MB
 // per stage and tag.

@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 
 #include "petra/error.hpp"
+#include "petra/stream.hpp"
 #include "petra/tensor.hpp"
 
 namespace petra::pipeline {
@@ -32,12 +34,16 @@ struct ForwardMessage {
   std::int64_t microbatch = -1;
   Tensor activation;
   Tensor labels;  // travel with the activation to the head
+  // GPU workers (the concurrent executor): recorded on the sender's stream after the kernels that
+  // wrote the tensors; the receiver's stream waits for it. Null elsewhere (one stream, in order).
+  std::shared_ptr<Event> ready;
 };
 
 struct BackwardMessage {
   std::int64_t microbatch = -1;
   Tensor input;     // the sender's input: exact (buffered, head) or rebuilt (reversible)
   Tensor gradient;  // of the loss with respect to that input
+  std::shared_ptr<Event> ready;  // as ForwardMessage::ready
 };
 
 // What the head reports for each mini-batch it trained on.

@@ -254,7 +254,7 @@ ForwardMessage MpiExecutor::receive_forward_from_wire(int j, std::int64_t microb
   const bool kept = stage(static_cast<std::size_t>(j)).keeps_input();
   auto [activation, labels] =
       receive(j, j - 1, kForward, microbatch, kept ? MemoryTag::input_buffer : MemoryTag::messages, kept ? j : j - 1);
-  return {microbatch, std::move(activation), std::move(labels)};
+  return {microbatch, std::move(activation), std::move(labels), nullptr};
 }
 
 void MpiExecutor::send_forward(int j, ForwardMessage message) {
@@ -270,7 +270,7 @@ BackwardMessage MpiExecutor::receive_backward(int j, std::int64_t microbatch, bo
 
 BackwardMessage MpiExecutor::receive_backward_from_wire(int j, std::int64_t microbatch) {
   auto [input, gradient] = receive(j, j + 1, kBackward, microbatch, MemoryTag::messages, j + 1);
-  return {microbatch, std::move(input), std::move(gradient)};
+  return {microbatch, std::move(input), std::move(gradient), nullptr};
 }
 
 void MpiExecutor::send_backward(int j, BackwardMessage message) {

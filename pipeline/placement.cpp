@@ -12,7 +12,7 @@ namespace petra::pipeline {
 
 std::vector<double> measure_stage_costs(nn::Model& model, const MiniBatch& batch, int threads) {
   using Clock = std::chrono::steady_clock;
-  Stream stream(Device::cpu(), threads);  // as a worker will run them
+  Stream stream(Device::cpu(), threads);  // as a worker will run them (a GPU stage: on its device's stream)
   StreamGuard guard(stream);
   const std::size_t J = model.num_stages();
   std::vector<double> costs(J, 0.0);
@@ -31,12 +31,13 @@ std::vector<double> measure_stage_costs(nn::Model& model, const MiniBatch& batch
           nn::RunningStatsGuard keep_statistics;
           y = stage.forward(Variable(x)).data();
         }
-        const Tensor dy = Tensor::full(y.shape(), 1e-3);
+        const Tensor dy = Tensor::full(y.shape(), 1e-3, y.dtype(), y.device());
         if (stage.kind() == nn::StageKind::reversible)
           stage.reconstruct_and_backward(y, dy);  // what PETRA's backward runs
         else
           nn::backward_from_input(stage, x, dy, j > 0);
       }
+      if (x.device().is_cuda()) Stream::for_device(x.device()).synchronize();  // the kernels, not their launches
       best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
     }
     costs[j] = best;

@@ -14,20 +14,21 @@ namespace petra::pipeline {
 
 namespace {
 
-// Training runs where it was asked to or not at all: a device that does not exist, or one petra
-// cannot train on yet, is a DeviceError (petra-train: exit 6) naming it and what the machine has.
+// Training runs where it was asked to or not at all: a device that does not exist is a DeviceError
+// (petra-train: exit 6) naming it and what the machine has; nothing falls back to the CPU.
 void validate_devices(const std::vector<Device>& devices) {
   std::set<std::string> seen;
   for (const Device& d : devices) {
-    PETRA_CHECK(seen.insert(d.str()).second, ValueError, "--devices names ", d.str(),
-                " twice: each device is one pipeline worker");
+    // A GPU named twice is two workers on it, each with its own stream; a CPU device is one worker.
+    PETRA_CHECK(seen.insert(d.str()).second || d.is_cuda(), ValueError, "--devices names ", d.str(),
+                " twice: each CPU device is one pipeline worker (a GPU may be named more than once: one "
+                "worker, one stream each)");
+    PETRA_CHECK(d.is_cuda() == devices.front().is_cuda(), ValueError, "--devices ", d.str(), " beside ",
+                devices.front().str(), ": the workers are all CPU workers or all GPUs");
     if (!d.is_cuda()) continue;
     const int found = cuda_backend::device_count();
     PETRA_CHECK(d.index < found, DeviceError, "--devices ", d.str(), ": no such GPU; this machine has ", found,
                 " CUDA device", found == 1 ? "" : "s", " (", cuda_backend::describe(), ")");
-    throw DeviceError(fmt::format("--devices {}: training on a GPU is not supported yet (the models' convolution "
-                                  "has no CUDA kernel); use cpu:N workers",
-                                  d.str()));
   }
 }
 

@@ -36,7 +36,10 @@ struct TrainConfig {
   // method and optimization
   PipelineMethod method = PipelineMethod::backprop;
   // pipelined methods (petra, dsp, pipedream, delayed-reversible)
-  std::vector<Device> devices;  // one worker per device; empty: the sequential executor
+  // One worker per entry; empty: the sequential executor on the CPU. cuda:N alone: the sequential
+  // executor on that GPU. Several GPUs (cuda:0,cuda:1), or one GPU named several times
+  // (cuda:0,cuda:0: one stream each), run a pipelined method on the concurrent executor.
+  std::vector<Device> devices;
   int threads_per_device = 1;
   std::vector<int> placement;   // stage -> worker; empty: balanced by measured stage costs
   bool track_reconstruction = false;

@@ -83,7 +83,7 @@ void StageRuntime::capture(const std::vector<Tensor>& before, std::int64_t micro
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Tensor& after = params[i].grad();
     if (!after.defined()) {
-      captured_gradient_.push_back(Tensor::zeros(params[i].shape(), params[i].data().dtype()));
+      captured_gradient_.push_back(Tensor::zeros(params[i].shape(), params[i].data().dtype(), params[i].data().device()));
       continue;
     }
     captured_gradient_.push_back(before[i].defined() ? ops::sub(after, before[i]) : after.clone());
@@ -108,7 +108,7 @@ ForwardMessage StageRuntime::forward(ForwardMessage in) {
     MemoryScope scope(MemoryTag::param_stash, index_);
     for (const auto& p : stage_.parameters()) kept.parameters.push_back(p.data().clone());
   }
-  ForwardMessage out{in.microbatch, {}, std::move(in.labels)};
+  ForwardMessage out{in.microbatch, {}, std::move(in.labels), nullptr};
   MemoryScope scope(MemoryTag::activations, index_);  // the forward's temporaries (or its kept graph)
   if (keeping_.graph) {
     // Exact backprop: record the graph and keep it until this mini-batch's backward. The output is
@@ -147,7 +147,7 @@ Tensor StageRuntime::backward_through_graph(Kept& kept, const Tensor& dy) {
 
 BackwardMessage StageRuntime::backward(BackwardMessage from_above) {
   Kept kept = pop(from_above.microbatch, "backward");
-  BackwardMessage out{from_above.microbatch, {}, {}};
+  BackwardMessage out{from_above.microbatch, {}, {}, nullptr};
   MemoryScope scope(MemoryTag::activations, index_);  // the recomputed graph, freed at the end
   const std::vector<Tensor> before = gradients_before();
   nn::StatisticsPassScope statistics(options_.statistics_pass);
@@ -189,7 +189,7 @@ BackwardMessage StageRuntime::head_step(ForwardMessage in, HeadStats& stats) {
   stats = {in.microbatch, r.loss, r.correct, in.labels.numel()};
   ++received_;
   capture(before, in.microbatch);
-  return {in.microbatch, previous_rebuilds_input_ ? std::move(in.activation) : Tensor(), r.dx};
+  return {in.microbatch, previous_rebuilds_input_ ? std::move(in.activation) : Tensor(), r.dx, nullptr};
 }
 
 void StageRuntime::update(std::int64_t microbatch) {

@@ -88,6 +88,12 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   model.stage_sizes = config_.stage_sizes;
   model_ = std::make_unique<nn::Model>(model);
   if (!config_.load_params.empty()) model_->load_state(config_.load_params);
+  // A GPU run: the model goes there once, before the stages' optimizers are made.
+  if (!config_.devices.empty() && config_.devices.front().is_cuda()) {
+    device_ = config_.devices.front();
+    model_->to(device_);
+  }
+  memory_devices_ = {device_};
 
   data::LoaderOptions train_options;
   train_options.batch_size = config_.batch_size;
@@ -155,15 +161,23 @@ void Trainer::build_schedule_and_executor() {
   options.statistics_pass = config_.bn_statistics;
   options.delay_compensation = config_.delay_compensation;
   options.message_timeout_seconds = config_.message_timeout;
+  // A GPU run's mini-batches go up to the device of the first stage (made below for several GPUs).
+  const auto upload_batches = [this] {
+    if (device_.is_cuda())
+      device_batches_ = std::make_unique<DeviceBatches>(device_, [this](std::int64_t m) { return batch_of(m); },
+                                                        grid_.batches);
+  };
   if (group_) {
     if (group_->replicas() > 1)
       options.average_over_replicas = [this](const std::vector<Variable>& p) { group_->average_over_replicas(p); };
     executor_ = group_->make_executor(*model_, options);
     return;
   }
-  // A synchronous step has nothing to overlap: it runs on the sequential executor whatever the devices.
+  // A synchronous step has nothing to overlap: it runs on the sequential executor whatever the devices
+  // (on the first of them).
   if (config_.devices.size() <= 1 || !is_delayed(config_.method)) {
     executor_ = std::make_unique<SequentialExecutor>(*model_, options);
+    upload_batches();
     return;
   }
   std::vector<ConcurrentExecutor::Worker> workers;
@@ -176,10 +190,21 @@ void Trainer::build_schedule_and_executor() {
               ValueError, "--placement gives ", placement.size(), " workers for the model's ", J,
               " stages, each from 0 to ", workers_count - 1, " (one per device of --devices)");
   if (placement.empty()) {
-    const std::vector<double> costs = measure_stage_costs(*model_, batch_of(0), config_.threads_per_device);
+    MiniBatch probe = batch_of(0);
+    if (device_.is_cuda()) probe = BatchUploader(device_).upload(probe);  // the model is there for now
+    const std::vector<double> costs = measure_stage_costs(*model_, probe, config_.threads_per_device);
     placement = balanced_placement(costs, static_cast<int>(workers.size()));
   }
   executor_ = std::make_unique<ConcurrentExecutor>(*model_, options, std::move(workers), std::move(placement));
+  // GPU workers: the executor moved each stage to its worker's device; memory is reported for all.
+  if (device_.is_cuda()) {
+    device_ = model_->stage(0).device();
+    memory_devices_.clear();
+    for (const Device& d : config_.devices)
+      if (std::find(memory_devices_.begin(), memory_devices_.end(), d) == memory_devices_.end())
+        memory_devices_.push_back(d);
+  }
+  upload_batches();
 }
 
 // Mini-batch i of an epoch is the loader's batch i; with R replicas, replica r's i-th is the
@@ -212,9 +237,11 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
                   const std::function<void(const EpochReport&)>& on_epoch) {
   auto& allocator = Allocator::instance();
   const std::int64_t S = steps_per_epoch(), L = grid_steps_per_epoch_;
-  const BatchSource batches = [this](std::int64_t m) { return batch_of(m); };
+  const BatchSource batches = [this](std::int64_t m) {
+    return device_batches_ ? (*device_batches_)(m) : batch_of(m);
+  };
   while (epoch_ < config_.epochs && global_step_ < grid_.steps) {
-    allocator.reset_peaks(Device::cpu());
+    for (const Device& d : memory_devices_) allocator.reset_peaks(d);
     model_->train();
     // This epoch's steps; the last epoch also runs the drain steps that finish the pipeline.
     const std::int64_t first = global_step_;
@@ -279,7 +306,9 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
     report.images_per_second = double(samples) / std::max(seconds, 1e-9);
     report.seconds = seconds;
     report.lr = learning_rate_at(newest);
-    MemoryReport memory = read_memory_report(Device::cpu(), static_cast<int>(model_->num_stages()));
+    MemoryReport memory = read_memory_report(memory_devices_, static_cast<int>(model_->num_stages()));
+    report.peak_device_bytes = 0;
+    for (const Device& d : memory_devices_) report.peak_device_bytes += allocator.stats(d).peak;
     report.peak_bytes = std::move(memory.peak_bytes);
     report.stage_peak_bytes = std::move(memory.stage_peak_bytes);
     if (config_.track_reconstruction) report.reconstruction_errors = reconstruction_errors();
@@ -314,12 +343,15 @@ Evaluation Trainer::evaluate() {
   Evaluation e;
   double loss_sum = 0;
   std::int64_t correct = 0;
-  while (auto batch = test_loader_->next()) {
-    const Variable logits = model_->forward(Variable(batch->images));
-    const Variable loss = cross_entropy(logits, batch->labels);
-    loss_sum += loss.data().item() * double(batch->labels.numel());
-    correct += ops::count_correct(logits.data(), batch->labels);
-    e.samples += batch->labels.numel();
+  while (auto host = test_loader_->next()) {
+    MiniBatch batch{std::move(host->images), std::move(host->labels)};
+    if (device_batches_) batch = device_batches_->uploader().upload(batch);
+    const Variable logits = model_->forward(Variable(batch.images));
+    const Tensor labels = batch.labels.to(logits.data().device());  // the head may sit on another GPU
+    const Variable loss = cross_entropy(logits, labels);
+    loss_sum += loss.data().item() * double(labels.numel());
+    correct += ops::count_correct(logits.data(), labels);
+    e.samples += batch.labels.numel();
   }
   model_->train();
   e.loss = e.samples ? loss_sum / double(e.samples) : 0;

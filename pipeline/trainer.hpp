@@ -12,6 +12,14 @@
 // Checkpoints (pipeline/checkpoint.hpp) are taken at epoch boundaries and hold the mini-batches in
 // flight: the loader's order and augmentation are functions of (seed, epoch, sample), so a run
 // resumed from a checkpoint reaches bit-identical parameters to an uninterrupted one on the CPU.
+//
+// On a GPU (--devices cuda:N, one device: the sequential executor) the model is moved there once
+// (nn::Module::to; each stage's optimizer state is made there), the mini-batches go up through
+// pipeline/batch_upload.hpp (pinned buffers, a copy stream, the next one's copy overlapping the
+// current step), the test set is evaluated there, and the memory reports are the device's.
+// Checkpoints are the same files as on the CPU (written from the device tensors, read back onto
+// the device), so a run may be resumed on another device. Several GPUs (or several streams of one)
+// run the concurrent executor, each stage on its worker's device.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +35,7 @@
 #include "petra/data/loader.hpp"
 #include "petra/nn/models.hpp"
 #include "petra/nn/schedule.hpp"
+#include "petra/pipeline/batch_upload.hpp"
 #include "petra/pipeline/executor.hpp"
 #include "petra/pipeline/gradient_quality.hpp"
 #include "petra/pipeline/process_group.hpp"
@@ -55,7 +64,8 @@ struct EpochReport {
   double images_per_second = 0;  // training only
   double seconds = 0;            // training only
   double lr = 0;                 // at the end of the epoch
-  std::map<std::string, std::int64_t> peak_bytes;  // by allocator tag, during this epoch
+  std::map<std::string, std::int64_t> peak_bytes;  // by allocator tag, during this epoch (on Trainer::device())
+  std::int64_t peak_device_bytes = 0;               // all tags together, the most live at once
   // Per stage, peak bytes by tag during this epoch (tags with none are left out)
   // plus "total" (the peak of the stage's sum), and with --track-reconstruction the relative error
   // of each stage's last rebuilt input (0 where nothing is rebuilt).
@@ -96,6 +106,10 @@ class Trainer {
   void resume_from(const std::filesystem::path& dir);
 
   nn::Model& model() { return *model_; }
+  // Where the first stage trains (cpu:0, or a GPU of --devices), and the devices whose memory the
+  // epoch reports count (summed over them when there are several GPUs).
+  Device device() const { return device_; }
+  const std::vector<Device>& memory_devices() const { return memory_devices_; }
   const TrainConfig& config() const { return config_; }
   std::int64_t epoch() const { return epoch_; }  // the next epoch to train
   std::int64_t global_step() const { return global_step_; }  // steps of the grid done
@@ -129,6 +143,8 @@ class Trainer {
   std::filesystem::path scratch_directory(const char* what) const;
 
   TrainConfig config_;
+  Device device_ = Device::cpu();
+  std::vector<Device> memory_devices_;
   data::Split split_;
   std::unique_ptr<nn::Model> model_;
   nn::ScheduleConfig schedule_;
@@ -138,6 +154,7 @@ class Trainer {
   Schedule grid_;
   std::int64_t grid_steps_per_epoch_ = 0;
   std::unique_ptr<SequentialExecutor> executor_;
+  std::unique_ptr<DeviceBatches> device_batches_;  // a GPU run's mini-batches (uploaded, prefetched)
   std::unique_ptr<ProcessGroup> group_;  // --mpi: the processes sharing the stages
   std::optional<std::filesystem::path> last_checkpoint_;
   CheckpointMeta data_identity_;  // dataset_identity(split_), when checkpoints are written or read

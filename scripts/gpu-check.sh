@@ -1,51 +1,101 @@
 #!/usr/bin/env bash
 # scripts/gpu-check.sh: the GPU checks, run on a machine with an NVIDIA GPU from the bundle that
-# scripts/gpu-bundle.sh made (.gpu/): the cuda test suite, the kernels' bandwidth (bench-cuda),
-# bench-pipeline on that machine's idle CPUs, and the cuda suite again under compute-sanitizer's
-# memcheck where the sanitizer works. Everything it prints also goes to OUT/gpu-check.log, the
-# benchmarks' numbers to OUT/bench-cuda.json and OUT/bench-pipeline.json.
+# scripts/gpu-bundle.sh made (.gpu/): the cuda test suite, petra-train on the GPU (RevNet18 width 64
+# on synthetic CIFAR-shaped data, batch 128, 300 steps, with backprop, revbackprop and PETRA, then
+# PETRA on two streams of the one GPU), the kernels' bandwidth (bench-cuda), the cuda suite again
+# under compute-sanitizer's memcheck where the sanitizer works, and bench-pipeline on that machine's
+# idle CPUs. Everything it prints also goes to OUT/gpu-check.log, the benchmarks' numbers to
+# OUT/bench-cuda.json and OUT/bench-pipeline.json, each training run's log to OUT/train-<name>.log
+# and .jsonl.
+#
+# It must end within 6 minutes on an H200 (a loan is 15 minutes, and a rerun must fit): every step
+# runs under a timeout, and a step is skipped, saying so, when the whole script has used its budget
+# (BUDGET seconds, default 330). The steps are ordered by what a loan is for: correctness first, then
+# training, then the kernel and CPU benchmarks.
 #
 #   .gpu/gpu-check.sh [bundle-dir] [out-dir]         # defaults: .gpu and $OUT (else ./gpu-out)
 set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-${OUT:-gpu-out}}
+budget=${BUDGET:-330}
 mkdir -p "$out"
 exec > >(tee "$out/gpu-check.log") 2>&1
+
+# step NAME MAX_SECONDS COMMAND...: runs COMMAND under `timeout` for at most MAX_SECONDS, less if the
+# budget is nearly spent, and prints its exit code (124: timed out) and how long it took. With
+# STEP_LOG set, the command's output goes to that file instead.
+step() {
+  local name=$1 max=$2
+  shift 2
+  local left=$((budget - SECONDS))
+  if [ "$left" -lt 15 ]; then
+    echo "== $name: SKIPPED, the budget of ${budget} s is spent (${SECONDS} s so far)"
+    return 0
+  fi
+  [ "$max" -gt "$left" ] && max=$left
+  echo "== $name (at most ${max} s; ${SECONDS} s so far)"
+  local start=$SECONDS
+  if [ -n "${STEP_LOG:-}" ]; then
+    timeout "$max" "$@" > "$STEP_LOG" 2>&1
+  else
+    timeout "$max" "$@"
+  fi
+  local rc=$?
+  echo "== $name: exit code $rc$([ "$rc" -eq 124 ] && echo ' (timed out)') after $((SECONDS - start)) s"
+  return 0
+}
 
 echo "== machine ($(date -u '+%Y-%m-%d %H:%M UTC'))"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 lscpu | grep -E 'Model name|^CPU\(s\)'
 variant=portable
 grep -qw avx512f /proc/cpuinfo && [ -d "$bundle/native" ] && variant=native
+bin="$bundle/$variant"
 echo "binaries: $variant"
 
 # The CUDA libraries: the toolkit's, or those of the Python wheels (site-packages/nvidia/*/lib).
 libdirs=$(find /usr/local /opt -maxdepth 10 \( -name 'libcudart.so.13' -o -name 'libcublas.so.13' \
   -o -name 'libcublasLt.so.13' -o -name 'libcudnn.so.9' -o -name 'libnccl.so.2' \) 2>/dev/null |
   xargs -r -n1 dirname | sort -u | tr '\n' ':')
-export LD_LIBRARY_PATH="$bundle/$variant:$bundle/lib:$libdirs${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$bin:$bundle/lib:$libdirs${LD_LIBRARY_PATH:-}"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-ldd "$bundle/$variant/test-cuda" | grep 'not found' && echo "MISSING LIBRARIES (above)"
+for program in test-cuda petra-train bench-cuda bench-pipeline; do
+  ldd "$bin/$program" | grep 'not found' && echo "MISSING LIBRARIES of $program (above)"
+done
 
-echo "== test-cuda"
-"$bundle/$variant/test-cuda" --duration=true
-echo "test-cuda exit code: $?"
+step "test-cuda" 90 "$bin/test-cuda" --duration=true
 
-echo "== bench-cuda"
-"$bundle/$variant/bench-cuda" --json "$out/bench-cuda.json"
-echo "bench-cuda exit code: $?"
+# Training on the GPU: RevNet18 (width 64, the paper's) on synthetic 3x32x32 images (CIFAR's shape),
+# batch 128, one epoch of 38400 images = 300 steps (PETRA adds the 18 steps that drain its pipeline),
+# no augmentation (the host's work stays small), then the test set (7680 images) on the GPU. The
+# epoch line gives images/s; the next line the allocator's peak bytes on the GPU.
+train() {
+  local name=$1
+  shift
+  STEP_LOG="$out/train-$name.log" step "petra-train $name" 75 "$bin/petra-train" --dataset synthetic \
+    --synthetic-size 38400 --model revnet18 --width 64 --batch-size 128 --epochs 1 --no-augment --threads 8 \
+    --report-memory --log-json "$out/train-$name.jsonl" "$@"
+  [ -f "$out/train-$name.log" ] && tr '\r' '\n' < "$out/train-$name.log" | grep -E "^training on|^placement|^epoch |peak memory|^final|^petra-train: " |
+    tail -n 8
+}
+train backprop --method backprop --devices cuda:0
+train revbackprop --method revbackprop --devices cuda:0
+train petra --method petra --devices cuda:0
+# PETRA's stages on two streams of the one GPU (two workers, the concurrent executor).
+train petra-2-streams --method petra --devices cuda:0,cuda:0
 
-echo "== bench-pipeline (CPU: 2 workers x 1 thread on an otherwise idle host)"
-OMP_WAIT_POLICY=passive timeout 240 "$bundle/$variant/bench-pipeline" --json "$out/bench-pipeline.json"
-echo "bench-pipeline exit code: $? (124: timed out)"
+step "bench-cuda" 45 "$bin/bench-cuda" --json "$out/bench-cuda.json"
 
-echo "== test-cuda under compute-sanitizer memcheck"
 # --report-api-errors no: the suite asks for an impossible allocation on purpose (to check that it
 # becomes OutOfMemoryError), which memcheck would otherwise count as an error.
 if command -v compute-sanitizer > /dev/null; then
-  timeout 150 compute-sanitizer --tool memcheck --leak-check full --report-api-errors no --error-exitcode 9 \
-    "$bundle/$variant/test-cuda"
-  echo "memcheck exit code: $? (0 clean, 9 errors found, 124 timed out)"
+  step "test-cuda under compute-sanitizer memcheck (exit 9: errors found)" 60 \
+    compute-sanitizer --tool memcheck --leak-check full --report-api-errors no --error-exitcode 9 "$bin/test-cuda"
 else
-  echo "compute-sanitizer is not on the PATH"
+  echo "== compute-sanitizer is not on the PATH: memcheck skipped"
 fi
+
+step "bench-pipeline (CPU: 2 workers x 1 thread on an otherwise idle host)" 40 \
+  env OMP_WAIT_POLICY=passive "$bin/bench-pipeline" --json "$out/bench-pipeline.json"
+
+echo "== done in ${SECONDS} s (budget ${budget} s)"

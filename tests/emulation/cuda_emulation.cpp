@@ -9,6 +9,10 @@
 // at __syncthreads blocks lane 1 waiting for lane 0 in a __shfl_sync, nor that a thread returned
 // while the others wait.) Correctness over speed: a block of 256 threads costs a few hundred
 // microseconds.
+//
+// Settings::cooperative runs a block's threads as fibers on the launching thread instead (a stack
+// each, switched by a few lines of assembly at the waits): the same bookkeeping under the same
+// mutex, but a wait yields to the next fiber instead of sleeping on the condition variable.
 #include "tests/emulation/cuda_emulation.hpp"
 
 #include <algorithm>
@@ -22,6 +26,7 @@
 #include <mutex>
 #include <new>
 #include <sstream>
+#include <sys/mman.h>
 #include <thread>
 #include <vector>
 
@@ -286,6 +291,172 @@ class Pool {
   const std::function<void(int)>* job_ = nullptr;
 };
 
+// ---- fibers (Settings::cooperative): the threads of a block as stacks switched on one host thread.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define PETRA_EMULATION_FIBERS 1
+// switch_stack(save, next): saves the callee-saved registers and the SSE/x87 control words on the
+// current stack, stores the stack pointer in *save, continues on the stack `next` (a stack pointer
+// that switch_stack saved, or one set up by Fibers::start), restoring its registers. System V
+// x86-64 only; the first switch into a new fiber "returns" into fiber_trampoline.
+extern "C" void petra_emulation_switch_stack(void** save, void* next);
+extern "C" void petra_emulation_fiber_trampoline();
+asm(R"(
+  .text
+  .globl petra_emulation_switch_stack
+  .type petra_emulation_switch_stack, @function
+petra_emulation_switch_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size petra_emulation_switch_stack, .-petra_emulation_switch_stack
+
+  .globl petra_emulation_fiber_trampoline
+  .type petra_emulation_fiber_trampoline, @function
+petra_emulation_fiber_trampoline:
+  movq %r12, %rdi
+  call petra_emulation_fiber_main
+  ud2
+  .size petra_emulation_fiber_trampoline, .-petra_emulation_fiber_trampoline
+)");
+#else
+#define PETRA_EMULATION_FIBERS 0
+#endif
+
+class Fibers;
+struct Fiber {
+  Fibers* owner = nullptr;
+  int tid = 0;
+  void* stack = nullptr;  // mmap'ed, kStackBytes
+  void* sp = nullptr;     // saved stack pointer while switched out
+  bool finished = true;
+};
+
+// Runs job(i) for i < size as fibers, round robin: each runs until it waits or returns. A waiting
+// fiber calls yield(); when it is resumed it re-checks what it waits for.
+class Fibers {
+ public:
+  static constexpr std::size_t kStackBytes = std::size_t{256} << 10;  // virtual; touched pages only
+
+  ~Fibers() {
+    for (Fiber& f : fibers_) munmap(f.stack, kStackBytes);
+  }
+
+  void run(const std::function<void(int)>& job, int size, const std::function<void(int)>& resume) {
+    while (int(fibers_.size()) < size) {
+      Fiber f;
+      f.stack = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+      if (f.stack == MAP_FAILED) throw std::bad_alloc();
+      fibers_.push_back(f);
+    }
+    job_ = &job;
+    for (int i = 0; i < size; ++i) start(fibers_[std::size_t(i)], i);
+    int running = size;
+    while (running > 0) {
+      for (int i = 0; i < size; ++i) {
+        Fiber& f = fibers_[std::size_t(i)];
+        if (f.finished) continue;
+        resume(i);  // the thread-locals of emulated thread i (threadIdx, current, ...)
+        current_ = &f;
+#if PETRA_EMULATION_FIBERS
+        petra_emulation_switch_stack(&scheduler_sp_, f.sp);
+#endif
+        current_ = nullptr;
+        if (f.finished) --running;
+      }
+    }
+    job_ = nullptr;
+  }
+
+  // Called by a fiber: back to the scheduler, which resumes it after the others had their turn.
+  void yield() {
+#if PETRA_EMULATION_FIBERS
+    Fiber& f = *current_;
+    petra_emulation_switch_stack(&f.sp, scheduler_sp_);
+#endif
+  }
+
+  static Fibers* running() { return active_; }
+  static void set_running(Fibers* f) { active_ = f; }
+
+  // The body of every fiber (reached through the trampoline).
+  void main(Fiber& f) {
+    (*job_)(f.tid);
+    f.finished = true;
+#if PETRA_EMULATION_FIBERS
+    void* discarded = nullptr;
+    petra_emulation_switch_stack(&discarded, scheduler_sp_);
+#endif
+    std::abort();  // never resumed
+  }
+
+ private:
+  // A new fiber's stack: the frame switch_stack pops (control words, six registers with r12 = the
+  // fiber), then the trampoline as the return address. 16-byte aligned at the trampoline's call.
+  void start(Fiber& f, int tid) {
+    f.owner = this;
+    f.tid = tid;
+    f.finished = false;
+#if PETRA_EMULATION_FIBERS
+    auto* top = reinterpret_cast<std::uint64_t*>(static_cast<std::byte*>(f.stack) + kStackBytes);
+    std::uint64_t* sp = top - 10;  // 8 slots used, the rest keeps the alignment
+    std::uint32_t control[2];
+    asm volatile("stmxcsr %0" : "=m"(control[0]));
+    asm volatile("fnstcw %0" : "=m"(control[1]));
+    std::memcpy(&sp[0], control, sizeof control);
+    sp[1] = 0;                                          // r15
+    sp[2] = 0;                                          // r14
+    sp[3] = 0;                                          // r13
+    sp[4] = reinterpret_cast<std::uint64_t>(&f);        // r12: the trampoline's argument
+    sp[5] = 0;                                          // rbx
+    sp[6] = 0;                                          // rbp
+    sp[7] = reinterpret_cast<std::uint64_t>(&petra_emulation_fiber_trampoline);
+    f.sp = sp;
+#endif
+  }
+
+  std::vector<Fiber> fibers_;
+  void* scheduler_sp_ = nullptr;
+  Fiber* current_ = nullptr;
+  const std::function<void(int)>* job_ = nullptr;
+  static thread_local Fibers* active_;
+};
+thread_local Fibers* Fibers::active_ = nullptr;
+
+// Waits, under `lock` on b's mutex, until `done()`: on the condition variable (threads), or
+// yielding to the other fibers (cooperative).
+template <class Done>
+void wait_until(Block& b, std::unique_lock<std::mutex>& lock, Done done) {
+  Fibers* fibers = Fibers::running();
+  if (fibers == nullptr) {
+    b.changed.wait(lock, done);
+    return;
+  }
+  while (!done()) {
+    lock.unlock();
+    fibers->yield();
+    lock.lock();
+  }
+}
+
 std::mutex launch_mutex;  // one launch at a time: __shared__ is `static`
 std::atomic<std::size_t> launch_count{0};
 std::mutex record_mutex;
@@ -373,6 +544,7 @@ void run_grid(const LaunchConfig& c, const std::function<void()>& body) {
   if (current.block != nullptr)
     throw KernelError(what +
                       ": launched from inside a kernel (dynamic parallelism is not emulated)");
+  if (settings().check_stream != nullptr) settings().check_stream(c.stream, true, what.c_str());
   std::lock_guard launch_lock(launch_mutex);
   if (const std::string error = configuration_error(c); !error.empty())
     throw KernelError(what + ": " + error);
@@ -387,9 +559,11 @@ void run_grid(const LaunchConfig& c, const std::function<void()>& body) {
       ::operator new[](std::max<std::size_t>(c.shared_bytes, 1), std::align_val_t(256))));
 
   static Pool pool;
+  static Fibers fibers;
   static Block block;
   const int threads = int(c.block.x * c.block.y * c.block.z);
-  pool.reserve(threads);
+  const bool cooperative = settings().cooperative && PETRA_EMULATION_FIBERS;
+  if (!cooperative) pool.reserve(threads);
   const std::function<void(int)> job = [&](int tid) {
     const unsigned t = unsigned(tid);
     threadIdx = uint3{t % c.block.x, t / c.block.x % c.block.y, t / (c.block.x * c.block.y)};
@@ -434,8 +608,23 @@ void run_grid(const LaunchConfig& c, const std::function<void()>& body) {
       for (unsigned x = 0; x < c.grid.x; ++x) {
         block.reset(dim3(x, y, z), c.block);
         std::memset(dynamic_shared_buffer.get(), 0xff, c.shared_bytes);  // uninitialised: NaN
-        pool.run(job, threads, settings().block_timeout_seconds,
-                 what + ", block " + dims(dim3(x, y, z)));
+        if (cooperative) {
+          Fibers::set_running(&fibers);
+          try {
+            fibers.run(job, threads, [&](int tid) {
+              const unsigned t = unsigned(tid);
+              threadIdx = uint3{t % c.block.x, t / c.block.x % c.block.y, t / (c.block.x * c.block.y)};
+              current = Current{&block, tid};
+            });
+          } catch (...) {
+            Fibers::set_running(nullptr);
+            throw;
+          }
+          Fibers::set_running(nullptr);
+        } else {
+          pool.run(job, threads, settings().block_timeout_seconds,
+                   what + ", block " + dims(dim3(x, y, z)));
+        }
         if (block.failed)
           throw KernelError(what + ", block " + dims(dim3(x, y, z)) + ": " + block.error);
       }
@@ -496,7 +685,7 @@ WarpResult warp_exchange(WarpOp op, unsigned mask, std::uint64_t value,
   b.try_complete(warp, *m, w);
   if (!m->complete) {
     b.check_deadlock();
-    b.changed.wait(lock, [&] { return m->complete || b.failed; });
+    wait_until(b, lock, [&] { return m->complete || b.failed; });
     if (!m->complete) throw Abort{};
   }
   WarpResult r;
@@ -530,29 +719,39 @@ cudaError_t get_device(int* device) {
   return cudaSuccess;
 }
 
-// The emulated machine has one device, 0.
+// The emulated machine has settings().device_count devices (1 unless the emulated device raised it).
 cudaError_t set_device(int device) {
-  if (device != 0) return record(cudaErrorInvalidDevice);
+  if (device < 0 || device >= settings().device_count) return record(cudaErrorInvalidDevice);
   current_device = device;
   return cudaSuccess;
 }
 
 cudaError_t memcpy_async(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind,
-                         cudaStream_t) {
+                         cudaStream_t stream) {
+  if (settings().check_stream != nullptr) settings().check_stream(stream, false, "cudaMemcpyAsync");
   if (bytes == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return record(cudaErrorInvalidValue);
+  if (settings().check_memory != nullptr) {
+    settings().check_memory(src, bytes, "cudaMemcpyAsync (source)");
+    settings().check_memory(dst, bytes, "cudaMemcpyAsync (destination)");
+  }
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 
-cudaError_t memset_async(void* dst, int value, std::size_t bytes, cudaStream_t) {
+cudaError_t memset_async(void* dst, int value, std::size_t bytes, cudaStream_t stream) {
+  if (settings().check_stream != nullptr) settings().check_stream(stream, false, "cudaMemsetAsync");
   if (bytes == 0) return cudaSuccess;
   if (dst == nullptr) return record(cudaErrorInvalidValue);
+  if (settings().check_memory != nullptr) settings().check_memory(dst, bytes, "cudaMemsetAsync");
   std::memset(dst, value, bytes);
   return cudaSuccess;
 }
 
-cudaError_t stream_synchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t stream_synchronize(cudaStream_t stream) {
+  if (settings().check_stream != nullptr) settings().check_stream(stream, false, "cudaStreamSynchronize");
+  return cudaSuccess;
+}
 cudaError_t device_synchronize() { return cudaSuccess; }
 
 cudaError_t func_set_attribute(const void* kernel, cudaFuncAttribute attribute, int value) {
@@ -613,6 +812,14 @@ void __syncthreads(std::source_location where) {
   }
   b.check_deadlock();
   const std::uint64_t phase = b.phase;
-  b.changed.wait(lock, [&] { return b.phase != phase || b.failed; });
+  wait_until(b, lock, [&] { return b.phase != phase || b.failed; });
   if (b.phase == phase) throw Abort{};
 }
+
+#if PETRA_EMULATION_FIBERS
+// The trampoline's target: runs the fiber's emulated thread (petra::cuda_emulation::Fibers::main).
+extern "C" void petra_emulation_fiber_main(void* fiber) {
+  auto& f = *static_cast<petra::cuda_emulation::Fiber*>(fiber);
+  f.owner->main(f);
+}
+#endif

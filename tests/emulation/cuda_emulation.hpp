@@ -9,7 +9,8 @@
 //
 // How a launch runs: the grid's blocks run one after another; the threads of a block run
 // concurrently, one std::thread each (a pool sized to the block, kept between launches). Launches
-// are serialised (one at a time in the process) and synchronous: the stream is ignored.
+// are serialised (one at a time in the process) and synchronous: the stream is only checked, by
+// settings().check_stream when set (the emulated device of tests/emulation/emulated_backend.cpp).
 //
 // What a kernel may use (CUDA's names and signatures):
 //   __global__ __device__ __host__ __forceinline__ __launch_bounds__(...) __restrict__ __constant__
@@ -108,6 +109,28 @@ struct Settings {
   std::size_t grid_stride_block_cap = 8192;
   // A block still running after this long aborts the process (see the top of this file).
   double block_timeout_seconds = 120;  // below meson's timeout of the emulation tests
+  // How a block's threads run. false (the default, what the kernel tests use): one std::thread
+  // per CUDA thread, truly concurrent, so that a missing __syncthreads or a race may show. true:
+  // cooperatively, as fibers on the launching thread, switching only where a thread waits
+  // (__syncthreads, the warp intrinsics): the same checks of barriers, warps and deadlocks and the
+  // same results for race-free kernels, 20-100 times faster (no kernel-mode context switch), but no
+  // race can show, and a kernel that spins waiting for another thread hangs. The emulated device
+  // (tests/emulation/emulated_backend.cpp), which runs whole training steps, turns it on. Ignored
+  // (threads) under AddressSanitizer and off x86-64, where fibers are not implemented here.
+  bool cooperative = false;
+  // Devices cudaSetDevice accepts: [0, device_count). The emulated device of the tests
+  // (tests/emulation/emulated_backend.cpp) raises it to its two GPUs.
+  int device_count = 1;
+  // Called with the stream of every launch (launch = true) and of every runtime call that takes one
+  // (cudaMemcpyAsync, cudaMemsetAsync, cudaStreamSynchronize), and the name of the kernel or call;
+  // it throws to refuse (the emulated device: a stream that is not live, or a launch on a stream of
+  // another device than the calling thread's current one). nullptr: no check (the kernel tests
+  // launch on the null stream).
+  void (*check_stream)(cudaStream_t stream, bool launch, const char* what) = nullptr;
+  // Called with every range of memory a runtime call reads or writes (cudaMemcpyAsync,
+  // cudaMemsetAsync) and the call's name; it throws to refuse (the emulated device: freed device
+  // memory, a range past the end of an allocation). nullptr: no check.
+  void (*check_memory)(const void* p, std::size_t bytes, const char* what) = nullptr;
 };
 Settings& settings();
 
@@ -155,6 +178,7 @@ struct LaunchConfig {
   const void* kernel;       // for the cudaFuncSetAttribute opt-in
   dim3 grid, block;
   std::size_t shared_bytes;
+  cudaStream_t stream;      // checked by settings().check_stream, else ignored (synchronous)
 };
 
 // Checks the configuration, then runs `body` once per thread of every block.
@@ -204,9 +228,9 @@ template <class... Params>
 class Launch {
  public:
   Launch(const char* kernel_text, void (*kernel)(Params...), dim3 grid, dim3 block,
-         std::size_t shared_bytes, cudaStream_t /*stream: the emulation runs synchronously*/)
+         std::size_t shared_bytes, cudaStream_t stream /*checked, then ignored: launches are synchronous*/)
       : kernel_(kernel),
-        config_{kernel_text, reinterpret_cast<const void*>(kernel), grid, block, shared_bytes} {}
+        config_{kernel_text, reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, stream} {}
 
   template <class... Args>
   void operator()(Args&&... args) const {

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# tests/cli/emulated_gpu_train.sh PETRA_TRAIN_EMULATED WORKDIR: petra-train on the emulated GPUs
+# (petra-train-emulated: petra-train's own objects linked with the emulated device,
+# tests/emulation/emulated_device.hpp), with the command lines of scripts/gpu-check.sh shrunk to
+# what the emulation runs in seconds: the same flags (synthetic CIFAR-shaped data, --no-augment,
+# --report-memory, --log-json) for backprop, revbackprop and PETRA on cuda:0, PETRA on two streams
+# of cuda:0 and on cuda:0 + cuda:1. Each must exit 0, say where it trained, print images/s and the
+# peak memory on the GPU, the per-stage memory table, and a JSON log with the epoch's numbers.
+set -euo pipefail
+train=$(realpath "$1")
+dir=$2/emulated-gpu-train
+rm -rf "$dir" && mkdir -p "$dir" && cd "$dir"
+common=(--dataset synthetic --synthetic-size 8 --model revnet18 --width 2 --batch-size 4 --epochs 1 --no-augment
+        --threads 1 --report-memory)
+run() {
+  local name=$1
+  shift
+  if ! "$train" "${common[@]}" --log-json "$name.jsonl" "$@" > "$name.log" 2>&1; then
+    echo "FAIL: $name exited non-zero:" && cat "$name.log" && return 1
+  fi
+  for pattern in "^training on cuda:0" "^epoch 1/1: .* img/s" "peak memory on cuda:0.*: [0-9.]* MB" "peak MB per stage"; do
+    grep -q -- "$pattern" "$name.log" || { echo "FAIL: $name: no line matching '$pattern':"; cat "$name.log"; return 1; }
+  done
+  python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); assert r["images_per_second"] > 0, r' \
+    "$name.jsonl"
+  echo "ok: $name: $(grep -E '^epoch 1/1' "$name.log" | cut -c1-120)"
+}
+run backprop --method backprop --devices cuda:0
+run revbackprop --method revbackprop --devices cuda:0
+run petra --method petra --devices cuda:0
+run petra-2-streams --method petra --devices cuda:0,cuda:0
+run petra-2-gpus --method petra --devices cuda:0,cuda:1 --placement 0,0,0,0,0,1,1,1,1,1
+grep -q "peak memory on cuda:0 + cuda:1" petra-2-gpus.log || { echo "FAIL: petra-2-gpus: memory not of both GPUs"; exit 1; }
+# No such GPU: exit 6 as on any machine.
+set +e
+"$train" "${common[@]}" --method petra --devices cuda:2 > no-such-gpu.log 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 6 ] && grep -q -- "--devices cuda:2: no such GPU" no-such-gpu.log ||
+  { echo "FAIL: --devices cuda:2 gave exit $rc:"; cat no-such-gpu.log; exit 1; }
+echo "ok: --devices cuda:2: exit 6"

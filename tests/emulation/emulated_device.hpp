@@ -1,0 +1,39 @@
+// tests/emulation/emulated_device.hpp: what the tests can ask the emulated device
+// (tests/emulation/emulated_backend.cpp) beyond petra/cuda_backend.hpp.
+//
+// The emulated device is petra's CUDA runtime layer (petra/cuda_backend.hpp) on host memory, two
+// GPUs, with every kernel of kernels/cuda/ compiled by g++ against the CUDA emulation
+// (cuda_emulation.hpp) and run on the CPU. It exists only in the test executable
+// test-emulated-device (tests/meson.build), which links the very object files of libpetra-core and
+// libpetra except the real runtime layer and the nvcc-compiled kernels. Work is synchronous (a
+// launch or a copy is done when the call returns), so it cannot show a missing event; what it does
+// show as errors is misuse a GPU would punish: a stream or event used after it was destroyed, the
+// null (legacy default) stream, a kernel launched on a stream of another device than the current
+// one, an event recorded on a stream of another device, a wait on an event never recorded, device
+// memory used after it was freed or past its end, a double free.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace petra::emulated_device {
+
+inline constexpr int kDevices = 2;  // cuda:0 and cuda:1
+
+// What is live now on the emulated machine.
+struct Live {
+  std::int64_t device_blocks = 0, device_bytes = 0;  // malloc_device not yet freed, all devices
+  std::int64_t pinned_blocks = 0, pinned_bytes = 0;  // malloc_host not yet freed
+  std::int64_t streams = 0, events = 0;              // created, not yet destroyed
+  std::int64_t event_records = 0;                    // event_record calls so far (not a live count)
+};
+Live live();
+
+// Kernel launches so far on streams of `device`.
+std::int64_t launches(int device);
+
+// Device memory each emulated GPU holds (default 1 GiB): malloc_device beyond it throws
+// OutOfMemoryError, as cudaMalloc on a full GPU does. Returns the previous value.
+std::size_t set_capacity(std::size_t bytes_per_device);
+
+}  // namespace petra::emulated_device
