@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <fstream>
 #include <new>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,7 @@
 #include "petra/petra.hpp"
 #include "petra/pipeline/checkpoint.hpp"
 #include "petra/pipeline/memory_report.hpp"
+#include "petra/pipeline/stage_layout.hpp"
 #include "petra/pipeline/trainer.hpp"
 
 namespace {
@@ -171,6 +173,34 @@ std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
+// The model and image shape that --print-model and --print-schedule describe: no data is loaded, so
+// the dataset's usual shape (Fashion-MNIST's unless another dataset is named).
+petra::nn::ModelConfig described_model(const petra::pipeline::TrainConfig& c) {
+  petra::nn::ModelConfig m;
+  m.arch = c.arch;
+  m.width = c.width;
+  m.stem = c.stem;
+  const bool gray = c.dataset == "fashion-mnist" || c.dataset == "mnist";
+  m.in_channels = gray ? 1 : 3;
+  m.classes = c.classes > 0 ? c.classes : (c.dataset == "cifar100" ? 100 : c.dataset == "imagenet32" ? 1000 : 10);
+  return m;
+}
+
+petra::Shape described_image(const petra::pipeline::TrainConfig& c) {
+  const petra::nn::ModelConfig m = described_model(c);
+  const std::int64_t side = c.stem == "imagenet" ? 224 : m.in_channels == 1 ? 28 : 32;
+  return petra::Shape{m.in_channels, side, side};
+}
+
+// "1,4,5: 3 stages, modelled cost 6% 46% 48%" (empty sizes: one block per stage).
+std::string layout_text(const std::vector<std::int64_t>& sizes, const std::vector<petra::pipeline::BlockProfile>& blocks) {
+  const std::vector<double> shares = petra::pipeline::stage_cost_shares(blocks, sizes);
+  std::string text = sizes.empty() ? fmt::format("one block per stage") : fmt::format("{}", fmt::join(sizes, ","));
+  text += fmt::format(": {} stages, modelled cost", shares.size());
+  for (double share : shares) text += fmt::format(" {:.0f}%", 100 * share);
+  return text;
+}
+
 // --placement "0,0,1,1": one worker index per stage; ValueError naming the flag and the item.
 std::vector<int> parse_placement(const std::string& text) {
   std::vector<int> workers;
@@ -227,6 +257,14 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
                                                                           : petra::default_cpu_threads());
   if (trainer.device().is_cuda())
     std::printf("training on %s: %s\n", trainer.device().str().c_str(), petra::cuda_backend::describe().c_str());
+  if (!eval_only) {
+    const petra::Tensor& images = trainer.data().train.images;
+    petra::nn::ModelConfig model = trainer.model().config();
+    std::printf("stages (--stages %s): %s\n", config.stages.empty() ? "blocks" : config.stages.c_str(),
+                layout_text(trainer.config().stage_sizes,
+                            petra::pipeline::profile_blocks(model, {images.size(1), images.size(2), images.size(3)}))
+                    .c_str());
+  }
   if (trainer.last_checkpoint())
     std::printf("resumed from %s at epoch %lld\n", trainer.last_checkpoint()->c_str(),
                 static_cast<long long>(trainer.epoch() + 1));
@@ -351,9 +389,11 @@ int main(int argc, char** argv) {
   app.add_option("--classes", c.classes, "output classes (default: the dataset's; needed for an npy directory without "
                  "classes.txt)")
       ->group(model)->check(CLI::Range(std::int64_t{1}, petra::data::kMaxClasses));
-  std::string stages_text;
-  app.add_option("--stages", stages_text, "pipeline stages: J (blocks split as evenly as possible) or blocks per stage, "
-                 "e.g. 1,2,2,5 (default: one block per stage, J = 10 for revnet18)")->group(model);
+  std::string stages_text = "auto";
+  app.add_option("--stages", stages_text, "pipeline stages: auto (a pipelined method: one stage per worker, cut where "
+                 "the modelled costs balance; a synchronous one: one block per stage), blocks (one block per stage, "
+                 "the paper's: J = 10 for revnet18), J (blocks split as evenly as possible) or blocks per stage, "
+                 "e.g. 1,2,2,5")->group(model)->capture_default_str();
   app.add_flag("--print-model", print_model, "print each stage (kind, shapes, parameters) and exit")->group(model);
   auto* training = "Training";
   app.add_option("--method", method,
@@ -450,33 +490,32 @@ int main(int argc, char** argv) {
     if (devices_text.empty() && petra::pipeline::is_delayed(c.method) && !c.mpi) devices_text = "cpu:0,cpu:1";
     if (!devices_text.empty())
       for (const auto& d : split_list(devices_text)) c.devices.push_back(petra::Device::parse(d));
-    if (!stages_text.empty()) c.stage_sizes = petra::nn::parse_stage_sizes(stages_text, c.arch);
+    c.stages = stages_text;
+    if (print_schedule > 0 || print_model) {  // no data is loaded: the dataset's usual shape
+      const int workers = std::max(1, static_cast<int>(c.devices.size()));
+      c.stage_sizes = petra::pipeline::resolve_stage_layout(c.stages, described_model(c), described_image(c), c.method,
+                                                            workers);
+    }
     if (!placement_text.empty())
       c.placement = parse_placement(placement_text);
     if (print_schedule > 0) {
-      petra::nn::ModelConfig m;
-      m.arch = c.arch;
-      m.width = 1;
-      m.stage_sizes = c.stage_sizes;
-      const int stages = static_cast<int>(petra::nn::Model(m).num_stages());
+      const int stages = c.stage_sizes.empty() ? static_cast<int>(petra::nn::block_count(c.arch))
+                                               : static_cast<int>(c.stage_sizes.size());
+      std::printf("# stages (--stages %s): %s\n", c.stages.c_str(),
+                  layout_text(c.stage_sizes, petra::pipeline::profile_blocks(described_model(c), described_image(c))).c_str());
       std::printf("%s", petra::pipeline::to_text(petra::pipeline::make_schedule(c.method, stages, print_schedule,
                                                                                c.accumulation, false)).c_str());
       return kOk;
     }
     report_memory_after = report_memory;
     if (print_model) {
-      petra::nn::ModelConfig m;
-      m.arch = c.arch;
-      m.width = c.width;
-      m.stem = c.stem;
+      petra::nn::ModelConfig m = described_model(c);
       m.stage_sizes = c.stage_sizes;
-      // Fashion-MNIST's shape unless another dataset is named (a summary does not load the data).
-      const bool gray = c.dataset == "fashion-mnist" || c.dataset == "mnist";
-      m.in_channels = gray ? 1 : 3;
-      m.classes = c.classes > 0 ? c.classes : (c.dataset == "cifar100" ? 100 : c.dataset == "imagenet32" ? 1000 : 10);
-      const std::int64_t side = c.stem == "imagenet" ? 224 : gray ? 28 : 32;
       petra::nn::Model net(m);
-      std::printf("%s", net.summary({1, m.in_channels, side, side}).c_str());
+      const petra::Shape image = described_image(c);
+      std::printf("stages (--stages %s): %s\n", c.stages.c_str(),
+                  layout_text(c.stage_sizes, petra::pipeline::profile_blocks(m, image)).c_str());
+      std::printf("%s", net.summary({1, image[0], image[1], image[2]}).c_str());
       return kOk;
     }
     return train(c, eval_only, save_params, log_json, plot);

@@ -33,6 +33,9 @@ struct TrainConfig {
   std::string stem = "cifar";
   std::int64_t classes = 0;  // 0: the dataset's
   std::vector<std::int64_t> stage_sizes;  // blocks per pipeline stage; empty: one block per stage
+  // --stages as text ("auto", "blocks", "J", "a,b,c"; pipeline/stage_layout.hpp), resolved by the
+  // Trainer into stage_sizes once it knows the data's shape and its workers; empty: stage_sizes as given.
+  std::string stages;
   // method and optimization
   PipelineMethod method = PipelineMethod::backprop;
   // pipelined methods (petra, dsp, pipedream, delayed-reversible)

@@ -16,6 +16,7 @@
 #include "petra/pipeline/checkpoint.hpp"
 #include "petra/pipeline/memory_report.hpp"
 #include "petra/pipeline/placement.hpp"
+#include "petra/pipeline/stage_layout.hpp"
 
 namespace petra::pipeline {
 
@@ -85,6 +86,15 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   model.classes = config_.classes;
   model.stem = config_.stem;
   model.seed = config_.seed;
+  // --stages: resolved now that the images' shape and the pipeline's workers are known (the
+  // processes of one replica under --mpi, else the devices).
+  if (!config_.stages.empty()) {
+    const Tensor& images = split_.train.images;
+    const int workers = group_ ? group_->size() / group_->replicas()
+                               : std::max(1, static_cast<int>(config_.devices.size()));
+    const Shape image{images.size(1), images.size(2), images.size(3)};
+    config_.stage_sizes = resolve_stage_layout(config_.stages, model, image, config_.method, workers);
+  }
   model.stage_sizes = config_.stage_sizes;
   model_ = std::make_unique<nn::Model>(model);
   if (!config_.load_params.empty()) model_->load_state(config_.load_params);

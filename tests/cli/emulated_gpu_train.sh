@@ -11,7 +11,7 @@ train=$(realpath "$1")
 dir=$2/emulated-gpu-train
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir"
 common=(--dataset synthetic --synthetic-size 8 --model revnet18 --width 2 --batch-size 4 --epochs 1 --no-augment
-        --threads 1 --report-memory)
+        --threads 1 --report-memory --stages blocks)
 run() {
   local name=$1
   shift

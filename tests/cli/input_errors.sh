@@ -56,7 +56,7 @@ open(os.path.join(directory, "classes.txt"), "w").write("zero\none\n")
 PY
 }
 
-synthetic=(--dataset synthetic --synthetic-size 64 --batch-size 16 --threads 1)
+synthetic=(--dataset synthetic --synthetic-size 64 --batch-size 16 --threads 1 --stages blocks)
 
 # ---- flags: exit 2, naming the flag (and the limit)
 expect 2 "--placement 'a,b': 'a' is not a worker index" "${synthetic[@]}" --method petra --placement a,b --epochs 0

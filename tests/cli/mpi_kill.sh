@@ -8,7 +8,7 @@ mpirun=$2
 dir=$3/mpi-kill
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir"
 OMP_NUM_THREADS=1 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$train" --mpi --method petra \
-    --dataset synthetic --synthetic-size 4096 --batch-size 32 --width 4 --threads 1 --epochs 100 \
+    --dataset synthetic --synthetic-size 4096 --batch-size 32 --width 4 --threads 1 --epochs 100 --stages blocks \
     --message-timeout 20 --log-json "$dir/log.jsonl" > out.txt 2> err.txt &
 launcher=$!
 # The rank-1 process: a petra-train whose environment says so.

@@ -14,7 +14,7 @@ mpirun=$2
 dir=$3/mpi-replicas
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir"
 run() { OMP_NUM_THREADS=1 "$mpirun" --allow-run-as-root --oversubscribe -np "$@"; }
-common=(--dataset synthetic --batch-size 32 --width 4 --threads 1)
+common=(--dataset synthetic --batch-size 32 --width 4 --threads 1 --stages blocks)
 
 sync=("${common[@]}" --method backprop --synthetic-size 256 --epochs 2)
 "$train" "${sync[@]}" --accumulation 2 --save-params one > one.txt

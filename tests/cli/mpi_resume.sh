@@ -10,7 +10,7 @@ train=$(realpath "$1")
 mpirun=$2
 dir=$3/mpi-resume
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir"
-args=(--method petra --dataset synthetic --synthetic-size 256 --batch-size 32 --width 4 --threads 1 --epochs 3
+args=(--method petra --stages blocks --dataset synthetic --synthetic-size 256 --batch-size 32 --width 4 --threads 1 --epochs 3
       --mpi --checkpoint-dir ck)
 run() { OMP_NUM_THREADS=1 "$mpirun" --allow-run-as-root --oversubscribe -np "$@"; }
 run 3 "$train" "${args[@]}" --log-json full.jsonl --save-params full-params > full.txt

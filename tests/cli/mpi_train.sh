@@ -7,7 +7,7 @@ train=$(realpath "$1")
 mpirun=$2
 dir=$3/mpi-train
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir"
-args=(--method petra --dataset synthetic --synthetic-size 256 --batch-size 32 --width 4 --threads 1 --epochs 2)
+args=(--method petra --stages blocks --dataset synthetic --synthetic-size 256 --batch-size 32 --width 4 --threads 1 --epochs 2)
 "$train" "${args[@]}" --devices cpu:0 --log-json one.jsonl > one.txt
 OMP_NUM_THREADS=1 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$train" "${args[@]}" --mpi \
     --log-json two.jsonl > two.txt
