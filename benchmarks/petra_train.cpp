@@ -442,6 +442,10 @@ int main(int argc, char** argv) {
   app.add_option("--bn-statistics", bn_statistics,
                  "which pass moves batch norm's running statistics: the forward, or the recomputation in the backward")
       ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"forward", "backward"}));
+  app.add_option("--bn-refresh-batches", c.bn_refresh_batches,
+                 "after a pipelined method drains its pipeline (the run's end, or every epoch with --flush-each-epoch), "
+                 "recompute batch norm's running statistics over the epoch's last N mini-batches (0: off)")
+      ->group(pipelining)->capture_default_str()->check(CLI::Range(std::int64_t{0}, std::int64_t{100000}));
   app.add_option("--epochs", c.epochs, "epochs to train")->group(training)->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--max-steps", c.max_steps, "stop after this many mini-batches in total")->group(training);
   app.add_option("--batch-size", c.batch_size, "mini-batch size")->group(training)->capture_default_str()->check(CLI::PositiveNumber);

@@ -37,7 +37,7 @@ BatchNorm2d::BatchNorm2d(std::int64_t channels, const Init& init, double momentu
 Variable BatchNorm2d::forward(const Variable& x) const {
   BatchNormOptions o;
   o.training = is_training();
-  o.momentum = momentum_;
+  o.momentum = RunningStatsMomentumGuard::momentum_or(momentum_);
   o.eps = eps_;
   // Evaluation reads the running statistics; training updates them only when the guard allows.
   const bool pass_running = !o.training || RunningStatsGuard::updates_enabled();
@@ -55,10 +55,21 @@ Variable Linear::forward(const Variable& x) const { return linear(x, weight_, bi
 namespace {
 thread_local bool tls_running_stats = true;
 thread_local StatisticsPass tls_statistics_pass = StatisticsPass::forward;
+thread_local double tls_statistics_momentum = -1;  // < 0: no RunningStatsMomentumGuard alive
 }  // namespace
 RunningStatsGuard::RunningStatsGuard(bool update) : saved_(tls_running_stats) { tls_running_stats = update; }
 RunningStatsGuard::~RunningStatsGuard() { tls_running_stats = saved_; }
 bool RunningStatsGuard::updates_enabled() { return tls_running_stats; }
+
+RunningStatsMomentumGuard::RunningStatsMomentumGuard(double momentum) : saved_(tls_statistics_momentum) {
+  PETRA_CHECK(momentum > 0 && momentum <= 1, ValueError, "RunningStatsMomentumGuard: momentum ", momentum,
+              " outside (0, 1]");
+  tls_statistics_momentum = momentum;
+}
+RunningStatsMomentumGuard::~RunningStatsMomentumGuard() { tls_statistics_momentum = saved_; }
+double RunningStatsMomentumGuard::momentum_or(double own) {
+  return tls_statistics_momentum < 0 ? own : tls_statistics_momentum;
+}
 
 StatisticsPass parse_statistics_pass(std::string_view name) {
   if (name == "forward") return StatisticsPass::forward;

@@ -82,6 +82,22 @@ class RunningStatsGuard {
   bool saved_;
 };
 
+// While alive, training-mode batch norm on this thread that moves its running statistics does so
+// with `momentum` instead of its own: 1/(i+1) for the i-th of a series of batches makes the
+// statistics their cumulative average, whatever they were before (Trainer's recomputation after a
+// drain; torch.optim.swa_utils.update_bn does the same with momentum None).
+class RunningStatsMomentumGuard {
+ public:
+  explicit RunningStatsMomentumGuard(double momentum);
+  ~RunningStatsMomentumGuard();
+  RunningStatsMomentumGuard(const RunningStatsMomentumGuard&) = delete;
+  RunningStatsMomentumGuard& operator=(const RunningStatsMomentumGuard&) = delete;
+  static double momentum_or(double own);  // the guard's momentum if one is alive on this thread, else `own`
+
+ private:
+  double saved_;
+};
+
 // Which pass of a stage moves batch norm's running statistics (per thread, for the stages' backward
 // recomputations: nn::backward_from_input and the reversible reconstruction read it).
 enum class StatisticsPass { forward, backward };

@@ -39,6 +39,7 @@ void validate(const TrainConfig& c) {
   PETRA_CHECK(c.epochs >= 0, ValueError, "epochs must be >= 0, got ", c.epochs);
   PETRA_CHECK(c.batch_size >= 1, ValueError, "batch size must be >= 1, got ", c.batch_size);
   PETRA_CHECK(c.accumulation >= 1, ValueError, "accumulation must be >= 1, got ", c.accumulation);
+  PETRA_CHECK(c.bn_refresh_batches >= 0, ValueError, "--bn-refresh-batches must be >= 0, got ", c.bn_refresh_batches);
   PETRA_CHECK(c.lr >= 0, ValueError, "learning rate must be >= 0, got ", c.lr);
   PETRA_CHECK(c.weight_decay >= 0, ValueError, "weight decay must be >= 0, got ", c.weight_decay);
   PETRA_CHECK(c.threads >= 0, ValueError, "threads must be >= 0, got ", c.threads);
@@ -80,9 +81,11 @@ namespace {
 // Keys whose values must agree between a checkpoint and the run resuming it.
 const char* const kResumeKeys[] = {"dataset", "arch", "width", "stem", "classes", "method", "optimizer",
                                    "batch_size", "accumulation", "seed", "augment", "shuffle", "flush_each_epoch",
-                                   "bn_statistics", "delay_compensation", "stage_sizes"};
+                                   "bn_statistics", "delay_compensation", "stage_sizes",
+                                   "bn_refresh_batches"};
 // Resume keys that checkpoints written before they existed lack, with the value those runs had.
-const std::map<std::string, std::string> kKeysAddedLater = {{"delay_compensation", "false"}, {"stage_sizes", ""}};
+const std::map<std::string, std::string> kKeysAddedLater = {
+    {"delay_compensation", "false"}, {"stage_sizes", ""}, {"bn_refresh_batches", "0"}};
 
 // "3,3,4"; "" for one block per stage (the default, however it was spelled).
 std::string stage_sizes_text(const std::vector<std::int64_t>& sizes) {
@@ -124,6 +127,7 @@ std::map<std::string, std::string> describe(const TrainConfig& c) {
           {"threads", std::to_string(c.threads)},
           {"flush_each_epoch", c.flush_each_epoch ? "true" : "false"},
           {"bn_statistics", c.bn_statistics == nn::StatisticsPass::forward ? "forward" : "backward"},
+          {"bn_refresh_batches", std::to_string(c.bn_refresh_batches)},
           {"delay_compensation", c.delay_compensation ? "true" : "false"}};
 }
 

@@ -49,6 +49,9 @@ struct TrainConfig {
   std::int64_t track_gradient_quality = 0;  // every N steps of the grid (0: off); pipelined only
   bool flush_each_epoch = false;  // drain the pipeline at every epoch end (default: never flushed)
   nn::StatisticsPass bn_statistics = nn::StatisticsPass::forward;  // which pass moves BN running stats
+  // After a drain, batch norm's running statistics are recomputed over the epoch's last this many
+  // mini-batches (a cumulative average; 0: left as the forward passes moved them). docs/petra.md §5.
+  std::int64_t bn_refresh_batches = 32;
   bool delay_compensation = false;  // spike compensation of the delayed stages' momentum (sgd only)
   double message_timeout = 600;  // seconds a worker waits for a message before the run fails
   bool mpi = false;  // the stages spread over the processes of mpirun (pipeline/process_group.hpp)

@@ -322,6 +322,15 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
     report.peak_bytes = std::move(memory.peak_bytes);
     report.stage_peak_bytes = std::move(memory.stage_peak_bytes);
     if (config_.track_reconstruction) report.reconstruction_errors = reconstruction_errors();
+    // A drained epoch (the run's last, or every one with --flush-each-epoch) ends with 2(J-1-j)
+    // updates of stage j that no forward pass saw, so the running statistics describe an older
+    // network (early in training, evaluation then fails outright: docs/petra.md §5). They are
+    // recomputed over the epoch's last mini-batches, identically in every process.
+    const bool drained = is_delayed(config_.method) && (last_epoch || config_.flush_each_epoch);
+    if (drained && config_.bn_refresh_batches > 0) {
+      const std::int64_t end = std::min((epoch_ + 1) * S, grid_.batches);
+      recompute_batch_norm_statistics(std::max(epoch_ * S, end - config_.bn_refresh_batches), end);
+    }
     const Evaluation test = evaluate();  // current parameters; mini-batches may still be in flight
     report.test_loss = test.loss;
     report.test_accuracy = test.accuracy;
@@ -344,6 +353,18 @@ std::vector<double> Trainer::reconstruction_errors() {
   for (std::size_t j = 0; j < executor_->num_stages(); ++j)
     errors.push_back(executor_->stage(j).last_reconstruction_error());
   return errors;
+}
+
+void Trainer::recompute_batch_norm_statistics(std::int64_t first, std::int64_t end) {
+  NoGradGuard no_grad;
+  nn::RunningStatsGuard update(true);
+  model_->train();
+  for (std::int64_t m = first; m < end; ++m) {
+    nn::RunningStatsMomentumGuard cumulative(1.0 / static_cast<double>(m - first + 1));
+    MiniBatch batch = batch_of(m);
+    if (device_batches_) batch = device_batches_->uploader().upload(batch);
+    model_->forward(Variable(batch.images));
+  }
 }
 
 Evaluation Trainer::evaluate() {

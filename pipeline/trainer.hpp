@@ -99,6 +99,9 @@ class Trainer {
   void run(const std::function<void(const StepProgress&)>& on_step,
            const std::function<void(const EpochReport&)>& on_epoch);
   Evaluation evaluate();  // the test set, current parameters, evaluation mode
+  // Batch norm's running statistics as the cumulative average over mini-batches [first, end) of the
+  // grid, forward only, with the current parameters (run() does it after a drain: docs/petra.md §5).
+  void recompute_batch_norm_statistics(std::int64_t first, std::int64_t end);
   // Continues from checkpoint directory `dir` (config.resume does this with the latest checkpoint,
   // verified against its MANIFEST first): its keys must match this run's (resume_mismatch, the data
   // set's identity), its counters its directory's name and this run's grid, and its state the

@@ -95,6 +95,31 @@ TEST_CASE("batch norm: running statistics move in training, are read in eval, an
   CHECK(y[0] == doctest::Approx((1 - 0.4) / std::sqrt(0.9 + 0.1 * 20.0 / 3.0 + 1e-5)).epsilon(1e-5));
 }
 
+TEST_CASE("batch norm: a momentum guard of 1/(i+1) makes the running statistics a cumulative average") {
+  Init init(0);
+  BatchNorm2d bn(1, init);
+  const Tensor a = Tensor::from_vector<float>({4, 1, 1, 1}, {1, 3, 5, 7});    // mean 4, unbiased var 20/3
+  const Tensor b = Tensor::from_vector<float>({4, 1, 1, 1}, {10, 10, 12, 12});  // mean 11, unbiased var 4/3
+  NoGradGuard no_grad;
+  bn.forward(Variable(b));  // stale statistics, which the first guarded batch must forget
+  {
+    RunningStatsMomentumGuard first(1.0);
+    bn.forward(Variable(a));
+  }
+  CHECK(bn.running_mean().to_vector<float>()[0] == doctest::Approx(4));
+  CHECK(bn.running_var().to_vector<float>()[0] == doctest::Approx(20.0 / 3.0));
+  {
+    RunningStatsMomentumGuard second(0.5);
+    bn.forward(Variable(b));
+  }
+  CHECK(bn.running_mean().to_vector<float>()[0] == doctest::Approx(7.5));
+  CHECK(bn.running_var().to_vector<float>()[0] == doctest::Approx((20.0 / 3.0 + 4.0 / 3.0) / 2));
+  // Without a guard the layer's own momentum (0.1) is back.
+  bn.forward(Variable(a));
+  CHECK(bn.running_mean().to_vector<float>()[0] == doctest::Approx(0.9 * 7.5 + 0.1 * 4));
+  CHECK_THROWS_AS(RunningStatsMomentumGuard(0.0), ValueError);
+}
+
 TEST_CASE("train/eval and zero_grad reach every submodule") {
   ModelConfig config;
   config.width = 4;

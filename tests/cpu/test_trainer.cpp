@@ -105,6 +105,29 @@ TEST_CASE("damaged or mismatched checkpoints are refused with a clear message") 
   }
 }
 
+TEST_CASE("after the final drain, batch norm's running statistics are recomputed over the last mini-batches") {
+  TrainConfig c = tiny({});
+  c.method = PipelineMethod::petra;
+  c.accumulation = 1;
+  c.epochs = 2;  // 4 mini-batches per epoch: the last epoch's are 4..7
+  c.bn_refresh_batches = 3;
+  Trainer refreshed(c);
+  refreshed.run({}, {});
+  c.bn_refresh_batches = 0;
+  Trainer as_moved(c);
+  as_moved.run({}, {});
+  CHECK(parameters_of(refreshed) == parameters_of(as_moved));  // only the buffers change
+  const auto buffers_of = [](Trainer& t) {
+    std::vector<std::vector<float>> out;
+    for (const auto& [name, b] : t.model().named_buffers()) out.push_back(b.to_vector<float>());
+    return out;
+  };
+  const auto before = buffers_of(as_moved);
+  CHECK(buffers_of(refreshed) != before);
+  as_moved.recompute_batch_norm_statistics(5, 8);  // what run() did: the epoch's last 3
+  CHECK(buffers_of(refreshed) == buffers_of(as_moved));
+}
+
 TEST_CASE("options of the pipelined methods are refused, with a reason, for the synchronous ones") {
   TrainConfig c = tiny({});
   c.track_reconstruction = true;

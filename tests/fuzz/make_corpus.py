@@ -146,7 +146,8 @@ def checkpoint_corpus(petra_train):
         ckpt = os.path.join(work, "ck")
         # The run fuzz_checkpoint.cpp builds: PETRA, RevNet18 width 1, synthetic 2 images, batch 1, 2 epochs.
         subprocess.run([petra_train, "--dataset", "synthetic", "--synthetic-size", "2", "--batch-size", "1",
-                        "--width", "1", "--epochs", "2", "--method", "petra", "--devices", "cpu:0", "--threads", "1",
+                        "--width", "1", "--epochs", "2", "--method", "petra", "--stages", "blocks", "--devices", "cpu:0",
+                        "--threads", "1",
                         "--checkpoint-dir", ckpt], check=True, stdout=subprocess.DEVNULL)
         for epoch in (1, 2):
             name = f"epoch-{epoch:06d}"
