@@ -26,7 +26,9 @@
 #include "petra/kernels/conv2d.hpp"
 #include "petra/kernels/cuda_libraries.hpp"
 #include "petra/kernels/linear.hpp"
+#include "petra/ops.hpp"
 #include "petra/stream.hpp"
+#include "petra/tensor.hpp"
 #include "tests/support/testing.hpp"
 
 namespace cb = petra::cuda_backend;
@@ -52,6 +54,19 @@ TEST_CASE("conv impl: the setting is checked and refuses cuDNN where the build h
   }
   petra::set_conv_impl(petra::ConvImpl::petra);
   CHECK(petra::conv_impl() == petra::ConvImpl::petra);
+}
+
+TEST_CASE("conv impl: CPU tensors ignore the setting (there is no CPU cuDNN)") {
+  if (!petra::cudnn_compiled()) return;  // the setting cannot be cudnn in this build
+  const auto x = petra::Tensor::uniform({2, 3, 5, 5}, 1, -1.0, 1.0), w = petra::Tensor::uniform({4, 3, 3, 3}, 2, -1.0, 1.0);
+  const auto bias = petra::Tensor::uniform({4}, 3, -1.0, 1.0);
+  const petra::Conv2dOptions o{1, 1};
+  const std::vector<float> with_petra = petra::ops::conv2d_forward(x, w, bias, o).to_vector<float>();
+  petra::set_conv_impl(petra::ConvImpl::cudnn);
+  const std::vector<float> with_cudnn_set = petra::ops::conv2d_forward(x, w, bias, o).to_vector<float>();
+  petra::set_conv_impl(petra::ConvImpl::petra);
+  CHECK(with_cudnn_set == with_petra);  // the same CPU kernel, the same bits
+  CHECK(with_petra.size() == 2 * 4 * 5 * 5);
 }
 
 #if PETRA_HAVE_CUDA && (PETRA_HAVE_CUBLAS || PETRA_HAVE_CUDNN)
