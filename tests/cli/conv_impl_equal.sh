@@ -8,7 +8,7 @@
 # a relative 1e-3 on the mean training loss and the test loss. Skipped (exit 77) without a GPU or in a
 # build without cuDNN.
 set -uo pipefail
-train=$1
+train=$(realpath "$1")
 dir=$2/conv-impl-equal
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir" || exit 1
 common=(--dataset synthetic --synthetic-size 256 --model revnet18 --width 8 --batch-size 32 --epochs 1 --max-steps 8
