@@ -1,20 +1,25 @@
-// benchmarks/bench-cuda: the memory bandwidth of petra's CUDA kernels, against a device copy.
+// benchmarks/bench-cuda: petra's CUDA kernels against the device's copy bandwidth and cuDNN.
 //
-// The CUDA kernels petra has so far (kernels/cuda/: element-wise ops and the fused reversible
-// coupling) are all memory-bound, so the one number that matters is how close each comes to the
-// device's bandwidth. For each kernel, on tensors of --elements floats in device memory:
-//   1. launch it --repeats times on one stream after a warm-up, time the batch on the host
-//      (launch, then stream_synchronize), and report the minimal traffic (bytes each element must
-//      read and write) divided by the time per launch;
-//   2. compare it with cudaMemcpy device-to-device of the same tensor, timed the same way in the
-//      same run (the practical ceiling: 2 bytes moved per byte copied);
-//   3. download the output once and compare it with kernels::ref on the host: a kernel whose
-//      relative error exceeds 1e-6 is reported as WRONG instead of its speed, and the exit code
-//      is then 1.
+// Three tables, each validated before it is timed:
+//   1. Memory-bound kernels (element-wise ops, the fused reversible coupling) on tensors of
+//      --elements floats: launched --repeats times on one stream after a warm-up, timed as a batch
+//      on the host (launch, then stream_synchronize), reported as minimal traffic (bytes each element
+//      must read and write) per second, against cudaMemcpy device-to-device of the same tensor timed
+//      the same way (the practical ceiling). Each output is first compared with kernels::ref on the
+//      host: a relative error above 1e-6 is reported as WRONG instead of its speed (exit code 1).
+//   2. The convolution (kernels::cuda, petra's implicit GEMM) against cuDNN (kernels::cudnn, the
+//      algorithm petra's glue picks: deterministic, by cuDNN's heuristics) on the ResNet-18 CIFAR
+//      layer shapes at batch --conv-batch (128 by default): forward in FP32 and TF32
+//      (set_conv2d_math), backward data and backward weight in FP32 (petra has no TF32 backward, and
+//      its cuDNN path mirrors that). TFLOP/s of each and petra's throughput as a share of cuDNN's.
+//      Before timing, petra's output is compared with cuDNN's (relative error above 1e-4 in FP32,
+//      1e-2 in TF32: WRONG, exit code 1).
+//   3. Batch norm (training forward, evaluation, backward), petra's and cuDNN's, on two ResNet-18
+//      activation shapes, as bytes per second against a copy of the same tensor.
 // Without a GPU it says so and exits 0, so it can run anywhere.
 //
-//   build/bench-cuda                          # table, 2^26 floats (256 MiB) per tensor
-//   build/bench-cuda --elements 1048576 --json out.json
+//   build/bench-cuda                          # the three tables, 2^26 floats per tensor, batch 128
+//   build/bench-cuda --elements 1048576 --conv-batch 32 --json out.json
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -24,10 +29,15 @@
 #include <string>
 #include <vector>
 
+#include "petra/kernels/batchnorm.hpp"
+#include "petra/kernels/conv2d.hpp"
 #include "petra/kernels/coupling.hpp"
+#include "petra/kernels/cuda_libraries.hpp"
 #include "petra/kernels/elementwise.hpp"
 #include "petra/config.hpp"
 #include "petra/cuda_backend.hpp"
+#include "petra/device.hpp"
+#include "petra/stream.hpp"
 #include "petra/error.hpp"
 #include "petra/files.hpp"
 #include "petra/rng.hpp"
@@ -120,7 +130,204 @@ std::vector<Case> make_cases(std::int64_t n) {
   };
 }
 
-int run(std::int64_t n, int repeats, const std::string& json_path) {
+#if PETRA_HAVE_CUDNN
+// ---- the convolution against cuDNN
+
+// One ResNet-18 layer of the CIFAR variant (3x3 stem, no max-pool), at batch `batch`.
+struct Layer {
+  std::string name;
+  k::Conv2dShape shape;
+};
+
+std::vector<Layer> resnet18_cifar_layers(std::int64_t batch) {
+  using k::conv2d_shape;
+  return {
+      {"stem 3->64 3x3 32x32", conv2d_shape(batch, 3, 32, 32, 64, 3, 1, 1)},
+      {"layer1 64->64 3x3 32x32", conv2d_shape(batch, 64, 32, 32, 64, 3, 1, 1)},
+      {"layer2 64->128 3x3 s2", conv2d_shape(batch, 64, 32, 32, 128, 3, 2, 1)},
+      {"layer2 128->128 3x3 16x16", conv2d_shape(batch, 128, 16, 16, 128, 3, 1, 1)},
+      {"layer2 shortcut 1x1 s2", conv2d_shape(batch, 64, 32, 32, 128, 1, 2, 0)},
+      {"layer3 128->256 3x3 s2", conv2d_shape(batch, 128, 16, 16, 256, 3, 2, 1)},
+      {"layer3 256->256 3x3 8x8", conv2d_shape(batch, 256, 8, 8, 256, 3, 1, 1)},
+      {"layer3 shortcut 1x1 s2", conv2d_shape(batch, 128, 16, 16, 256, 1, 2, 0)},
+      {"layer4 256->512 3x3 s2", conv2d_shape(batch, 256, 8, 8, 512, 3, 2, 1)},
+      {"layer4 512->512 3x3 4x4", conv2d_shape(batch, 512, 4, 4, 512, 3, 1, 1)},
+      {"layer4 shortcut 1x1 s2", conv2d_shape(batch, 256, 8, 8, 512, 1, 2, 0)},
+  };
+}
+
+// One pass of one implementation: launches it on s with the buffers of the layer.
+using ConvLaunch = std::function<void(const k::StreamHandle&)>;
+
+struct ConvRow {
+  const char* pass;
+  const char* math;
+  k::cuda::Conv2dMath setting;
+  ConvLaunch petra, cudnn;
+  const DeviceBuffer* output;  // where both write (zeroed before the validation runs)
+  std::size_t output_floats;
+};
+
+// Times one row (validation first); prints it and returns its JSON, or sets `wrong`.
+nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::StreamHandle& s, int repeats,
+                             bool* wrong) {
+  void* stream = s.cuda_stream;
+  k::cuda::set_conv2d_math(row.setting);
+  auto run_once = [&](const ConvLaunch& launch) {
+    cb::memset_async(row.output->get(), 0, row.output_floats * 4, stream);
+    launch(s);
+    return row.output->download(stream);
+  };
+  const Host petra_out = run_once(row.petra), cudnn_out = run_once(row.cudnn);
+  const double difference = petra::testing::relative_error(petra_out, cudnn_out);
+  const double bound = row.setting == k::cuda::Conv2dMath::tf32 ? 1e-2 : 1e-4;
+  const double petra_s = seconds_per_launch([&] { row.petra(s); }, stream, repeats);
+  const double cudnn_s = seconds_per_launch([&] { row.cudnn(s); }, stream, repeats);
+  const int pass_index = std::string(row.pass) == "forward" ? 0 : std::string(row.pass) == "data" ? 1 : 2;
+  const k::cudnn::Conv2dAlgorithm algorithm = k::cudnn::conv2d_algorithm(s, layer.shape, pass_index);
+  k::cuda::set_conv2d_math(k::cuda::Conv2dMath::fp32);  // the default again
+  const double flops = double(layer.shape.flops());
+  if (difference > bound) {
+    *wrong = true;
+    fmt::print("{:<28} {:<8} {:<5} WRONG: petra and cuDNN differ by {:.2e} (bound {:.0e})\n", layer.name, row.pass,
+               row.math, difference, bound);
+  } else {
+    fmt::print("{:<28} {:<8} {:<5} {:>9.3f} {:>9.3f} {:>8.1f} {:>8.1f} {:>6.0f}%  algo {}\n", layer.name, row.pass,
+               row.math, petra_s * 1e3, cudnn_s * 1e3, flops / petra_s / 1e12, flops / cudnn_s / 1e12,
+               100.0 * cudnn_s / petra_s, algorithm.algorithm);
+  }
+  const k::Conv2dShape& c = layer.shape;
+  return {{"layer", layer.name},
+          {"shape", {{"batch", c.batch}, {"in_channels", c.in_channels}, {"in_h", c.in_h}, {"in_w", c.in_w},
+                     {"out_channels", c.out_channels}, {"kernel", c.kernel_h}, {"stride", c.stride_h},
+                     {"padding", c.pad_h}}},
+          {"pass", row.pass},
+          {"math", row.math},
+          {"petra_ms", petra_s * 1e3},
+          {"cudnn_ms", cudnn_s * 1e3},
+          {"petra_tflops", flops / petra_s / 1e12},
+          {"cudnn_tflops", flops / cudnn_s / 1e12},
+          {"petra_share_of_cudnn", cudnn_s / petra_s},
+          {"cudnn_algorithm", algorithm.algorithm},
+          {"cudnn_workspace_bytes", algorithm.workspace_bytes},
+          {"relative_difference", difference}};
+}
+
+nlohmann::json bench_conv2d(std::int64_t batch, int repeats, const k::StreamHandle& s, bool* wrong) {
+  nlohmann::json rows = nlohmann::json::array();
+  void* stream = s.cuda_stream;
+  fmt::print("\nconv2d, ResNet-18 CIFAR layers, batch {}: petra against cuDNN ({} launches each)\n", batch, repeats);
+  fmt::print("{:<28} {:<8} {:<5} {:>9} {:>9} {:>8} {:>8} {:>7}\n", "layer", "pass", "math", "petra ms", "cuDNN ms",
+             "petra TF", "cuDNN TF", "of cuDNN");
+  for (const Layer& layer : resnet18_cifar_layers(batch)) {
+    const k::Conv2dShape& c = layer.shape;
+    const auto nx = std::size_t(c.input_size()), ny = std::size_t(c.output_size()), nw = std::size_t(c.weight_size());
+    DeviceBuffer x(nx), w(nw), bias(std::size_t(c.out_channels)), y(ny), dy(ny), dx(nx), dw(nw);
+    x.upload(random_host(nx, 11), stream);
+    w.upload(random_host(nw, 12), stream);
+    bias.upload(random_host(std::size_t(c.out_channels), 13), stream);
+    dy.upload(random_host(ny, 14), stream);
+    const ConvLaunch petra_forward = [&](const k::StreamHandle& h) {
+      k::cuda::conv2d_forward(h, c, x.get(), w.get(), bias.get(), y.get());
+    };
+    const ConvLaunch cudnn_forward = [&](const k::StreamHandle& h) {
+      k::cudnn::conv2d_forward(h, c, x.get(), w.get(), bias.get(), y.get());
+    };
+    const ConvRow table[] = {
+        {"forward", "fp32", k::cuda::Conv2dMath::fp32, petra_forward, cudnn_forward, &y, ny},
+        {"forward", "tf32", k::cuda::Conv2dMath::tf32, petra_forward, cudnn_forward, &y, ny},
+        {"data", "fp32", k::cuda::Conv2dMath::fp32,
+         [&](const k::StreamHandle& h) { k::cuda::conv2d_backward_data(h, c, dy.get(), w.get(), dx.get()); },
+         [&](const k::StreamHandle& h) { k::cudnn::conv2d_backward_data(h, c, dy.get(), w.get(), dx.get()); }, &dx,
+         nx},
+        {"weight", "fp32", k::cuda::Conv2dMath::fp32,
+         [&](const k::StreamHandle& h) { k::cuda::conv2d_backward_weight(h, c, x.get(), dy.get(), dw.get()); },
+         [&](const k::StreamHandle& h) { k::cudnn::conv2d_backward_weight(h, c, x.get(), dy.get(), dw.get()); }, &dw,
+         nw},
+    };
+    for (const ConvRow& row : table) rows.push_back(time_conv_row(layer, row, s, repeats, wrong));
+  }
+  return rows;
+}
+
+// ---- batch norm against the copy bandwidth
+
+nlohmann::json bench_batchnorm(std::int64_t batch, int repeats, const k::StreamHandle& s, bool* wrong) {
+  nlohmann::json rows = nlohmann::json::array();
+  void* stream = s.cuda_stream;
+  fmt::print("\nbatch norm: petra and cuDNN against a copy of the same tensor ({} launches each)\n", repeats);
+  fmt::print("{:<22} {:<10} {:>10} {:>10} {:>8}   {:>10} {:>10} {:>8}\n", "shape", "pass", "petra us", "GB/s",
+             "of copy", "cuDNN us", "GB/s", "of copy");
+  for (const k::BatchNormShape shape : {k::BatchNormShape{batch, 64, 32, 32}, k::BatchNormShape{batch, 256, 8, 8}}) {
+    const auto n = std::size_t(shape.size()), c = std::size_t(shape.channels);
+    const double tensor = 4.0 * double(n);
+    DeviceBuffer x(n), y(n), dy(n), dx(n), gamma(c), beta(c), mean(c), invstd(c), rm(c), rv(c), dgamma(c), dbeta(c);
+    x.upload(random_host(n, 21), stream);
+    dy.upload(random_host(n, 22), stream);
+    gamma.upload(Host(c, 1.0f), stream);
+    beta.upload(Host(c, 0.0f), stream);
+    rm.upload(Host(c, 0.0f), stream);
+    rv.upload(Host(c, 1.0f), stream);
+    const double copy_s = seconds_per_launch([&] { cb::memcpy_async(y.get(), x.get(), n * 4, stream); }, stream, repeats);
+    const double ceiling = 2 * tensor / copy_s / 1e9;
+    using Launch = std::function<void()>;
+    struct Pass {
+      const char* name;
+      double bytes;  // the least traffic: each tensor read or written once
+      Launch petra, cudnn;
+      const DeviceBuffer* output;
+    };
+    const Pass passes[] = {
+        {"train", 2 * tensor,
+         [&] { k::cuda::batchnorm_forward_train(s, shape, 1e-5, 0.1, x.get(), gamma.get(), beta.get(), y.get(),
+                                                mean.get(), invstd.get(), rm.get(), rv.get()); },
+         [&] { k::cudnn::batchnorm_forward_train(s, shape, 1e-5, 0.1, x.get(), gamma.get(), beta.get(), y.get(),
+                                                 mean.get(), invstd.get(), rm.get(), rv.get()); },
+         &y},
+        {"eval", 2 * tensor,
+         [&] { k::cuda::batchnorm_forward_eval(s, shape, 1e-5, x.get(), gamma.get(), beta.get(), rm.get(), rv.get(),
+                                               y.get()); },
+         [&] { k::cudnn::batchnorm_forward_eval(s, shape, 1e-5, x.get(), gamma.get(), beta.get(), rm.get(), rv.get(),
+                                                y.get()); },
+         &y},
+        {"backward", 3 * tensor,
+         [&] { k::cuda::batchnorm_backward(s, shape, x.get(), dy.get(), gamma.get(), mean.get(), invstd.get(),
+                                           dx.get(), dgamma.get(), dbeta.get()); },
+         [&] { k::cudnn::batchnorm_backward(s, shape, x.get(), dy.get(), gamma.get(), mean.get(), invstd.get(),
+                                            dx.get(), dgamma.get(), dbeta.get()); },
+         &dx},
+    };
+    const std::string name = fmt::format("({}, {}, {}, {})", shape.batch, shape.channels, shape.height, shape.width);
+    // The training forward first fills mean and invstd, which the backward then uses.
+    for (const Pass& pass : passes) {
+      pass.petra();
+      const Host petra_out = pass.output->download(stream);
+      pass.cudnn();
+      const Host cudnn_out = pass.output->download(stream);
+      const double difference = petra::testing::relative_error(petra_out, cudnn_out);
+      const double petra_s = seconds_per_launch(pass.petra, stream, repeats);
+      const double cudnn_s = seconds_per_launch(pass.cudnn, stream, repeats);
+      const double petra_gbs = pass.bytes / petra_s / 1e9, cudnn_gbs = pass.bytes / cudnn_s / 1e9;
+      if (difference > 1e-4) {
+        *wrong = true;
+        fmt::print("{:<22} {:<10} WRONG: petra and cuDNN differ by {:.2e} (bound 1e-4)\n", name, pass.name, difference);
+      } else {
+        fmt::print("{:<22} {:<10} {:>10.1f} {:>10.0f} {:>7.0f}%   {:>10.1f} {:>10.0f} {:>7.0f}%\n", name, pass.name,
+                   petra_s * 1e6, petra_gbs, 100 * petra_gbs / ceiling, cudnn_s * 1e6, cudnn_gbs,
+                   100 * cudnn_gbs / ceiling);
+      }
+      rows.push_back({{"shape", name}, {"pass", pass.name}, {"copy_gbytes_per_s", ceiling},
+                      {"petra_us", petra_s * 1e6}, {"petra_gbytes_per_s", petra_gbs},
+                      {"cudnn_us", cudnn_s * 1e6}, {"cudnn_gbytes_per_s", cudnn_gbs},
+                      {"relative_difference", difference}});
+    }
+  }
+  return rows;
+}
+
+#endif
+
+int run(std::int64_t n, int repeats, std::int64_t conv_batch, int conv_repeats, const std::string& json_path) {
   if (n < 2 || n % 2 != 0) throw petra::ValueError("bench-cuda: --elements must be even and >= 2");
   fmt::print("{}\n", cb::describe());
   if (!cb::available()) {
@@ -167,10 +374,21 @@ int run(std::int64_t n, int repeats, const std::string& json_path) {
                     {"relative_error", error}});
   }
   cb::stream_destroy(stream);
-  if (!json_path.empty())
-    petra::write_file_atomically(json_path, nlohmann::json{{"elements", n}, {"repeats", repeats},
-                                                           {"device", cb::describe()}, {"kernels", rows}}
-                                                .dump(2) + "\n");
+  nlohmann::json result{{"elements", n}, {"repeats", repeats}, {"device", cb::describe()}, {"kernels", rows}};
+#if PETRA_HAVE_CUDNN
+  if (conv_batch > 0) {
+    // petra's stream of cuda:0: its workspace (the caching allocator) serves both implementations.
+    petra::Stream library_stream(petra::Device::cuda(0));
+    result["conv_batch"] = conv_batch;
+    result["conv2d"] = bench_conv2d(conv_batch, conv_repeats, library_stream.handle(), &any_wrong);
+    result["batchnorm"] = bench_batchnorm(conv_batch, conv_repeats, library_stream.handle(), &any_wrong);
+  }
+#else
+  (void)conv_batch;
+  (void)conv_repeats;
+  fmt::print("\nthis petra was built without cuDNN: no convolution or batch-norm comparison\n");
+#endif
+  if (!json_path.empty()) petra::write_file_atomically(json_path, result.dump(2) + "\n");
   return any_wrong ? 1 : 0;
 }
 
@@ -178,18 +396,24 @@ int run(std::int64_t n, int repeats, const std::string& json_path) {
 #endif
 
 int main(int argc, char** argv) {
-  CLI::App app{"bench-cuda: bandwidth of petra's CUDA kernels against a device-to-device copy"};
+  CLI::App app{"bench-cuda: petra's CUDA kernels against a device-to-device copy and cuDNN"};
   std::int64_t elements = std::int64_t{1} << 26;
   int repeats = 50;
   std::string json_path;
   app.add_option("--elements", elements, "floats per tensor (even)")->capture_default_str();
   app.add_option("--repeats", repeats, "timed launches per kernel")->capture_default_str()
       ->check(CLI::PositiveNumber);
+  std::int64_t conv_batch = 128;
+  int conv_repeats = 10;
+  app.add_option("--conv-batch", conv_batch, "batch of the convolution and batch-norm tables (0: skip them)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--conv-repeats", conv_repeats, "timed launches per convolution and batch-norm pass")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--json", json_path, "also write the results as JSON");
   CLI11_PARSE(app, argc, argv);
   try {
 #if PETRA_HAVE_CUDA
-    return run(elements, repeats, json_path);
+    return run(elements, repeats, conv_batch, conv_repeats, json_path);
 #else
     fmt::print("bench-cuda: petra was built without CUDA; nothing to time.\n");
     return 0;

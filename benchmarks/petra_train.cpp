@@ -256,7 +256,8 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
               settings.at("method").c_str(), trainer.config().threads > 0 ? trainer.config().threads
                                                                           : petra::default_cpu_threads());
   if (trainer.device().is_cuda())
-    std::printf("training on %s: %s\n", trainer.device().str().c_str(), petra::cuda_backend::describe().c_str());
+    std::printf("training on %s: %s; convolutions and batch norms: %s\n", trainer.device().str().c_str(),
+                petra::cuda_backend::describe().c_str(), petra::name_of(petra::conv_impl()));
   if (!eval_only) {
     const petra::Tensor& images = trainer.data().train.images;
     petra::nn::ModelConfig model = trainer.model().config();
@@ -356,6 +357,25 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
   return kOk;
 }
 
+// --conv-impl: cuDNN only where it can run. A build without cuDNN, or a run that would put any stage
+// on the CPU (no --devices, --mpi, or a cpu:N entry), is refused as a bad argument naming the flag:
+// cuDNN has no CPU path, and silently running petra's kernels instead would mislabel the run.
+void use_conv_impl(petra::ConvImpl impl, const std::vector<petra::Device>& devices) {
+  if (impl == petra::ConvImpl::cudnn) {
+    PETRA_CHECK(petra::cudnn_compiled(), petra::ValueError,
+                "--conv-impl cudnn: this petra was built without cuDNN (meson found no cudnn.h and libcudnn)");
+    std::string listed;
+    bool all_cuda = !devices.empty();
+    for (const petra::Device& d : devices) {
+      listed += (listed.empty() ? "" : ",") + d.str();
+      all_cuda = all_cuda && d.is_cuda();
+    }
+    PETRA_CHECK(all_cuda, petra::ValueError, "--conv-impl cudnn runs on CUDA devices only, but --devices is ",
+                listed.empty() ? std::string("not given (the CPU)") : listed, ": give --devices cuda:N");
+  }
+  petra::set_conv_impl(impl);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -407,6 +427,11 @@ int main(int argc, char** argv) {
   app.add_option("--devices", devices_text, "one worker per device (default cpu:0,cpu:1: two CPU workers; cpu:0 alone "
                  "runs the sequential executor; cuda:0 trains on that GPU; cuda:0,cuda:1 one worker per GPU)")
       ->group(pipelining);
+  std::string conv_impl_text = "petra";
+  app.add_option("--conv-impl", conv_impl_text,
+                 "convolutions and batch norms on GPUs: petra (its own CUDA kernels) or cudnn (cuDNN's; needs a "
+                 "build with cuDNN and CUDA --devices)")
+      ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"petra", "cudnn"}));
   app.add_flag("--mpi", c.mpi,
                "spread the stages over the processes of mpirun (contiguous groups; the first process reports): "
                "mpirun --allow-run-as-root --oversubscribe -np 2 build/petra-train --mpi --method petra")
@@ -494,6 +519,7 @@ int main(int argc, char** argv) {
     if (devices_text.empty() && petra::pipeline::is_delayed(c.method) && !c.mpi) devices_text = "cpu:0,cpu:1";
     if (!devices_text.empty())
       for (const auto& d : split_list(devices_text)) c.devices.push_back(petra::Device::parse(d));
+    use_conv_impl(petra::parse_conv_impl(conv_impl_text), c.devices);
     c.stages = stages_text;
     if (print_schedule > 0 || print_model) {  // no data is loaded: the dataset's usual shape
       const int workers = std::max(1, static_cast<int>(c.devices.size()));

@@ -112,7 +112,8 @@ std::size_t conv2d_workspace_bytes(const Conv2dShape& shape, int num_threads);
 // tree. Deterministic: no floating-point atomics, every addition order fixed by the shape.
 // conv2d_backward_weight needs scratch from s.workspace when it splits: at most
 // 64 MiB (kernels/cuda/conv2d_tiling.cuh, weight_split_slices). Checked under the CUDA emulation
-// only (tests/emulation/test_emulated_conv2d.cpp), not yet on a GPU.
+// only (tests/emulation/test_emulated_conv2d.cpp), not yet on a GPU. cuDNN's convolution is the
+// run-time alternative (petra::set_conv_impl, kernels/cuda_libraries.hpp).
 namespace cuda {
 
 void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float* x,

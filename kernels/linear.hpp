@@ -76,7 +76,9 @@ void linear_backward_bias(const StreamHandle& s, const LinearShape& shape, const
 // (kernels/cuda/linear.cu). The three products are one shared-memory tiled SGEMM (32 x 32 tiles
 // of the output, 4 rows per thread, operands read through strides so no transpose is copied);
 // each output is summed by one thread in a fixed order, so results are deterministic. The bias
-// gradient is one thread per feature summing the batch in order. No cuBLAS; no scratch.
+// gradient is one thread per feature summing the batch in order. No scratch. These are what runs
+// where petra is built without cuBLAS and what the CUDA emulation checks; with cuBLAS, petra/ops.cpp
+// sends the three products to kernels::cublas (kernels/cuda_libraries.hpp) instead.
 namespace cuda {
 
 void linear_forward(const StreamHandle& s, const LinearShape& shape, const float* x,

@@ -1,15 +1,20 @@
 // petra/ops.cpp: the Tensor-level ops: validate, allocate, dispatch to kernels/.
 //
 // Dispatch rule: float32 on the CPU runs kernels::cpu, float64 on the CPU runs kernels::ref (the
-// oracle, used by the gradient checks), float32 on a GPU runs kernels::cuda.
+// oracle, used by the gradient checks), float32 on a GPU runs kernels::cuda, except for three
+// library-backed choices (kernels/cuda_libraries.hpp): the linear layer's products run on cuBLAS
+// wherever petra is built with it, and conv2d and batch norm run on cuDNN when set_conv_impl asks.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
+#include <string>
 
 #include "petra/kernels/batchnorm.hpp"
 #include "petra/kernels/channel.hpp"
 #include "petra/kernels/conv2d.hpp"
 #include "petra/kernels/coupling.hpp"
+#include "petra/kernels/cuda_libraries.hpp"
 #include "petra/kernels/elementwise.hpp"
 #include "petra/kernels/linear.hpp"
 #include "petra/kernels/loss.hpp"
@@ -17,6 +22,7 @@
 #include "petra/kernels/pool.hpp"
 #include "petra/kernels/reduce.hpp"
 #include "petra/config.hpp"
+#include "petra/conv_impl.hpp"
 #include "petra/cuda_backend.hpp"
 #include "petra/ops.hpp"
 #include "petra/optimizer_steps.hpp"
@@ -95,6 +101,78 @@ void check_shape(const Tensor& t, const Shape& expected, const char* op, const c
 // The same for a kernel that returns a value, assigned to `result`.
 #define PETRA_CALL_INTO(result, FAMILY, tensor, NAME, ...) \
   PETRA_DISPATCH(result =, FAMILY, tensor, NAME, __VA_ARGS__)
+
+// Conv2d and batch norm: on a GPU with set_conv_impl(ConvImpl::cudnn), kernels::cudnn::NAME (same
+// arguments as kernels::cuda::NAME); otherwise PETRA_CALL. cuDNN exists only in builds with it, and
+// set_conv_impl refuses cudnn elsewhere, so use_cudnn is then always false.
+#if PETRA_HAVE_CUDA && PETRA_HAVE_CUDNN
+#define PETRA_CUDNN_CALL(NAME, ...) \
+  do {                              \
+    using T = float;                \
+    kernels::cudnn::NAME(__VA_ARGS__); \
+  } while (0)
+#else
+#define PETRA_CUDNN_CALL(NAME, ...) no_cuda_kernel("cudnn::" #NAME)
+#endif
+#define PETRA_CALL_CONV_IMPL(FAMILY, tensor, NAME, ...)   \
+  do {                                                    \
+    if (use_cudnn(tensor))                                \
+      PETRA_CUDNN_CALL(NAME, __VA_ARGS__);                \
+    else                                                  \
+      PETRA_CALL(FAMILY, tensor, NAME, __VA_ARGS__);      \
+  } while (0)
+
+// The linear layer's products on a GPU: kernels::cublas where petra is built with cuBLAS, else the
+// hand-written kernels::cuda (through PETRA_CALL).
+#if PETRA_HAVE_CUDA && PETRA_HAVE_CUBLAS
+#define PETRA_CALL_LINEAR(tensor, NAME, ...)             \
+  do {                                                   \
+    if ((tensor).device().is_cuda()) {                   \
+      using T = float;                                   \
+      kernels::cublas::NAME(__VA_ARGS__);                \
+    } else {                                             \
+      PETRA_CPU_CALL(, tensor, NAME, __VA_ARGS__);       \
+    }                                                    \
+  } while (0)
+#else
+#define PETRA_CALL_LINEAR(tensor, NAME, ...) PETRA_CALL(LINEAR, tensor, NAME, __VA_ARGS__)
+#endif
+
+// ---------------------------------------------------------------- the convolution implementation
+namespace {
+std::atomic<int> conv_impl_setting{int(ConvImpl::petra)};
+
+bool use_cudnn(const Tensor& t) {
+  return t.device().is_cuda() && ConvImpl(conv_impl_setting.load(std::memory_order_relaxed)) == ConvImpl::cudnn;
+}
+}  // namespace
+
+}  // namespace petra::ops
+
+namespace petra {
+
+bool cudnn_compiled() { return PETRA_HAVE_CUDA && PETRA_HAVE_CUDNN; }
+
+void set_conv_impl(ConvImpl impl) {
+  PETRA_CHECK(impl != ConvImpl::cudnn || cudnn_compiled(), DeviceError,
+              "set_conv_impl(cudnn): this petra was built without cuDNN (",
+              PETRA_HAVE_CUDA ? "meson found no cudnn.h and libcudnn" : "no CUDA at all", ")");
+  ops::conv_impl_setting.store(int(impl));
+}
+
+ConvImpl conv_impl() { return ConvImpl(ops::conv_impl_setting.load()); }
+
+const char* name_of(ConvImpl impl) { return impl == ConvImpl::cudnn ? "cudnn" : "petra"; }
+
+ConvImpl parse_conv_impl(std::string_view text, std::string_view flag) {
+  if (text == "petra") return ConvImpl::petra;
+  if (text == "cudnn") return ConvImpl::cudnn;
+  throw ValueError(detail::concat(flag, " ", std::string(text), ": expected petra or cudnn"));
+}
+
+}  // namespace petra
+
+namespace petra::ops {
 
 // ---------------------------------------------------------------- element-wise
 namespace {
@@ -206,7 +284,7 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, cons
   }
   Tensor y = Tensor::empty(conv_out_shape(k), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
-  PETRA_CALL(CONV2D, x, conv2d_forward, s, k, x.data_ptr<T>(), w.data_ptr<T>(), bias.defined() ? bias.data_ptr<T>() : nullptr, y.data_ptr<T>());
+  PETRA_CALL_CONV_IMPL(CONV2D, x, conv2d_forward, s, k, x.data_ptr<T>(), w.data_ptr<T>(), bias.defined() ? bias.data_ptr<T>() : nullptr, y.data_ptr<T>());
   return y;
 }
 
@@ -217,7 +295,7 @@ Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_sh
   check_shape(dy, conv_out_shape(k), "conv2d_backward_data", "dy");
   Tensor dx = Tensor::empty(x_shape, dy.dtype(), dy.device());
   const auto& s = stream_for(dy.device());
-  PETRA_CALL(CONV2D, dy, conv2d_backward_data, s, k, dy.data_ptr<T>(), w.data_ptr<T>(), dx.data_ptr<T>());
+  PETRA_CALL_CONV_IMPL(CONV2D, dy, conv2d_backward_data, s, k, dy.data_ptr<T>(), w.data_ptr<T>(), dx.data_ptr<T>());
   return dx;
 }
 
@@ -228,7 +306,7 @@ void conv2d_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw,
   const auto k = conv_shape(x.shape(), dw.shape(), o, "conv2d_backward_weight");
   check_shape(dy, conv_out_shape(k), "conv2d_backward_weight", "dy");
   const auto& s = stream_for(x.device());
-  PETRA_CALL(CONV2D, x, conv2d_backward_weight, s, k, x.data_ptr<T>(), dy.data_ptr<T>(), dw.data_ptr<T>());
+  PETRA_CALL_CONV_IMPL(CONV2D, x, conv2d_backward_weight, s, k, x.data_ptr<T>(), dy.data_ptr<T>(), dw.data_ptr<T>());
 }
 
 void conv2d_backward_bias(const Tensor& dy, const Tensor& db) {
@@ -273,13 +351,13 @@ Tensor batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& bet
     PETRA_CHECK(saved != nullptr, ValueError, op, ": training mode needs somewhere to save the statistics");
     saved->mean = Tensor::empty(per_channel, x.dtype(), x.device());
     saved->invstd = Tensor::empty(per_channel, x.dtype(), x.device());
-    PETRA_CALL(BATCHNORM, x, batchnorm_forward_train, s, k, o.eps, o.momentum, x.data_ptr<T>(), gamma.data_ptr<T>(), beta.data_ptr<T>(),
+    PETRA_CALL_CONV_IMPL(BATCHNORM, x, batchnorm_forward_train, s, k, o.eps, o.momentum, x.data_ptr<T>(), gamma.data_ptr<T>(), beta.data_ptr<T>(),
                y.data_ptr<T>(), saved->mean.data_ptr<T>(), saved->invstd.data_ptr<T>(),
                running_mean.defined() ? running_mean.data_ptr<T>() : nullptr,
                running_var.defined() ? running_var.data_ptr<T>() : nullptr);
   } else {
     PETRA_CHECK(running_mean.defined(), ValueError, op, ": evaluation mode needs the running statistics");
-    PETRA_CALL(BATCHNORM, x, batchnorm_forward_eval, s, k, o.eps, x.data_ptr<T>(), gamma.data_ptr<T>(), beta.data_ptr<T>(),
+    PETRA_CALL_CONV_IMPL(BATCHNORM, x, batchnorm_forward_eval, s, k, o.eps, x.data_ptr<T>(), gamma.data_ptr<T>(), beta.data_ptr<T>(),
                running_mean.data_ptr<T>(), running_var.data_ptr<T>(), y.data_ptr<T>());
   }
   return y;
@@ -299,7 +377,7 @@ Tensor batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma
   }
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
-  PETRA_CALL(BATCHNORM, x, batchnorm_backward, s, k, x.data_ptr<T>(), dy.data_ptr<T>(), gamma.data_ptr<T>(), saved.mean.data_ptr<T>(),
+  PETRA_CALL_CONV_IMPL(BATCHNORM, x, batchnorm_backward, s, k, x.data_ptr<T>(), dy.data_ptr<T>(), gamma.data_ptr<T>(), saved.mean.data_ptr<T>(),
              saved.invstd.data_ptr<T>(), dx.data_ptr<T>(), dgamma.data_ptr<T>(), dbeta.data_ptr<T>());
   return dx;
 }
@@ -540,7 +618,7 @@ Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias) {
   }
   Tensor y = Tensor::empty({k.batch, k.out_features}, x.dtype(), x.device());
   const auto& s = stream_for(x.device());
-  PETRA_CALL(LINEAR, x, linear_forward, s, k, x.data_ptr<T>(), w.data_ptr<T>(), bias.defined() ? bias.data_ptr<T>() : nullptr,
+  PETRA_CALL_LINEAR(x, linear_forward, s, k, x.data_ptr<T>(), w.data_ptr<T>(), bias.defined() ? bias.data_ptr<T>() : nullptr,
                       y.data_ptr<T>());
   return y;
 }
@@ -553,7 +631,7 @@ Tensor linear_backward_data(const Tensor& dy, const Tensor& w) {
   check_shape(dy, {k.batch, k.out_features}, "linear_backward_data", "dy");
   Tensor dx = Tensor::empty({k.batch, k.in_features}, dy.dtype(), dy.device());
   const auto& s = stream_for(dy.device());
-  PETRA_CALL(LINEAR, dy, linear_backward_data, s, k, dy.data_ptr<T>(), w.data_ptr<T>(), dx.data_ptr<T>());
+  PETRA_CALL_LINEAR(dy, linear_backward_data, s, k, dy.data_ptr<T>(), w.data_ptr<T>(), dx.data_ptr<T>());
   return dx;
 }
 
@@ -564,7 +642,7 @@ void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw)
   const auto k = linear_shape(x.shape(), dw.shape(), "linear_backward_weight");
   check_shape(dy, {k.batch, k.out_features}, "linear_backward_weight", "dy");
   const auto& s = stream_for(x.device());
-  PETRA_CALL(LINEAR, x, linear_backward_weight, s, k, x.data_ptr<T>(), dy.data_ptr<T>(), dw.data_ptr<T>());
+  PETRA_CALL_LINEAR(x, linear_backward_weight, s, k, x.data_ptr<T>(), dy.data_ptr<T>(), dw.data_ptr<T>());
 }
 
 void linear_backward_bias(const Tensor& dy, const Tensor& db) {

@@ -5,6 +5,7 @@
 #include "petra/allocator.hpp"
 #include "petra/autograd.hpp"
 #include "petra/config.hpp"
+#include "petra/conv_impl.hpp"
 #include "petra/device.hpp"
 #include "petra/dtype.hpp"
 #include "petra/error.hpp"

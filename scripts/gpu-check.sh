@@ -2,7 +2,9 @@
 # scripts/gpu-check.sh: the GPU checks, run on a machine with an NVIDIA GPU from the bundle that
 # scripts/gpu-bundle.sh made (.gpu/): the cuda test suite, petra-train on the GPU (RevNet18 width 64
 # on synthetic CIFAR-shaped data, batch 128, 300 steps, with backprop, revbackprop and PETRA, then
-# PETRA on two streams of the one GPU), the kernels' bandwidth (bench-cuda), the cuda suite again
+# revbackprop again with --conv-impl cudnn (cuDNN's convolution and batch norm: the anchor of petra's
+# kernels), then PETRA on two streams of the one GPU), the kernels against the copy bandwidth and
+# cuDNN (bench-cuda: ResNet-18 CIFAR convolutions at batch 128, FP32 and TF32), the cuda suite again
 # under compute-sanitizer's memcheck where the sanitizer works, and bench-pipeline on that machine's
 # idle CPUs. Everything it prints also goes to OUT/gpu-check.log, the benchmarks' numbers to
 # OUT/bench-cuda.json and OUT/bench-pipeline.json, each training run's log to OUT/train-<name>.log
@@ -80,11 +82,25 @@ train() {
 }
 train backprop --method backprop --devices cuda:0
 train revbackprop --method revbackprop --devices cuda:0
+# The same run on cuDNN's convolution and batch norm: petra's kernels' images/s against cuDNN's.
+train revbackprop-cudnn --method revbackprop --devices cuda:0 --conv-impl cudnn
+if [ -s "$out/train-revbackprop.jsonl" ] && [ -s "$out/train-revbackprop-cudnn.jsonl" ]; then
+  python3 - "$out/train-revbackprop.jsonl" "$out/train-revbackprop-cudnn.jsonl" <<'PY'
+import json, sys
+petra, cudnn = (json.loads(open(p).readline()) for p in sys.argv[1:3])
+for key in ("train_loss", "test_loss", "test_accuracy"):
+    print(f"== conv-impl petra vs cudnn: {key} {petra[key]:.5f} vs {cudnn[key]:.5f} "
+          f"(relative difference {abs(petra[key] - cudnn[key]) / max(abs(cudnn[key]), 1e-30):.1e})")
+print(f"== conv-impl petra vs cudnn: images/s {petra['images_per_second']:.0f} vs {cudnn['images_per_second']:.0f} "
+      f"(petra at {petra['images_per_second'] / cudnn['images_per_second']:.2f}x cuDNN's; target >= 0.8x)")
+PY
+fi
 train petra --method petra --devices cuda:0
 # PETRA's stages on two streams of the one GPU (two workers, the concurrent executor).
 train petra-2-streams --method petra --devices cuda:0,cuda:0
 
-step "bench-cuda" 45 "$bin/bench-cuda" --json "$out/bench-cuda.json"
+# 11 layer shapes x 4 passes x 2 implementations x (3 + 10) launches, plus the batch-norm table.
+step "bench-cuda" 60 "$bin/bench-cuda" --json "$out/bench-cuda.json"
 
 # --report-api-errors no: the suite asks for an impossible allocation on purpose (to check that it
 # becomes OutOfMemoryError), which memcheck would otherwise count as an error.

@@ -3,6 +3,9 @@
 # --devices cuda:7 (no such GPU here) must exit 6 (device error) with a message naming the device,
 # for a synchronous and a pipelined method, before any training step. --devices cuda:0 does the same
 # on a machine without a GPU; where there is one, it trains there (exit 0, "training on cuda:0").
+# --conv-impl cudnn is refused (exit 2, naming --conv-impl) wherever a stage would run on the CPU (no
+# --devices, cpu:N, cpu + cuda) and in a build without cuDNN; with --devices cuda:0 it gets past the
+# flag and meets the device check (exit 6 here without a GPU). An unknown --conv-impl is exit 2.
 set -uo pipefail
 train=$1
 common=(--dataset synthetic --synthetic-size 64 --batch-size 32 --width 4 --threads 1 --epochs 1 --max-steps 2)
@@ -21,4 +24,40 @@ for method in backprop petra; do
     fi
   done
 done
+
+# expect_exit CODE PATTERN ARGS...: petra-train ARGS exits CODE and prints a line matching PATTERN.
+expect_exit() {
+  local code=$1 pattern=$2
+  shift 2
+  local out rc
+  out=$("$train" "${common[@]}" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" -eq "$code" ] && grep -q -- "$pattern" <<<"$out"; then
+    echo "ok: $*: exit $rc: $(grep -- "$pattern" <<<"$out" | head -n 1)"
+  else
+    echo "FAIL: $*: exit $rc (expected $code and a line matching '$pattern'), output: $out"
+    status=1
+  fi
+}
+expect_exit 2 "--conv-impl" --method backprop --conv-impl cudnn
+expect_exit 2 "--conv-impl" --method backprop --conv-impl cudnn --devices cpu:0
+expect_exit 2 "--conv-impl" --method petra --conv-impl cudnn
+expect_exit 2 "--conv-impl" --method petra --conv-impl cudnn --devices cpu:0,cuda:0
+expect_exit 2 "--conv-impl" --method backprop --conv-impl tensorflow
+# The default, and petra named explicitly, train on the CPU as ever.
+expect_exit 0 "^final" --method backprop --conv-impl petra
+# cuda:0 passes the flag's check; without a GPU the device check answers (exit 6), and in a build
+# without cuDNN the flag's (exit 2). With a GPU and cuDNN it trains.
+out=$("$train" "${common[@]}" --method backprop --conv-impl cudnn --devices cuda:0 2>&1)
+rc=$?
+if [ "$rc" -eq 0 ] && grep -q "convolutions and batch norms: cudnn" <<<"$out"; then
+  echo "ok: --conv-impl cudnn --devices cuda:0: a GPU with cuDNN is here, trained with cuDNN"
+elif [ "$rc" -eq 6 ] && grep -q -- "--devices cuda:0" <<<"$out"; then
+  echo "ok: --conv-impl cudnn --devices cuda:0: exit 6: $(grep -- "--devices cuda:0" <<<"$out" | head -n 1)"
+elif [ "$rc" -eq 2 ] && grep -q "built without cuDNN" <<<"$out"; then
+  echo "ok: --conv-impl cudnn --devices cuda:0: exit 2: this build has no cuDNN"
+else
+  echo "FAIL: --conv-impl cudnn --devices cuda:0: exit $rc, output: $out"
+  status=1
+fi
 exit $status

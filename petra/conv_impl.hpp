@@ -1,0 +1,29 @@
+// petra/conv_impl.hpp: which implementation runs convolutions and batch norms on GPUs, for the
+// whole process (as kernels::cuda::set_conv2d_math chooses their arithmetic).
+//
+//   ConvImpl::petra (the default): petra's own CUDA kernels (kernels/cuda/conv2d.cu, batchnorm.cu);
+//   ConvImpl::cudnn: cuDNN's (kernels/cuda_libraries.hpp), a fallback and the benchmarks' anchor.
+//
+// petra/ops.cpp, the one dispatch point, reads it for every conv2d forward, backward-data and
+// backward-weight and every batch-norm call on a CUDA tensor (the conv bias gradient stays petra's).
+// CPU tensors ignore it: there is no CPU cuDNN. petra-train's --conv-impl sets it and refuses
+// `cudnn` unless every --devices entry is a CUDA device.
+#pragma once
+
+#include <string_view>
+
+namespace petra {
+
+enum class ConvImpl { petra, cudnn };
+
+// Throws DeviceError for ConvImpl::cudnn in a build without cuDNN (cudnn_compiled() is false).
+void set_conv_impl(ConvImpl impl);
+ConvImpl conv_impl();
+// Whether this build has cuDNN (PETRA_HAVE_CUDA and PETRA_HAVE_CUDNN).
+bool cudnn_compiled();
+
+// "petra" or "cudnn"; anything else is a ValueError naming `flag` and the choices.
+ConvImpl parse_conv_impl(std::string_view text, std::string_view flag = "--conv-impl");
+const char* name_of(ConvImpl impl);
+
+}  // namespace petra

@@ -1,0 +1,342 @@
+// tests/cuda/test_cuda_libraries.cpp: the cuda suite's checks of the cuBLAS and cuDNN glue
+// (kernels/cuda_libraries.hpp) against kernels::ref, and of the run-time choice between petra's
+// convolution and cuDNN's (petra/conv_impl.hpp).
+//
+// The GPU cases skip where there is no GPU (or no cuBLAS / cuDNN in the build); the first case, the
+// setting's validation, runs everywhere. Tolerances are bounds, element by element, not guesses:
+// a float sum of K terms in any order is within (K + 3) 2^-24 sum|terms| of the exact sum (FP32),
+// and with TF32 inputs (10-bit mantissa, each product off by up to 2^-10 relative) within
+// 2^-10 sum|terms| more; cuDNN's convolutions get 2^-14 sum|terms| more (Winograd and FFT
+// algorithms, below). sum|terms| is ref:: run on |x|, |w| (|dy|): the same sum with no
+// cancellation. Batch norm compares with a relative (norm-wise) error, stated per check.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "petra/config.hpp"
+#include "petra/conv_impl.hpp"
+#include "petra/cuda_backend.hpp"
+#include "petra/device.hpp"
+#include "petra/error.hpp"
+#include "petra/kernels/batchnorm.hpp"
+#include "petra/kernels/conv2d.hpp"
+#include "petra/kernels/cuda_libraries.hpp"
+#include "petra/kernels/linear.hpp"
+#include "petra/ops.hpp"
+#include "petra/stream.hpp"
+#include "petra/tensor.hpp"
+#include "tests/support/testing.hpp"
+
+namespace cb = petra::cuda_backend;
+using petra::kernels::StreamHandle;
+using petra::testing::random_values;
+using petra::testing::relative_error;
+
+TEST_CASE("conv impl: the setting is checked and refuses cuDNN where the build has none") {
+  CHECK(petra::conv_impl() == petra::ConvImpl::petra);  // the default
+  CHECK(petra::parse_conv_impl("petra") == petra::ConvImpl::petra);
+  CHECK(petra::parse_conv_impl("cudnn") == petra::ConvImpl::cudnn);
+  CHECK_THROWS_WITH_AS(petra::parse_conv_impl("cuDNN"), doctest::Contains("--conv-impl cuDNN: expected petra or cudnn"),
+                       petra::ValueError);
+  CHECK(std::string(petra::name_of(petra::ConvImpl::cudnn)) == "cudnn");
+  CHECK(petra::cudnn_compiled() == bool(PETRA_HAVE_CUDA && PETRA_HAVE_CUDNN));
+  if (petra::cudnn_compiled()) {
+    petra::set_conv_impl(petra::ConvImpl::cudnn);
+    CHECK(petra::conv_impl() == petra::ConvImpl::cudnn);
+  } else {
+    CHECK_THROWS_WITH_AS(petra::set_conv_impl(petra::ConvImpl::cudnn), doctest::Contains("without cuDNN"),
+                         petra::DeviceError);
+    CHECK(petra::conv_impl() == petra::ConvImpl::petra);
+  }
+  petra::set_conv_impl(petra::ConvImpl::petra);
+  CHECK(petra::conv_impl() == petra::ConvImpl::petra);
+}
+
+TEST_CASE("conv impl: CPU tensors ignore the setting (there is no CPU cuDNN)") {
+  if (!petra::cudnn_compiled()) return;  // the setting cannot be cudnn in this build
+  const auto x = petra::Tensor::uniform({2, 3, 5, 5}, 1, -1.0, 1.0), w = petra::Tensor::uniform({4, 3, 3, 3}, 2, -1.0, 1.0);
+  const auto bias = petra::Tensor::uniform({4}, 3, -1.0, 1.0);
+  const petra::Conv2dOptions o{1, 1};
+  const std::vector<float> with_petra = petra::ops::conv2d_forward(x, w, bias, o).to_vector<float>();
+  petra::set_conv_impl(petra::ConvImpl::cudnn);
+  const std::vector<float> with_cudnn_set = petra::ops::conv2d_forward(x, w, bias, o).to_vector<float>();
+  petra::set_conv_impl(petra::ConvImpl::petra);
+  CHECK(with_cudnn_set == with_petra);  // the same CPU kernel, the same bits
+  CHECK(with_petra.size() == 2 * 4 * 5 * 5);
+}
+
+#if PETRA_HAVE_CUDA && (PETRA_HAVE_CUBLAS || PETRA_HAVE_CUDNN)
+
+namespace {
+
+const bool kNoGpu = !cb::available();
+
+// n floats on device 0, uploaded from and downloaded to host vectors on `stream`.
+class Buffer {
+ public:
+  explicit Buffer(const std::vector<float>& host, void* stream)
+      : n_(host.size()), data_(static_cast<float*>(cb::malloc_device(std::max<std::size_t>(n_, 1) * 4, 0))) {
+    if (n_ > 0) cb::memcpy_async(data_, host.data(), n_ * 4, stream);
+  }
+  ~Buffer() { cb::free_device(data_, 0); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  float* get() const { return data_; }
+  std::vector<float> download(void* stream) const {
+    std::vector<float> host(n_);
+    if (n_ > 0) cb::memcpy_async(host.data(), data_, n_ * 4, stream);
+    cb::stream_synchronize(stream);
+    return host;
+  }
+
+ private:
+  std::size_t n_;
+  float* data_;
+};
+
+std::vector<float> absolute(std::vector<float> v) {
+  for (float& e : v) e = std::fabs(e);
+  return v;
+}
+
+// Elements where |got - expected| > factor * magnitude + 1e-30; magnitude = sum|terms| per element.
+std::size_t outside_bound(const std::vector<float>& got, const std::vector<float>& expected,
+                          const std::vector<float>& magnitude, double factor) {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    bad += std::fabs(double(got[i]) - double(expected[i])) > factor * double(magnitude[i]) + 1e-30;
+  return bad;
+}
+
+double fp32_factor(std::int64_t terms) { return double(terms + 3) * 0x1p-24; }
+constexpr double kTf32Factor = 0x1p-10;
+// cuDNN may choose a Winograd or FFT algorithm (deterministic ones are allowed): their transforms
+// round intermediate values that a plain sum never forms, so cuDNN's convolutions get 2^-14
+// sum|terms| on top of the plain-sum bound (about 6e-5 of the magnitude; a wrong index is off by
+// whole terms).
+constexpr double kTransformFactor = 0x1p-14;
+
+// A stream of cuda:0 with petra's workspace (the caching allocator), as ops use.
+StreamHandle gpu_stream_handle(petra::Stream& stream) { return stream.handle(); }
+
+}  // namespace
+
+#if PETRA_HAVE_CUBLAS
+
+TEST_CASE("cuda: cuBLAS linear matches ref and petra's kernel" * doctest::skip(kNoGpu)) {
+  namespace ref = petra::kernels::ref;
+  namespace cu = petra::kernels::cuda;
+  namespace bl = petra::kernels::cublas;
+  petra::Stream stream(petra::Device::cuda(0));
+  const StreamHandle s = gpu_stream_handle(stream);
+  void* cs = s.cuda_stream;
+  const StreamHandle host{};
+  // batch, in, out: single elements, odd sizes, tails of every tile, the classifier's shape.
+  for (const petra::kernels::LinearShape k : {petra::kernels::LinearShape{1, 1, 1}, {3, 5, 7}, {33, 65, 17},
+                                               {128, 512, 10}, {7, 1000, 3}, {0, 4, 5}}) {
+    INFO("batch ", k.batch, " in ", k.in_features, " out ", k.out_features);
+    const auto nx = std::size_t(k.batch * k.in_features), nw = std::size_t(k.out_features * k.in_features);
+    const auto ny = std::size_t(k.batch * k.out_features), nb = std::size_t(k.out_features);
+    const auto x = random_values<float>(nx, 1), w = random_values<float>(nw, 2), b = random_values<float>(nb, 3);
+    const auto dy = random_values<float>(ny, 4), dw0 = random_values<float>(nw, 5);
+
+    for (const bool with_bias : {true, false}) {
+      std::vector<float> expected(ny), magnitude(ny);
+      ref::linear_forward<float>(host, k, x.data(), w.data(), with_bias ? b.data() : nullptr, expected.data());
+      const auto bias_abs = absolute(b);
+      ref::linear_forward<float>(host, k, absolute(x).data(), absolute(w).data(), with_bias ? bias_abs.data() : nullptr,
+                                 magnitude.data());
+      Buffer dx_(x, cs), dw_(w, cs), db_(b, cs), y_blas(std::vector<float>(ny, 7.0f), cs),
+          y_petra(std::vector<float>(ny, 7.0f), cs), y_again(std::vector<float>(ny, 7.0f), cs);
+      const float* bias = with_bias ? db_.get() : nullptr;
+      bl::linear_forward(s, k, dx_.get(), dw_.get(), bias, y_blas.get());
+      bl::linear_forward(s, k, dx_.get(), dw_.get(), bias, y_again.get());
+      cu::linear_forward(s, k, dx_.get(), dw_.get(), bias, y_petra.get());
+      const auto got = y_blas.download(cs), petra_got = y_petra.download(cs);
+      INFO("bias ", with_bias);
+      CHECK(outside_bound(got, expected, magnitude, fp32_factor(k.in_features + 1)) == 0);
+      CHECK(outside_bound(petra_got, expected, magnitude, fp32_factor(k.in_features + 1)) == 0);
+      CHECK(y_again.download(cs) == got);  // the same bits twice
+    }
+
+    // dx = dy w, dw += dy^T x.
+    std::vector<float> dx_expected(nx), dx_magnitude(nx), dw_expected = dw0, dw_magnitude = absolute(dw0);
+    ref::linear_backward_data<float>(host, k, dy.data(), w.data(), dx_expected.data());
+    ref::linear_backward_data<float>(host, k, absolute(dy).data(), absolute(w).data(), dx_magnitude.data());
+    ref::linear_backward_weight<float>(host, k, x.data(), dy.data(), dw_expected.data());
+    ref::linear_backward_weight<float>(host, k, absolute(x).data(), absolute(dy).data(), dw_magnitude.data());
+    Buffer xb(x, cs), wb(w, cs), dyb(dy, cs), dxb(std::vector<float>(nx, 7.0f), cs), dwb(dw0, cs);
+    bl::linear_backward_data(s, k, dyb.get(), wb.get(), dxb.get());
+    bl::linear_backward_weight(s, k, xb.get(), dyb.get(), dwb.get());
+    CHECK(outside_bound(dxb.download(cs), dx_expected, dx_magnitude, fp32_factor(k.out_features)) == 0);
+    CHECK(outside_bound(dwb.download(cs), dw_expected, dw_magnitude, fp32_factor(k.batch + 1)) == 0);
+  }
+}
+
+#endif  // PETRA_HAVE_CUBLAS
+
+#if PETRA_HAVE_CUDNN
+
+namespace {
+
+using petra::kernels::Conv2dShape;
+
+// Small and odd shapes: 1x1 and 7x7 stride 2, non-square kernels with unequal paddings, channel counts
+// off the tiles, batch 1, a stride larger than the kernel, one pixel.
+const std::vector<Conv2dShape> kConvShapes = {
+    {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},       {2, 3, 7, 5, 4, 3, 3, 1, 1, 1, 1},
+    {3, 17, 9, 11, 33, 3, 3, 2, 2, 1, 1},    {2, 3, 15, 15, 8, 7, 7, 2, 2, 3, 3},
+    {4, 16, 8, 8, 32, 1, 1, 2, 2, 0, 0},     {1, 5, 6, 7, 3, 2, 5, 1, 1, 1, 2},
+    {2, 4, 10, 9, 6, 1, 1, 3, 3, 0, 0},      {5, 64, 8, 8, 64, 3, 3, 1, 1, 1, 1},
+};
+
+struct ConvData {
+  std::vector<float> x, w, bias, dy, dw0;
+  explicit ConvData(const Conv2dShape& k)
+      : x(random_values<float>(std::size_t(k.input_size()), 11)),
+        w(random_values<float>(std::size_t(k.weight_size()), 12)),
+        bias(random_values<float>(std::size_t(k.out_channels), 13)),
+        dy(random_values<float>(std::size_t(k.output_size()), 14)),
+        dw0(random_values<float>(std::size_t(k.weight_size()), 15)) {}
+};
+
+}  // namespace
+
+TEST_CASE("cuda: cuDNN conv2d forward, backward data and backward weight match ref" * doctest::skip(kNoGpu)) {
+  namespace ref = petra::kernels::ref;
+  namespace dnn = petra::kernels::cudnn;
+  namespace cu = petra::kernels::cuda;
+  petra::Stream stream(petra::Device::cuda(0));
+  const StreamHandle s = gpu_stream_handle(stream);
+  void* cs = s.cuda_stream;
+  const StreamHandle host{};
+  for (const Conv2dShape& k : kConvShapes) {
+    INFO("x (", k.batch, ", ", k.in_channels, ", ", k.in_h, ", ", k.in_w, ") w (", k.out_channels, ", ",
+         k.in_channels, ", ", k.kernel_h, ", ", k.kernel_w, ") stride ", k.stride_h, "x", k.stride_w, " pad ", k.pad_h,
+         "x", k.pad_w);
+    const ConvData d(k);
+    const auto ny = std::size_t(k.output_size()), nx = std::size_t(k.input_size());
+    const std::int64_t taps = k.in_channels * k.kernel_h * k.kernel_w;
+
+    std::vector<float> y_expected(ny), y_magnitude(ny);
+    ref::conv2d_forward<float>(host, k, d.x.data(), d.w.data(), d.bias.data(), y_expected.data());
+    ref::conv2d_forward<float>(host, k, absolute(d.x).data(), absolute(d.w).data(), absolute(d.bias).data(),
+                               y_magnitude.data());
+    Buffer x(d.x, cs), w(d.w, cs), bias(d.bias, cs), dy(d.dy, cs);
+
+    {  // FP32 forward (the default math), twice: the same bits.
+      Buffer y(std::vector<float>(ny, 7.0f), cs), again(std::vector<float>(ny, 7.0f), cs);
+      dnn::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y.get());
+      dnn::conv2d_forward(s, k, x.get(), w.get(), bias.get(), again.get());
+      const auto got = y.download(cs);
+      CHECK(outside_bound(got, y_expected, y_magnitude, kTransformFactor + fp32_factor(taps + 1)) == 0);
+      CHECK(again.download(cs) == got);
+      const auto algorithm = dnn::conv2d_algorithm(s, k, 0);
+      MESSAGE("forward algorithm ", algorithm.algorithm, ", workspace ", algorithm.workspace_bytes, " bytes");
+    }
+    {  // TF32 forward: within the TF32 bound, for both implementations.
+      cu::set_conv2d_math(cu::Conv2dMath::tf32);
+      Buffer y(std::vector<float>(ny, 7.0f), cs), petra_y(std::vector<float>(ny, 7.0f), cs);
+      dnn::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y.get());
+      cu::conv2d_forward(s, k, x.get(), w.get(), bias.get(), petra_y.get());
+      cu::set_conv2d_math(cu::Conv2dMath::fp32);
+      CHECK(outside_bound(y.download(cs), y_expected, y_magnitude,
+                          kTransformFactor + kTf32Factor + fp32_factor(taps + 1)) == 0);
+      CHECK(outside_bound(petra_y.download(cs), y_expected, y_magnitude, kTf32Factor + fp32_factor(taps + 1)) == 0);
+    }
+    {  // Backward data: dx =.
+      std::vector<float> expected(nx), magnitude(nx);
+      ref::conv2d_backward_data<float>(host, k, d.dy.data(), d.w.data(), expected.data());
+      ref::conv2d_backward_data<float>(host, k, absolute(d.dy).data(), absolute(d.w).data(), magnitude.data());
+      Buffer dx(std::vector<float>(nx, 7.0f), cs), again(std::vector<float>(nx, 7.0f), cs);
+      dnn::conv2d_backward_data(s, k, dy.get(), w.get(), dx.get());
+      dnn::conv2d_backward_data(s, k, dy.get(), w.get(), again.get());
+      const auto got = dx.download(cs);
+      CHECK(outside_bound(got, expected, magnitude,
+                          kTransformFactor + fp32_factor(k.out_channels * k.kernel_h * k.kernel_w)) == 0);
+      CHECK(again.download(cs) == got);
+    }
+    {  // Backward weight: dw += onto non-zero values.
+      std::vector<float> expected = d.dw0, magnitude = absolute(d.dw0);
+      ref::conv2d_backward_weight<float>(host, k, d.x.data(), d.dy.data(), expected.data());
+      ref::conv2d_backward_weight<float>(host, k, absolute(d.x).data(), absolute(d.dy).data(), magnitude.data());
+      Buffer dw(d.dw0, cs), again(d.dw0, cs);
+      dnn::conv2d_backward_weight(s, k, x.get(), dy.get(), dw.get());
+      dnn::conv2d_backward_weight(s, k, x.get(), dy.get(), again.get());
+      const auto got = dw.download(cs);
+      CHECK(outside_bound(got, expected, magnitude,
+                          kTransformFactor + fp32_factor(k.batch * k.out_h() * k.out_w() + 1)) == 0);
+      CHECK(again.download(cs) == got);
+    }
+  }
+}
+
+TEST_CASE("cuda: cuDNN batch norm matches ref (train, eval, backward, running statistics)" * doctest::skip(kNoGpu)) {
+  namespace ref = petra::kernels::ref;
+  namespace dnn = petra::kernels::cudnn;
+  using petra::kernels::BatchNormShape;
+  petra::Stream stream(petra::Device::cuda(0));
+  const StreamHandle s = gpu_stream_handle(stream);
+  void* cs = s.cuda_stream;
+  const StreamHandle host{};
+  const double eps = 1e-5, momentum = 0.1;
+  for (const BatchNormShape k : {BatchNormShape{1, 1, 1, 2}, {2, 3, 5, 7}, {4, 17, 3, 3}, {3, 5, 1, 1},
+                                 {8, 64, 16, 16}}) {
+    INFO("x (", k.batch, ", ", k.channels, ", ", k.height, ", ", k.width, ")");
+    const auto n = std::size_t(k.size()), c = std::size_t(k.channels);
+    // An offset mean and a spread other than 1, so that the statistics matter.
+    const auto x = random_values<float>(n, 21, 1.0, 4.0), dy = random_values<float>(n, 22);
+    const auto gamma = random_values<float>(c, 23, 0.5, 1.5), beta = random_values<float>(c, 24);
+    const auto rm0 = random_values<float>(c, 25), rv0 = random_values<float>(c, 26, 0.5, 2.0);
+    const auto dgamma0 = random_values<float>(c, 27), dbeta0 = random_values<float>(c, 28);
+
+    std::vector<float> y(n), mean(c), invstd(c), rm = rm0, rv = rv0;
+    ref::batchnorm_forward_train<float>(host, k, eps, momentum, x.data(), gamma.data(), beta.data(), y.data(),
+                                        mean.data(), invstd.data(), rm.data(), rv.data());
+    Buffer xb(x, cs), dyb(dy, cs), g(gamma, cs), b(beta, cs), rmb(rm0, cs), rvb(rv0, cs);
+    Buffer yb(std::vector<float>(n, 7.0f), cs), meanb(std::vector<float>(c, 7.0f), cs),
+        invstdb(std::vector<float>(c, 7.0f), cs);
+    dnn::batchnorm_forward_train(s, k, eps, momentum, xb.get(), g.get(), b.get(), yb.get(), meanb.get(),
+                                 invstdb.get(), rmb.get(), rvb.get());
+    // Sums of up to 16,384 floats inside cuDNN against ref's doubles.
+    CHECK(relative_error(yb.download(cs), y) <= 1e-5);
+    CHECK(relative_error(meanb.download(cs), mean) <= 1e-5);
+    CHECK(relative_error(invstdb.download(cs), invstd) <= 1e-5);
+    CHECK(relative_error(rmb.download(cs), rm) <= 1e-5);
+    CHECK(relative_error(rvb.download(cs), rv) <= 1e-5);  // the unbiased variance, as petra's
+
+    std::vector<float> y_eval(n);
+    ref::batchnorm_forward_eval<float>(host, k, eps, x.data(), gamma.data(), beta.data(), rm0.data(), rv0.data(),
+                                       y_eval.data());
+    Buffer rm0b(rm0, cs), rv0b(rv0, cs), y_evalb(std::vector<float>(n, 7.0f), cs);
+    dnn::batchnorm_forward_eval(s, k, eps, xb.get(), g.get(), b.get(), rm0b.get(), rv0b.get(), y_evalb.get());
+    CHECK(relative_error(y_evalb.download(cs), y_eval) <= 1e-6);
+
+    // Backward with ref's saved statistics on both sides, so only the backward is compared.
+    std::vector<float> dx(n), dgamma = dgamma0, dbeta = dbeta0;
+    ref::batchnorm_backward<float>(host, k, x.data(), dy.data(), gamma.data(), mean.data(), invstd.data(), dx.data(),
+                                   dgamma.data(), dbeta.data());
+    Buffer ref_mean(mean, cs), ref_invstd(invstd, cs), dxb(std::vector<float>(n, 7.0f), cs), dgb(dgamma0, cs),
+        dbb(dbeta0, cs);
+    dnn::batchnorm_backward(s, k, xb.get(), dyb.get(), g.get(), ref_mean.get(), ref_invstd.get(), dxb.get(), dgb.get(),
+                            dbb.get());
+    // dx subtracts two per-channel means from dy: cancellation costs digits, hence 1e-4.
+    CHECK(relative_error(dxb.download(cs), dx) <= 1e-4);
+    CHECK(relative_error(dgb.download(cs), dgamma) <= 1e-5);
+    CHECK(relative_error(dbb.download(cs), dbeta) <= 1e-5);
+  }
+  // Running statistics must be both given or both absent.
+  const BatchNormShape k{2, 1, 1, 1};
+  CHECK_THROWS_AS(dnn::batchnorm_forward_train(s, k, eps, momentum, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                               nullptr, reinterpret_cast<float*>(16), nullptr),
+                  petra::ValueError);
+}
+
+#endif  // PETRA_HAVE_CUDNN
+
+#endif  // PETRA_HAVE_CUDA && (PETRA_HAVE_CUBLAS || PETRA_HAVE_CUDNN)
