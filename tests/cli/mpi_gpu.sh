@@ -8,7 +8,9 @@
 #    emulated GPU each (--devices cuda:0,cuda:1 --transport mpi: payloads staged through host
 #    memory), logs what one process on cuda:0 logs, to the last digit; backprop as 2 replicas on 2
 #    emulated GPUs (gradients averaged through host copies) ends with the parameters of one process
-#    with --accumulation 2, within float tolerance; and --transport nccl with both processes on
+#    with --accumulation 2, within float tolerance; PETRA on 2 emulated GPUs resumed from its
+#    epoch-2 checkpoint (messages in flight taken off the wire onto the GPU, saved, reloaded) ends
+#    as the uninterrupted run, bit for bit; and --transport nccl with both processes on
 #    cuda:0 exits 6 naming the two local ranks, before any NCCL call (NCCL refuses a shared GPU).
 #    The emulated GPUs' memory is host memory that NCCL cannot use: NCCL itself runs only in
 #    scripts/gpu-check.sh.
@@ -95,6 +97,16 @@ assert worst < 1e-4, f"2 replicas on 2 emulated GPUs differ from --accumulation 
 print(f"ok: 2 replicas on 2 emulated GPUs = one process with --accumulation 2 ({len(names)} tensors, "
       f"largest difference {worst:.1e} of the parameter's scale)")
 PY
+  resume=(--method petra --dataset synthetic --synthetic-size 48 --batch-size 4 --width 2 --threads 1 --no-augment
+          --epochs 3 --mpi --devices cuda:0,cuda:1 --transport mpi --checkpoint-dir ck)
+  run 2 "$emulated" "${resume[@]}" --save-params whole > whole.txt 2>&1 || { cat whole.txt; status=1; }
+  echo "epoch-000002" > ck/latest
+  run 2 "$emulated" "${resume[@]}" --resume --save-params resumed > resumed.txt 2>&1 || { cat resumed.txt; status=1; }
+  if grep -q "resumed from ck/epoch-000002 at epoch 3" resumed.txt && diff -r whole resumed > /dev/null; then
+    echo "ok: resumed from epoch 2 on 2 emulated GPUs: parameters equal to the uninterrupted run"
+  else
+    echo "FAIL: the resumed run on 2 emulated GPUs differs:" && cat resumed.txt && status=1
+  fi
   expect 6 "local ranks 0 and 1 of one host both train on cuda:0" 2 "$emulated" "${common[@]}" --epochs 1 --mpi \
       --devices cuda:0 --transport nccl
 fi
