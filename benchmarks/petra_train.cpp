@@ -266,6 +266,9 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
                             petra::pipeline::profile_blocks(model, {images.size(1), images.size(2), images.size(3)}))
                     .c_str());
   }
+  if (const auto* group = trainer.process_group())
+    std::printf("--mpi: %d processes, %d replica(s), messages over %s\n", group->size(), group->replicas(),
+                std::string(petra::pipeline::name_of(group->transport())).c_str());
   if (trainer.last_checkpoint())
     std::printf("resumed from %s at epoch %lld\n", trainer.last_checkpoint()->c_str(),
                 static_cast<long long>(trainer.epoch() + 1));
@@ -434,8 +437,16 @@ int main(int argc, char** argv) {
       ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"petra", "cudnn"}));
   app.add_flag("--mpi", c.mpi,
                "spread the stages over the processes of mpirun (contiguous groups; the first process reports): "
-               "mpirun --allow-run-as-root --oversubscribe -np 2 build/petra-train --mpi --method petra")
+               "mpirun --allow-run-as-root --oversubscribe -np 2 build/petra-train --mpi --method petra (GPUs: add "
+               "--devices cuda:0,cuda:1, one per process of a host)")
       ->group(pipelining);
+  std::string transport = "auto";
+  app.add_option("--transport", transport,
+                 "with --mpi: what carries the messages and replica averages: nccl (device tensors; needs --devices "
+                 "cuda:N and petra built with NCCL), mpi (host memory; device tensors through host copies), or auto "
+                 "(nccl on GPUs where built, else mpi). Under --mpi, --devices names GPUs: the process of local rank "
+                 "L trains on entry L mod count")
+      ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"auto", "mpi", "nccl"}));
   app.add_option("--replicas", c.replicas,
                  "with --mpi: copies of the pipeline, each on -np / R processes, training their share of every "
                  "epoch's mini-batches and averaging each stage's gradients before its update (data parallel; "
@@ -515,6 +526,7 @@ int main(int argc, char** argv) {
   try {
     c.method = petra::pipeline::parse_pipeline_method(method);
     c.bn_statistics = petra::nn::parse_statistics_pass(bn_statistics);
+    c.transport = petra::pipeline::parse_transport(transport);
     PETRA_CHECK(!c.mpi || !eval_only, petra::ValueError, "--mpi trains; evaluate with one process (--eval-only)");
     if (devices_text.empty() && petra::pipeline::is_delayed(c.method) && !c.mpi) devices_text = "cpu:0,cpu:1";
     if (!devices_text.empty())

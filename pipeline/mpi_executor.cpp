@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <span>
 #include <thread>
@@ -11,6 +12,7 @@
 
 #include "petra/allocator.hpp"
 #include "petra/ops.hpp"
+#include "petra/pipeline/nccl_transport.hpp"
 #include "petra/pipeline/process_group.hpp"
 #include "petra/stream.hpp"
 
@@ -18,8 +20,6 @@ namespace petra::pipeline {
 
 namespace {
 
-constexpr int kHeaderSize = 18;   // kind, mini-batch, then (dtype, rank, 6 dims) per tensor
-constexpr int kMaxDims = 6;
 constexpr int kTagPerKind = 4096;  // tag = kind * 4096 + receiving stage
 
 void check_mpi(int code, const char* call) {
@@ -30,24 +30,86 @@ void check_mpi(int code, const char* call) {
   throw Error(fmt::format("{} failed: {}", call, std::string(text, static_cast<std::size_t>(length))));
 }
 
-// Writes (dtype, rank, dims) of t, or (-1, -1, ...) for an undefined tensor, at header[at].
-void describe_tensor(const Tensor& t, std::vector<std::int64_t>& header, int at) {
-  if (!t.defined()) {
-    header[at] = header[at + 1] = -1;
-    return;
-  }
-  PETRA_CHECK(t.shape().ndim() <= kMaxDims, ShapeError, "mpi executor: tensor ", t.str(), " has more than ",
-              kMaxDims, " dims");
-  header[at] = static_cast<std::int64_t>(t.dtype());
-  header[at + 1] = static_cast<std::int64_t>(t.shape().ndim());
-  for (int d = 0; d < static_cast<int>(t.shape().ndim()); ++d) header[static_cast<std::size_t>(at + 2 + d)] = t.shape()[d];
-}
-
 std::int64_t bytes_of(const Tensor& t) {
   return t.defined() ? t.numel() * static_cast<std::int64_t>(size_of(t.dtype())) : 0;
 }
 
+// Payloads as MPI messages with the header's tag. MPI reads and writes host memory only here: a
+// device tensor goes through a host copy each way (the copy synchronises the device's stream).
+class MpiPayloads : public PayloadTransport {
+ public:
+  explicit MpiPayloads(MPI_Comm comm) : comm_(comm) {}
+  Transport kind() const override { return Transport::mpi; }
+
+  class Sending : public PendingSend {
+   public:
+    Tensor host;  // the bytes MPI reads until the send completes
+    MPI_Request request = MPI_REQUEST_NULL;
+    bool done() override {
+      int finished = 0;
+      check_mpi(MPI_Test(&request, &finished, MPI_STATUS_IGNORE), "MPI_Test");
+      return finished != 0;
+    }
+    void wait() override { check_mpi(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait"); }
+  };
+
+  std::unique_ptr<PendingSend> send(const Tensor& payload, int peer, int tag, Direction) override {
+    auto sending = std::make_unique<Sending>();
+    if (payload.defined()) sending->host = payload.device().is_cuda() ? payload.to(Device::cpu()) : payload;
+    void* data = sending->host.defined() ? sending->host.raw_data() : nullptr;
+    check_mpi(MPI_Isend(data, static_cast<int>(bytes_of(sending->host)), MPI_BYTE, peer, tag, comm_, &sending->request),
+              "MPI_Isend");
+    return sending;
+  }
+
+  std::string receive(Tensor& into, const PayloadLayout& layout, int peer, int tag, Direction,
+                      Device device) override {
+    MPI_Status status;
+    check_mpi(MPI_Probe(peer, tag, comm_, &status), "MPI_Probe");
+    int count = 0;
+    MPI_Get_count(&status, MPI_BYTE, &count);
+    if (count != layout.bytes) {
+      drain(peer, tag, count);
+      return layout.defined ? fmt::format("{} bytes, the header says {}", count, layout.bytes)
+                            : fmt::format("{} bytes for an undefined tensor", count);
+    }
+    if (!layout.defined) {
+      drain(peer, tag, 0);
+      return {};
+    }
+    Tensor host = Tensor::empty(layout.shape, layout.dtype);
+    check_mpi(MPI_Recv(host.raw_data(), count, MPI_BYTE, peer, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+    into = device.is_cuda() ? host.to(device) : host;
+    return {};
+  }
+
+  bool discard(int peer, int tag, Direction) override {
+    MPI_Status status;
+    check_mpi(MPI_Probe(peer, tag, comm_, &status), "MPI_Probe");
+    int count = 0;
+    MPI_Get_count(&status, MPI_BYTE, &count);
+    drain(peer, tag, count);
+    return true;
+  }
+
+ private:
+  void drain(int peer, int tag, int count) {
+    std::vector<char> sink(static_cast<std::size_t>(count));
+    check_mpi(MPI_Recv(sink.data(), count, MPI_BYTE, peer, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+  }
+  MPI_Comm comm_;
+};
+
+// MPI_Bcast of a tensor's bytes from `root`; a device tensor through a host copy.
+void broadcast_tensor(const Tensor& t, int root, MPI_Comm comm) {
+  const Tensor host = t.device().is_cuda() ? t.to(Device::cpu()) : t;
+  check_mpi(MPI_Bcast(host.raw_data(), static_cast<int>(bytes_of(host)), MPI_BYTE, root, comm), "MPI_Bcast");
+  if (t.device().is_cuda()) t.copy_from(host);
+}
+
 }  // namespace
+
+std::unique_ptr<PayloadTransport> mpi_payload_transport(MPI_Comm comm) { return std::make_unique<MpiPayloads>(comm); }
 
 std::vector<int> MpiExecutor::even_placement(int stages, int ranks) {
   PETRA_CHECK(ranks >= 1 && ranks <= stages, ValueError, "mpi executor: ", ranks, " processes for ", stages,
@@ -59,8 +121,12 @@ std::vector<int> MpiExecutor::even_placement(int stages, int ranks) {
 }
 
 MpiExecutor::MpiExecutor(nn::Model& model, const RuntimeOptions& options, std::vector<int> rank_of_stage,
-                         MPI_Comm comm)
-    : SequentialExecutor(model, options), rank_of_stage_(std::move(rank_of_stage)), comm_(comm) {
+                         MPI_Comm comm, std::unique_ptr<PayloadTransport> payloads, Device device)
+    : SequentialExecutor(model, options),
+      rank_of_stage_(std::move(rank_of_stage)),
+      comm_(comm),
+      payloads_(payloads ? std::move(payloads) : mpi_payload_transport(comm)),
+      device_(device) {
   check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(comm_, &ranks_), "MPI_Comm_size");
   PETRA_CHECK(rank_of_stage_.size() == model.num_stages(), ValueError, "mpi executor: placement of ",
@@ -80,7 +146,24 @@ MpiExecutor::MpiExecutor(nn::Model& model, const RuntimeOptions& options, std::v
 }
 
 MpiExecutor::~MpiExecutor() {
-  for (PendingSend& p : pending_) MPI_Waitall(3, p.requests, MPI_STATUSES_IGNORE);
+  for (PendingSend& p : pending_) {
+    try {
+      p.wait();
+    } catch (const std::exception& e) {  // a destructor does not throw: the run is ending anyway
+      std::fprintf(stderr, "mpi executor: a send did not complete: %s\n", e.what());
+    }
+  }
+}
+
+bool MpiExecutor::PendingSend::done() {
+  int header_done = 0;
+  check_mpi(MPI_Test(&header_request, &header_done, MPI_STATUS_IGNORE), "MPI_Test");
+  return header_done && payloads[0]->done() && payloads[1]->done();
+}
+
+void MpiExecutor::PendingSend::wait() {
+  check_mpi(MPI_Wait(&header_request, MPI_STATUS_IGNORE), "MPI_Wait");
+  for (auto& p : payloads) p->wait();
 }
 
 void MpiExecutor::run(const Schedule& schedule, std::int64_t first, std::int64_t last, const BatchSource& batches,
@@ -98,36 +181,24 @@ void MpiExecutor::run(const Schedule& schedule, std::int64_t first, std::int64_t
 }
 
 void MpiExecutor::complete_finished_sends() {
-  while (!pending_.empty()) {
-    int done = 0;
-    check_mpi(MPI_Testall(3, pending_.front().requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-    if (!done) return;
-    pending_.pop_front();
-  }
+  while (!pending_.empty() && pending_.front().done()) pending_.pop_front();
 }
 
 void MpiExecutor::send(int to_stage, Kind kind, std::int64_t microbatch, const Tensor& first, const Tensor& second) {
   const int destination = rank_of_stage_[static_cast<std::size_t>(to_stage)];
   const int tag = kind * kTagPerKind + to_stage;
+  const Direction direction = kind == kForward ? Direction::up : Direction::down;
   PendingSend& p = pending_.emplace_back();
-  p.header.assign(kHeaderSize, 0);
-  p.header[0] = kind;
-  p.header[1] = microbatch;
-  describe_tensor(first, p.header, 2);
-  describe_tensor(second, p.header, 2 + 2 + kMaxDims);
-  p.first = first.defined() ? first.contiguous() : Tensor();
-  p.second = second.defined() ? second.contiguous() : Tensor();
-  check_mpi(MPI_Isend(p.header.data(), kHeaderSize, MPI_INT64_T, destination, tag, comm_, &p.requests[0]), "MPI_Isend");
-  const auto send_bytes = [&](const Tensor& t, MPI_Request* request) {
-    void* data = t.defined() ? t.raw_data() : nullptr;
-    check_mpi(MPI_Isend(data, static_cast<int>(bytes_of(t)), MPI_BYTE, destination, tag, comm_, request), "MPI_Isend");
-  };
-  send_bytes(p.first, &p.requests[1]);
-  send_bytes(p.second, &p.requests[2]);
+  p.header = encode_header(kind, microbatch, first, second);
+  check_mpi(MPI_Isend(p.header.data(), kWireHeaderSize, MPI_INT64_T, destination, tag, comm_, &p.header_request),
+            "MPI_Isend");
+  const Tensor payloads[] = {first.defined() ? first.contiguous() : Tensor(),
+                             second.defined() ? second.contiguous() : Tensor()};
+  for (int i = 0; i < 2; ++i) p.payloads[i] = payloads_->send(payloads[i], destination, tag, direction);
   Traffic& traffic = kind == kForward ? sent_up_[static_cast<std::size_t>(to_stage - 1)]
                                       : sent_down_[static_cast<std::size_t>(to_stage + 1)];
   ++traffic.messages;
-  traffic.bytes += bytes_of(p.first) + bytes_of(p.second);
+  traffic.bytes += bytes_of(payloads[0]) + bytes_of(payloads[1]);
 }
 
 std::pair<Tensor, Tensor> MpiExecutor::receive(int to_stage, int from_stage, Kind kind, std::int64_t microbatch,
@@ -148,59 +219,28 @@ std::pair<Tensor, Tensor> MpiExecutor::receive(int to_stage, int from_stage, Kin
           to_stage, rank_, what, microbatch, source, std::chrono::duration<double>(message_timeout()).count()));
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-  std::vector<std::int64_t> header(kHeaderSize);
+  std::vector<std::int64_t> header(kWireHeaderSize);
   MPI_Status status;
-  check_mpi(MPI_Recv(header.data(), kHeaderSize, MPI_INT64_T, source, tag, comm_, &status), "MPI_Recv");
+  check_mpi(MPI_Recv(header.data(), kWireHeaderSize, MPI_INT64_T, source, tag, comm_, &status), "MPI_Recv");
   int count = 0;
   MPI_Get_count(&status, MPI_INT64_T, &count);
   // Everything the header says is checked before anything is allocated; whatever is wrong, both
-  // payloads are still received (into a sink), so the sender is never left blocked on them.
-  std::string wrong;
-  if (count != kHeaderSize)
-    wrong = fmt::format("a header of {} values, expected {}", count, kHeaderSize);
-  else if (header[0] != kind)
-    wrong = fmt::format("kind {}, expected {}", header[0], static_cast<int>(kind));
-  else if (header[1] != microbatch)
-    wrong = fmt::format("it carries mini-batch {}", header[1]);
-  std::vector<Shape> shapes(2);
-  std::vector<std::int64_t> dtypes(2, -1);
-  for (int i = 0; i < 2 && wrong.empty(); ++i) {
-    const std::int64_t* d = &header[static_cast<std::size_t>(2 + i * (2 + kMaxDims))];
-    dtypes[static_cast<std::size_t>(i)] = d[0];
-    if (d[0] < 0) continue;  // an undefined tensor
-    if (d[0] > static_cast<std::int64_t>(DType::u8) || d[1] < 0 || d[1] > kMaxDims) {
-      wrong = fmt::format("tensor {}: dtype {} rank {}", i, d[0], d[1]);
-      break;
-    }
-    std::int64_t numel = 1;
-    for (std::int64_t k = 0; k < d[1]; ++k) {
-      const std::int64_t n = d[2 + k];
-      if (n < 0 || (n > 0 && numel > (std::int64_t{1} << 40) / n)) wrong = fmt::format("tensor {}: a dimension of {}", i, n);
-      numel *= std::max<std::int64_t>(n, 0);
-    }
-    shapes[static_cast<std::size_t>(i)] = Shape(std::span<const std::int64_t>(d + 2, static_cast<std::size_t>(d[1])));
-  }
+  // payloads are still taken off the wire where the transport can (MPI: into a sink), so the
+  // sender is never left blocked on them.
+  DecodedHeader decoded = decode_header(std::span<const std::int64_t>(header.data(), static_cast<std::size_t>(count)),
+                                        kind, microbatch);
+  std::string& wrong = decoded.wrong;
+  const Direction direction = kind == kForward ? Direction::up : Direction::down;
   std::pair<Tensor, Tensor> tensors;
   for (int i = 0; i < 2; ++i) {
-    check_mpi(MPI_Probe(source, tag, comm_, &status), "MPI_Probe");
-    MPI_Get_count(&status, MPI_BYTE, &count);
-    Tensor& t = i == 0 ? tensors.first : tensors.second;
-    const std::int64_t dtype = dtypes[static_cast<std::size_t>(i)];
-    if (wrong.empty() && dtype >= 0) {
-      const std::int64_t expected = shapes[static_cast<std::size_t>(i)].numel() *
-                                    static_cast<std::int64_t>(size_of(static_cast<DType>(dtype)));
-      if (count == expected) {
-        MemoryScope scope(i == 0 || kind == kBackward ? memory_tag : MemoryTag::messages, owner);
-        t = Tensor::empty(shapes[static_cast<std::size_t>(i)], static_cast<DType>(dtype));
-      } else {
-        wrong = fmt::format("tensor {}: {} bytes, the header says {}", i, count, expected);
-      }
-    } else if (wrong.empty() && count != 0) {
-      wrong = fmt::format("tensor {}: {} bytes for an undefined tensor", i, count);
+    if (!wrong.empty()) {
+      if (!payloads_->discard(source, tag, direction)) break;
+      continue;
     }
-    std::vector<char> sink(t.defined() ? 0 : static_cast<std::size_t>(count));
-    check_mpi(MPI_Recv(t.defined() ? t.raw_data() : sink.data(), count, MPI_BYTE, source, tag, comm_, MPI_STATUS_IGNORE),
-              "MPI_Recv");
+    Tensor& t = i == 0 ? tensors.first : tensors.second;
+    MemoryScope scope(i == 0 || kind == kBackward ? memory_tag : MemoryTag::messages, owner);
+    const std::string bad = payloads_->receive(t, decoded.payload[i], source, tag, direction, device_);
+    if (!bad.empty()) wrong = fmt::format("tensor {}: {}", i, bad);
   }
   if (!wrong.empty())
     throw Error(fmt::format("stage {} (rank {}): {} of mini-batch {}: malformed message from rank {}: {}", to_stage,
@@ -281,10 +321,7 @@ void MpiExecutor::send_backward(int j, BackwardMessage message) {
 void MpiExecutor::broadcast_parameters(nn::Model& model) {
   for (std::size_t j = 0; j < model.num_stages(); ++j) {
     const int root = rank_of_stage_[j];
-    for (const auto& p : model.stage(j).parameters()) {
-      const Tensor& data = p.data();
-      check_mpi(MPI_Bcast(data.raw_data(), static_cast<int>(bytes_of(data)), MPI_BYTE, root, comm_), "MPI_Bcast");
-    }
+    for (const auto& p : model.stage(j).parameters()) broadcast_tensor(p.data(), root, comm_);
   }
 }
 
@@ -393,7 +430,7 @@ std::vector<std::string> gather_strings(const std::string& mine) {
 
 class MpiProcessGroup : public ProcessGroup {
  public:
-  explicit MpiProcessGroup(int replicas) : replicas_(replicas) {
+  MpiProcessGroup(int replicas, Transport transport, const std::vector<Device>& devices) : replicas_(replicas) {
     static MpiLife life;
     check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
@@ -404,46 +441,56 @@ class MpiProcessGroup : public ProcessGroup {
     // pipeline_: the processes of this replica; across_: those hosting the same stages in every replica.
     check_mpi(MPI_Comm_split(MPI_COMM_WORLD, replica_, rank_, &pipeline_), "MPI_Comm_split");
     check_mpi(MPI_Comm_split(MPI_COMM_WORLD, rank_ % group_size_, rank_, &across_), "MPI_Comm_split");
+    // host_: the processes of this host (shared memory); the local rank picks the GPU.
+    check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host_),
+              "MPI_Comm_split_type");
+    int local_rank = 0;
+    check_mpi(MPI_Comm_rank(host_, &local_rank), "MPI_Comm_rank");
+    device_ = device_of_process(devices, local_rank);
+    transport_ = resolve_transport(transport, device_, nccl_compiled());
+    if (transport_ == Transport::nccl) {
+      refuse_shared_gpus();
+      if (replicas_ > 1) all_reduce_ = nccl_all_reduce(across_, device_);
+    }
   }
   ~MpiProcessGroup() override {
     int finalised = 0;
     MPI_Finalized(&finalised);
     if (finalised) return;
+    all_reduce_.reset();  // NCCL's communicator before MPI's
     MPI_Comm_free(&pipeline_);
     MPI_Comm_free(&across_);
+    MPI_Comm_free(&host_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int replica() const override { return replica_; }
   int replicas() const override { return replicas_; }
+  Device device() const override { return device_; }
+  Transport transport() const override { return transport_; }
   std::unique_ptr<SequentialExecutor> make_executor(nn::Model& model, const RuntimeOptions& options) override {
     PETRA_CHECK(is_delayed(options.method) || group_size_ == 1, ValueError, "--mpi: ", name_of(options.method),
                 " is synchronous, its stages cannot overlap across processes; run one process per replica "
                 "(--replicas equal to mpirun's -np, ", size_, ") or a pipelined method");
     placement_ = MpiExecutor::even_placement(static_cast<int>(model.num_stages()), group_size_);
-    return std::make_unique<MpiExecutor>(model, options, placement_, pipeline_);
+    std::unique_ptr<PayloadTransport> payloads =
+        transport_ == Transport::nccl ? nccl_payload_transport(pipeline_, device_) : mpi_payload_transport(pipeline_);
+    return std::make_unique<MpiExecutor>(model, options, placement_, pipeline_, std::move(payloads), device_);
   }
   bool hosts(int stage) const override {
     return placement_.at(static_cast<std::size_t>(stage)) == rank_ % group_size_;
   }
   void average_over_replicas(const std::vector<Variable>& parameters) override {
-    // A reduction to one process then a broadcast, rather than MPI_Allreduce, whose result MPI
-    // does not promise to be the same bits on every process.
     for (const Variable& p : parameters) {
       if (!p.grad().defined()) continue;
-      PETRA_CHECK(p.grad().device().is_cpu(), DeviceError, "--replicas: gradients on ", p.grad().device().str(),
-                  " need NCCL, which petra does not use yet");
-      MemoryScope scope(MemoryTag::gradients, p.data().storage()->owner());
-      Tensor sum = p.grad().clone();
-      const MPI_Datatype type = p.grad().dtype() == DType::f64 ? MPI_DOUBLE : MPI_FLOAT;
       PETRA_CHECK(p.grad().dtype() == DType::f64 || p.grad().dtype() == DType::f32, ValueError,
                   "--replicas: gradients of dtype ", name_of(p.grad().dtype()), " cannot be averaged");
-      const int count = static_cast<int>(sum.numel());
-      if (replica_ == 0)
-        check_mpi(MPI_Reduce(MPI_IN_PLACE, sum.raw_data(), count, type, MPI_SUM, 0, across_), "MPI_Reduce");
+      MemoryScope scope(MemoryTag::gradients, p.data().storage()->owner());
+      Tensor sum = p.grad().clone();
+      if (sum.device().is_cuda() && all_reduce_)
+        all_reduce_->sum(sum);  // NCCL: the same bits on every replica (its sum is sent unchanged to all)
       else
-        check_mpi(MPI_Reduce(sum.raw_data(), nullptr, count, type, MPI_SUM, 0, across_), "MPI_Reduce");
-      check_mpi(MPI_Bcast(sum.raw_data(), count, type, 0, across_), "MPI_Bcast");
+        sum_on_host(sum);
       p.set_grad(ops::scale(sum, 1.0 / static_cast<double>(replicas_)));
     }
   }
@@ -479,23 +526,55 @@ class MpiProcessGroup : public ProcessGroup {
   void share_model(nn::Model& model) override {
     for (std::size_t j = 0; j < model.num_stages(); ++j) {
       const int root = placement_.at(j);  // in replica 0, whose ranks are 0 .. group size - 1
-      const auto share = [&](const Tensor& t) {
-        check_mpi(MPI_Bcast(t.raw_data(), static_cast<int>(bytes_of(t)), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
-      };
-      for (const auto& p : model.stage(j).parameters()) share(p.data());
-      for (const auto& [name, buffer] : model.stage(j).named_buffers()) share(buffer);
+      for (const auto& p : model.stage(j).parameters()) broadcast_tensor(p.data(), root, MPI_COMM_WORLD);
+      for (const auto& [name, buffer] : model.stage(j).named_buffers()) broadcast_tensor(buffer, root, MPI_COMM_WORLD);
     }
   }
 
  private:
+  // The sum over the replicas through MPI on host memory (a device tensor through a host copy): a
+  // reduction to one process then a broadcast, rather than MPI_Allreduce, whose result MPI does not
+  // promise to be the same bits on every process.
+  void sum_on_host(Tensor& sum) {
+    Tensor host = sum.device().is_cuda() ? sum.to(Device::cpu()) : sum;
+    const MPI_Datatype type = host.dtype() == DType::f64 ? MPI_DOUBLE : MPI_FLOAT;
+    const int count = static_cast<int>(host.numel());
+    if (replica_ == 0)
+      check_mpi(MPI_Reduce(MPI_IN_PLACE, host.raw_data(), count, type, MPI_SUM, 0, across_), "MPI_Reduce");
+    else
+      check_mpi(MPI_Reduce(host.raw_data(), nullptr, count, type, MPI_SUM, 0, across_), "MPI_Reduce");
+    check_mpi(MPI_Bcast(host.raw_data(), count, type, 0, across_), "MPI_Bcast");
+    if (sum.device().is_cuda()) sum.copy_from(host);
+  }
+
+  // NCCL refuses two ranks of a communicator on one GPU: every process learns the GPUs of its host's
+  // processes and all refuse alike, naming them, before any NCCL call.
+  void refuse_shared_gpus() {
+    int local_size = 1;
+    check_mpi(MPI_Comm_size(host_, &local_size), "MPI_Comm_size");
+    std::vector<int> gpus(static_cast<std::size_t>(local_size));
+    int mine = device_.index;
+    check_mpi(MPI_Allgather(&mine, 1, MPI_INT, gpus.data(), 1, MPI_INT, host_), "MPI_Allgather");
+    const std::string shared = duplicate_gpu(gpus);
+    int refused = shared.empty() ? 0 : 1;  // on any host: every process stops
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &refused, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+    PETRA_CHECK(refused == 0, DeviceError, "--transport nccl: ",
+                shared.empty() ? std::string("another host has processes sharing a GPU") : shared);
+  }
+
   int rank_ = 0, size_ = 1;
   int replicas_ = 1, replica_ = 0, group_size_ = 1;  // group size: the processes of one replica
-  MPI_Comm pipeline_ = MPI_COMM_NULL, across_ = MPI_COMM_NULL;
+  MPI_Comm pipeline_ = MPI_COMM_NULL, across_ = MPI_COMM_NULL, host_ = MPI_COMM_NULL;
+  Device device_ = Device::cpu();
+  Transport transport_ = Transport::mpi;
+  std::unique_ptr<DeviceAllReduce> all_reduce_;  // NCCL across the replicas, on GPUs
   std::vector<int> placement_;  // stage -> rank within a replica
 };
 
 }  // namespace
 
-std::unique_ptr<ProcessGroup> mpi_process_group(int replicas) { return std::make_unique<MpiProcessGroup>(replicas); }
+std::unique_ptr<ProcessGroup> mpi_process_group(int replicas, Transport transport, const std::vector<Device>& devices) {
+  return std::make_unique<MpiProcessGroup>(replicas, transport, devices);
+}
 
 }  // namespace petra::pipeline

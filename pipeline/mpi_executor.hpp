@@ -9,11 +9,17 @@
 // CPU the parameters of every stage are bit-identical to the sequential executor's.
 //
 // Wire format of one message (two tensors: activation and labels going up, input and gradient going
-// down): a header of 18 int64 [kind, mini-batch, then per tensor: dtype, rank, 6 dims] followed by
-// each tensor's bytes, all with the MPI tag kind * 4096 + receiving stage. MPI keeps messages of one
-// (source, tag) in order, so each neighbour pair is a FIFO, as a channel. The receiver checks the
-// kind, the mini-batch id the schedule expects and every size, and a mismatch is an Error naming
-// the stage, the mini-batch and what differs: never a crash or a silent mix-up.
+// down): a header of 18 int64 [kind, mini-batch, then per tensor: dtype, rank, 6 dims] over MPI with
+// the tag kind * 4096 + receiving stage, followed by each tensor's bytes through the payload
+// transport (pipeline/transport.hpp: MPI with the same tag, or NCCL for device tensors). MPI keeps
+// messages of one (source, tag) in order, and NCCL those of one (communicator, peer), so each
+// neighbour pair is a FIFO, as a channel. The receiver checks the kind, the mini-batch id the
+// schedule expects and every size, and a mismatch is an Error naming the stage, the mini-batch and
+// what differs: never a crash or a silent mix-up.
+//
+// On a GPU (petra-train --mpi --devices cuda:N) the process's stages live on its device; a message
+// received is allocated there, on the device's stream of the calling thread, which the stage's
+// kernels then run on (so a NCCL receive needs no event: it is in that stream's order).
 //
 // The labels travel with the activations up to the head (the choice of the in-process executors
 // too), so only the first stage's process reads data.
@@ -26,6 +32,7 @@
 #include <vector>
 
 #include "petra/pipeline/executor.hpp"
+#include "petra/pipeline/transport.hpp"
 
 namespace petra::pipeline {
 
@@ -33,8 +40,10 @@ class MpiExecutor : public SequentialExecutor {
  public:
   // rank_of_stage[j]: the process (rank of `comm`) that hosts stage j; contiguous and covering
   // every rank of `comm`. The communicator is borrowed: MPI must stay initialised while this lives.
+  // `payloads` carries the tensors' bytes (null: MPI over `comm`); messages received go to `device`.
   MpiExecutor(nn::Model& model, const RuntimeOptions& options, std::vector<int> rank_of_stage,
-              MPI_Comm comm = MPI_COMM_WORLD);
+              MPI_Comm comm = MPI_COMM_WORLD, std::unique_ptr<PayloadTransport> payloads = nullptr,
+              Device device = Device::cpu());
   // Waits for the sends still in flight (a complete schedule has had them all received).
   ~MpiExecutor() override;
 
@@ -43,6 +52,7 @@ class MpiExecutor : public SequentialExecutor {
            const HeadCallback& on_head) override;
 
   int rank() const { return rank_; }
+  Transport transport() const { return payloads_->kind(); }
   bool hosts(int stage) const { return rank_of_stage_.at(static_cast<std::size_t>(stage)) == rank_; }
 
   // Receives into the in-process channels every message that a stage of this process reads after
@@ -74,9 +84,11 @@ class MpiExecutor : public SequentialExecutor {
 
  private:
   struct PendingSend {
-    std::vector<std::int64_t> header;
-    Tensor first, second;  // kept alive until MPI has sent their bytes
-    MPI_Request requests[3];
+    std::vector<std::int64_t> header;  // kept alive until MPI has sent it
+    MPI_Request header_request = MPI_REQUEST_NULL;
+    std::unique_ptr<PayloadTransport::PendingSend> payloads[2];
+    bool done();
+    void wait();
   };
   enum Kind : int { kForward = 0, kBackward = 1 };
   void send(int to_stage, Kind kind, std::int64_t microbatch, const Tensor& first, const Tensor& second);
@@ -90,9 +102,16 @@ class MpiExecutor : public SequentialExecutor {
 
   std::vector<int> rank_of_stage_;
   MPI_Comm comm_;
+  std::unique_ptr<PayloadTransport> payloads_;
+  Device device_;
   int rank_ = 0, ranks_ = 1;
   std::deque<PendingSend> pending_;
   std::vector<Traffic> sent_up_, sent_down_;  // [sending stage]
 };
+
+// Payloads over MPI on `comm` (borrowed), with the header's tag: a host tensor's bytes as they are,
+// a device tensor's through a host copy (Open MPI is not assumed CUDA-aware). A payload's byte
+// count is checked against its header on arrival.
+std::unique_ptr<PayloadTransport> mpi_payload_transport(MPI_Comm comm);
 
 }  // namespace petra::pipeline

@@ -14,6 +14,13 @@
 // copies never drift apart). Batch norm's running statistics stay per replica during an epoch; at
 // its end every process takes replica 0's, as PyTorch's DistributedDataParallel does with buffers.
 //
+// GPUs (--devices cuda:N under --mpi): each process trains all its stages on one GPU, entry
+// (local rank mod count) of --devices, the local rank being the process's rank among those of its
+// host. The messages' payloads and the replicas' sums then go over NCCL (--transport auto or nccl,
+// where petra is built with NCCL; pipeline/nccl_transport.hpp) or through host copies over MPI
+// (--transport mpi). The end-of-epoch exchanges (share_model, sum) and checkpoints stay on MPI,
+// device tensors through host copies: they happen once an epoch.
+//
 // Checkpoints (Trainer::save_checkpoint): each process writes its part (its stages' optimizer state,
 // gradients and state in flight, after collect_in_flight has taken off the wire the messages its
 // stages have been sent but not yet read) and sends it to the first process, which writes the one
@@ -30,6 +37,7 @@
 #include "petra/nn/models.hpp"
 #include "petra/pipeline/checkpoint.hpp"
 #include "petra/pipeline/executor.hpp"
+#include "petra/pipeline/transport.hpp"
 
 namespace petra::pipeline {
 
@@ -42,6 +50,9 @@ class ProcessGroup {
   // processes (replica r: ranks [r * size() / R, (r + 1) * size() / R)). This process's copy is replica().
   virtual int replica() const = 0;
   virtual int replicas() const = 0;
+  // The device this process trains on (cpu:0 without --devices) and what carries its messages.
+  virtual Device device() const = 0;
+  virtual Transport transport() const = 0;
   // Collective among the processes hosting the same stage in every replica: each gradient of
   // `parameters` becomes the mean over the replicas, the same bits on each.
   virtual void average_over_replicas(const std::vector<Variable>& parameters) = 0;
@@ -68,8 +79,12 @@ class ProcessGroup {
 };
 
 // The processes of MPI_COMM_WORLD as `replicas` copies of the pipeline; initialises MPI if needed
-// (and finalises it at exit). ValueError when `replicas` does not divide the number of processes,
-// DeviceError when petra was built without MPI.
-std::unique_ptr<ProcessGroup> mpi_process_group(int replicas = 1);
+// (and finalises it at exit). Each process trains on device_of_process(devices, local rank) with
+// resolve_transport(transport, ...) (pipeline/transport.hpp). ValueError when `replicas` does not
+// divide the number of processes, DeviceError when petra was built without MPI, when NCCL is asked
+// for where it is not built, or when two processes of a host would share a GPU under NCCL (on
+// every process alike: the check is collective).
+std::unique_ptr<ProcessGroup> mpi_process_group(int replicas = 1, Transport transport = Transport::automatic,
+                                                const std::vector<Device>& devices = {});
 
 }  // namespace petra::pipeline

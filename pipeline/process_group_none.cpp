@@ -3,7 +3,7 @@
 
 namespace petra::pipeline {
 
-std::unique_ptr<ProcessGroup> mpi_process_group(int) {
+std::unique_ptr<ProcessGroup> mpi_process_group(int, Transport, const std::vector<Device>&) {
   throw DeviceError("--mpi: petra was built without MPI (install libopenmpi-dev and reconfigure)");
 }
 

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "petra/config.hpp"
 #include "petra/cuda_backend.hpp"
 
 namespace petra::pipeline {
@@ -53,7 +54,14 @@ void validate(const TrainConfig& c) {
   PETRA_CHECK(c.replicas >= 1, ValueError, "--replicas must be >= 1, got ", c.replicas);
   PETRA_CHECK(c.replicas == 1 || c.mpi, ValueError, "--replicas ", c.replicas, " needs --mpi (one process per stage "
               "group and replica)");
-  PETRA_CHECK(!c.mpi || c.devices.empty(), ValueError, "--mpi: each process is one worker; leave out --devices");
+  // Under --mpi a process trains on one device: a GPU of --devices (entry local rank mod count),
+  // or the CPU as one worker when --devices is left out.
+  for (const Device& d : c.devices)
+    PETRA_CHECK(!c.mpi || d.is_cuda(), ValueError, "--mpi --devices ", d.str(), ": under --mpi each process is one CPU "
+                "worker; leave out --devices, or name GPUs (the process of local rank L trains on entry L mod count)");
+  PETRA_CHECK(c.transport == Transport::automatic || c.mpi, ValueError, "--transport ", name_of(c.transport),
+              " carries the messages between the processes of --mpi; add --mpi or leave it out");
+  if (c.mpi) resolve_transport(c.transport, c.devices.empty() ? Device::cpu() : c.devices.front(), PETRA_HAVE_NCCL);
   PETRA_CHECK(!c.mpi || c.track_gradient_quality == 0, ValueError,
               "--mpi with --track-gradient-quality is not supported yet");
   PETRA_CHECK(c.message_timeout > 0 && c.message_timeout <= kMaxMessageTimeout, ValueError,

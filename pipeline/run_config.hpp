@@ -13,6 +13,7 @@
 #include "petra/nn/models.hpp"
 #include "petra/device.hpp"
 #include "petra/pipeline/checkpoint.hpp"
+#include "petra/pipeline/transport.hpp"
 #include "petra/pipeline/schedule.hpp"
 
 namespace petra::pipeline {
@@ -56,6 +57,10 @@ struct TrainConfig {
   double message_timeout = 600;  // seconds a worker waits for a message before the run fails
   bool mpi = false;  // the stages spread over the processes of mpirun (pipeline/process_group.hpp)
   int replicas = 1;  // --mpi: copies of the pipeline, their gradients averaged (data parallel)
+  // --mpi: what carries the messages and replica sums (pipeline/transport.hpp): auto is NCCL on GPUs
+  // where petra is built with NCCL, MPI otherwise. Under --mpi, --devices names GPUs only: the
+  // process of local rank L (its rank among its host's processes) trains on entry L mod count.
+  Transport transport = Transport::automatic;
   std::int64_t epochs = 10;
   std::int64_t max_steps = -1;  // stop after this many mini-batches in total (-1: no limit)
   std::int64_t batch_size = 64;

@@ -54,8 +54,9 @@ std::string dataset_mismatch(const CheckpointMeta& meta, const CheckpointMeta& i
 
 Trainer::Trainer(const TrainConfig& config) : config_(config) {
   validate(config_);
-  // --mpi: this process runs its group of stages of one replica; messages to the others go over MPI.
-  if (config_.mpi) group_ = mpi_process_group(config_.replicas);
+  // --mpi: this process runs its group of stages of one replica, on its device (a GPU of --devices,
+  // by local rank); messages to the others go over MPI or NCCL (--transport).
+  if (config_.mpi) group_ = mpi_process_group(config_.replicas, config_.transport, config_.devices);
   if (config_.threads > 0) {
     set_default_cpu_threads(config_.threads);
     Stream::current().set_num_threads(config_.threads);
@@ -98,11 +99,13 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   model.stage_sizes = config_.stage_sizes;
   model_ = std::make_unique<nn::Model>(model);
   if (!config_.load_params.empty()) model_->load_state(config_.load_params);
-  // A GPU run: the model goes there once, before the stages' optimizers are made.
-  if (!config_.devices.empty() && config_.devices.front().is_cuda()) {
+  // A GPU run: the model goes there once, before the stages' optimizers are made. Under --mpi the
+  // process group chose this process's GPU.
+  if (group_)
+    device_ = group_->device();
+  else if (!config_.devices.empty() && config_.devices.front().is_cuda())
     device_ = config_.devices.front();
-    model_->to(device_);
-  }
+  if (device_.is_cuda()) model_->to(device_);
   memory_devices_ = {device_};
 
   data::LoaderOptions train_options;
@@ -181,6 +184,7 @@ void Trainer::build_schedule_and_executor() {
     if (group_->replicas() > 1)
       options.average_over_replicas = [this](const std::vector<Variable>& p) { group_->average_over_replicas(p); };
     executor_ = group_->make_executor(*model_, options);
+    upload_batches();  // only the process of stage 0 asks for batches
     return;
   }
   // A synchronous step has nothing to overlap: it runs on the sequential executor whatever the devices

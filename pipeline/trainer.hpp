@@ -123,6 +123,7 @@ class Trainer {
   const std::vector<int>& placement() const;                // stage -> worker (concurrent executor)
   std::vector<double> reconstruction_errors();              // per stage, --track-reconstruction
   int rank() const { return group_ ? group_->rank() : 0; }  // this process, under --mpi
+  const ProcessGroup* process_group() const { return group_.get(); }  // null without --mpi
   int replicas() const;  // copies of the pipeline (--replicas), 1 without --mpi
   // Resumed from a checkpoint written before the data set's identity was recorded: the data could
   // not be compared with the checkpoint's.

@@ -27,6 +27,7 @@ for pair in "native:$native" "portable:$portable"; do
   # The libraries under the names the binaries ask for (their sonames), not the symlinks' targets.
   cp -L "$dir/libpetra-core.so.0.1" "$dir/libpetra.so.0.1" "$bundle/$variant/"
   cp "$dir/tests/test-cuda" "$dir/bench-cuda" "$dir/bench-pipeline" "$dir/petra-train" "$bundle/$variant/"
+  [ -f "$dir/tests/test-mpi" ] && cp "$dir/tests/test-mpi" "$bundle/$variant/"  # gpu-check's NCCL step
 done
 for lib in libfmt.so.9 libgomp.so.1; do
   cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l { print $NF; exit }')" "$bundle/lib/"

@@ -99,6 +99,31 @@ train petra --method petra --devices cuda:0
 # PETRA's stages on two streams of the one GPU (two workers, the concurrent executor).
 train petra-2-streams --method petra --devices cuda:0,cuda:0
 
+# --mpi on the GPU (docs/distributed.md, "GPUs and NCCL"). NCCL refuses two ranks of a communicator
+# on one GPU, so one GPU allows NCCL with one process only: test-mpi's NCCL case (communicators
+# bootstrapped through MPI, an all-reduce) and petra-train --transport nccl on 1 process; then 2
+# processes on the one GPU with --transport mpi (payloads through host copies), and --transport
+# nccl on 2 processes, which must exit 6 naming the shared GPU. Needs Open MPI's mpirun there.
+if command -v mpirun > /dev/null && [ -x "$bin/test-mpi" ]; then
+  mpi=(mpirun --allow-run-as-root --oversubscribe)
+  step "test-mpi on 1 process (its NCCL case on cuda:0)" 40 "${mpi[@]}" -np 1 "$bin/test-mpi"
+  small=(--method petra --dataset synthetic --synthetic-size 2560 --model revnet18 --width 16 --batch-size 128
+         --epochs 1 --no-augment --threads 4)
+  mpi_train() {
+    local name=$1 np=$2
+    shift 2
+    STEP_LOG="$out/train-$name.log" step "petra-train $name" 60 "${mpi[@]}" -np "$np" "$bin/petra-train" \
+      "${small[@]}" --log-json "$out/train-$name.jsonl" "$@"
+    [ -f "$out/train-$name.log" ] && tr '\r' '\n' < "$out/train-$name.log" |
+      grep -E "^training on|^--mpi|^epoch |^final|petra-train: |Duplicate|local ranks" | tail -n 6
+  }
+  mpi_train mpi-1-nccl 1 --mpi --devices cuda:0 --transport nccl
+  mpi_train mpi-2-host-copies 2 --mpi --devices cuda:0 --transport mpi
+  mpi_train mpi-2-nccl-shared-gpu 2 --mpi --devices cuda:0 --transport nccl  # expected: exit 6
+else
+  echo "== --mpi on the GPU: SKIPPED (no mpirun on this machine, or no test-mpi in the bundle)"
+fi
+
 # 11 layer shapes x 4 passes x 2 implementations x (3 + 10) launches, plus the batch-norm table.
 step "bench-cuda" 60 "$bin/bench-cuda" --json "$out/bench-cuda.json"
 

@@ -8,6 +8,12 @@
 // schedule alone with the sequential executor: every parameter must be equal bit for bit. Rank 0
 // also sends a malformed message (the wrong mini-batch id) to rank 1, which must refuse it with an
 // Error naming the stage and the mini-batch. Exit status 0 when everything holds on every rank.
+//
+// NCCL (pipeline/nccl_transport.hpp), where petra has it and there is a GPU per process (one host):
+// the communicators are bootstrapped through MPI, an all-reduce gives every process the exact sum,
+// the same bits on each, and (two processes or more) payloads cross between ranks 0 and 1 in both
+// directions at once, as a forward and a backward message do. Without enough GPUs it says why and
+// passes: scripts/gpu-check.sh runs it with one process on the lent GPU.
 #include <mpi.h>
 
 #include <cstdio>
@@ -15,7 +21,9 @@
 #include <vector>
 
 #include "petra/pipeline/executor.hpp"
+#include "petra/cuda_backend.hpp"
 #include "petra/pipeline/mpi_executor.hpp"
+#include "petra/pipeline/nccl_transport.hpp"
 #include "petra/stream.hpp"
 #include "tests/support/fixtures.hpp"
 
@@ -123,6 +131,63 @@ bool malformed_message_is_refused(int rank, int ranks) {
   return all == 1;
 }
 
+// NCCL on one GPU per process (see the file comment); true when skipped for want of GPUs.
+bool nccl_works(int rank, int ranks) {
+  const int gpus = cuda_backend::device_count();
+  if (!nccl_compiled() || gpus < ranks) {
+    if (rank == 0)
+      std::printf("nccl: skipped (%s; %d GPU(s) for %d process(es), NCCL needs one each)\n",
+                  nccl_compiled() ? "built with NCCL" : "built without NCCL", gpus, ranks);
+    return true;
+  }
+  const Device gpu = Device::cuda(rank);
+  int ok = 1;
+  {
+    // Sums of small integers times a power of two: exact in f32, so the expected sum is exact too.
+    const std::int64_t n = 1000;
+    std::vector<float> mine(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) mine[static_cast<std::size_t>(i)] = static_cast<float>((rank + 1) * (i % 7)) * 0.25f;
+    const Tensor values = Tensor::from_vector({n}, mine, gpu);
+    const std::unique_ptr<DeviceAllReduce> all_reduce = nccl_all_reduce(MPI_COMM_WORLD, gpu);
+    all_reduce->sum(values);
+    const std::vector<float> sum = values.to_vector<float>();  // waits for the all-reduce
+    const float ranks_sum = static_cast<float>(ranks * (ranks + 1) / 2);
+    for (std::int64_t i = 0; i < n; ++i)
+      if (sum[static_cast<std::size_t>(i)] != ranks_sum * static_cast<float>(i % 7) * 0.25f) ok = 0;
+    std::vector<float> first = sum;  // rank 0's bits, compared on every rank
+    MPI_Bcast(first.data(), static_cast<int>(n), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    if (first != sum) ok = 0;
+    std::printf("nccl, rank %d on %s: all-reduce of %lld floats over %d process(es) %s\n", rank, gpu.str().c_str(),
+                static_cast<long long>(n), ranks, ok ? "exact, the same bits as rank 0" : "WRONG");
+  }
+  {
+    // Two communicators (up, down) made on every rank; ranks 0 and 1 exchange a payload each way.
+    std::unique_ptr<PayloadTransport> payloads = nccl_payload_transport(MPI_COMM_WORLD, gpu);
+    if (rank < 2 && ranks >= 2) {
+      const Tensor up = Tensor::full({3, 5}, 1.5, DType::f32, gpu), down = Tensor::full({7}, -2.0, DType::f64, gpu);
+      const Tensor& mine = rank == 0 ? up : down;
+      const Direction mine_goes = rank == 0 ? Direction::up : Direction::down;
+      auto sending = payloads->send(mine, 1 - rank, 0, mine_goes);
+      PayloadLayout layout;
+      layout.defined = true;
+      layout.dtype = rank == 0 ? down.dtype() : up.dtype();
+      layout.shape = rank == 0 ? down.shape() : up.shape();
+      layout.bytes = (rank == 0 ? down : up).numel() * static_cast<std::int64_t>(size_of(layout.dtype));
+      Tensor received;
+      const std::string wrong =
+          payloads->receive(received, layout, 1 - rank, 0, rank == 0 ? Direction::down : Direction::up, gpu);
+      sending->wait();
+      const bool equal = wrong.empty() && (rank == 0 ? received.to_vector<double>() == down.to_vector<double>()
+                                                     : received.to_vector<float>() == up.to_vector<float>());
+      if (!equal) ok = 0;
+      std::printf("nccl, rank %d: payload from rank %d %s\n", rank, 1 - rank, equal ? "received intact" : "WRONG");
+    }
+  }
+  int all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,6 +201,7 @@ int main(int argc, char** argv) {
     for (PipelineMethod method : {PipelineMethod::petra, PipelineMethod::dsp, PipelineMethod::pipedream})
       if (!distributed_equals_sequential(method, rank, ranks)) ++failures;
     if (!malformed_message_is_refused(rank, ranks)) ++failures;
+    if (!nccl_works(rank, ranks)) ++failures;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);
