@@ -20,6 +20,7 @@
 #include "petra/cuda_backend.hpp"
 #include "petra/ops.hpp"
 #include "petra/optimizer_steps.hpp"
+#include "petra/profile.hpp"
 #include "petra/stream.hpp"
 
 namespace petra::ops {
@@ -82,8 +83,12 @@ void check_shape(const Tensor& t, const Shape& expected, const char* op, const c
 #define PETRA_PASTE_(a, b) a##b
 #define PETRA_PASTE(a, b) PETRA_PASTE_(a, b)
 
+// The profiler's one hook (petra/profile.hpp): the kernel's wall time goes to its op family; with
+// profiling off the timer costs one relaxed atomic load.
 #define PETRA_DISPATCH(assign, FAMILY, tensor, NAME, ...)                              \
   do {                                                                                 \
+    static constexpr profile::Family kProfileFamily = profile::family_of(#FAMILY, #NAME); \
+    const profile::OpTimer profile_timer(kProfileFamily);                              \
     if ((tensor).device().is_cuda())                                                   \
       PETRA_PASTE(PETRA_CUDA_CALL_, PETRA_CUDA_##FAMILY)(assign, NAME, __VA_ARGS__);   \
     else                                                                               \
