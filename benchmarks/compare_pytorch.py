@@ -589,6 +589,12 @@ def worker_main(config_path: str) -> None:
         # make_layers_revnet18 hard-codes 3 input channels and width 64, so the same layers are built here as it
         # builds them, with 1 input channel and this width. Nothing of its method is changed.
         sys.path.insert(0, cfg["official_src"])
+        if not hasattr(torch, "func"):
+            # The official code calls torch.func.vjp (PyTorch >= 2.0); PyTorch 1.13 has the same function as
+            # functorch.vjp, which torch.func was renamed from. Only the name is supplied; nothing else changes.
+            import functorch
+            torch.func = functorch
+            result["torch_func_from_functorch"] = True
         from async_torch.layers.compression import QuantizSimple
         from async_torch.models.models_RevNet import AVGFlattenFullyConnectedCE, BasicBlock, ConvBNReLUMax
         from async_torch.optim.optimizer import add_optimizer
@@ -1021,18 +1027,19 @@ def speed_mode(args, tmp: str, report: dict) -> None:
         print(f"work per step: {gflop_step:.2f} GFLOP (3 x the forward's {gflop_step / 3:.2f} GFLOP in convolutions and "
               f"linear layers); peak {args.peak_gflops_per_core:.0f} GFLOP/s per core (--peak-gflops-per-core)")
     print()
-    head = (f"{'threads':>7}  {'peer':<22}  {'img/s':>8}  {'ms/step':>8}  {'/ torch':>7}  {'GFLOP/s':>8}  "
+    head = (f"{'threads':>7}  {'peer':<34}  {'img/s':>8}  {'ms/step':>8}  {'/ torch':>7}  {'GFLOP/s':>8}  "
             f"{'% peak':>6}")
     print(head)
     print("-" * len(head))
     for r in sorted(rows, key=lambda r: (r["threads"], r["side"] != "torch", r["side"], r["variant"])):
         peer = {"torch": "PyTorch backprop", "petra": "petra", "official": "official PETRA"}[r["side"]]
         peer += f" ({r['variant']})" if r["side"] != "official" else " (k=1, one process)"
-        print(f"{r['threads']:>7}  {peer:<22}  {fmt(r['images_per_second_steady'], 8)}  {fmt(r['median_step_ms'], 8)}  "
+        print(f"{r['threads']:>7}  {peer:<34}  {fmt(r['images_per_second_steady'], 8)}  {fmt(r['median_step_ms'], 8)}  "
               f"{fmt(r['ratio_to_torch'], 7, 2)}  {fmt(r.get('gflop_per_second'), 8)}  "
               f"{fmt(100 * r['fraction_of_peak'] if 'fraction_of_peak' in r else None, 6)}")
     print("(/ torch: against the faster PyTorch layout at the same thread count; petra's pipelined methods run T "
-          "workers x 1 thread)")
+          "workers x 1 thread; GFLOP/s and % peak count backprop's work per mini-batch for every peer, so a method "
+          "that recomputes does more than it is credited with)")
     busy = max(r["other_runnable_max"] for r in rows)
     if busy > 0:
         print(f"note: other processes wanted the CPU during the runs (up to {busy} runnable besides this script): "
