@@ -14,21 +14,21 @@ What it does
        float64 is printed beside petra's as the rounding-noise yardstick.
   Then, by --mode:
 
-  speed (default)  For each thread count (--threads, default 1,2): times training steps of petra-train
-                   (--method backprop, and revbackprop with --revbackprop) and of PyTorch (plain
-                   autograd backprop) at the same batch size, prints images/s and the ratio petra/torch.
-                   Both train on Fashion-MNIST images (no augmentation) with SGD (Nesterov 0.9, weight
-                   decay 5e-4 not on BN parameters and biases); a step is data fetch + forward + loss +
-                   backward + optimizer step. Each side runs --warmup + --steps steps:
-                     "all"    = images/s over all of them (what petra-train's JSON log reports: its
-                                 images_per_second covers every step of the partial epoch, the first
-                                 ones included, and the wait on its prefetching loader thread);
-                     "steady" = images/s over the last --steps steps. For torch it is timed directly;
-                                 for petra (--petra-steady) it is the difference of two runs,
-                                 --max-steps W+N and --max-steps W: N*B / (t(W+N) - t(W)).
-                   The ratio is steady/steady when both exist, else all/all (like for like). --repeats R
-                   runs everything R times (interleaved) and reports medians. The script says when other
-                   processes competed for the CPU (this machine is shared: 2-thread numbers then collapse).
+  speed (default)  For each thread count (--threads, default 1,2) times training steps of PyTorch (plain autograd
+                   backprop, in each layout of --torch-formats: NCHW and channels_last by default), of petra-train
+                   (--methods, default backprop; --revbackprop adds revbackprop; pipelined methods such as petra run
+                   T CPU workers x 1 thread) and, with --official-src DIR, of the official PETRA code (PETRA, k = 1,
+                   its one-process pipeline simulation) at the same batch size, on the same Fashion-MNIST images (no
+                   augmentation), SGD (Nesterov 0.9, weight decay 5e-4 not on BN parameters and biases); a step is
+                   data fetch + forward + loss + backward + optimizer step. Every run takes --warmup + --steps steps
+                   (default 40 + 120); its speed is batch / the MEDIAN time of its steps --warmup .. --warmup+--steps-1
+                   (default steps 40-159, issue 15's window) on every side: torch's and the official code's timed
+                   in the child, petra's read from the per-step times of its --log-json. The peers of one thread
+                   count run one after the other in one window, in reversed order at every repeat (--repeats R,
+                   medians over the repeats). The table gives images/s, ms per step, the ratio to the faster torch
+                   layout, and the GFLOP/s and fraction of the machine's peak (--peak-gflops-per-core x threads)
+                   that a step reaches (work = 3 x the forward's FLOPs in convolutions and linear layers). The
+                   script says when other processes competed for the CPU (this machine is shared).
   accuracy         Trains the PyTorch network with petra-train's default recipe: Fashion-MNIST, batch 64,
                    --epochs (default 10), SGD Nesterov momentum 0.9, lr 0.05 with a linear per-iteration
                    warm-up over 1 epoch (capped at half the run) then cosine to 0, weight decay 5e-4 (not on
@@ -45,7 +45,7 @@ What it does
 
 How to run (from the repository root, after building build/petra-train)
   python3 benchmarks/compare_pytorch.py                            # speed, revnet18 w16, batch 64, 1 and 2 threads
-  python3 benchmarks/compare_pytorch.py --steps 100 --repeats 3 --revbackprop --petra-steady --json
+  python3 benchmarks/compare_pytorch.py --repeats 3 --methods backprop,revbackprop,petra --official-src PETRA --json
   python3 benchmarks/compare_pytorch.py --steps 8 --warmup 2 --threads 1       # a quick check (~1 minute)
   python3 benchmarks/compare_pytorch.py --mode accuracy --epochs 10 --threads 2 --also-petra
   python3 benchmarks/compare_pytorch.py --mode accuracy --epochs 1 --limit-train 2000 --limit-test 1000   # a quick check
@@ -58,16 +58,20 @@ What it needs
   * build/petra-train (--petra) for speed mode, --also-petra and the parameter-count check.
   * Fashion-MNIST's IDX .gz files in /usr/share/datasets/fashion-mnist (Debian's dataset-fashion-mnist).
 
-Timing environment (printed with the results)
+Timing environment (printed with the results, as issue 15 sets PyTorch up)
   The torch child gets OMP_NUM_THREADS = MKL_NUM_THREADS = OPENBLAS_NUM_THREADS = T and torch.set_num_threads(T)
-  (torch.set_num_threads alone does not limit OpenBLAS). By default it also gets
-  MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=268435456, which keeps
-  glibc from returning memory to the kernel between steps: page faults cost ~11.5 us per 4 KB page on these VMs
-  and without this torch's step times vary by up to 2x (--malloc-tuning both|none to change). petra-train gets
-  --threads T and OMP_NUM_THREADS=T. OPENBLAS_CORETYPE is left as the environment has it unless
-  --unset-openblas-coretype. In speed mode petra-train reads a copy of the same training images as an npy
-  directory with a 64-image test set, so that its per-epoch test evaluation does not cost a full pass over
-  10000 images (--petra-data fashion-mnist for the stock data set); the training step is the same.
+  (torch.set_num_threads alone does not limit OpenBLAS); OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed, so
+  that OpenBLAS autodetects its AVX-512 kernel (this machine's environment forces Haswell, 2x slower;
+  --keep-openblas-coretype keeps them); and MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=68719476736
+  MALLOC_TOP_PAD_=268435456, which keeps glibc from returning memory to the kernel between steps: page faults cost
+  ~11.5 us per 4 KB page on these VMs and without this torch's step times vary by up to 2x (--malloc-tuning
+  both|none to change). The child prints which OpenBLAS it loaded and the kernel it chose. The PyTorch network is
+  written as a good PyTorch user (and the official PETRA code) writes it: the two streams travel as a pair of
+  tensors, ReLUs are in place (--torch-net sliced: the older formulation, ~20% slower). petra-train gets
+  --threads T and OMP_NUM_THREADS=T. In speed mode petra-train reads a copy of the same training images as an npy
+  directory with a 64-image test set, so that its per-epoch test evaluation does not cost a full pass over 10000
+  images (--petra-data fashion-mnist for the stock data set); the training step is the same.
+  How to take a quiet measurement: docs/profiling.md.
 """
 
 from __future__ import annotations
@@ -151,6 +155,35 @@ def write_npy_directory(directory: str, data_dir: str, train: int, test: int) ->
         f.write("".join(f"{name}\n" for name in FASHION_CLASSES))
 
 
+def median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+
+
+def blas_description() -> str:
+    """In the torch child: which OpenBLAS this process loaded and the kernel it chose (openblas_get_corename),
+    read through ctypes from the library mapped in /proc/self/maps."""
+    import ctypes
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({line.split()[-1] for line in f if "openblas" in line.lower() and "/" in line})
+    except OSError:
+        paths = []
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            lib.openblas_get_config.restype = ctypes.c_char_p
+            return (f"{path}: kernel {lib.openblas_get_corename().decode()}, "
+                    f"{lib.openblas_get_config().decode().strip()}, {lib.openblas_get_num_threads()} thread(s)")
+        except (OSError, AttributeError):
+            continue
+    return "no OpenBLAS loaded (reference BLAS? install libopenblas0-pthread)"
+
+
 # ====================================================================== the PyTorch side (runs in the child)
 def worker_main(config_path: str) -> None:
     with open(config_path) as f:
@@ -169,6 +202,18 @@ def worker_main(config_path: str) -> None:
 
     # Module and parameter names follow petra's (stages.J.f.conv1.weight, ...), so that a state_dict
     # has exactly the names of petra-train --save-params (plus BatchNorm's num_batches_tracked).
+    # Two formulations of the same network (same parameters, same numbers), cfg["net"]:
+    #   "pair"   (default) as a good PyTorch user writes a RevNet, and as the official PETRA code does: the two
+    #            streams travel between blocks as a pair of tensors (no slicing or concatenation per block), and
+    #            each ReLU is in place (on batch norm's fresh output, which its backward does not need).
+    #   "sliced" the formulation this script had until issue 15: one tensor of 2C channels, sliced into the
+    #            streams and concatenated again in every block, out-of-place ReLUs. About 20% slower at 1
+    #            thread; kept so that the old figures of docs/results-cpu.md can be reproduced.
+    pair = cfg.get("net", "pair") == "pair"
+
+    def relu(x):
+        return F.relu(x, inplace=True) if pair else F.relu(x)
+
     class ResidualFunction(nn.Module):  # conv -> BN -> ReLU for each layer (ReLU after the last too)
         def __init__(self, layers):
             super().__init__()
@@ -179,7 +224,7 @@ def worker_main(config_path: str) -> None:
 
         def forward(self, x):
             for i in range(1, self.n + 1):
-                x = F.relu(getattr(self, f"bn{i}")(getattr(self, f"conv{i}")(x)))
+                x = relu(getattr(self, f"bn{i}")(getattr(self, f"conv{i}")(x)))
             return x
 
     def basic_f(cin, cout, stride):
@@ -188,16 +233,23 @@ def worker_main(config_path: str) -> None:
     def bottleneck_f(cin, hidden, cout, stride):
         return ResidualFunction([(cin, hidden, 1, 1), (hidden, hidden, 3, stride), (hidden, cout, 1, 1)])
 
-    class Stem(nn.Module):
-        def __init__(self, cin, cout, imagenet):
+    def streams(x, c):  # the two streams, from a pair or from one tensor of 2c channels
+        return x if pair else (x[:, :c], x[:, c:])
+
+    def joined(y1, y2):
+        return (y1, y2) if pair else torch.cat([y1, y2], 1)
+
+    class Stem(nn.Module):  # conv -> BN -> ReLU (-> max pool); the output's channel halves are the streams
+        def __init__(self, cin, cout, imagenet, split=False):
             super().__init__()
-            self.imagenet = imagenet
+            self.imagenet, self.split = imagenet, split and pair
             self.conv = conv(cin, cout, 7, 2) if imagenet else conv(cin, cout, 3, 1)
             self.bn = nn.BatchNorm2d(cout)
 
         def forward(self, x):
-            y = F.relu(self.bn(self.conv(x)))
-            return F.max_pool2d(y, 2, 2) if self.imagenet else y
+            y = relu(self.bn(self.conv(x)))
+            y = F.max_pool2d(y, 2, 2) if self.imagenet else y
+            return torch.chunk(y, 2, 1) if self.split else y
 
     class Reversible(nn.Module):  # (x1, x2) -> (x2 + F(x1), x1), x1 = the first half of the channels
         def __init__(self, f, c):
@@ -205,8 +257,8 @@ def worker_main(config_path: str) -> None:
             self.f, self.c = f, c
 
         def forward(self, x):
-            x1, x2 = x[:, :self.c], x[:, self.c:]
-            return torch.cat([x2 + self.f(x1), x1], 1)
+            x1, x2 = streams(x, self.c)
+            return joined(x2 + self.f(x1), x1)
 
     class BasicTransition(nn.Module):  # h = ReLU(BN(conv3x3_s2(x1))); (ReLU(BN(conv3x3(h))) + BN(conv1x1_s2(x2)), h)
         def __init__(self, cin, cout):
@@ -217,10 +269,11 @@ def worker_main(config_path: str) -> None:
             self.conv_proj, self.bn_proj = conv(cin, cout, 1, 2), nn.BatchNorm2d(cout)
 
         def forward(self, x):
-            x1, x2 = x[:, :self.cin], x[:, self.cin:]
-            h = F.relu(self.bn1(self.conv1(x1)))
-            y1 = F.relu(self.bn2(self.conv2(h))) + self.bn_proj(self.conv_proj(x2))
-            return torch.cat([y1, h], 1)
+            x1, x2 = streams(x, self.cin)
+            h = relu(self.bn1(self.conv1(x1)))
+            # h is an output too: the ReLU on conv2's path is on a fresh tensor, h is not overwritten
+            y1 = relu(self.bn2(self.conv2(h))) + self.bn_proj(self.conv_proj(x2))
+            return joined(y1, h)
 
     class BottleneckTransition(nn.Module):  # (F_s(x1) + BN(conv1x1_s(x2)), BN(conv1x1_s(x1)))
         def __init__(self, cin, hidden, cout, stride):
@@ -231,10 +284,10 @@ def worker_main(config_path: str) -> None:
             self.conv_proj2, self.bn_proj2 = conv(cin, cout, 1, stride), nn.BatchNorm2d(cout)
 
         def forward(self, x):
-            x1, x2 = x[:, :self.cin], x[:, self.cin:]
+            x1, x2 = streams(x, self.cin)
             y1 = self.f(x1) + self.bn_proj2(self.conv_proj2(x2))
             y2 = self.bn_proj1(self.conv_proj1(x1))
-            return torch.cat([y1, y2], 1)
+            return joined(y1, y2)
 
     class ResidualBlock(nn.Module):  # torchvision layout, conv biases; ReLU(G(x) + shortcut(x))
         def __init__(self, bottleneck, cin, hidden, cout, stride):
@@ -254,15 +307,18 @@ def worker_main(config_path: str) -> None:
             for i in range(1, self.n + 1):
                 h = getattr(self, f"bn{i}")(getattr(self, f"conv{i}")(h))
                 if i < self.n:
-                    h = F.relu(h)
-            return F.relu(h + (self.bn_proj(self.conv_proj(x)) if self.has_proj else x))
+                    h = relu(h)
+            return relu(h + (self.bn_proj(self.conv_proj(x)) if self.has_proj else x))
 
     class Head(nn.Module):  # global average pool -> linear (the cross-entropy is in the step)
-        def __init__(self, channels, classes):
+        def __init__(self, channels, classes, streams_in=False):
             super().__init__()
             self.fc = nn.Linear(channels, classes)
+            self.streams_in = streams_in and pair
 
         def forward(self, x):
+            if self.streams_in:  # the pooled streams side by side: the same numbers as pooling their concatenation
+                return self.fc(torch.cat([x[0].mean(dim=(2, 3)), x[1].mean(dim=(2, 3))], 1))
             return self.fc(x.mean(dim=(2, 3)))
 
     class Model(nn.Module):
@@ -284,7 +340,7 @@ def worker_main(config_path: str) -> None:
         stages = []
         if reversible:
             stream = w
-            stages.append(Stem(in_channels, 2 * w, imagenet))
+            stages.append(Stem(in_channels, 2 * w, imagenet, split=True))
             for g, nb in enumerate(blocks):
                 hidden = w << g
                 out, stride = hidden * expansion, (1 if g == 0 else 2)
@@ -296,7 +352,7 @@ def worker_main(config_path: str) -> None:
                         f = bottleneck_f(out, hidden, out, 1) if bottleneck else basic_f(out, out, 1)
                         stages.append(Reversible(f, out))
                     stream = out
-            stages.append(Head(2 * stream, classes))
+            stages.append(Head(2 * stream, classes, streams_in=True))
         else:
             channels = w
             stages.append(Stem(in_channels, w, imagenet))
@@ -391,8 +447,29 @@ def worker_main(config_path: str) -> None:
         x = normalise(u8)
         return x.contiguous(memory_format=torch.channels_last) if cfg.get("channels_last") else x
 
+    def forward_flops(net, x):
+        """FLOPs (2 per multiply-add) of one forward pass in its convolutions and linear layers."""
+        total = [0]
+
+        def count(module, inputs, output):
+            if isinstance(module, nn.Conv2d):
+                kh, kw = module.kernel_size
+                total[0] += 2 * output.numel() * (module.in_channels // module.groups) * kh * kw
+            elif isinstance(module, nn.Linear):
+                total[0] += 2 * output.numel() * module.in_features
+        hooks = [m.register_forward_hook(count) for m in net.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+        net.eval()
+        with torch.no_grad():
+            net(x)
+        for h in hooks:
+            h.remove()
+        return total[0]
+
     result = {"torch_version": torch.__version__, "torch_threads": torch.get_num_threads(), "parameters": params,
+              "blas": blas_description(), "net": cfg.get("net", "pair"),
               "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+              "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE"),
+              "thread_env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
               "malloc_tuning": all(os.environ.get(k) == v for k, v in MALLOC_ENV.items()),
               "channels_last": bool(cfg.get("channels_last")), "loadavg_start": os.getloadavg()[0]}
 
@@ -481,6 +558,7 @@ def worker_main(config_path: str) -> None:
         per_epoch = (n + batch - 1) // batch
         gen = torch.Generator().manual_seed(cfg["seed"])
         order = torch.cat([torch.randperm(n, generator=gen) for _ in range((warmup + steps) * batch // n + 1)])
+        result["forward_gflop"] = forward_flops(model, to_input(images[:batch] * 0 + 0.5)) / 1e9
         model.train()
         times, cpu = [], 0.0
         for step in range(warmup + steps):
@@ -495,14 +573,80 @@ def worker_main(config_path: str) -> None:
                 cpu += time.process_time() - c0
         steady = times[warmup:]
         result.update({
-            "warmup": warmup, "steps": steps, "batch_size": batch,
+            "warmup": warmup, "steps": steps, "batch_size": batch, "step_seconds": times,
             "images_per_second_all": (warmup + steps) * batch / sum(times),
-            "images_per_second_steady": steps * batch / sum(steady),
-            "median_step_ms": 1000 * sorted(steady)[len(steady) // 2],
+            "median_step_ms": 1000 * median(steady),
+            "images_per_second_steady": batch / median(steady),
             "min_step_ms": 1000 * min(steady), "max_step_ms": 1000 * max(steady),
             "first_step_ms": 1000 * times[0],
             "cpu_utilisation": cpu / sum(steady),   # process CPU seconds per wall second (<= threads)
             "loadavg_end": os.getloadavg()[0]})
+    elif cfg["task"] == "official":
+        # The official PETRA code (stephane-rivaud/PETRA) as a peer: its own layers, optimizer and one-process
+        # pipeline simulation (AsynchronousSequential.forward_and_update, then synchronize_layers as its main.py
+        # does with the default --synchronization-period 1), with PETRA's settings (main.py --remove-ctx-input
+        # --remove-ctx-param: no input stored by the reversible blocks, no parameter stash), k = 1. Its
+        # make_layers_revnet18 hard-codes 3 input channels and width 64, so the same layers are built here as it
+        # builds them, with 1 input channel and this width. Nothing of its method is changed.
+        sys.path.insert(0, cfg["official_src"])
+        if not hasattr(torch, "func"):
+            # The official code calls torch.func.vjp (PyTorch >= 2.0); PyTorch 1.13 has the same function as
+            # functorch.vjp, which torch.func was renamed from. Only the name is supplied; nothing else changes.
+            import functorch
+            torch.func = functorch
+            result["torch_func_from_functorch"] = True
+        from async_torch.layers.compression import QuantizSimple
+        from async_torch.models.models_RevNet import AVGFlattenFullyConnectedCE, BasicBlock, ConvBNReLUMax
+        from async_torch.optim.optimizer import add_optimizer
+        from async_torch.sequential_layers import AsynchronousSequential
+        if cfg["model"] != "revnet18" or cfg["stem"] != "cifar":
+            raise SystemExit("torch: --official-src runs revnet18 with the cifar stem only")
+        common = dict(store_vjp=False, store_param=False, accumulation_steps=1, accumulation_averaging=False,
+                      quantizer=QuantizSimple, quantize_forward_communication=False,
+                      quantize_backward_communication=False)
+        channels = [2 * cfg["width"] * m for m in (1, 2, 4, 8)]  # both streams, as the official builder counts
+        layers = [ConvBNReLUMax(1, channels[0], kernel_size=3, padding=1, stride=1, max_pool=False, first_layer=True,
+                                store_input=True, quantize_buffer=False, **common)]
+        x_ch = channels[0]
+        for c in channels:
+            if x_ch != c:
+                layers.append(BasicBlock(x_ch, c, stride=2, downsample=True, padding=1, store_input=True,
+                                         quantize_buffer=False, **common))
+            else:
+                layers.append(BasicBlock(x_ch, c, padding=1, store_input=False, approximate_input=False,
+                                         quantize_buffer=False, **common))
+            layers.append(BasicBlock(c, c, padding=1, store_input=False, approximate_input=False,
+                                     quantize_buffer=False, **common))
+            x_ch = c
+        layers.append(AVGFlattenFullyConnectedCE(channels[-1], CLASSES, **common))
+        for layer in layers:  # main.py --no-bn-weight-decay, as petra: no decay on BN parameters and biases
+            kwargs = {"lr": cfg["lr"], "momentum": cfg["momentum"], "dampening": 0.0, "nesterov": True,
+                      "maximize": False}
+            add_optimizer(layer, "sgd", dict(kwargs, weight_decay=cfg["weight_decay"]),
+                          lambda name: "_bn" not in name and "bias" not in name)
+            add_optimizer(layer, "sgd", dict(kwargs, weight_decay=0.0), lambda name: "_bn" in name or "bias" in name)
+        net = AsynchronousSequential(layers).to(torch.device("cpu"), torch.float32)
+        result["official_parameters"] = sum(getattr(l, n + "_backward").numel() for l in layers
+                                            for n in l.list_parameters)
+        warmup, steps = cfg["warmup"], cfg["steps"]
+        images, labels = split("train", cfg["limit_train"])
+        images = normalise(images)
+        n = images.shape[0]
+        per_epoch = (n + batch - 1) // batch
+        gen = torch.Generator().manual_seed(cfg["seed"])
+        order = torch.cat([torch.randperm(n, generator=gen) for _ in range((warmup + steps) * batch // n + 1)])
+        times = []
+        for step in range(warmup + steps):
+            t0 = time.perf_counter()
+            idx = order[step * batch:(step + 1) * batch]
+            net.set_lr(learning_rate(step, per_epoch, 1000))
+            with torch.no_grad():
+                net.forward_and_update(images.index_select(0, idx), labels.index_select(0, idx), step)
+            net.synchronize_layers()
+            times.append(time.perf_counter() - t0)
+        steady = times[warmup:]
+        result.update({"warmup": warmup, "steps": steps, "batch_size": batch, "step_seconds": times,
+                       "median_step_ms": 1000 * median(steady), "images_per_second_steady": batch / median(steady)})
     elif cfg["task"] == "accuracy":
         train_u8, train_y = split("train", cfg["limit_train"])
         test_u8, test_y = split("test", cfg["limit_test"])
@@ -617,7 +761,7 @@ def torch_env(args, threads: int) -> dict[str, str]:
         env[key] = str(threads)
     if args.malloc_tuning in ("torch", "both"):
         env.update(MALLOC_ENV)
-    if args.unset_openblas_coretype:
+    if not args.keep_openblas_coretype:  # OpenBLAS picks its AVX-512 kernel itself (issue 15's setting)
         env.pop("OPENBLAS_CORETYPE", None)
         env.pop("OPENBLAS_L2_SIZE", None)
     return env
@@ -636,6 +780,7 @@ def run_torch(args, task: str, threads: int, tmp: str, **extra) -> dict:
     cfg = {"task": task, "threads": threads, "model": args.model, "width": args.width, "stem": args.stem,
            "batch_size": args.batch_size, "seed": args.seed, "data_dir": args.data_dir, "lr": args.lr,
            "momentum": 0.9, "weight_decay": 5e-4, "warmup_epochs": 1.0, "channels_last": args.channels_last,
+           "net": args.torch_net,
            "limit_train": args.limit_train, "limit_test": args.limit_test, "result": result_path, **extra}
     cfg_path = os.path.join(tmp, f"torch-{task}-{threads}.config.json")
     with open(cfg_path, "w") as f:
@@ -735,23 +880,79 @@ def check_equivalence(args, tmp: str, report: dict) -> None:
             "unfair. Check nn/blocks.cpp and nn/models.cpp against this script (--skip-checks runs it anyway).")
 
 
-def petra_speed(args, threads: int, method: str, steps: int, data_args: list[str], tmp: str) -> dict:
-    log = os.path.join(tmp, f"petra-{method}-{threads}-{steps}.jsonl")
-    extra = data_args + ["--max-steps", str(steps), "--epochs", "2", "--no-augment"]
-    rows = run_petra(args, threads, method, extra, log, quiet=not args.verbose)
-    epoch = rows[0]
-    if not epoch.get("images_per_second"):
-        die(f"petra-train's log {log} has no images_per_second: {epoch}")
-    return {"images_per_second": epoch["images_per_second"], "seconds": epoch["seconds"], "steps": steps}
+def steady_window(args) -> tuple[int, int]:
+    """The steps [first, last) whose median step time is the steady speed, the same on every side."""
+    return args.warmup, args.warmup + args.steps
+
+
+def petra_speed(args, threads: int, method: str, data_args: list[str], tmp: str) -> dict:
+    """One petra-train run of --warmup + --steps steps; the median of the steady steps' times from its --log-json
+    (each epoch line holds its steps' wall times). PETRA runs on `threads` CPU workers of one thread each."""
+    total = args.warmup + args.steps
+    log = os.path.join(tmp, f"petra-{method}-{threads}.jsonl")
+    extra = data_args + ["--max-steps", str(total), "--epochs", "2", "--no-augment"]
+    run_threads = threads
+    if is_pipelined(method):
+        extra += ["--devices", ",".join(f"cpu:{i}" for i in range(threads)), "--threads-per-device", "1"]
+        run_threads = 1
+    rows = run_petra(args, run_threads, method, extra, log, quiet=not args.verbose)
+    steps = [s for r in rows if "epoch" in r for s in r.get("step_seconds", [])]
+    first, last = steady_window(args)
+    if len(steps) < last:
+        die(f"petra-train's log {log} has {len(steps)} step times, expected at least {last}: is build/petra-train "
+            "older than its per-step times (issue 15)? Rebuild it.")
+    step = median(steps[first:last])
+    return {"images_per_second_steady": args.batch_size / step, "median_step_ms": 1000 * step,
+            "images_per_second_all": rows[0].get("images_per_second"), "step_seconds": steps}
+
+
+def run_official(args, threads: int, tmp: str, limit_train: int) -> dict:
+    """The official PETRA code on the same network and data, in a torch child set up as the PyTorch peer."""
+    r = run_torch(args, "official", threads, tmp, warmup=args.warmup, steps=args.steps, limit_train=limit_train,
+                  official_src=os.path.abspath(args.official_src), channels_last=False)
+    if r["official_parameters"] != r["parameters"]:
+        print(f"note: the official network has {r['official_parameters']} parameters, petra's {r['parameters']}",
+              flush=True)
+    return r
+
+
+def is_pipelined(method: str) -> bool:
+    return method not in ("backprop", "revbackprop")
 
 
 def fmt(x, width=9, digits=1) -> str:
     return f"{x:{width}.{digits}f}" if isinstance(x, (int, float)) else f"{'-':>{width}}"
 
 
+def environment_lines(args, torch_result: dict | None) -> list[str]:
+    """What the measurement ran on, printed with it."""
+    lines = []
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "?")
+    except OSError:
+        model = "?"
+    lines.append(f"machine: {model}, {os.cpu_count()} CPU(s), load average {os.getloadavg()[0]:.2f} at the end; "
+                 f"python {sys.version.split()[0]} (parent), torch child {args.python}")
+    if torch_result:
+        t = torch_result
+        lines.append(f"torch {t['torch_version']}: {t['blas']}")
+        lines.append("torch env: " + ", ".join(f"{k}={v}" for k, v in t["thread_env"].items())
+                     + f", torch.set_num_threads(threads); OPENBLAS_CORETYPE={t['OPENBLAS_CORETYPE'] or '(unset)'}, "
+                     f"OPENBLAS_L2_SIZE={t['OPENBLAS_L2_SIZE'] or '(unset)'}; malloc tuning "
+                     + ("on (" + " ".join(f"{k}={v}" for k, v in MALLOC_ENV.items()) + ")" if t["malloc_tuning"]
+                        else "off") + f"; network formulation '{t['net']}'")
+    lines.append(f"petra: {args.petra} --threads T (pipelined methods: T CPU workers x 1 thread), OMP_NUM_THREADS=T, "
+                 f"malloc tuning {'on' if args.malloc_tuning == 'both' else 'off'} (petra has its own caching "
+                 "allocator); data: " + ("an npy copy of the training images, 64 test images" if args.petra_data == "npy"
+                                         else "fashion-mnist"))
+    return lines
+
+
 def speed_mode(args, tmp: str, report: dict) -> None:
     threads_list = args.threads or [1, 2]
     total = args.warmup + args.steps
+    first, last = steady_window(args)
     if args.petra_data == "npy":
         petra_dir = os.path.join(tmp, "petra-npy")
         os.makedirs(petra_dir)
@@ -765,83 +966,84 @@ def speed_mode(args, tmp: str, report: dict) -> None:
     if (limit_train or 60000) < total * args.batch_size:
         die(f"{total} steps of {args.batch_size} need {total * args.batch_size} training images in one epoch, "
             f"but only {limit_train} are used")
-    methods = ["backprop"] + (["revbackprop"] if args.revbackprop else [])
-    # Each repeat runs torch, then petra, at every thread count; medians over the repeats are reported.
-    samples: dict[tuple[int, str], list[dict]] = {}
+    methods = list(dict.fromkeys(args.methods + (["revbackprop"] if args.revbackprop else [])))
+    formats = args.torch_formats
+    # The peers of one thread count, run one after the other in one window; the order is reversed at every
+    # repeat so that neither side always runs first (interleaved runs). Each run gives the median of its
+    # steady steps; the table gives the median of these over the repeats.
+    peers = [("torch", f) for f in formats] + [("petra", m) for m in methods]
+    if args.official_src:
+        peers.append(("official", "petra"))
+    samples: dict[tuple[int, str, str], list[dict]] = {}
+    torch_result = None
     for repeat in range(args.repeats):
         for threads in threads_list:
-            busy = other_runnable()
-            t = run_torch(args, "speed", threads, tmp, warmup=args.warmup, steps=args.steps, limit_train=limit_train)
-            report.setdefault("torch_runs", []).append(t)
-            for method in methods:
-                busy = max(busy, other_runnable())
-                p_all = petra_speed(args, threads, method, total, data_args, tmp)
-                p_steady = None
-                if args.petra_steady and args.warmup > 0:
-                    p_w = petra_speed(args, threads, method, args.warmup, data_args, tmp)
-                    dt = p_all["seconds"] - p_w["seconds"]
-                    p_steady = args.steps * args.batch_size / dt if dt > 0 else None
-                sample = {"petra_all": p_all["images_per_second"], "petra_steady": p_steady,
-                          "torch_all": t["images_per_second_all"], "torch_steady": t["images_per_second_steady"],
-                          "torch_median_step_ms": t["median_step_ms"], "torch_first_step_ms": t["first_step_ms"],
-                          "torch_cpu_utilisation": t["cpu_utilisation"], "other_runnable": busy}
-                samples.setdefault((threads, method), []).append(sample)
-                print(f"  [{repeat + 1}/{args.repeats}] threads {threads} {method:<11}: petra {sample['petra_all']:.1f} "
-                      f"img/s{'' if p_steady is None else ' (steady %.1f)' % p_steady}, torch {sample['torch_all']:.1f} "
-                      f"img/s (steady {sample['torch_steady']:.1f}); other runnable processes: {busy}", flush=True)
+            order = peers if repeat % 2 == 0 else peers[::-1]
+            for side, variant in order:
+                busy = other_runnable()
+                if side == "torch":
+                    r = run_torch(args, "speed", threads, tmp, warmup=args.warmup, steps=args.steps,
+                                  limit_train=limit_train, channels_last=variant == "channels_last")
+                    torch_result = torch_result or r
+                    report.setdefault("torch_runs", []).append({k: v for k, v in r.items() if k != "step_seconds"})
+                elif side == "petra":
+                    r = petra_speed(args, threads, variant, data_args, tmp)
+                else:
+                    r = run_official(args, threads, tmp, limit_train)
+                r["other_runnable"] = busy
+                samples.setdefault((threads, side, variant), []).append(r)
+                print(f"  [{repeat + 1}/{args.repeats}] {threads} thread(s) {side} {variant:<13}: "
+                      f"{r['images_per_second_steady']:.1f} img/s (median step {r['median_step_ms']:.1f} ms, "
+                      f"steps {first}-{last - 1}); other runnable processes: {busy}", flush=True)
 
-    def median(values):
-        values = sorted(v for v in values if v is not None)
-        if not values:
-            return None
-        mid = len(values) // 2
-        return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
-
+    peak = args.peak_gflops_per_core * 1e9
+    gflop_step = 3 * torch_result["forward_gflop"] if torch_result else None  # forward + backward data + weight
     rows = []
-    for (threads, method), runs in samples.items():
-        m = {k: median([r[k] for r in runs]) for k in runs[0] if k != "other_runnable"}
-        ratio_all = m["petra_all"] / m["torch_all"]
-        ratio_steady = m["petra_steady"] / m["torch_steady"] if m["petra_steady"] else None
-        rows.append({"threads": threads, "method": method, "repeats": len(runs),
-                     "petra_images_per_second_all": m["petra_all"], "petra_images_per_second_steady": m["petra_steady"],
-                     "torch_images_per_second_all": m["torch_all"], "torch_images_per_second_steady": m["torch_steady"],
-                     "torch_median_step_ms": m["torch_median_step_ms"], "torch_first_step_ms": m["torch_first_step_ms"],
-                     "torch_cpu_utilisation": m["torch_cpu_utilisation"],
-                     "ratio_all": ratio_all, "ratio_steady": ratio_steady,
-                     "ratio": ratio_steady if ratio_steady else ratio_all,
-                     "other_runnable_max": max(r["other_runnable"] for r in runs), "runs": runs})
+    for (threads, side, variant), runs in samples.items():
+        ips = median([r["images_per_second_steady"] for r in runs])
+        ms = median([r["median_step_ms"] for r in runs])
+        row = {"threads": threads, "side": side, "variant": variant, "repeats": len(runs),
+               "images_per_second_steady": ips, "median_step_ms": ms,
+               "per_repeat": [r["images_per_second_steady"] for r in runs],
+               "other_runnable_max": max(r["other_runnable"] for r in runs)}
+        if gflop_step:
+            row["gflop_per_second"] = gflop_step / (ms / 1000)
+            row["fraction_of_peak"] = row["gflop_per_second"] * 1e9 / (peak * threads)
+        rows.append(row)
+    for row in rows:  # against the faster torch layout at the same thread count
+        best = max((r["images_per_second_steady"] for r in rows if r["threads"] == row["threads"] and
+                    r["side"] == "torch"), default=None)
+        row["ratio_to_torch"] = row["images_per_second_steady"] / best if best else None
     report["speed"] = rows
+    report["steady_steps"] = [first, last - 1]
 
-    t = report["torch_runs"][0]
     print()
-    print(f"{args.model} width {args.width} ({args.stem} stem), Fashion-MNIST 1x28x28, batch {args.batch_size}, "
-          f"{args.warmup} warm-up + {args.steps} timed steps; torch {t['torch_version']} on {args.python}")
-    print(f"torch env: OMP/MKL/OPENBLAS_NUM_THREADS = threads, torch.set_num_threads(threads); malloc tuning "
-          f"{'on (' + ' '.join(f'{k}={v}' for k, v in MALLOC_ENV.items()) + ')' if t['malloc_tuning'] else 'off'}; "
-          f"OPENBLAS_CORETYPE={t['OPENBLAS_CORETYPE'] or ('(removed: --unset-openblas-coretype)' if args.unset_openblas_coretype else '(not set)')}; "
-          f"{'channels_last' if t['channels_last'] else 'NCHW (contiguous)'}")
-    print(f"petra: {args.petra} --method M --threads T ({'npy copy of the training images, 64 test images' if args.petra_data == 'npy' else 'fashion-mnist'}); "
-          f"malloc tuning {'on' if args.malloc_tuning == 'both' else 'off'}")
-    print("'all' = images/s over all warm-up + timed steps (petra-train's JSON images_per_second); "
-          "'steady' = over the timed steps only")
+    print(f"{args.model} width {args.width} ({args.stem} stem), Fashion-MNIST 1x28x28, batch {args.batch_size}; "
+          f"each run {total} steps; speed = batch / the median step time of steps {first}-{last - 1}, "
+          f"median over {args.repeats} interleaved repeat(s)")
+    for line in environment_lines(args, torch_result):
+        print(line)
+    if gflop_step:
+        print(f"work per step: {gflop_step:.2f} GFLOP (3 x the forward's {gflop_step / 3:.2f} GFLOP in convolutions and "
+              f"linear layers); peak {args.peak_gflops_per_core:.0f} GFLOP/s per core (--peak-gflops-per-core)")
     print()
-    head = (f"{'threads':>7}  {'method':<11}  {'petra all':>9}  {'petra st.':>9}  {'torch all':>9}  {'torch st.':>9}  "
-            f"{'torch ms':>8}  {'ratio all':>9}  {'ratio st.':>9}")
+    head = (f"{'threads':>7}  {'peer':<34}  {'img/s':>8}  {'ms/step':>8}  {'/ torch':>7}  {'GFLOP/s':>8}  "
+            f"{'% peak':>6}")
     print(head)
     print("-" * len(head))
-    for r in rows:
-        ratio_st = r["ratio_steady"]
-        print(f"{r['threads']:>7}  {r['method']:<11}  {fmt(r['petra_images_per_second_all'])}  "
-              f"{fmt(r['petra_images_per_second_steady'])}  {fmt(r['torch_images_per_second_all'])}  "
-              f"{fmt(r['torch_images_per_second_steady'])}  {fmt(r['torch_median_step_ms'], 8)}  "
-              f"{fmt(r['ratio_all'], 9, 3)}  {fmt(ratio_st, 9, 3)}")
-    print("(ratio = petra / torch images/s; torch always runs plain backprop; 'torch ms' = median timed step)")
+    for r in sorted(rows, key=lambda r: (r["threads"], r["side"] != "torch", r["side"], r["variant"])):
+        peer = {"torch": "PyTorch backprop", "petra": "petra", "official": "official PETRA"}[r["side"]]
+        peer += f" ({r['variant']})" if r["side"] != "official" else " (k=1, one process)"
+        print(f"{r['threads']:>7}  {peer:<34}  {fmt(r['images_per_second_steady'], 8)}  {fmt(r['median_step_ms'], 8)}  "
+              f"{fmt(r['ratio_to_torch'], 7, 2)}  {fmt(r.get('gflop_per_second'), 8)}  "
+              f"{fmt(100 * r['fraction_of_peak'] if 'fraction_of_peak' in r else None, 6)}")
+    print("(/ torch: against the faster PyTorch layout at the same thread count; petra's pipelined methods run T "
+          "workers x 1 thread; GFLOP/s and % peak count backprop's work per mini-batch for every peer, so a method "
+          "that recomputes does more than it is credited with)")
     busy = max(r["other_runnable_max"] for r in rows)
-    low_cpu = min(r["torch_cpu_utilisation"] / r["threads"] for r in rows)
-    if busy > 0 or low_cpu < 0.85:
-        print(f"note: other processes wanted the CPU during the runs (up to {busy} runnable besides this script; "
-              f"torch got {100 * low_cpu:.0f}% of its threads' time at worst): the numbers are noisy, and 2-thread "
-              "runs suffer most. Rerun on an idle machine (see `uptime`, `top`).")
+    if busy > 0:
+        print(f"note: other processes wanted the CPU during the runs (up to {busy} runnable besides this script): "
+              "the numbers are noisy, and 2-thread runs suffer most. Rerun on an idle machine (see `uptime`, `top`).")
 
 
 def accuracy_mode(args, tmp: str, report: dict) -> None:
@@ -919,19 +1121,35 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="also print the results as one JSON object at the end")
     ap.add_argument("--malloc-tuning", choices=["torch", "both", "none"], default="torch",
                     help="which child processes get the glibc malloc environment variables")
-    ap.add_argument("--unset-openblas-coretype", action="store_true",
-                    help="remove OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE from the torch child's environment")
-    ap.add_argument("--channels-last", action="store_true", help="torch: channels_last memory format")
+    ap.add_argument("--keep-openblas-coretype", action="store_true",
+                    help="keep OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE in the torch child's environment (by default "
+                         "they are removed, so OpenBLAS autodetects its AVX-512 kernel: 2x faster here)")
+    ap.add_argument("--unset-openblas-coretype", action="store_true", help=argparse.SUPPRESS)  # now the default
+    ap.add_argument("--channels-last", action="store_true",
+                    help="torch: channels_last memory format (accuracy and evaluate; speed: --torch-formats)")
+    ap.add_argument("--torch-net", choices=["pair", "sliced"], default="pair",
+                    help="the PyTorch formulation: streams as a pair with in-place ReLU (pair), or sliced and "
+                         "concatenated in every block (sliced: this script before issue 15)")
     ap.add_argument("--skip-checks", action="store_true",
                     help="skip the checks that the torch network is petra's (parameter count, names and shapes, "
                          "two training steps from petra's initial parameters)")
     sp = ap.add_argument_group("speed mode")
-    sp.add_argument("--steps", type=int, default=50, help="timed training steps")
-    sp.add_argument("--warmup", type=int, default=5, help="warm-up steps before the timed ones")
-    sp.add_argument("--repeats", type=int, default=1, help="run every measurement this many times; report medians")
+    sp.add_argument("--steps", type=int, default=120, help="steady steps: the median of their times is the speed")
+    sp.add_argument("--warmup", type=int, default=40,
+                    help="steps before the steady ones (the default window, steps 40-159, is issue 15's)")
+    sp.add_argument("--repeats", type=int, default=1,
+                    help="run every peer this many times, interleaved (order reversed at each repeat); report medians")
+    sp.add_argument("--methods", type=lambda t: [m for m in t.split(",") if m], default=["backprop"],
+                    help="petra-train methods to time, comma-separated (backprop, revbackprop, petra, ...; the "
+                         "pipelined ones run T workers x 1 thread)")
     sp.add_argument("--revbackprop", action="store_true", help="also time petra's --method revbackprop")
-    sp.add_argument("--petra-steady", action="store_true",
-                    help="a second petra run of --warmup steps, for petra's steady-state images/s")
+    sp.add_argument("--petra-steady", action="store_true", help=argparse.SUPPRESS)  # steady is now always measured
+    sp.add_argument("--torch-formats", type=lambda t: [f for f in t.split(",") if f], default=["nchw", "channels_last"],
+                    help="PyTorch memory formats to time (nchw, channels_last); petra is compared with the faster")
+    sp.add_argument("--official-src", metavar="DIR",
+                    help="also time the official PETRA code (a checkout of stephane-rivaud/PETRA) on the same network")
+    sp.add_argument("--peak-gflops-per-core", type=float, default=220.0,
+                    help="fp32 peak of one core, for the fraction of peak (220: Zen 5, 2 x 512-bit FMA at 3.44 GHz)")
     sp.add_argument("--petra-data", choices=["npy", "fashion-mnist"], default="npy",
                     help="petra-train's data in speed mode (npy: the same images, a 64-image test set)")
     sp.add_argument("--verbose", action="store_true", help="show petra-train's output")
@@ -945,6 +1163,12 @@ def main() -> None:
 
     if min(args.width, args.batch_size, args.steps, args.epochs, args.repeats) < 1 or args.warmup < 0:
         die("--width, --batch-size, --steps, --epochs and --repeats must be >= 1, --warmup >= 0")
+    if args.channels_last and args.mode == "speed":
+        args.torch_formats = ["channels_last"]
+    if any(f not in ("nchw", "channels_last") for f in args.torch_formats):
+        die(f"--torch-formats takes nchw and channels_last, got {','.join(args.torch_formats)}")
+    if args.official_src and not os.path.isdir(os.path.join(args.official_src, "async_torch")):
+        die(f"--official-src {args.official_src}: not a checkout of stephane-rivaud/PETRA (no async_torch/ in it)")
     if args.mode == "evaluate" and not (args.params and os.path.isdir(args.params)):
         die("--mode evaluate needs --params DIR, a directory of petra's .npy parameters")
     torch_version = check_torch(args.python)

@@ -103,7 +103,8 @@ nlohmann::json epoch_json(const EpochReport& r) {
           {"images_per_second", r.images_per_second},
           {"seconds", r.seconds},
           {"lr", r.lr},
-          {"peak_bytes", r.peak_bytes}};
+          {"peak_bytes", r.peak_bytes},
+          {"step_seconds", r.step_seconds}};
 }
 
 // Pipelined runs: per-stage peak bytes and reconstruction errors join the epoch's line.
@@ -231,6 +232,29 @@ std::vector<std::string> earlier_log_lines(const std::filesystem::path& log_json
   return kept;
 }
 
+// --profile's numbers for --log-json: per op family and per phase, ms per step; per stage and phase too.
+nlohmann::json profile_json(const petra::pipeline::ProfileReport& r) {
+  using namespace petra::profile;
+  const double ms = 1e3 / static_cast<double>(std::max<std::int64_t>(r.steps, 1));
+  nlohmann::json families = nlohmann::json::object(), calls = nlohmann::json::object();
+  for (int f = 0; f < kFamilies; ++f) {
+    if (r.totals.op_calls[f] == 0) continue;
+    families[name_of(static_cast<Family>(f))] = r.totals.op_seconds[f] * ms;
+    calls[name_of(static_cast<Family>(f))] = r.totals.op_calls[f];
+  }
+  nlohmann::json phases = nlohmann::json::object(), stages = nlohmann::json::array();
+  const auto sums = r.totals.phase_sums();
+  for (int p = 0; p < kPhases; ++p) phases[name_of(static_cast<Phase>(p))] = sums[p] * ms;
+  for (const auto& stage : r.totals.stage_phase_seconds) {
+    nlohmann::json line = nlohmann::json::object();
+    for (int p = 0; p < kPhases; ++p) line[name_of(static_cast<Phase>(p))] = stage[p] * ms;
+    stages.push_back(line);
+  }
+  return {{"steps", r.steps}, {"wall_seconds", r.wall_seconds}, {"workers", r.workers},
+          {"step_ms", r.wall_seconds * ms}, {"op_ms_per_step", families}, {"op_calls", calls},
+          {"phase_ms_per_step", phases}, {"stage_phase_ms_per_step", stages}};
+}
+
 // A process of an --mpi run other than the first: trains its stages and takes part in the epochs'
 // exchanges, with no output.
 int train_quietly(petra::pipeline::Trainer& trainer) {
@@ -338,6 +362,23 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
     std::printf("%s", petra::pipeline::format_memory_report(petra::pipeline::read_memory_report(
                           trainer.memory_devices(), static_cast<int>(trainer.model().num_stages()))).c_str());
 
+  // The steady state: the median step of steps 40-159 of the run (pipeline/trainer.hpp), what
+  // benchmarks/compare_pytorch.py compares; the first steps fill the allocator's cache and the pipeline.
+  std::vector<double> step_seconds;
+  for (const auto& r : reports) step_seconds.insert(step_seconds.end(), r.step_seconds.begin(), r.step_seconds.end());
+  const petra::pipeline::SteadyState steady = petra::pipeline::steady_state(step_seconds);
+  const double steady_images_per_second =
+      steady.median_step_seconds > 0 ? double(config.batch_size) / steady.median_step_seconds : 0;
+  if (steady.median_step_seconds > 0)
+    std::printf("steady state: median step %.2f ms over steps %lld-%lld of %zu (%.1f img/s)\n",
+                1e3 * steady.median_step_seconds, static_cast<long long>(steady.first),
+                static_cast<long long>(steady.last - 1), step_seconds.size(), steady_images_per_second);
+  if (config.profile) {
+    const auto profile = trainer.profile_report();
+    std::printf("%s", petra::profile::format_table(profile.totals, profile.wall_seconds, profile.steps,
+                                                   profile.workers).c_str());
+  }
+
   const double total = std::chrono::duration<double>(Clock::now() - start).count();
   const auto final_eval = reports.empty() ? trainer.evaluate() : petra::pipeline::Evaluation{};
   const double final_accuracy = reports.empty() ? final_eval.accuracy : reports.back().test_accuracy;
@@ -354,7 +395,12 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
                               {"final_test_accuracy", final_accuracy},
                               {"epochs_run", reports.size()},
                               {"total_seconds", total},
-                              {"peak_bytes", peak}};
+                              {"peak_bytes", peak},
+                              {"steady_first_step", steady.first},
+                              {"steady_last_step", steady.last - 1},
+                              {"steady_median_step_seconds", steady.median_step_seconds},
+                              {"steady_images_per_second", steady_images_per_second}};
+    if (config.profile) summary["profile"] = profile_json(trainer.profile_report());
     append_to_log(nlohmann::json{{"summary", summary}}.dump());
   }
   return kOk;
@@ -505,7 +551,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", c.threads, "CPU threads (default: OMP_NUM_THREADS or all cores)")
       ->group(training)->check(CLI::NonNegativeNumber);
   auto* output = "Output and state";
-  app.add_option("--log-json", log_json, "write one JSON object per epoch, then a summary line")->group(output);
+  app.add_option("--log-json", log_json, "write one JSON object per epoch (with each step's seconds), then a summary line")->group(output);
+  app.add_flag("--profile", c.profile,
+               "time per op family and per stage (forward, backward, reconstruction, update, data, waiting), "
+               "printed after training and in --log-json's summary (docs/profiling.md)")->group(output);
   app.add_option("--plot", plot, "write an SVG of loss and accuracy per epoch")->group(output);
   app.add_option("--checkpoint-dir", c.checkpoint_dir, "write an atomic, checksummed checkpoint after every epoch")->group(output);
   app.add_flag("--resume", c.resume, "continue from the latest checkpoint in --checkpoint-dir")->group(output);

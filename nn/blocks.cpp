@@ -1,7 +1,11 @@
 // nn/blocks.cpp: the stages of RevNets and ResNets (layouts in nn/blocks.hpp).
 #include "petra/nn/blocks.hpp"
 
+#include <optional>
+
 #include <fmt/format.h>
+
+#include "petra/profile.hpp"
 
 namespace petra::nn {
 
@@ -123,10 +127,13 @@ std::pair<Tensor, Tensor> ReversibleStage::reconstruct_and_backward(const Tensor
   const std::int64_t c = stream_channels_;
   GradModeGuard grad(true);
   RecomputationStatsGuard recomputation;
-  // Invert: x1 = y2 exactly; F(x1) is evaluated once, with its graph, ...
+  // Invert: x1 = y2 exactly; F(x1) is evaluated once, with its graph, ... (timed as the stage's
+  // reconstruction by petra-train --profile, apart from the backward that follows)
+  std::optional<profile::PhaseTimer> reconstruction(std::in_place, profile::Phase::reconstruction);
   const Variable x1(ops::channel_slice(y, c, c), /*requires_grad=*/true);
   const Variable f = f_->forward(x1);
   Tensor x = ops::coupling_inverse(y, f.data());  // x2 = y1 - F(x1)
+  reconstruction.reset();
   // ... and the same graph gives the vector-Jacobian product: with y1 = x2 + F(x1) and y2 = x1,
   // dx2 = dy1 and dx1 = dy2 + J_F(x1)^T dy1; F's parameter gradients accumulate on the way.
   const Variable outputs[] = {f};

@@ -26,6 +26,7 @@
 #include "petra/cuda_backend.hpp"
 #include "petra/ops.hpp"
 #include "petra/optimizer_steps.hpp"
+#include "petra/profile.hpp"
 #include "petra/stream.hpp"
 
 namespace petra::ops {
@@ -88,8 +89,12 @@ void check_shape(const Tensor& t, const Shape& expected, const char* op, const c
 #define PETRA_PASTE_(a, b) a##b
 #define PETRA_PASTE(a, b) PETRA_PASTE_(a, b)
 
+// The profiler's one hook (petra/profile.hpp): the kernel's wall time goes to its op family; with
+// profiling off the timer costs one relaxed atomic load.
 #define PETRA_DISPATCH(assign, FAMILY, tensor, NAME, ...)                              \
   do {                                                                                 \
+    static constexpr profile::Family kProfileFamily = profile::family_of(#FAMILY, #NAME); \
+    const profile::OpTimer profile_timer(kProfileFamily);                              \
     if ((tensor).device().is_cuda())                                                   \
       PETRA_PASTE(PETRA_CUDA_CALL_, PETRA_CUDA_##FAMILY)(assign, NAME, __VA_ARGS__);   \
     else                                                                               \
@@ -114,25 +119,30 @@ void check_shape(const Tensor& t, const Shape& expected, const char* op, const c
 #else
 #define PETRA_CUDNN_CALL(NAME, ...) no_cuda_kernel("cudnn::" #NAME)
 #endif
-#define PETRA_CALL_CONV_IMPL(FAMILY, tensor, NAME, ...)   \
-  do {                                                    \
-    if (use_cudnn(tensor))                                \
-      PETRA_CUDNN_CALL(NAME, __VA_ARGS__);                \
-    else                                                  \
-      PETRA_CALL(FAMILY, tensor, NAME, __VA_ARGS__);      \
+#define PETRA_CALL_CONV_IMPL(FAMILY, tensor, NAME, ...)                                     \
+  do {                                                                                      \
+    if (use_cudnn(tensor)) {                                                                \
+      static constexpr profile::Family kProfileFamily = profile::family_of(#FAMILY, #NAME); \
+      const profile::OpTimer profile_timer(kProfileFamily);                                 \
+      PETRA_CUDNN_CALL(NAME, __VA_ARGS__);                                                  \
+    } else {                                                                                \
+      PETRA_CALL(FAMILY, tensor, NAME, __VA_ARGS__);                                        \
+    }                                                                                       \
   } while (0)
 
 // The linear layer's products on a GPU: kernels::cublas where petra is built with cuBLAS, else the
 // hand-written kernels::cuda (through PETRA_CALL).
 #if PETRA_HAVE_CUDA && PETRA_HAVE_CUBLAS
-#define PETRA_CALL_LINEAR(tensor, NAME, ...)             \
-  do {                                                   \
-    if ((tensor).device().is_cuda()) {                   \
-      using T = float;                                   \
-      kernels::cublas::NAME(__VA_ARGS__);                \
-    } else {                                             \
-      PETRA_CPU_CALL(, tensor, NAME, __VA_ARGS__);       \
-    }                                                    \
+#define PETRA_CALL_LINEAR(tensor, NAME, ...)                                                 \
+  do {                                                                                       \
+    if ((tensor).device().is_cuda()) {                                                       \
+      using T = float;                                                                       \
+      static constexpr profile::Family kProfileFamily = profile::family_of("LINEAR", #NAME); \
+      const profile::OpTimer profile_timer(kProfileFamily);                                  \
+      kernels::cublas::NAME(__VA_ARGS__);                                                    \
+    } else {                                                                                 \
+      PETRA_CALL(LINEAR, tensor, NAME, __VA_ARGS__);                                         \
+    }                                                                                        \
   } while (0)
 #else
 #define PETRA_CALL_LINEAR(tensor, NAME, ...) PETRA_CALL(LINEAR, tensor, NAME, __VA_ARGS__)

@@ -14,6 +14,7 @@
 #include "petra/functions.hpp"
 #include "petra/ops.hpp"
 #include "petra/optimizer_steps.hpp"
+#include "petra/profile.hpp"
 #include "petra/rng.hpp"
 #include "petra/shape.hpp"
 #include "petra/stream.hpp"

@@ -2,6 +2,7 @@
 // and the concurrent one (a worker thread per device, blocking only on the messages it needs).
 #include "petra/pipeline/executor.hpp"
 
+#include <algorithm>
 #include <exception>
 #include <optional>
 
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include "petra/cuda_backend.hpp"
+#include "petra/profile.hpp"
 #include "petra/stream.hpp"
 
 namespace petra::pipeline {
@@ -81,39 +83,65 @@ SequentialExecutor::SequentialExecutor(nn::Model& model, const RuntimeOptions& o
   }
 }
 
+// Each action is timed by phase for petra-train --profile (petra/profile.hpp; nothing when off):
+// fetching the mini-batch (data), waiting for a neighbour's message (waiting), the stage's work
+// (forward, backward; the head's forward, loss and backward count as its backward) and the update.
 void SequentialExecutor::execute(const Action& action, bool wait, const BatchSource& batches,
                                  const HeadCallback& on_head) {
+  using profile::Phase;
+  using profile::PhaseTimer;
   const int j = action.stage, head = static_cast<int>(stages_.size()) - 1;
   const std::int64_t m = action.microbatch;
   switch (action.kind) {
     case Action::Kind::forward: {
       ForwardMessage in;
       if (j == 0) {
+        PhaseTimer timer(Phase::data, j);
         MiniBatch b = batches(m);
         in = {m, std::move(b.images), std::move(b.labels), nullptr};
       } else {
+        PhaseTimer timer(Phase::waiting, j);
         in = receive_forward(j, m, wait);
       }
-      if (j == head)
+      if (j == head) {
         to_next_[head].push(std::move(in));  // the head's backward, next in this cell, takes it
-      else
-        send_forward(j, stages_[j]->forward(std::move(in)));
+      } else {
+        ForwardMessage out;
+        {
+          PhaseTimer timer(Phase::forward, j);
+          out = stages_[j]->forward(std::move(in));
+        }
+        send_forward(j, std::move(out));
+      }
       break;
     }
     case Action::Kind::backward: {
       BackwardMessage out;
       if (j == head) {
         HeadStats stats;
-        out = stages_[j]->head_step(to_next_[head].pop(false, m, j, "head step"), stats);
+        {
+          PhaseTimer timer(Phase::backward, j);
+          out = stages_[j]->head_step(to_next_[head].pop(false, m, j, "head step"), stats);
+        }
         if (on_head) on_head(stats);
       } else {
-        out = stages_[j]->backward(receive_backward(j, m, wait));
+        BackwardMessage in;
+        {
+          PhaseTimer timer(Phase::waiting, j);
+          in = receive_backward(j, m, wait);
+        }
+        PhaseTimer timer(Phase::backward, j);
+        out = stages_[j]->backward(std::move(in));
       }
       if (j > 0) send_backward(j, std::move(out));
       last_backward_[j] = m;
       break;
     }
-    case Action::Kind::update: stages_[j]->update(last_backward_[j]); break;
+    case Action::Kind::update: {
+      PhaseTimer timer(Phase::update, j);
+      stages_[j]->update(last_backward_[j]);
+      break;
+    }
   }
 }
 
@@ -155,12 +183,20 @@ void SequentialExecutor::run(const Schedule& schedule, std::int64_t first, std::
                              const BatchSource& batches, const HeadCallback& on_head) {
   check_range(schedule, first, last);
   const int J = schedule.stages;
+  step_seconds_.clear();
+  auto step_start = std::chrono::steady_clock::now();
+  const auto step_done = [&] {
+    const auto now = std::chrono::steady_clock::now();
+    step_seconds_.push_back(std::chrono::duration<double>(now - step_start).count());
+    step_start = now;
+  };
   for (std::int64_t t = first; t < last; ++t) {
     const auto& row = schedule.cells[t];
     if (is_delayed(schedule.method)) {
       // Messages produced in step t are consumed in step t + 1, so the stages of one step could
       // run in any order (and do run at the same time in the concurrent executor).
       for (int j = 0; j < J; ++j) execute_cell(row[j], false, batches, on_head);
+      step_done();
       continue;
     }
     // Synchronous: every forward, bottom-up; then every backward, top-down; then the updates.
@@ -171,6 +207,7 @@ void SequentialExecutor::run(const Schedule& schedule, std::int64_t first, std::
           if (a.kind == kind) execute(a, false, batches, on_head);
       }
     }
+    step_done();
   }
 }
 
@@ -280,6 +317,11 @@ void ConcurrentExecutor::run(const Schedule& schedule, std::int64_t first, std::
   // waiting for a message the failed one will never send, stop at once instead of at their deadline.
   std::mutex error_mutex;
   std::exception_ptr first_error;
+  // When each worker finished its cells of each step: a step ends when its last worker does.
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  std::vector<std::vector<Clock::time_point>> finished(workers_.size(),
+                                                       std::vector<Clock::time_point>(last - first, start));
   std::vector<std::thread> threads;
   for (std::size_t w = 0; w < workers_.size(); ++w) {
     threads.emplace_back([&, w] {
@@ -289,9 +331,11 @@ void ConcurrentExecutor::run(const Schedule& schedule, std::int64_t first, std::
         std::optional<Stream> copy;  // GPU workers: messages from other GPUs come in on it
         if (on_gpus_) copy.emplace(workers_[w].device);
         tls_copy_stream = copy ? &*copy : nullptr;
-        for (std::int64_t t = first; t < last; ++t)
+        for (std::int64_t t = first; t < last; ++t) {
           for (int j = 0; j < schedule.stages; ++j)
             if (placement_[j] == static_cast<int>(w)) execute_cell(schedule.cells[t][j], true, batches, guarded_head);
+          finished[w][t - first] = Clock::now();
+        }
         tls_copy_stream = nullptr;
         // ~Stream synchronises both streams: when run() returns, the devices are done.
       } catch (...) {
@@ -306,6 +350,14 @@ void ConcurrentExecutor::run(const Schedule& schedule, std::int64_t first, std::
   }
   for (auto& t : threads) t.join();
   if (first_error) std::rethrow_exception(first_error);
+  step_seconds_.clear();
+  Clock::time_point previous = start;
+  for (std::int64_t i = 0; i < last - first; ++i) {
+    Clock::time_point end = previous;
+    for (const auto& f : finished) end = std::max(end, f[i]);
+    step_seconds_.push_back(std::chrono::duration<double>(end - previous).count());
+    previous = end;
+  }
 }
 
 }  // namespace petra::pipeline

@@ -34,6 +34,10 @@ class SequentialExecutor {
 
   StageRuntime& stage(std::size_t j) { return *stages_.at(j); }
   std::size_t num_stages() const { return stages_.size(); }
+  // Wall seconds of each step of the last run() call, in order (one clock read per step, always
+  // on: benchmarks take medians of steady steps from them). A concurrent step ends when the last
+  // worker has finished its cells of that step; the first step also holds the workers' start.
+  const std::vector<double>& step_seconds() const { return step_seconds_; }
 
   // Everything in flight between two steps (run() calls): each stage's state in dir/stage-NN/ and
   // the messages in the channels in dir/channels.txt + .npy files (pipeline/in_flight.cpp).
@@ -45,6 +49,7 @@ class SequentialExecutor {
   void load_in_flight(const std::filesystem::path& dir, const Schedule& schedule, std::int64_t step);
 
  protected:
+  std::vector<double> step_seconds_;  // see step_seconds()
   // True when this executor runs stage j's cells (all of them here; an MPI process, its own group).
   virtual bool runs_stage(int j) const { return j >= 0; }
   void check_range(const Schedule& schedule, std::int64_t first, std::int64_t last) const;

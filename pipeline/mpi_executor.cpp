@@ -172,11 +172,16 @@ void MpiExecutor::run(const Schedule& schedule, std::int64_t first, std::int64_t
   if (ranks_ == 1) return SequentialExecutor::run(schedule, first, last, batches, on_head);  // replicas only
   PETRA_CHECK(is_delayed(schedule.method), ValueError, "mpi executor: ", name_of(schedule.method),
               " is synchronous; its stages cannot overlap across processes");
+  step_seconds_.clear();  // this process's view: when it finished its own cells of each step
+  auto step_start = std::chrono::steady_clock::now();
   for (std::int64_t t = first; t < last; ++t) {
     for (int j = 0; j < schedule.stages; ++j)
       if (hosts(j)) execute_cell(schedule.cells[static_cast<std::size_t>(t)][static_cast<std::size_t>(j)], true,
                                  batches, on_head);
     complete_finished_sends();
+    const auto now = std::chrono::steady_clock::now();
+    step_seconds_.push_back(std::chrono::duration<double>(now - step_start).count());
+    step_start = now;
   }
 }
 

@@ -76,6 +76,9 @@ struct TrainConfig {
   std::vector<double> milestones;   // step schedule, absolute epochs
   std::uint64_t seed = 0;
   int threads = 0;  // 0: default_cpu_threads()
+  // petra-train --profile: time per op family and per stage and phase (petra/profile.hpp); a
+  // measurement setting, not part of the run's identity (no resume key)
+  bool profile = false;
   // state
   std::filesystem::path checkpoint_dir;  // empty: no checkpoints
   bool resume = false;

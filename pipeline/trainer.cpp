@@ -247,6 +247,33 @@ double Trainer::learning_rate_at(std::int64_t microbatch) const {
   return nn::learning_rate(schedule_, replica_microbatch(microbatch, S, replicas()), S);
 }
 
+SteadyState steady_state(const std::vector<double>& step_seconds) {
+  const auto n = static_cast<std::int64_t>(step_seconds.size());
+  SteadyState s;
+  if (n == 0) return s;
+  s.first = n > 80 ? 40 : n / 2;
+  s.last = n > 80 ? std::min<std::int64_t>(n, 160) : n;
+  std::vector<double> window(step_seconds.begin() + s.first, step_seconds.begin() + s.last);
+  const auto middle = window.begin() + static_cast<std::ptrdiff_t>(window.size() / 2);
+  std::nth_element(window.begin(), middle, window.end());
+  s.median_step_seconds = *middle;
+  if (window.size() % 2 == 0) {  // the mean of the two middle values
+    const double below = *std::max_element(window.begin(), middle);
+    s.median_step_seconds = 0.5 * (s.median_step_seconds + below);
+  }
+  return s;
+}
+
+ProfileReport Trainer::profile_report() const {
+  ProfileReport r;
+  r.totals = profile::collect();
+  r.wall_seconds = profiled_seconds_;
+  r.steps = profiled_steps_;
+  const auto* concurrent = dynamic_cast<const ConcurrentExecutor*>(executor_.get());
+  r.workers = concurrent ? static_cast<int>(config_.devices.size()) : 1;
+  return r;
+}
+
 void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
                   const std::function<void(const EpochReport&)>& on_epoch) {
   auto& allocator = Allocator::instance();
@@ -254,6 +281,19 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
   const BatchSource batches = [this](std::int64_t m) {
     return device_batches_ ? (*device_batches_)(m) : batch_of(m);
   };
+  // --profile: switched on and zeroed while no worker runs, off again however run() ends.
+  struct ProfilingOn {
+    bool on;
+    explicit ProfilingOn(bool o) : on(o) {
+      if (!on) return;
+      profile::reset();
+      profile::set_enabled(true);
+    }
+    ~ProfilingOn() {
+      if (on) profile::set_enabled(false);
+    }
+  } profiling(config_.profile);
+  if (config_.profile) profiled_seconds_ = 0, profiled_steps_ = 0;
   while (epoch_ < config_.epochs && global_step_ < grid_.steps) {
     for (const Device& d : memory_devices_) allocator.reset_peaks(d);
     model_->train();
@@ -287,6 +327,10 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
         if (every > 0) end = std::min(end, (t / every + 1) * every);
         executor_->run(grid_, t, end, batches, head);
       }
+      const std::vector<double>& steps = executor_->step_seconds();
+      report.step_seconds.insert(report.step_seconds.end(), steps.begin(), steps.end());
+      for (double seconds : steps) profiled_seconds_ += seconds;
+      profiled_steps_ += static_cast<std::int64_t>(steps.size());
       global_step_ = end;
       if (group_) {  // only the head's process sees the loss: all stop together
         double flag[] = {diverged ? 1.0 : 0.0};

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "petra/data/dataset.hpp"
+#include "petra/profile.hpp"
 #include "petra/data/loader.hpp"
 #include "petra/nn/models.hpp"
 #include "petra/nn/schedule.hpp"
@@ -73,6 +74,26 @@ struct EpochReport {
   std::vector<double> reconstruction_errors;
   std::vector<GradientQuality> gradient_quality;  // --track-gradient-quality, this epoch's steps
   bool complete = true;  // false: --max-steps ended it early (not checkpointed, not counted)
+  // Wall seconds of each training step of this epoch, in order (the executor's step times; the test
+  // evaluation is not in them). Benchmarks take medians of steady steps from these.
+  std::vector<double> step_seconds;
+};
+
+// The steady-state step time of a run: the median of its steps [40, 160) (steps 40 to 159, counted
+// over the whole run from 0), or of its second half when it has 80 steps or fewer. The first steps
+// fill the allocator's cache and the pipeline; they are not the speed of training.
+struct SteadyState {
+  std::int64_t first = 0, last = 0;  // the steps [first, last) the median is over
+  double median_step_seconds = 0;    // 0 when there are no steps
+};
+SteadyState steady_state(const std::vector<double>& step_seconds);
+
+// What --profile measured over all the training steps of a run (petra/profile.hpp).
+struct ProfileReport {
+  profile::Totals totals;
+  double wall_seconds = 0;  // the sum of the step times
+  std::int64_t steps = 0;
+  int workers = 1;          // threads that ran the steps (phases of several workers overlap)
 };
 
 struct Evaluation {
@@ -120,6 +141,8 @@ class Trainer {
   const data::Split& data() const { return split_; }
   std::optional<std::filesystem::path> last_checkpoint() const { return last_checkpoint_; }
   const Schedule& schedule() const { return grid_; }
+  // config.profile: the op and phase times of every training step run() took so far.
+  ProfileReport profile_report() const;
   const std::vector<int>& placement() const;                // stage -> worker (concurrent executor)
   std::vector<double> reconstruction_errors();              // per stage, --track-reconstruction
   int rank() const { return group_ ? group_->rank() : 0; }  // this process, under --mpi
@@ -158,6 +181,8 @@ class Trainer {
   Schedule grid_;
   std::int64_t grid_steps_per_epoch_ = 0;
   std::unique_ptr<SequentialExecutor> executor_;
+  double profiled_seconds_ = 0;  // config.profile: wall time and count of the steps run so far
+  std::int64_t profiled_steps_ = 0;
   std::unique_ptr<DeviceBatches> device_batches_;  // a GPU run's mini-batches (uploaded, prefetched)
   std::unique_ptr<ProcessGroup> group_;  // --mpi: the processes sharing the stages
   std::optional<std::filesystem::path> last_checkpoint_;
