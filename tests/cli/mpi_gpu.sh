@@ -16,6 +16,7 @@
 #    scripts/gpu-check.sh.
 set -uo pipefail
 train=$(realpath "$1")
+compare=$(realpath "$(dirname "$0")/compare_runs.py")
 mpirun=$2
 dir=$3/mpi-gpu
 emulated=${4:+$(realpath "$4")}
@@ -60,43 +61,13 @@ if [ -n "$emulated" ]; then
   run 2 "$emulated" "${common[@]}" "${two[@]}" two.jsonl --mpi --devices cuda:0,cuda:1 --transport mpi \
       > two.txt 2>&1 || { cat two.txt; status=1; }
   grep -q "messages over mpi" two.txt || { echo "FAIL: no transport line:"; cat two.txt; status=1; }
-  python3 - <<'PY' || status=1
-import json
-keys = ["train_loss", "train_accuracy", "test_loss", "test_accuracy"]
-one = [json.loads(l) for l in open("one.jsonl") if '"epoch"' in l]
-two = [json.loads(l) for l in open("two.jsonl") if '"epoch"' in l]
-assert len(one) == len(two) == 2, (len(one), len(two))
-for a, b in zip(one, two):
-    for k in keys:
-        assert a[k] == b[k], f"epoch {a['epoch']} {k}: one process {a[k]}, two processes on two emulated GPUs {b[k]}"
-    print(f"ok: epoch {a['epoch']} on 2 emulated GPUs: " + ", ".join(f"{k} {a[k]}" for k in keys) + " (equal)")
-PY
+  python3 "$compare" logs one.jsonl two.jsonl 2 "two processes on two emulated GPUs" || status=1
   sync=(--method backprop --dataset synthetic --synthetic-size 32 --batch-size 4 --width 2 --epochs 1 --threads 1
         --no-augment)
   "$emulated" "${sync[@]}" --devices cuda:0 --accumulation 2 --save-params acc > acc.txt 2>&1 || { cat acc.txt; status=1; }
   run 2 "$emulated" "${sync[@]}" --mpi --replicas 2 --devices cuda:0,cuda:1 --transport mpi --save-params rep \
       > rep.txt 2>&1 || { cat rep.txt; status=1; }
-  python3 - <<'PY' || status=1
-import ast, os, struct
-def load(path):  # a little-endian float32 or float64 .npy, as petra writes it
-    data = open(path, "rb").read()
-    n = struct.unpack("<H", data[8:10])[0]
-    header = ast.literal_eval(data[10:10 + n].decode())
-    code = {"<f4": "f", "<f8": "d"}[header["descr"]]
-    count = (len(data) - 10 - n) // struct.calcsize(code)
-    return struct.unpack(f"<{count}{code}", data[10 + n:])
-names = sorted(f for f in os.listdir("acc") if f.endswith(".npy") and "running" not in f and "num_batches" not in f)
-assert names and names == sorted(f for f in os.listdir("rep") if f in names), "parameter files differ"
-worst = 0.0
-for name in names:
-    a, b = load(os.path.join("acc", name)), load(os.path.join("rep", name))
-    assert len(a) == len(b), name
-    scale = max(max(abs(x) for x in a), 1e-3)
-    worst = max(worst, max(abs(x - y) for x, y in zip(a, b)) / scale)
-assert worst < 1e-4, f"2 replicas on 2 emulated GPUs differ from --accumulation 2 by {worst:.2e} of the scale"
-print(f"ok: 2 replicas on 2 emulated GPUs = one process with --accumulation 2 ({len(names)} tensors, "
-      f"largest difference {worst:.1e} of the parameter's scale)")
-PY
+  python3 "$compare" params acc rep 1e-4 "2 replicas on 2 emulated GPUs vs --accumulation 2" || status=1
   resume=(--method petra --dataset synthetic --synthetic-size 48 --batch-size 4 --width 2 --threads 1 --no-augment --stages blocks
           --epochs 3 --mpi --devices cuda:0,cuda:1 --transport mpi --checkpoint-dir ck)
   run 2 "$emulated" "${resume[@]}" --save-params whole > whole.txt 2>&1 || { cat whole.txt; status=1; }

@@ -10,6 +10,7 @@
 #    checkpoint it ends as the uninterrupted run, bit for bit.
 set -euo pipefail
 train=$(realpath "$1")
+compare=$(realpath "$(dirname "$0")/compare_runs.py")
 mpirun=$2
 dir=$3/mpi-replicas
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir"
@@ -19,29 +20,7 @@ common=(--dataset synthetic --batch-size 32 --width 4 --threads 1 --stages block
 sync=("${common[@]}" --method backprop --synthetic-size 256 --epochs 2)
 "$train" "${sync[@]}" --accumulation 2 --save-params one > one.txt
 run 2 "$train" "${sync[@]}" --mpi --replicas 2 --save-params two > two.txt
-python3 - <<'PY'
-import ast, os, struct
-def load(path):  # a little-endian float32 or float64 .npy, as petra writes it
-    data = open(path, "rb").read()
-    n = struct.unpack("<H", data[8:10])[0]
-    header = ast.literal_eval(data[10:10 + n].decode())
-    code = {"<f4": "f", "<f8": "d"}[header["descr"]]
-    count = (len(data) - 10 - n) // struct.calcsize(code)
-    return struct.unpack(f"<{count}{code}", data[10 + n:])
-worst, exact, n = 0.0, 0, 0
-for name in sorted(os.listdir("one")):
-    if "running" in name or "num_batches" in name:
-        continue  # batch norm's running statistics: per replica by design
-    a, b = load(os.path.join("one", name)), load(os.path.join("two", name))
-    assert len(a) == len(b), name
-    scale = max(max(abs(x) for x in a), 1e-3)
-    worst = max(worst, max(abs(x - y) for x, y in zip(a, b)) / scale)
-    exact += int(a == b)
-    n += 1
-print(f"backprop, 2 replicas vs accumulation 2: {n} parameters, {exact} bit-identical, "
-      f"largest difference {worst:.2e} of the parameter's scale")
-assert n > 0 and worst < 1e-4, worst
-PY
+python3 "$compare" params one two 1e-4 "backprop, 2 replicas vs accumulation 2"
 
 delayed=("${common[@]}" --method petra --synthetic-size 320 --accumulation 2 --epochs 3 --mpi --replicas 2)
 run 2 "$train" "${delayed[@]}" --log-json whole.jsonl --save-params whole > whole.txt
@@ -53,11 +32,4 @@ run 4 "$train" "${delayed[@]}" --checkpoint-dir ck --resume --save-params resume
 grep -q "resumed from ck/epoch-000002 at epoch 3" resumed.txt
 diff -r split resumed
 echo "resumed from epoch 2 on 4 processes: parameters equal to the uninterrupted run"
-python3 - <<'PY'
-import json
-a = [json.loads(l) for l in open("whole.jsonl") if '"epoch"' in l]
-b = [json.loads(l) for l in open("split.jsonl") if '"epoch"' in l]
-keys = ["train_loss", "train_accuracy", "test_loss", "test_accuracy"]
-assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b], (a, b)
-print("logs equal: " + "; ".join(f"epoch {r['epoch']} train loss {r['train_loss']:.6f}" for r in a))
-PY
+python3 "$compare" logs whole.jsonl split.jsonl 3 "2 replicas x 2 stage groups"

@@ -4,6 +4,7 @@
 # of every loss and accuracy: the processes' parameters are the sequential executor's, bit for bit.
 set -euo pipefail
 train=$(realpath "$1")
+compare=$(realpath "$(dirname "$0")/compare_runs.py")
 mpirun=$2
 dir=$3/mpi-train
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir"
@@ -11,14 +12,4 @@ args=(--method petra --stages blocks --dataset synthetic --synthetic-size 256 --
 "$train" "${args[@]}" --devices cpu:0 --log-json one.jsonl > one.txt
 OMP_NUM_THREADS=1 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$train" "${args[@]}" --mpi \
     --log-json two.jsonl > two.txt
-python3 - <<'PY'
-import json
-keys = ["train_loss", "train_accuracy", "test_loss", "test_accuracy"]
-one = [json.loads(l) for l in open("one.jsonl") if '"epoch"' in l]
-two = [json.loads(l) for l in open("two.jsonl") if '"epoch"' in l]
-assert len(one) == len(two) == 2, (len(one), len(two))
-for a, b in zip(one, two):
-    for k in keys:
-        assert a[k] == b[k], f"epoch {a['epoch']} {k}: one process {a[k]}, two processes {b[k]}"
-    print(f"epoch {a['epoch']}: " + ", ".join(f"{k} {a[k]}" for k in keys) + " (equal)")
-PY
+python3 "$compare" logs one.jsonl two.jsonl 2 "two processes"
