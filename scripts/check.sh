@@ -64,7 +64,7 @@ meson test -C "$dir" --num-processes "$jobs" --timeout-multiplier 8 --print-erro
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/petra-check-XXXXXX")
 trap 'rm -rf "$run_dir"' EXIT
 args=(--dataset synthetic --synthetic-size 256 --batch-size 32 --width 4 --epochs 2 --method petra
-      --devices cpu:0,cpu:1 --placement 0,0,0,0,0,1,1,1,1,1 --message-timeout 300
+      --devices cpu:0,cpu:1 --stages blocks --placement 0,0,0,0,0,1,1,1,1,1 --message-timeout 300
       --checkpoint-dir "$run_dir/ck" --log-json "$run_dir/log.jsonl")
 echo "check: petra-train ${args[*]} --max-steps 12"
 "$dir/petra-train" "${args[@]}" --max-steps 12
