@@ -195,8 +195,9 @@ petra::Shape described_image(const petra::pipeline::TrainConfig& c) {
 
 // "1,4,5: 3 stages, modelled cost 6% 46% 48%" (empty sizes: one block per stage).
 std::string layout_text(const std::vector<std::int64_t>& sizes, const std::vector<petra::pipeline::BlockProfile>& blocks) {
-  const std::vector<double> shares = petra::pipeline::stage_cost_shares(blocks, sizes);
   std::string text = sizes.empty() ? fmt::format("one block per stage") : fmt::format("{}", fmt::join(sizes, ","));
+  if (blocks.empty()) return text;  // a layout given as sizes: nothing was profiled
+  const std::vector<double> shares = petra::pipeline::stage_cost_shares(blocks, sizes);
   text += fmt::format(": {} stages, modelled cost", shares.size());
   for (double share : shares) text += fmt::format(" {:.0f}%", 100 * share);
   return text;
@@ -283,12 +284,8 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
     std::printf("training on %s: %s; convolutions and batch norms: %s\n", trainer.device().str().c_str(),
                 petra::cuda_backend::describe().c_str(), petra::name_of(petra::conv_impl()));
   if (!eval_only) {
-    const petra::Tensor& images = trainer.data().train.images;
-    petra::nn::ModelConfig model = trainer.model().config();
     std::printf("stages (--stages %s): %s\n", config.stages.empty() ? "blocks" : config.stages.c_str(),
-                layout_text(trainer.config().stage_sizes,
-                            petra::pipeline::profile_blocks(model, {images.size(1), images.size(2), images.size(3)}))
-                    .c_str());
+                layout_text(trainer.config().stage_sizes, trainer.block_profiles()).c_str());
   }
   if (const auto* group = trainer.process_group())
     std::printf("--mpi: %d processes, %d replica(s), messages over %s\n", group->size(), group->replicas(),
@@ -582,10 +579,11 @@ int main(int argc, char** argv) {
       for (const auto& d : split_list(devices_text)) c.devices.push_back(petra::Device::parse(d));
     use_conv_impl(petra::parse_conv_impl(conv_impl_text), c.devices);
     c.stages = stages_text;
+    std::vector<petra::pipeline::BlockProfile> blocks;  // what the layout printed below is made of
     if (print_schedule > 0 || print_model) {  // no data is loaded: the dataset's usual shape
       const int workers = std::max(1, static_cast<int>(c.devices.size()));
-      c.stage_sizes = petra::pipeline::resolve_stage_layout(c.stages, described_model(c), described_image(c), c.method,
-                                                            workers);
+      blocks = petra::pipeline::profile_blocks(described_model(c), described_image(c));
+      c.stage_sizes = petra::pipeline::resolve_stage_layout(c.stages, described_model(c), blocks, c.method, workers);
     }
     if (!placement_text.empty())
       c.placement = parse_placement(placement_text);
@@ -593,7 +591,7 @@ int main(int argc, char** argv) {
       const int stages = c.stage_sizes.empty() ? static_cast<int>(petra::nn::block_count(c.arch))
                                                : static_cast<int>(c.stage_sizes.size());
       std::printf("# stages (--stages %s): %s\n", c.stages.c_str(),
-                  layout_text(c.stage_sizes, petra::pipeline::profile_blocks(described_model(c), described_image(c))).c_str());
+                  layout_text(c.stage_sizes, blocks).c_str());
       std::printf("%s", petra::pipeline::to_text(petra::pipeline::make_schedule(c.method, stages, print_schedule,
                                                                                c.accumulation, false)).c_str());
       return kOk;
@@ -605,7 +603,7 @@ int main(int argc, char** argv) {
       petra::nn::Model net(m);
       const petra::Shape image = described_image(c);
       std::printf("stages (--stages %s): %s\n", c.stages.c_str(),
-                  layout_text(c.stage_sizes, petra::pipeline::profile_blocks(m, image)).c_str());
+                  layout_text(c.stage_sizes, blocks).c_str());
       std::printf("%s", net.summary({1, image[0], image[1], image[2]}).c_str());
       return kOk;
     }

@@ -128,9 +128,16 @@ std::vector<std::int64_t> auto_stage_sizes(const std::vector<BlockProfile>& bloc
 
 std::vector<std::int64_t> resolve_stage_layout(const std::string& text, const nn::ModelConfig& model,
                                                const Shape& image, PipelineMethod method, int workers) {
+  return resolve_stage_layout(text, model, text == "auto" ? profile_blocks(model, image) : std::vector<BlockProfile>{},
+                              method, workers);
+}
+
+std::vector<std::int64_t> resolve_stage_layout(const std::string& text, const nn::ModelConfig& model,
+                                               const std::vector<BlockProfile>& blocks, PipelineMethod method,
+                                               int workers) {
   if (text == "blocks") return {};
   if (text == "auto") {
-    std::vector<std::int64_t> sizes = auto_stage_sizes(profile_blocks(model, image), method, workers);
+    std::vector<std::int64_t> sizes = auto_stage_sizes(blocks, method, workers);
     // One block per stage is the default layout: said as such, so a checkpoint of it reads the same.
     if (std::all_of(sizes.begin(), sizes.end(), [](std::int64_t s) { return s == 1; })) sizes.clear();
     return sizes;

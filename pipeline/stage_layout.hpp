@@ -53,6 +53,10 @@ std::vector<std::int64_t> auto_stage_sizes(const std::vector<BlockProfile>& bloc
 // flag and the bad item.
 std::vector<std::int64_t> resolve_stage_layout(const std::string& text, const nn::ModelConfig& model,
                                                const Shape& image, PipelineMethod method, int workers);
+// The same, from blocks profiled already (profile_blocks(model, image)).
+std::vector<std::int64_t> resolve_stage_layout(const std::string& text, const nn::ModelConfig& model,
+                                               const std::vector<BlockProfile>& blocks, PipelineMethod method,
+                                               int workers);
 
 // Each stage's share of the modelled cost, for --print-model and the run's first lines.
 std::vector<double> stage_cost_shares(const std::vector<BlockProfile>& blocks,

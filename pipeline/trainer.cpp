@@ -93,8 +93,8 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
     const Tensor& images = split_.train.images;
     const int workers = group_ ? group_->size() / group_->replicas()
                                : std::max(1, static_cast<int>(config_.devices.size()));
-    const Shape image{images.size(1), images.size(2), images.size(3)};
-    config_.stage_sizes = resolve_stage_layout(config_.stages, model, image, config_.method, workers);
+    block_profiles_ = profile_blocks(model, Shape{images.size(1), images.size(2), images.size(3)});
+    config_.stage_sizes = resolve_stage_layout(config_.stages, model, block_profiles_, config_.method, workers);
   }
   model.stage_sizes = config_.stage_sizes;
   model_ = std::make_unique<nn::Model>(model);

@@ -41,6 +41,7 @@
 #include "petra/pipeline/gradient_quality.hpp"
 #include "petra/pipeline/process_group.hpp"
 #include "petra/pipeline/run_config.hpp"
+#include "petra/pipeline/stage_layout.hpp"
 
 namespace petra::pipeline {
 
@@ -147,6 +148,8 @@ class Trainer {
   std::vector<double> reconstruction_errors();              // per stage, --track-reconstruction
   int rank() const { return group_ ? group_->rank() : 0; }  // this process, under --mpi
   const ProcessGroup* process_group() const { return group_.get(); }  // null without --mpi
+  // The model's blocks as --stages saw them (empty when the config gave stage_sizes directly).
+  const std::vector<BlockProfile>& block_profiles() const { return block_profiles_; }
   int replicas() const;  // copies of the pipeline (--replicas), 1 without --mpi
   // Resumed from a checkpoint written before the data set's identity was recorded: the data could
   // not be compared with the checkpoint's.
@@ -173,6 +176,7 @@ class Trainer {
   Device device_ = Device::cpu();
   std::vector<Device> memory_devices_;
   data::Split split_;
+  std::vector<BlockProfile> block_profiles_;
   std::unique_ptr<nn::Model> model_;
   nn::ScheduleConfig schedule_;
   std::unique_ptr<data::Loader> train_loader_, test_loader_;
