@@ -296,6 +296,20 @@ nlohmann::json bench_batchnorm(std::int64_t batch, int repeats, const k::StreamH
          [&] { k::cudnn::batchnorm_backward(s, shape, x.get(), dy.get(), gamma.get(), mean.get(), invstd.get(),
                                             dx.get(), dgamma.get(), dbeta.get()); },
          &dx},
+        // Batch norm + ReLU: petra's fused kernels; cuDNN's batch norm followed by petra's relu
+        // kernels (kernels/cuda_libraries.hpp). The fused backward reads y (written just above).
+        {"train+relu", 2 * tensor,
+         [&] { k::cuda::batchnorm_relu_forward_train(s, shape, 1e-5, 0.1, x.get(), gamma.get(), beta.get(), y.get(),
+                                                     mean.get(), invstd.get(), rm.get(), rv.get()); },
+         [&] { k::cudnn::batchnorm_relu_forward_train(s, shape, 1e-5, 0.1, x.get(), gamma.get(), beta.get(), y.get(),
+                                                      mean.get(), invstd.get(), rm.get(), rv.get()); },
+         &y},
+        {"backward+relu", 4 * tensor,
+         [&] { k::cuda::batchnorm_relu_backward(s, shape, x.get(), y.get(), dy.get(), gamma.get(), mean.get(),
+                                                invstd.get(), dx.get(), dgamma.get(), dbeta.get()); },
+         [&] { k::cudnn::batchnorm_relu_backward(s, shape, x.get(), y.get(), dy.get(), gamma.get(), mean.get(),
+                                                 invstd.get(), dx.get(), dgamma.get(), dbeta.get()); },
+         &dx},
     };
     const std::string name = fmt::format("({}, {}, {}, {})", shape.batch, shape.channels, shape.height, shape.width);
     // The training forward first fills mean and invstd, which the backward then uses.

@@ -210,6 +210,75 @@ void add_batchnorm_cases(std::vector<Case>& cases, const k::StreamHandle& s, std
                      return relative_error(a->dx, r->dx);
                    },
                    [=] { backward(full, *big, false); }});
+
+  // Batch norm + ReLU, fused (one op) and unfused (batch norm, then relu / relu_backward then
+  // batch norm's backward, as nn/blocks.cpp ran before the fusion). Both count the fused op's
+  // minimal traffic (forward: x, y; backward: x, y, dy, dx), so their GB/s compare as speeds; the
+  // unfused pair really moves 4 and 6 arrays.
+  auto relu_forward = [&s](const k::BatchNormShape& sh, Buffers& b, bool reference) {
+    (reference ? k::ref::batchnorm_relu_forward_train<float> : k::cpu::batchnorm_relu_forward_train)(
+        s, sh, 1e-5, 0.1, b.x.data(), b.gamma.data(), b.beta.data(), b.y.data(), b.mean.data(), b.invstd.data(),
+        b.rmean.data(), b.rvar.data());
+  };
+  auto relu_backward = [&s](const k::BatchNormShape& sh, Buffers& b, bool reference) {
+    (reference ? k::ref::batchnorm_relu_backward<float> : k::cpu::batchnorm_relu_backward)(
+        s, sh, b.x.data(), b.y.data(), b.dy.data(), b.gamma.data(), b.mean.data(), b.invstd.data(), b.dx.data(),
+        b.dgamma.data(), b.dbeta.data());
+  };
+  // The unfused pair writes relu's output (and the masked dy) to a tensor of its own, as the ops did.
+  auto scratch = std::make_shared<Buffer>(full.size());
+  cases.push_back({"bn+relu fused fwd " + shape, "memory", 0, 2 * n,
+                   [=] {
+                     auto a = make(small), r = make(small);
+                     relu_forward(small, *a, false);
+                     relu_forward(small, *r, true);
+                     return relative_error(a->y, r->y);
+                   },
+                   [=] { relu_forward(full, *big, false); }});
+  cases.push_back({"bn+relu unfused fwd " + shape, "memory", 0, 2 * n,
+                   [=] {
+                     auto a = make(small), r = make(small);
+                     forward(small, *a, false);
+                     k::cpu::relu(s, small.size(), a->y.data(), a->dx.data());
+                     relu_forward(small, *r, true);
+                     return relative_error(a->dx, r->y);
+                   },
+                   [=] {
+                     forward(full, *big, false);
+                     k::cpu::relu(s, full.size(), big->y.data(), scratch->data());
+                   }});
+  cases.push_back({"bn+relu fused bwd " + shape, "memory", 0, 4 * n,
+                   [=] {
+                     auto a = make(small), r = make(small);
+                     relu_forward(small, *r, true);
+                     a->y = r->y;  // one mask for both
+                     a->mean = r->mean;
+                     a->invstd = r->invstd;
+                     relu_backward(small, *a, false);
+                     relu_backward(small, *r, true);
+                     return relative_error(a->dx, r->dx);
+                   },
+                   [=] { relu_backward(full, *big, false); }});
+  cases.push_back({"bn+relu unfused bwd " + shape, "memory", 0, 4 * n,
+                   [=] {
+                     auto a = make(small), r = make(small);
+                     relu_forward(small, *r, true);
+                     a->y = r->y;
+                     a->mean = r->mean;
+                     a->invstd = r->invstd;
+                     Buffer masked(small.size());
+                     k::cpu::relu_backward(s, small.size(), a->y.data(), a->dy.data(), masked.data());
+                     k::cpu::batchnorm_backward(s, small, a->x.data(), masked.data(), a->gamma.data(), a->mean.data(),
+                                                a->invstd.data(), a->dx.data(), a->dgamma.data(), a->dbeta.data());
+                     relu_backward(small, *r, true);
+                     return relative_error(a->dx, r->dx);
+                   },
+                   [=] {
+                     k::cpu::relu_backward(s, full.size(), big->y.data(), big->dy.data(), scratch->data());
+                     k::cpu::batchnorm_backward(s, full, big->x.data(), scratch->data(), big->gamma.data(),
+                                                big->mean.data(), big->invstd.data(), big->dx.data(),
+                                                big->dgamma.data(), big->dbeta.data());
+                   }});
 }
 
 void add_coupling_cases(std::vector<Case>& cases, const k::StreamHandle& s, std::int64_t batch,

@@ -22,12 +22,29 @@
 //
 // cpu:: gives each thread a block of channels and walks memory in order, two passes (sums, then
 // the output); its training forward and backward need s.workspace (3 samples' worth of floats).
+//
+// Batch norm fused with the ReLU that follows it (every BN of the RevNet/ResNet blocks but the
+// last one of a bottleneck/basic residual branch, nn/blocks.cpp): y = max(0, BN(x)), same
+// arguments as the plain kernels, and the same workspace. The ReLU costs nothing extra: it is
+// applied in the pass that writes y, and its derivative in the passes that read dy.
+//   forward: y = relu(gamma * xhat + beta), relu(v) = v < 0 ? 0 : v (kernels/elementwise.hpp's: NaN
+//            passes through);
+//   backward: dy_bn = y > 0 ? dy : 0 (relu'(0) = 0 as in PyTorch), then batch norm's backward with
+//            dy_bn. The mask is read from the fused op's own output y, not recomputed from x and
+//            the statistics: y is kept anyway (it is the next convolution's input, which keeps it
+//            for its weight gradient), so the mask costs no memory, and it is exactly the forward's
+//            sign, whatever the backend's rounding or FMA contraction.
+// Every backend evaluates the same expressions, in the same order, as its plain batch norm
+// followed by its relu (and its relu_backward followed by its batch norm backward), so the fusion
+// removes a pass over memory and a tensor and is meant to change no number (tests/cpu/
+// test_batchnorm.cpp checks cpu:: and ref:: for bit identity with the unfused composition).
 #pragma once
 
 #include <cstdint>
 
 #include "petra/config.hpp"
 #include "petra/kernels/common.hpp"
+#include "petra/kernels/host_device.hpp"
 
 namespace petra::kernels {
 
@@ -38,6 +55,19 @@ struct BatchNormShape {
   std::int64_t values_per_channel() const { return batch * height * width; }
   std::int64_t size() const { return batch * channels * height * width; }
 };
+
+// The fused ReLU, shared by every backend's forward: max(v, 0) with NaN passed through and -0
+// kept, as kernels/elementwise.hpp's relu.
+template <class T>
+PETRA_HOST_DEVICE inline T relu_of(T v) {
+  return v < T(0) ? T(0) : v;
+}
+
+// The fused ReLU's derivative applied to dy, from the forward's output y: dy where y > 0, else 0.
+template <class T>
+PETRA_HOST_DEVICE inline T relu_masked(T y, T dy) {
+  return y > T(0) ? dy : T(0);
+}
 
 namespace ref {
 
@@ -60,6 +90,27 @@ void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, cons
                         const T* dy, const T* gamma, const T* saved_mean, const T* saved_invstd,
                         T* dx, T* dgamma, T* dbeta);
 
+// Batch norm then ReLU, fused (see the top of this file). Training forward: y =, saved_mean =,
+// saved_invstd =, running statistics as batchnorm_forward_train.
+template <class T>
+void batchnorm_relu_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                  double momentum, const T* x, const T* gamma, const T* beta,
+                                  T* y, T* saved_mean, T* saved_invstd, T* running_mean,
+                                  T* running_var);
+
+// Evaluation forward of the fused op. y =.
+template <class T>
+void batchnorm_relu_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                 const T* x, const T* gamma, const T* beta, const T* running_mean,
+                                 const T* running_var, T* y);
+
+// Backward of the fused op; y is the fused forward's output (the ReLU mask). dx =, dgamma +=,
+// dbeta +=.
+template <class T>
+void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape, const T* x,
+                             const T* y, const T* dy, const T* gamma, const T* saved_mean,
+                             const T* saved_invstd, T* dx, T* dgamma, T* dbeta);
+
 }  // namespace ref
 
 namespace cpu {
@@ -76,6 +127,20 @@ void batchnorm_forward_eval(const StreamHandle& s, const BatchNormShape& shape, 
 void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
                         const float* dy, const float* gamma, const float* saved_mean,
                         const float* saved_invstd, float* dx, float* dgamma, float* dbeta);
+
+void batchnorm_relu_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                  double momentum, const float* x, const float* gamma,
+                                  const float* beta, float* y, float* saved_mean,
+                                  float* saved_invstd, float* running_mean, float* running_var);
+
+void batchnorm_relu_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                 const float* x, const float* gamma, const float* beta,
+                                 const float* running_mean, const float* running_var, float* y);
+
+void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
+                             const float* y, const float* dy, const float* gamma,
+                             const float* saved_mean, const float* saved_invstd, float* dx,
+                             float* dgamma, float* dbeta);
 
 }  // namespace cpu
 
@@ -99,6 +164,23 @@ void batchnorm_forward_eval(const StreamHandle& s, const BatchNormShape& shape, 
 void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
                         const float* dy, const float* gamma, const float* saved_mean,
                         const float* saved_invstd, float* dx, float* dgamma, float* dbeta);
+
+// The fused batch norm + ReLU: the same kernels with the ReLU in the element-wise pass of the
+// forward, and the mask y > 0 applied to dy where the backward's sums and its dx pass read it.
+
+void batchnorm_relu_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                  double momentum, const float* x, const float* gamma,
+                                  const float* beta, float* y, float* saved_mean,
+                                  float* saved_invstd, float* running_mean, float* running_var);
+
+void batchnorm_relu_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                 const float* x, const float* gamma, const float* beta,
+                                 const float* running_mean, const float* running_var, float* y);
+
+void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
+                             const float* y, const float* dy, const float* gamma,
+                             const float* saved_mean, const float* saved_invstd, float* dx,
+                             float* dgamma, float* dbeta);
 
 }  // namespace cuda
 #endif

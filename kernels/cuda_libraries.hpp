@@ -97,6 +97,24 @@ void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, cons
                         const float* dy, const float* gamma, const float* saved_mean,
                         const float* saved_invstd, float* dx, float* dgamma, float* dbeta);
 
+// Batch norm + ReLU (kernels/batchnorm.hpp's batchnorm_relu_*): cuDNN's batch norm, then petra's
+// element-wise relu in place (kernels::cuda::relu); the backward masks dy with petra's
+// relu_backward into s.workspace (4 bytes per value) and runs cuDNN's backward on it. Not fused:
+// cuDNN's own BN + activation (cudnnBatchNormalizationForwardTrainingEx with
+// CUDNN_BATCHNORM_OPS_BN_ACTIVATION) is documented for NHWC half-precision tensors with
+// CUDNN_BATCHNORM_SPATIAL_PERSISTENT only, and petra's are NCHW float (docs/decisions.md).
+void batchnorm_relu_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                  double momentum, const float* x, const float* gamma,
+                                  const float* beta, float* y, float* saved_mean,
+                                  float* saved_invstd, float* running_mean, float* running_var);
+void batchnorm_relu_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                 const float* x, const float* gamma, const float* beta,
+                                 const float* running_mean, const float* running_var, float* y);
+void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
+                             const float* y, const float* dy, const float* gamma,
+                             const float* saved_mean, const float* saved_invstd, float* dx,
+                             float* dgamma, float* dbeta);
+
 }  // namespace cudnn
 #endif
 

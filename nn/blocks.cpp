@@ -59,7 +59,8 @@ std::shared_ptr<ResidualFunction> ResidualFunction::bottleneck(std::int64_t in, 
 
 Variable ResidualFunction::forward(const Variable& x) const {
   Variable h = x;
-  for (const Layer& layer : layers_) h = relu(layer.bn->forward(layer.conv->forward(h)));
+  // Every BN here is followed by a ReLU: the fused op (BatchNorm2d::forward_relu) saves a pass.
+  for (const Layer& layer : layers_) h = layer.bn->forward_relu(layer.conv->forward(h));
   return h;
 }
 
@@ -97,7 +98,7 @@ std::string StemStage::describe() const {
 }
 
 Variable StemStage::forward(const Variable& x) {
-  Variable y = relu(bn_->forward(conv_->forward(x)));
+  Variable y = bn_->forward_relu(conv_->forward(x));
   return imagenet_ ? max_pool2d(y, {2, 2, 0}) : y;
 }
 
@@ -160,8 +161,8 @@ std::string BasicTransitionStage::describe() const {
 
 Variable BasicTransitionStage::forward(const Variable& x) {
   const Variable x1 = slice_channels(x, 0, in_stream_), x2 = slice_channels(x, in_stream_, in_stream_);
-  const Variable h = relu(bn1_->forward(conv1_->forward(x1)));
-  const Variable y1 = add(relu(bn2_->forward(conv2_->forward(h))), bn_proj_->forward(conv_proj_->forward(x2)));
+  const Variable h = bn1_->forward_relu(conv1_->forward(x1));
+  const Variable y1 = add(bn2_->forward_relu(conv2_->forward(h)), bn_proj_->forward(conv_proj_->forward(x2)));
   const Variable streams[] = {y1, h};
   return concat_channels(streams);
 }
@@ -219,8 +220,9 @@ std::string ResidualStage::describe() const {
 Variable ResidualStage::forward(const Variable& x) {
   Variable h = x;
   for (std::size_t i = 0; i < convs_.size(); ++i) {
-    h = bns_[i]->forward(convs_[i]->forward(h));
-    if (i + 1 < convs_.size()) h = relu(h);  // the last BN is followed by the addition
+    const Variable z = convs_[i]->forward(h);
+    // The last BN is followed by the addition, the others by a ReLU (fused into them).
+    h = i + 1 < convs_.size() ? bns_[i]->forward_relu(z) : bns_[i]->forward(z);
   }
   const Variable shortcut = conv_proj_ ? bn_proj_->forward(conv_proj_->forward(x)) : x;
   return relu(add(h, shortcut));

@@ -34,14 +34,30 @@ BatchNorm2d::BatchNorm2d(std::int64_t channels, const Init& init, double momentu
   running_var_ = register_buffer("running_var", Tensor::full({channels}, 1.0, init.dtype));
 }
 
-Variable BatchNorm2d::forward(const Variable& x) const {
+BatchNormOptions BatchNorm2d::options() const {
   BatchNormOptions o;
   o.training = is_training();
   o.momentum = RunningStatsMomentumGuard::momentum_or(momentum_);
   o.eps = eps_;
+  return o;
+}
+
+bool BatchNorm2d::passes_running_statistics(const BatchNormOptions& o) {
   // Evaluation reads the running statistics; training updates them only when the guard allows.
-  const bool pass_running = !o.training || RunningStatsGuard::updates_enabled();
+  return !o.training || RunningStatsGuard::updates_enabled();
+}
+
+Variable BatchNorm2d::forward(const Variable& x) const {
+  const BatchNormOptions o = options();
+  const bool pass_running = passes_running_statistics(o);
   return batch_norm(x, gamma_, beta_, pass_running ? running_mean_ : Tensor(), pass_running ? running_var_ : Tensor(), o);
+}
+
+Variable BatchNorm2d::forward_relu(const Variable& x) const {
+  const BatchNormOptions o = options();
+  const bool pass_running = passes_running_statistics(o);
+  return batch_norm_relu(x, gamma_, beta_, pass_running ? running_mean_ : Tensor(),
+                         pass_running ? running_var_ : Tensor(), o);
 }
 
 Linear::Linear(std::int64_t in_features, std::int64_t out_features, Init& init, bool bias) {

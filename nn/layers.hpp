@@ -50,11 +50,19 @@ class BatchNorm2d : public Module {
  public:
   BatchNorm2d(std::int64_t channels, const Init& init, double momentum = 0.1, double eps = 1e-5);
   Variable forward(const Variable& x) const;
+  // relu(forward(x)) as one fused op (batch_norm_relu, petra/functions.hpp): the same numbers, the
+  // same running-statistics rule, one pass over memory and one tensor fewer.
+  Variable forward_relu(const Variable& x) const;
 
   const Tensor& running_mean() const { return running_mean_; }
   const Tensor& running_var() const { return running_var_; }
 
  private:
+  // The options of a call now (training mode, the momentum a RunningStatsMomentumGuard may set).
+  BatchNormOptions options() const;
+  // Whether a training call now moves the running statistics (always read in evaluation).
+  static bool passes_running_statistics(const BatchNormOptions& o);
+
   double momentum_, eps_;
   Variable gamma_, beta_;
   Tensor running_mean_, running_var_;

@@ -33,6 +33,10 @@ Variable conv2d(const Variable& x, const Variable& w, const Variable& bias, cons
 // running_mean / running_var are buffers (plain tensors, updated in place in training mode).
 Variable batch_norm(const Variable& x, const Variable& gamma, const Variable& beta, const Tensor& running_mean,
                     const Tensor& running_var, const BatchNormOptions& o);
+// relu(batch_norm(...)) as one op (ops::batchnorm_relu_forward): one pass and one tensor fewer
+// forward and backward. Same arguments, same running-statistics rule as batch_norm.
+Variable batch_norm_relu(const Variable& x, const Variable& gamma, const Variable& beta, const Tensor& running_mean,
+                         const Tensor& running_var, const BatchNormOptions& o);
 Variable max_pool2d(const Variable& x, const Pool2dOptions& o);
 Variable avg_pool2d(const Variable& x, const Pool2dOptions& o);
 Variable global_avg_pool(const Variable& x);

@@ -330,16 +330,18 @@ void conv2d_backward_bias(const Tensor& dy, const Tensor& db) {
 }
 
 // ---------------------------------------------------------------- batch norm
+// batch_norm and batch_norm_relu (the fused batch norm + ReLU) share their checks, their
+// allocations and their running-statistics rule; they differ only in the kernels they dispatch to.
 namespace {
 kernels::BatchNormShape bn_shape(const Tensor& x, const char* op) {
   PETRA_CHECK(x.ndim() == 4, ShapeError, op, ": x ", x.str(), " must be 4-d (NCHW)");
   return {x.size(0), x.size(1), x.size(2), x.size(3)};
 }
-}  // namespace
 
-Tensor batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                         const Tensor& running_var, const BatchNormOptions& o, BatchNormSaved* saved) {
-  const char* op = "batch_norm";
+// The forward's checks; in training mode also allocates saved's statistics.
+kernels::BatchNormShape check_batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                                const Tensor& running_mean, const Tensor& running_var,
+                                                const BatchNormOptions& o, BatchNormSaved* saved, const char* op) {
   check_float(x, op, "x");
   const auto k = bn_shape(x, op);
   const Shape per_channel{k.channels};
@@ -354,19 +356,49 @@ Tensor batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& bet
     check_shape(running_mean, per_channel, op, "running_mean");
     check_shape(running_var, per_channel, op, "running_var");
   }
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  const auto& s = stream_for(x.device());
   if (o.training) {
     PETRA_CHECK(k.values_per_channel() > 1, ShapeError, op, ": training needs more than one value per channel, got ", x.str());
     PETRA_CHECK(saved != nullptr, ValueError, op, ": training mode needs somewhere to save the statistics");
     saved->mean = Tensor::empty(per_channel, x.dtype(), x.device());
     saved->invstd = Tensor::empty(per_channel, x.dtype(), x.device());
+  } else {
+    PETRA_CHECK(running_mean.defined(), ValueError, op, ": evaluation mode needs the running statistics");
+  }
+  return k;
+}
+
+// The backward's checks (y: the fused op's output, checked when given).
+kernels::BatchNormShape check_batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy,
+                                                 const Tensor& gamma, const BatchNormSaved& saved,
+                                                 const Tensor& dgamma, const Tensor& dbeta, const char* op) {
+  check_float(x, op, "x");
+  check_like(x, dy, op, "dy");
+  require_same_shape(x, dy, op);
+  if (y.defined()) {
+    check_like(x, y, op, "y");
+    require_same_shape(x, y, op);
+  }
+  const auto k = bn_shape(x, op);
+  const Shape per_channel{k.channels};
+  for (const Tensor* t : {&gamma, &saved.mean, &saved.invstd, &dgamma, &dbeta}) {
+    check_like(x, *t, op, "per-channel tensor");
+    check_shape(*t, per_channel, op, "per-channel tensor");
+  }
+  return k;
+}
+}  // namespace
+
+Tensor batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                         const Tensor& running_var, const BatchNormOptions& o, BatchNormSaved* saved) {
+  const auto k = check_batchnorm_forward(x, gamma, beta, running_mean, running_var, o, saved, "batch_norm");
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const auto& s = stream_for(x.device());
+  if (o.training) {
     PETRA_CALL_CONV_IMPL(BATCHNORM, x, batchnorm_forward_train, s, k, o.eps, o.momentum, x.data_ptr<T>(), gamma.data_ptr<T>(), beta.data_ptr<T>(),
                y.data_ptr<T>(), saved->mean.data_ptr<T>(), saved->invstd.data_ptr<T>(),
                running_mean.defined() ? running_mean.data_ptr<T>() : nullptr,
                running_var.defined() ? running_var.data_ptr<T>() : nullptr);
   } else {
-    PETRA_CHECK(running_mean.defined(), ValueError, op, ": evaluation mode needs the running statistics");
     PETRA_CALL_CONV_IMPL(BATCHNORM, x, batchnorm_forward_eval, s, k, o.eps, x.data_ptr<T>(), gamma.data_ptr<T>(), beta.data_ptr<T>(),
                running_mean.data_ptr<T>(), running_var.data_ptr<T>(), y.data_ptr<T>());
   }
@@ -375,20 +407,41 @@ Tensor batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& bet
 
 Tensor batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const BatchNormSaved& saved,
                           const Tensor& dgamma, const Tensor& dbeta) {
-  const char* op = "batch_norm_backward";
-  check_float(x, op, "x");
-  check_like(x, dy, op, "dy");
-  require_same_shape(x, dy, op);
-  const auto k = bn_shape(x, op);
-  const Shape per_channel{k.channels};
-  for (const Tensor* t : {&gamma, &saved.mean, &saved.invstd, &dgamma, &dbeta}) {
-    check_like(x, *t, op, "per-channel tensor");
-    check_shape(*t, per_channel, op, "per-channel tensor");
-  }
+  const auto k = check_batchnorm_backward(x, Tensor(), dy, gamma, saved, dgamma, dbeta, "batch_norm_backward");
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
   PETRA_CALL_CONV_IMPL(BATCHNORM, x, batchnorm_backward, s, k, x.data_ptr<T>(), dy.data_ptr<T>(), gamma.data_ptr<T>(), saved.mean.data_ptr<T>(),
              saved.invstd.data_ptr<T>(), dx.data_ptr<T>(), dgamma.data_ptr<T>(), dbeta.data_ptr<T>());
+  return dx;
+}
+
+Tensor batchnorm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                              const Tensor& running_var, const BatchNormOptions& o, BatchNormSaved* saved) {
+  const auto k = check_batchnorm_forward(x, gamma, beta, running_mean, running_var, o, saved, "batch_norm_relu");
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const auto& s = stream_for(x.device());
+  if (o.training) {
+    PETRA_CALL_CONV_IMPL(BATCHNORM, x, batchnorm_relu_forward_train, s, k, o.eps, o.momentum, x.data_ptr<T>(), gamma.data_ptr<T>(),
+                         beta.data_ptr<T>(), y.data_ptr<T>(), saved->mean.data_ptr<T>(), saved->invstd.data_ptr<T>(),
+                         running_mean.defined() ? running_mean.data_ptr<T>() : nullptr,
+                         running_var.defined() ? running_var.data_ptr<T>() : nullptr);
+  } else {
+    PETRA_CALL_CONV_IMPL(BATCHNORM, x, batchnorm_relu_forward_eval, s, k, o.eps, x.data_ptr<T>(), gamma.data_ptr<T>(),
+                         beta.data_ptr<T>(), running_mean.data_ptr<T>(), running_var.data_ptr<T>(), y.data_ptr<T>());
+  }
+  return y;
+}
+
+Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& gamma,
+                               const BatchNormSaved& saved, const Tensor& dgamma, const Tensor& dbeta) {
+  const char* op = "batch_norm_relu_backward";
+  PETRA_CHECK(y.defined(), ValueError, op, ": needs y, the fused forward's output (the ReLU mask)");
+  const auto k = check_batchnorm_backward(x, y, dy, gamma, saved, dgamma, dbeta, op);
+  Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const auto& s = stream_for(x.device());
+  PETRA_CALL_CONV_IMPL(BATCHNORM, x, batchnorm_relu_backward, s, k, x.data_ptr<T>(), y.data_ptr<T>(), dy.data_ptr<T>(),
+                       gamma.data_ptr<T>(), saved.mean.data_ptr<T>(), saved.invstd.data_ptr<T>(), dx.data_ptr<T>(),
+                       dgamma.data_ptr<T>(), dbeta.data_ptr<T>());
   return dx;
 }
 

@@ -89,6 +89,14 @@ Tensor batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& bet
                          const Tensor& running_var, const BatchNormOptions& o, BatchNormSaved* saved);
 Tensor batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const BatchNormSaved& saved,
                           const Tensor& dgamma, const Tensor& dbeta);  // returns dx; dgamma +=, dbeta +=
+// batch norm then ReLU, fused (kernels/batchnorm.hpp): relu(batchnorm_forward(...)) in one op, with
+// the same arguments and running-statistics rule. The backward takes y, the fused forward's output,
+// for the ReLU mask (y > 0).
+Tensor batchnorm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                              const Tensor& running_var, const BatchNormOptions& o, BatchNormSaved* saved);
+Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& gamma,
+                               const BatchNormSaved& saved, const Tensor& dgamma,
+                               const Tensor& dbeta);  // returns dx; dgamma +=, dbeta +=
 
 // pooling
 Tensor max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, Tensor* argmax);

@@ -13,6 +13,10 @@
 // height*width floats long and lie channels*height*width apart; jumping between pages that way
 // defeats the hardware prefetcher (a few GB/s instead of 25-35 GB/s per core here).
 // Pass 1 reads the inputs, pass 2 reads them again (often from L3) and writes the output.
+// The fused batch norm + ReLU (kernels/batchnorm.hpp) is the same code with a compile-time flag:
+// its forward applies the ReLU in pass 2 as it writes y; its backward reads y beside dy and masks
+// dy (y > 0) where passes 1 and 2 load it. No pass is added, and the unfused ReLU's passes (one
+// over the output forward, one over dy and y backward, each with a tensor of its own) are gone.
 // Training forward and backward take 3 * channels*height*width floats (+ padding) of scratch
 // from s.workspace, which must be set.
 #include "petra/kernels/batchnorm.hpp"
@@ -101,15 +105,23 @@ void add_moments(const float* x, std::int64_t pitch, const float* shift, float* 
   }
 }
 
-// sum[i] += dy and centered[i] += dy * (x - mean[i]) over G samples.
-template <int G>
-void add_gradient_sums(const float* x, const float* dy, std::int64_t pitch, const float* mean,
-                       float* sum, float* centered, std::int64_t length) {
+// The gradient that reaches batch norm: dy, or with the fused ReLU dy masked by y > 0.
+template <bool Relu>
+inline float incoming_gradient(const float* y, const float* dy, std::int64_t k) {
+  if constexpr (Relu) return relu_masked(y[k], dy[k]);
+  else return dy[k];
+}
+
+// sum[i] += dy and centered[i] += dy * (x - mean[i]) over G samples (dy masked with y when Relu;
+// y is unused otherwise).
+template <int G, bool Relu>
+void add_gradient_sums(const float* x, const float* y, const float* dy, std::int64_t pitch,
+                       const float* mean, float* sum, float* centered, std::int64_t length) {
 #pragma omp simd
   for (std::int64_t i = 0; i < length; ++i) {
     float s = 0, c = 0;
     for (int g = 0; g < G; ++g) {
-      const float d = dy[g * pitch + i];
+      const float d = incoming_gradient<Relu>(y, dy, g * pitch + i);
       s += d;
       c += d * (x[g * pitch + i] - mean[i]);
     }
@@ -130,8 +142,9 @@ AffineMap affine_map(double mean, double scale, double beta) {
   return {mean_f, float(scale), float(beta - (mean - double(mean_f)) * scale)};
 }
 
-// Pass 2 of the forwards for channels [c0, c1). The samples go last to first: after pass 1 the
-// last samples are the ones still in cache.
+// Pass 2 of the forwards for channels [c0, c1), with the fused ReLU when Relu. The samples go last
+// to first: after pass 1 the last samples are the ones still in cache.
+template <bool Relu>
 void apply_affine(const BatchNormShape& shape, std::int64_t c0, std::int64_t c1, const float* x,
                   const AffineMap* maps, float* y) {
   for (std::int64_t n = shape.batch - 1; n >= 0; --n)
@@ -140,16 +153,18 @@ void apply_affine(const BatchNormShape& shape, std::int64_t c0, std::int64_t c1,
       const float* in = x + run_start(shape, n, c);
       float* out = y + run_start(shape, n, c);
 #pragma omp simd
-      for (std::int64_t i = 0; i < shape.plane(); ++i) out[i] = (in[i] - m.mean) * m.scale + m.bias;
+      for (std::int64_t i = 0; i < shape.plane(); ++i) {
+        const float v = (in[i] - m.mean) * m.scale + m.bias;
+        out[i] = Relu ? relu_of(v) : v;
+      }
     }
 }
 
-}  // namespace
-
-void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
-                             double momentum, const float* x, const float* gamma,
-                             const float* beta, float* y, float* saved_mean, float* saved_invstd,
-                             float* running_mean, float* running_var) {
+template <bool Relu>
+void forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                   double momentum, const float* x, const float* gamma, const float* beta,
+                   float* y, float* saved_mean, float* saved_invstd, float* running_mean,
+                   float* running_var) {
   use_threads(s);
   const int blocks = channel_blocks(s, shape);
   // Named pointers, not a structured binding: clang before 16 cannot capture one in a lambda.
@@ -188,13 +203,14 @@ void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape,
       if (running_var) running_var[c] = float((1 - momentum) * running_var[c] + momentum * unbiased_var);
     }
 
-    apply_affine(shape, c0, c1, x, maps.data(), y);
+    apply_affine<Relu>(shape, c0, c1, x, maps.data(), y);
   });
 }
 
-void batchnorm_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
-                            const float* x, const float* gamma, const float* beta,
-                            const float* running_mean, const float* running_var, float* y) {
+template <bool Relu>
+void forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps, const float* x,
+                  const float* gamma, const float* beta, const float* running_mean,
+                  const float* running_var, float* y) {
   use_threads(s);
   const int blocks = channel_blocks(s, shape);
   std::vector<AffineMap> maps(shape.channels);
@@ -202,13 +218,15 @@ void batchnorm_forward_eval(const StreamHandle& s, const BatchNormShape& shape, 
     maps[c] = affine_map(running_mean[c],
                          double(gamma[c]) / std::sqrt(double(running_var[c]) + eps), beta[c]);
   parallel_for(blocks, blocks, [&](std::int64_t p) {
-    apply_affine(shape, share(shape.channels, p, blocks), share(shape.channels, p + 1, blocks), x, maps.data(), y);
+    apply_affine<Relu>(shape, share(shape.channels, p, blocks), share(shape.channels, p + 1, blocks), x, maps.data(), y);
   });
 }
 
-void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
-                        const float* dy, const float* gamma, const float* saved_mean,
-                        const float* saved_invstd, float* dx, float* dgamma, float* dbeta) {
+// y is the fused forward's output when Relu (the mask), unused otherwise.
+template <bool Relu>
+void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x, const float* y,
+              const float* dy, const float* gamma, const float* saved_mean,
+              const float* saved_invstd, float* dx, float* dgamma, float* dbeta) {
   use_threads(s);
   const int blocks = channel_blocks(s, shape);
   const SampleArrays arrays = sample_arrays(s, shape);  // named pointers: see batchnorm_forward_train
@@ -226,14 +244,15 @@ void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, cons
     const std::int64_t c0 = share(shape.channels, p, blocks), c1 = share(shape.channels, p + 1, blocks);
     const std::int64_t first = c0 * plane, length = (c1 - c0) * plane;
 
-    // Pass 1: sum(dy) and sum(dy * (x - mean)).
+    // Pass 1: sum(dy) and sum(dy * (x - mean)), dy masked when Relu.
     fill_per_channel(shape, c0, c1, mean, [&](std::int64_t c) { return saved_mean[c]; });
     std::fill(dy_sum + first, dy_sum + first + length, 0.f);
     std::fill(dy_centered_sum + first, dy_centered_sum + first + length, 0.f);
     for_sample_groups(shape, [&](std::int64_t n, auto group) {
-      add_gradient_sums<decltype(group)::value>(x + n * pitch + first, dy + n * pitch + first,
-                                                pitch, mean + first, dy_sum + first,
-                                                dy_centered_sum + first, length);
+      const std::int64_t at = n * pitch + first;
+      add_gradient_sums<decltype(group)::value, Relu>(x + at, Relu ? y + at : nullptr, dy + at,
+                                                      pitch, mean + first, dy_sum + first,
+                                                      dy_centered_sum + first, length);
     });
 
     // dx = gamma*invstd*(dy - sum_dy/n - xhat*sum_dy_xhat/n) with xhat = (x - mean)*invstd,
@@ -254,12 +273,57 @@ void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, cons
       for (std::int64_t c = c0; c < c1; ++c) {
         const GradientMap m = maps[c];
         const float* xs = x + run_start(shape, n, c);
+        const float* ys = Relu ? y + run_start(shape, n, c) : nullptr;
         const float* dys = dy + run_start(shape, n, c);
         float* dxs = dx + run_start(shape, n, c);
 #pragma omp simd
-        for (std::int64_t i = 0; i < plane; ++i) dxs[i] = m.a * dys[i] + m.b * (xs[i] - m.mean) + m.k;
+        for (std::int64_t i = 0; i < plane; ++i)
+          dxs[i] = m.a * incoming_gradient<Relu>(ys, dys, i) + m.b * (xs[i] - m.mean) + m.k;
       }
   });
+}
+
+}  // namespace
+
+void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                             double momentum, const float* x, const float* gamma,
+                             const float* beta, float* y, float* saved_mean, float* saved_invstd,
+                             float* running_mean, float* running_var) {
+  forward_train<false>(s, shape, eps, momentum, x, gamma, beta, y, saved_mean, saved_invstd,
+                       running_mean, running_var);
+}
+
+void batchnorm_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                            const float* x, const float* gamma, const float* beta,
+                            const float* running_mean, const float* running_var, float* y) {
+  forward_eval<false>(s, shape, eps, x, gamma, beta, running_mean, running_var, y);
+}
+
+void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
+                        const float* dy, const float* gamma, const float* saved_mean,
+                        const float* saved_invstd, float* dx, float* dgamma, float* dbeta) {
+  backward<false>(s, shape, x, nullptr, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
+}
+
+void batchnorm_relu_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                  double momentum, const float* x, const float* gamma,
+                                  const float* beta, float* y, float* saved_mean,
+                                  float* saved_invstd, float* running_mean, float* running_var) {
+  forward_train<true>(s, shape, eps, momentum, x, gamma, beta, y, saved_mean, saved_invstd,
+                      running_mean, running_var);
+}
+
+void batchnorm_relu_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                 const float* x, const float* gamma, const float* beta,
+                                 const float* running_mean, const float* running_var, float* y) {
+  forward_eval<true>(s, shape, eps, x, gamma, beta, running_mean, running_var, y);
+}
+
+void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
+                             const float* y, const float* dy, const float* gamma,
+                             const float* saved_mean, const float* saved_invstd, float* dx,
+                             float* dgamma, float* dbeta) {
+  backward<true>(s, shape, x, y, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
 }
 
 }  // namespace petra::kernels::cpu

@@ -23,6 +23,14 @@
 // a row of the plane); the sums read x (and dy) once and the element-wise pass once more, as
 // cpu::'s two passes do. The partial pairs and the per-channel maps (y's, dx's) live in
 // s.scratch() (the stream's workspace). The evaluation forward is one element-wise pass.
+//
+// Batch norm fused with the ReLU that follows it (kernels/batchnorm.hpp, batchnorm_relu_*): the
+// same kernels with a compile-time `relu` flag. The forward's element-wise pass writes
+// relu_of(BN(x)) (the unfused pair writes BN(x), then reads it back and writes relu of it: 8 bytes
+// per value saved, and one tensor); the backward's sums pass and its dx pass read y beside dy and
+// use relu_masked(y, dy) where they read dy (the unfused pair reads y and dy and writes the masked
+// dy, which both passes then read: 8 bytes per value saved net, and one tensor). The mask comes
+// from the stored y, never from recomputed statistics, so FMA contraction cannot flip a sign.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -60,12 +68,20 @@ enum class Sums {
   kGradients,   // (dy, dy * (x - mean))
 };
 
+// The gradient that reaches batch norm at value k: dy, or dy masked by y > 0 with the fused ReLU
+// (y is then the fused forward's output; unused otherwise).
+template <bool relu>
+__device__ inline float incoming_gradient(const float* y, const float* dy, std::int64_t k) {
+  if constexpr (relu) return relu_masked(y[k], dy[k]);
+  else return dy[k];
+}
+
 // Block (c, slice) = blockIdx.x / slices, blockIdx.x % slices: partials[2 * blockIdx.x + {0, 1}]
-// are the slice's two sums.
-template <Sums sums>
+// are the slice's two sums. `relu` masks dy with y (kGradients only).
+template <Sums sums, bool relu>
 __global__ void __launch_bounds__(kBlockThreads)
     channel_partials(std::int64_t channels, std::int64_t plane, std::int64_t count,
-                     std::int64_t slices, const float* x, const float* dy,
+                     std::int64_t slices, const float* x, const float* y, const float* dy,
                      const float* saved_mean, double* partials) {
   __shared__ double first[kBlockThreads];
   __shared__ double second[kBlockThreads];
@@ -80,7 +96,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       s1 += d;
       s2 += d * d;
     } else {
-      const double g = dy[k];
+      const double g = incoming_gradient<relu>(y, dy, k);
       s1 += g;
       s2 += g * d;
     }
@@ -137,23 +153,28 @@ __global__ void statistics(std::int64_t channels, std::int64_t plane, std::int64
   }
 }
 
-// y = gamma * (x - mean) * invstd + beta = (x - mean_f) * scale + bias, per value.
+// y = gamma * (x - mean) * invstd + beta = (x - mean_f) * scale + bias, per value; then the ReLU
+// when fused.
+template <bool relu>
 __global__ void normalise(std::int64_t size, std::int64_t channels, std::int64_t plane,
                           const float* x, const float* maps, float* y) {
   for (std::int64_t k = thread_index(); k < size; k += grid_threads()) {
     const std::int64_t c = (k / plane) % channels;
-    y[k] = (x[k] - maps[3 * c]) * maps[3 * c + 1] + maps[3 * c + 2];
+    const float v = (x[k] - maps[3 * c]) * maps[3 * c + 1] + maps[3 * c + 2];
+    y[k] = relu ? relu_of(v) : v;
   }
 }
 
 // Evaluation: the same with the running statistics, invstd = 1 / sqrt(running_var + eps).
+template <bool relu>
 __global__ void normalise_eval(std::int64_t size, std::int64_t channels, std::int64_t plane,
                                float eps, const float* x, const float* gamma, const float* beta,
                                const float* running_mean, const float* running_var, float* y) {
   for (std::int64_t k = thread_index(); k < size; k += grid_threads()) {
     const std::int64_t c = (k / plane) % channels;
     const float invstd = 1.0f / sqrtf(running_var[c] + eps);
-    y[k] = (x[k] - running_mean[c]) * (gamma[c] * invstd) + beta[c];
+    const float v = (x[k] - running_mean[c]) * (gamma[c] * invstd) + beta[c];
+    y[k] = relu ? relu_of(v) : v;
   }
 }
 
@@ -178,32 +199,51 @@ __global__ void gradient_coefficients(std::int64_t channels, std::int64_t count,
   }
 }
 
+template <bool relu>
 __global__ void input_gradient(std::int64_t size, std::int64_t channels, std::int64_t plane,
-                               const float* x, const float* dy, const float* saved_mean,
-                               const float* coefficients, float* dx) {
+                               const float* x, const float* y, const float* dy,
+                               const float* saved_mean, const float* coefficients, float* dx) {
   for (std::int64_t k = thread_index(); k < size; k += grid_threads()) {
     const std::int64_t c = (k / plane) % channels;
-    dx[k] = coefficients[3 * c] * dy[k] + coefficients[3 * c + 1] * (x[k] - saved_mean[c]) +
-            coefficients[3 * c + 2];
+    dx[k] = coefficients[3 * c] * incoming_gradient<relu>(y, dy, k) +
+            coefficients[3 * c + 1] * (x[k] - saved_mean[c]) + coefficients[3 * c + 2];
   }
 }
 
 // The first pass: one block per (channel, slice).
-template <Sums sums>
+template <Sums sums, bool relu>
 void launch_partials(const char* name, const StreamHandle& s, const BatchNormShape& shape,
-                     std::int64_t slices, const float* x, const float* dy,
+                     std::int64_t slices, const float* x, const float* y, const float* dy,
                      const float* saved_mean, double* partials) {
   cuda_detail::launch_blocks(name, s, unsigned(shape.channels * slices), kBlockThreads,
-                             channel_partials<sums>, shape.channels, shape.plane(),
-                             shape.values_per_channel(), slices, x, dy, saved_mean, partials);
+                             channel_partials<sums, relu>, shape.channels, shape.plane(),
+                             shape.values_per_channel(), slices, x, y, dy, saved_mean, partials);
 }
 
-}  // namespace
+// The launch names (what the emulation's last_launch() and a profiler show) of the two variants.
+struct LaunchNames {
+  const char* statistics;
+  const char* forward_train;
+  const char* forward_eval;
+  const char* gradient_sums;
+  const char* backward;
+};
+constexpr LaunchNames kPlainNames{"batchnorm_statistics", "batchnorm_forward_train",
+                                  "batchnorm_forward_eval", "batchnorm_gradient_sums",
+                                  "batchnorm_backward"};
+constexpr LaunchNames kReluNames{"batchnorm_relu_statistics", "batchnorm_relu_forward_train",
+                                 "batchnorm_relu_forward_eval", "batchnorm_relu_gradient_sums",
+                                 "batchnorm_relu_backward"};
+template <bool relu>
+constexpr const LaunchNames& names() {
+  return relu ? kReluNames : kPlainNames;
+}
 
-void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
-                             double momentum, const float* x, const float* gamma,
-                             const float* beta, float* y, float* saved_mean, float* saved_invstd,
-                             float* running_mean, float* running_var) {
+template <bool relu>
+void forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                   double momentum, const float* x, const float* gamma, const float* beta,
+                   float* y, float* saved_mean, float* saved_invstd, float* running_mean,
+                   float* running_var) {
   if (shape.size() <= 0) return;
   const std::int64_t slices = slices_of(shape);
   // Scratch: the partial pairs, then three floats per channel (the maps).
@@ -212,27 +252,30 @@ void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape,
       s.scratch(partial_bytes + 3 * std::size_t(shape.channels) * sizeof(float)));
   auto* partials = reinterpret_cast<double*>(scratch);
   auto* maps = reinterpret_cast<float*>(scratch + partial_bytes);
-  launch_partials<Sums::kStatistics>("batchnorm_statistics", s, shape, slices, x, nullptr,
-                                     nullptr, partials);
-  launch_grid_stride("batchnorm_statistics", s, shape.channels, statistics, shape.channels,
+  launch_partials<Sums::kStatistics, false>(names<relu>().statistics, s, shape, slices, x,
+                                            nullptr, nullptr, nullptr, partials);
+  launch_grid_stride(names<relu>().statistics, s, shape.channels, statistics, shape.channels,
                      shape.plane(), shape.values_per_channel(), slices, eps, momentum, x,
                      gamma, beta, partials, saved_mean, saved_invstd, running_mean, running_var,
                      maps);
-  launch_grid_stride("batchnorm_forward_train", s, shape.size(), normalise, shape.size(),
+  launch_grid_stride(names<relu>().forward_train, s, shape.size(), normalise<relu>, shape.size(),
                      shape.channels, shape.plane(), x, maps, y);
 }
 
-void batchnorm_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
-                            const float* x, const float* gamma, const float* beta,
-                            const float* running_mean, const float* running_var, float* y) {
-  launch_grid_stride("batchnorm_forward_eval", s, shape.size(), normalise_eval, shape.size(),
-                     shape.channels, shape.plane(), float(eps), x, gamma, beta, running_mean,
-                     running_var, y);
+template <bool relu>
+void forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps, const float* x,
+                  const float* gamma, const float* beta, const float* running_mean,
+                  const float* running_var, float* y) {
+  launch_grid_stride(names<relu>().forward_eval, s, shape.size(), normalise_eval<relu>,
+                     shape.size(), shape.channels, shape.plane(), float(eps), x, gamma, beta,
+                     running_mean, running_var, y);
 }
 
-void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
-                        const float* dy, const float* gamma, const float* saved_mean,
-                        const float* saved_invstd, float* dx, float* dgamma, float* dbeta) {
+// y: the fused forward's output when relu (the mask), else unused.
+template <bool relu>
+void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x, const float* y,
+              const float* dy, const float* gamma, const float* saved_mean,
+              const float* saved_invstd, float* dx, float* dgamma, float* dbeta) {
   if (shape.size() <= 0) return;
   const std::int64_t slices = slices_of(shape);
   // Scratch: the partial pairs, then three floats per channel.
@@ -241,13 +284,56 @@ void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, cons
       s.scratch(partial_bytes + 3 * std::size_t(shape.channels) * sizeof(float)));
   auto* partials = reinterpret_cast<double*>(scratch);
   auto* coefficients = reinterpret_cast<float*>(scratch + partial_bytes);
-  launch_partials<Sums::kGradients>("batchnorm_gradient_sums", s, shape, slices, x, dy,
-                                    saved_mean, partials);
-  launch_grid_stride("batchnorm_gradient_sums", s, shape.channels, gradient_coefficients,
+  launch_partials<Sums::kGradients, relu>(names<relu>().gradient_sums, s, shape, slices, x, y, dy,
+                                          saved_mean, partials);
+  launch_grid_stride(names<relu>().gradient_sums, s, shape.channels, gradient_coefficients,
                      shape.channels, shape.values_per_channel(), slices, partials, gamma,
                      saved_invstd, coefficients, dgamma, dbeta);
-  launch_grid_stride("batchnorm_backward", s, shape.size(), input_gradient, shape.size(),
-                     shape.channels, shape.plane(), x, dy, saved_mean, coefficients, dx);
+  launch_grid_stride(names<relu>().backward, s, shape.size(), input_gradient<relu>, shape.size(),
+                     shape.channels, shape.plane(), x, y, dy, saved_mean, coefficients, dx);
+}
+
+}  // namespace
+
+void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                             double momentum, const float* x, const float* gamma,
+                             const float* beta, float* y, float* saved_mean, float* saved_invstd,
+                             float* running_mean, float* running_var) {
+  forward_train<false>(s, shape, eps, momentum, x, gamma, beta, y, saved_mean, saved_invstd,
+                       running_mean, running_var);
+}
+
+void batchnorm_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                            const float* x, const float* gamma, const float* beta,
+                            const float* running_mean, const float* running_var, float* y) {
+  forward_eval<false>(s, shape, eps, x, gamma, beta, running_mean, running_var, y);
+}
+
+void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
+                        const float* dy, const float* gamma, const float* saved_mean,
+                        const float* saved_invstd, float* dx, float* dgamma, float* dbeta) {
+  backward<false>(s, shape, x, nullptr, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
+}
+
+void batchnorm_relu_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                  double momentum, const float* x, const float* gamma,
+                                  const float* beta, float* y, float* saved_mean,
+                                  float* saved_invstd, float* running_mean, float* running_var) {
+  forward_train<true>(s, shape, eps, momentum, x, gamma, beta, y, saved_mean, saved_invstd,
+                      running_mean, running_var);
+}
+
+void batchnorm_relu_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                 const float* x, const float* gamma, const float* beta,
+                                 const float* running_mean, const float* running_var, float* y) {
+  forward_eval<true>(s, shape, eps, x, gamma, beta, running_mean, running_var, y);
+}
+
+void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
+                             const float* y, const float* dy, const float* gamma,
+                             const float* saved_mean, const float* saved_invstd, float* dx,
+                             float* dgamma, float* dbeta) {
+  backward<true>(s, shape, x, y, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
 }
 
 }  // namespace petra::kernels::cuda

@@ -15,9 +15,15 @@
 // backward takes the saved mean and invstd, so cuDNN's epsilon argument there (1e-5) is unused.
 // Sums in float inside cuDNN where petra's kernels sum in double: results agree to float rounding of
 // an n-term sum, not bit for bit. CUDNN_BATCHNORM_SPATIAL, not _PERSISTENT (which may use atomics).
+//
+// Batch norm + ReLU (batchnorm_relu_*) is cuDNN's batch norm followed by petra's relu kernels on
+// the same stream, not one fused pass: cuDNN's fused BN + activation
+// (cudnnBatchNormalizationForwardTrainingEx, CUDNN_BATCHNORM_OPS_BN_ACTIVATION) applies to NHWC
+// half-precision tensors with the _PERSISTENT mode, none of which petra uses.
 #include <cudnn.h>
 
 #include "petra/error.hpp"
+#include "petra/kernels/elementwise.hpp"
 #include "petra/kernels/cuda/cudnn_common.hpp"
 #include "petra/kernels/cuda_libraries.hpp"
 
@@ -83,6 +89,34 @@ void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, cons
                                                     d.data.get(), x, d.data.get(), dy, d.data.get(), dx,
                                                     d.per_channel.get(), gamma, dgamma, dbeta, kBackwardEpsilon,
                                                     saved_mean, saved_invstd));
+}
+
+void batchnorm_relu_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                  double momentum, const float* x, const float* gamma,
+                                  const float* beta, float* y, float* saved_mean,
+                                  float* saved_invstd, float* running_mean, float* running_var) {
+  batchnorm_forward_train(s, shape, eps, momentum, x, gamma, beta, y, saved_mean, saved_invstd,
+                          running_mean, running_var);
+  cuda::relu(s, shape.size(), y, y);
+}
+
+void batchnorm_relu_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                 const float* x, const float* gamma, const float* beta,
+                                 const float* running_mean, const float* running_var, float* y) {
+  batchnorm_forward_eval(s, shape, eps, x, gamma, beta, running_mean, running_var, y);
+  cuda::relu(s, shape.size(), y, y);
+}
+
+void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
+                             const float* y, const float* dy, const float* gamma,
+                             const float* saved_mean, const float* saved_invstd, float* dx,
+                             float* dgamma, float* dbeta) {
+  if (shape.size() == 0) return;
+  // The masked gradient in the stream's workspace: cuDNN's backward takes no workspace of its own,
+  // and the stream runs the two in order.
+  auto* dy_masked = static_cast<float*>(s.scratch(std::size_t(shape.size()) * sizeof(float)));
+  cuda::relu_backward(s, shape.size(), y, dy, dy_masked);
+  batchnorm_backward(s, shape, x, dy_masked, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
 }
 
 }  // namespace petra::kernels::cudnn

@@ -2,6 +2,7 @@
 #include "petra/kernels/batchnorm.hpp"
 
 #include <cmath>
+#include <vector>
 
 namespace petra::kernels::ref {
 
@@ -84,6 +85,37 @@ void batchnorm_backward(const StreamHandle&, const BatchNormShape& shape, const 
   }
 }
 
+
+// The fused op as its definition: batch norm, then the ReLU on its output; the backward masks dy
+// with y > 0 and runs batch norm's backward. Plain and slow on purpose: it is the oracle.
+template <class T>
+void batchnorm_relu_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                  double momentum, const T* x, const T* gamma, const T* beta,
+                                  T* y, T* saved_mean, T* saved_invstd, T* running_mean,
+                                  T* running_var) {
+  batchnorm_forward_train(s, shape, eps, momentum, x, gamma, beta, y, saved_mean, saved_invstd,
+                          running_mean, running_var);
+  for (std::int64_t k = 0; k < shape.size(); ++k) y[k] = relu_of(y[k]);
+}
+
+template <class T>
+void batchnorm_relu_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                 const T* x, const T* gamma, const T* beta, const T* running_mean,
+                                 const T* running_var, T* y) {
+  batchnorm_forward_eval(s, shape, eps, x, gamma, beta, running_mean, running_var, y);
+  for (std::int64_t k = 0; k < shape.size(); ++k) y[k] = relu_of(y[k]);
+}
+
+template <class T>
+void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape, const T* x,
+                             const T* y, const T* dy, const T* gamma, const T* saved_mean,
+                             const T* saved_invstd, T* dx, T* dgamma, T* dbeta) {
+  std::vector<T> dy_masked(static_cast<std::size_t>(shape.size()));
+  for (std::int64_t k = 0; k < shape.size(); ++k) dy_masked[std::size_t(k)] = relu_masked(y[k], dy[k]);
+  batchnorm_backward(s, shape, x, dy_masked.data(), gamma, saved_mean, saved_invstd, dx, dgamma,
+                     dbeta);
+}
+
 #define PETRA_INSTANTIATE(T)                                                                   \
   template void batchnorm_forward_train<T>(const StreamHandle&, const BatchNormShape&, double, \
                                            double, const T*, const T*, const T*, T*, T*, T*,   \
@@ -92,7 +124,16 @@ void batchnorm_backward(const StreamHandle&, const BatchNormShape& shape, const 
                                           const T*, const T*, const T*, const T*, const T*,    \
                                           T*);                                                 \
   template void batchnorm_backward<T>(const StreamHandle&, const BatchNormShape&, const T*,    \
-                                      const T*, const T*, const T*, const T*, T*, T*, T*);
+                                      const T*, const T*, const T*, const T*, T*, T*, T*);       \
+  template void batchnorm_relu_forward_train<T>(const StreamHandle&, const BatchNormShape&,    \
+                                                double, double, const T*, const T*, const T*,  \
+                                                T*, T*, T*, T*, T*);                           \
+  template void batchnorm_relu_forward_eval<T>(const StreamHandle&, const BatchNormShape&,     \
+                                               double, const T*, const T*, const T*, const T*, \
+                                               const T*, T*);                                  \
+  template void batchnorm_relu_backward<T>(const StreamHandle&, const BatchNormShape&,         \
+                                           const T*, const T*, const T*, const T*, const T*,   \
+                                           const T*, T*, T*, T*);
 PETRA_INSTANTIATE(float)
 PETRA_INSTANTIATE(double)
 #undef PETRA_INSTANTIATE

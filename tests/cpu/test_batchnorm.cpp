@@ -3,10 +3,13 @@
 // "=" / "+=" contract.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "petra/kernels/batchnorm.hpp"
+#include "petra/kernels/elementwise.hpp"
 #include "tests/support/gradcheck.hpp"
 #include "tests/support/testing.hpp"
 
@@ -225,4 +228,216 @@ TEST_CASE("batchnorm: ref backward matches finite differences (training mode)") 
         return y;
       },
       {x0, gamma0, beta0}, g, {dx, dgamma, dbeta}, {"dx", "dgamma", "dbeta"});
+}
+
+// ---------------------------------------------------------------- batch norm + ReLU, fused
+// The fused kernels against the unfused composition (batch norm, then kernels/elementwise.hpp's
+// relu / relu_backward) of the same backend, bit for bit, and cpu:: against ref::; relu'(0); ref::'s
+// backward against finite differences. Shapes: 1, 3
+// and 17 channels; planes 1x1, 7x7 and 5x3; batch 1 (with a plane: training needs n > 1), odd
+// batches, and sizes for the threaded path.
+namespace {
+
+const std::vector<pk::BatchNormShape> kReluShapes = {
+    {2, 1, 1, 1},  {5, 3, 1, 1}, {1, 17, 7, 7}, {3, 3, 7, 7},   {1, 1, 5, 3},
+    {4, 17, 5, 3}, {7, 3, 5, 3}, {2, 17, 1, 1}, {8, 32, 16, 16}, {5, 7, 32, 32}};
+
+// ref::'s element-wise relu, in place.
+template <class T>
+void relu_in_place_ref(std::vector<T>& y) {
+  pk::StreamHandle s;
+  pk::ref::relu<T>(s, std::int64_t(y.size()), y.data(), y.data());
+}
+
+std::string describe(const pk::BatchNormShape& sh) {
+  return "N=" + std::to_string(sh.batch) + " C=" + std::to_string(sh.channels) + " H=" +
+         std::to_string(sh.height) + " W=" + std::to_string(sh.width);
+}
+
+// The fraction of y's values the ReLU set to zero (the tests want both sides of the mask).
+double zero_fraction(const std::vector<float>& y) {
+  return double(std::count(y.begin(), y.end(), 0.f)) / double(y.size());
+}
+
+}  // namespace
+
+TEST_CASE("batchnorm_relu: training and eval forwards equal batch norm then relu, bit for bit") {
+  pk::HeapWorkspace workspace;
+  pk::StreamHandle s;
+  s.num_threads = 2;
+  s.workspace = &workspace;
+  std::uint64_t seed = 300;
+  for (const auto& shape : kReluShapes)
+    for (double offset : {0.0, 1000.0}) {
+      INFO(describe(shape), " offset=", offset);
+      const TrainCase<float> start(shape, seed++, offset - 1, offset + 1);
+
+      // cpu:: fused against cpu:: batch norm then cpu:: relu.
+      TrainCase<float> fused = start, unfused = start;
+      pk::cpu::batchnorm_relu_forward_train(s, shape, kEps, kMomentum, fused.x.data(), fused.gamma.data(),
+                                            fused.beta.data(), fused.y.data(), fused.mean.data(),
+                                            fused.invstd.data(), fused.running_mean.data(),
+                                            fused.running_var.data());
+      pk::cpu::batchnorm_forward_train(s, shape, kEps, kMomentum, unfused.x.data(), unfused.gamma.data(),
+                                       unfused.beta.data(), unfused.y.data(), unfused.mean.data(),
+                                       unfused.invstd.data(), unfused.running_mean.data(),
+                                       unfused.running_var.data());
+      pk::cpu::relu(s, shape.size(), unfused.y.data(), unfused.y.data());
+      CHECK(fused.y == unfused.y);
+      CHECK(fused.mean == unfused.mean);
+      CHECK(fused.invstd == unfused.invstd);
+      CHECK(fused.running_mean == unfused.running_mean);
+      CHECK(fused.running_var == unfused.running_var);
+      if (shape.size() >= 100) {  // both sides of the mask are exercised
+        const double zeros = zero_fraction(fused.y);
+        CHECK(zeros > 0.1);
+        CHECK(zeros < 0.9);
+      }
+
+      // ref:: fused against ref:: batch norm then relu, and cpu:: against ref::.
+      TrainCase<float> ref = start, ref_unfused = start;
+      pk::ref::batchnorm_relu_forward_train<float>(s, shape, kEps, kMomentum, ref.x.data(), ref.gamma.data(),
+                                                   ref.beta.data(), ref.y.data(), ref.mean.data(),
+                                                   ref.invstd.data(), ref.running_mean.data(),
+                                                   ref.running_var.data());
+      pk::ref::batchnorm_forward_train<float>(s, shape, kEps, kMomentum, ref_unfused.x.data(),
+                                              ref_unfused.gamma.data(), ref_unfused.beta.data(),
+                                              ref_unfused.y.data(), ref_unfused.mean.data(),
+                                              ref_unfused.invstd.data(), ref_unfused.running_mean.data(),
+                                              ref_unfused.running_var.data());
+      relu_in_place_ref(ref_unfused.y);
+      CHECK(ref.y == ref_unfused.y);
+      CHECK(ref.running_var == ref_unfused.running_var);
+      CHECK(relative_error(fused.y, ref.y) < 1e-5);
+      CHECK(relative_error(fused.mean, ref.mean) < 1e-6);
+      CHECK(relative_error(fused.invstd, ref.invstd) < 1e-5);
+      CHECK(relative_error(fused.running_mean, ref.running_mean) < 1e-6);
+      CHECK(relative_error(fused.running_var, ref.running_var) < 1e-5);
+
+      // Evaluation: the running statistics, then relu.
+      std::vector<float> y_eval(shape.size(), 777.f), y_eval_unfused(shape.size(), -777.f),
+          y_eval_ref(shape.size(), 555.f);
+      pk::cpu::batchnorm_relu_forward_eval(s, shape, kEps, start.x.data(), start.gamma.data(), start.beta.data(),
+                                           start.running_mean.data(), start.running_var.data(), y_eval.data());
+      pk::cpu::batchnorm_forward_eval(s, shape, kEps, start.x.data(), start.gamma.data(), start.beta.data(),
+                                      start.running_mean.data(), start.running_var.data(), y_eval_unfused.data());
+      pk::cpu::relu(s, shape.size(), y_eval_unfused.data(), y_eval_unfused.data());
+      pk::ref::batchnorm_relu_forward_eval<float>(s, shape, kEps, start.x.data(), start.gamma.data(),
+                                                  start.beta.data(), start.running_mean.data(),
+                                                  start.running_var.data(), y_eval_ref.data());
+      CHECK(y_eval == y_eval_unfused);
+      if (offset == 0) CHECK(relative_error(y_eval, y_eval_ref) < 1e-6);
+    }
+}
+
+TEST_CASE("batchnorm_relu: backward equals relu_backward then batch norm's backward, bit for bit") {
+  pk::HeapWorkspace workspace;
+  pk::StreamHandle s;
+  s.num_threads = 2;
+  s.workspace = &workspace;
+  std::uint64_t seed = 600;
+  for (const auto& shape : kReluShapes)
+    for (double offset : {0.0, 1000.0}) {
+      INFO(describe(shape), " offset=", offset);
+      TrainCase<float> c(shape, seed, offset - 1, offset + 1);
+      seed += 5;
+      // One y for every backend, from ref's fused forward: the masks agree by construction.
+      pk::ref::batchnorm_relu_forward_train<float>(s, shape, kEps, kMomentum, c.x.data(), c.gamma.data(),
+                                                   c.beta.data(), c.y.data(), c.mean.data(), c.invstd.data(),
+                                                   nullptr, nullptr);
+      const auto dy = random_values<float>(shape.size(), seed++);
+      const auto prior_dgamma = random_values<float>(shape.channels, seed++);
+      const auto prior_dbeta = random_values<float>(shape.channels, seed++);
+
+      std::vector<float> dx(shape.size(), 777.f), dgamma = prior_dgamma, dbeta = prior_dbeta;
+      pk::cpu::batchnorm_relu_backward(s, shape, c.x.data(), c.y.data(), dy.data(), c.gamma.data(),
+                                       c.mean.data(), c.invstd.data(), dx.data(), dgamma.data(), dbeta.data());
+
+      std::vector<float> dy_masked(shape.size(), 555.f), dx_unfused(shape.size(), -777.f);
+      std::vector<float> dgamma_unfused = prior_dgamma, dbeta_unfused = prior_dbeta;
+      pk::cpu::relu_backward(s, shape.size(), c.y.data(), dy.data(), dy_masked.data());
+      pk::cpu::batchnorm_backward(s, shape, c.x.data(), dy_masked.data(), c.gamma.data(), c.mean.data(),
+                                  c.invstd.data(), dx_unfused.data(), dgamma_unfused.data(), dbeta_unfused.data());
+      CHECK(dx == dx_unfused);
+      CHECK(dgamma == dgamma_unfused);
+      CHECK(dbeta == dbeta_unfused);
+
+      std::vector<float> dx_ref(shape.size(), 333.f), dgamma_ref(shape.channels, 0.f), dbeta_ref(shape.channels, 0.f);
+      pk::ref::batchnorm_relu_backward<float>(s, shape, c.x.data(), c.y.data(), dy.data(), c.gamma.data(),
+                                              c.mean.data(), c.invstd.data(), dx_ref.data(), dgamma_ref.data(),
+                                              dbeta_ref.data());
+      if (shape.values_per_channel() > 2) CHECK(relative_error(dx, dx_ref) < 1e-5);
+      for (std::int64_t ch = 0; ch < shape.channels; ++ch) {
+        CHECK(dgamma[ch] - prior_dgamma[ch] == doctest::Approx(dgamma_ref[ch]).epsilon(1e-4).scale(1));
+        CHECK(dbeta[ch] - prior_dbeta[ch] == doctest::Approx(dbeta_ref[ch]).epsilon(1e-4).scale(1));
+      }
+    }
+}
+
+TEST_CASE("batchnorm_relu: relu'(0) = 0, as PyTorch: outputs at exactly 0 pass no gradient") {
+  // gamma = 0, beta = 0: every output is exactly 0, so no gradient may pass the ReLU: dbeta (the sum
+  // of the masked dy) and dgamma stay at their prior values and dx is 0. With relu'(0) = 1, dbeta
+  // would move by sum(dy).
+  const pk::BatchNormShape shape{3, 2, 2, 2};
+  pk::HeapWorkspace workspace;
+  pk::StreamHandle s;
+  s.workspace = &workspace;
+  const auto x = random_values<float>(shape.size(), 700);
+  const auto dy = random_values<float>(shape.size(), 701, 0.5, 1.5);  // all positive: sum(dy) != 0
+  const std::vector<float> gamma(2, 0.f), beta(2, 0.f);
+  std::vector<float> y(shape.size(), 777.f), mean(2), invstd(2);
+  pk::cpu::batchnorm_relu_forward_train(s, shape, kEps, kMomentum, x.data(), gamma.data(), beta.data(), y.data(),
+                                        mean.data(), invstd.data(), nullptr, nullptr);
+  for (float v : y) CHECK(v == 0.f);
+  std::vector<float> dx(shape.size(), 777.f), dgamma = {0.25f, -0.5f}, dbeta = {1.f, 2.f};
+  pk::cpu::batchnorm_relu_backward(s, shape, x.data(), y.data(), dy.data(), gamma.data(), mean.data(), invstd.data(),
+                                   dx.data(), dgamma.data(), dbeta.data());
+  CHECK(dbeta == std::vector<float>{1.f, 2.f});
+  CHECK(dgamma == std::vector<float>{0.25f, -0.5f});
+  for (float v : dx) CHECK(v == 0.f);
+  std::vector<double> dx_ref(shape.size()), dgamma_ref(2, 0.0), dbeta_ref(2, 0.0);
+  const std::vector<double> xd(x.begin(), x.end()), yd(y.begin(), y.end()), dyd(dy.begin(), dy.end()),
+      zero(2, 0.0), meand(mean.begin(), mean.end()), invstdd(invstd.begin(), invstd.end());
+  pk::ref::batchnorm_relu_backward(s, shape, xd.data(), yd.data(), dyd.data(), zero.data(), meand.data(),
+                                   invstdd.data(), dx_ref.data(), dgamma_ref.data(), dbeta_ref.data());
+  CHECK(dbeta_ref == std::vector<double>{0.0, 0.0});
+}
+
+TEST_CASE("batchnorm_relu: ref backward matches finite differences (training mode)") {
+  // Shapes with batch 1, 1 channel and odd planes. Finite differences need the outputs away from
+  // the ReLU's kink: the loop below checks that no |BN(x)| is within 1e-3 of 0 (h = 1e-6).
+  for (const pk::BatchNormShape shape : {pk::BatchNormShape{2, 3, 3, 2}, pk::BatchNormShape{1, 1, 5, 3},
+                                         pk::BatchNormShape{3, 2, 1, 1}}) {
+    INFO(describe(shape));
+    const auto x0 = random_values<double>(shape.size(), 210 + shape.size());
+    const auto gamma0 = random_values<double>(shape.channels, 211, 0.5, 1.5);
+    const auto beta0 = random_values<double>(shape.channels, 212, -0.3, 0.3);
+    const auto g = random_values<double>(shape.size(), 213);  // L = <g, y>
+    pk::StreamHandle s;
+    std::vector<double> y(shape.size()), bn(shape.size()), mean(shape.channels), invstd(shape.channels);
+    pk::ref::batchnorm_forward_train(s, shape, kEps, kMomentum, x0.data(), gamma0.data(), beta0.data(), bn.data(),
+                                     mean.data(), invstd.data(), static_cast<double*>(nullptr),
+                                     static_cast<double*>(nullptr));
+    double closest = 1e9;
+    for (double v : bn) closest = std::min(closest, std::abs(v));
+    REQUIRE(closest > 1e-3);
+    pk::ref::batchnorm_relu_forward_train(s, shape, kEps, kMomentum, x0.data(), gamma0.data(), beta0.data(),
+                                          y.data(), mean.data(), invstd.data(), static_cast<double*>(nullptr),
+                                          static_cast<double*>(nullptr));
+    const auto zeros = std::count(y.begin(), y.end(), 0.0);
+    CHECK(zeros > 0);  // the mask is exercised
+    CHECK(zeros < std::int64_t(y.size()));
+    std::vector<double> dx(shape.size()), dgamma(shape.channels, 0.0), dbeta(shape.channels, 0.0);
+    pk::ref::batchnorm_relu_backward(s, shape, x0.data(), y.data(), g.data(), gamma0.data(), mean.data(),
+                                     invstd.data(), dx.data(), dgamma.data(), dbeta.data());
+    petra::testing::check_vjp(
+        [&](const auto& in) {
+          std::vector<double> out(shape.size()), m(shape.channels), is(shape.channels);
+          pk::ref::batchnorm_relu_forward_train(s, shape, kEps, kMomentum, in[0].data(), in[1].data(), in[2].data(),
+                                                out.data(), m.data(), is.data(), static_cast<double*>(nullptr),
+                                                static_cast<double*>(nullptr));
+          return out;
+        },
+        {x0, gamma0, beta0}, g, {dx, dgamma, dbeta}, {"dx", "dgamma", "dbeta"});
+  }
 }

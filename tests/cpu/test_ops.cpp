@@ -188,6 +188,34 @@ TEST_CASE("batch_norm (training): gradients for x, gamma, beta; running statisti
   CHECK(running_mean.to_vector<double>()[1] == doctest::Approx(0.1 * batch_mean.to_vector<double>()[1]));
 }
 
+TEST_CASE("batch_norm_relu (training): gradients by finite differences; equals relu(batch_norm) and its statistics") {
+  const OpFn f = [](const auto& v) { return batch_norm_relu(v[0], v[1], v[2], Tensor(), Tensor(), {}); };
+  // beta in [-1, 1) and gamma in [-1, 1): some outputs under the ReLU, none at its kink (seeded).
+  const std::vector<Tensor> inputs{random_tensor({3, 2, 3, 2}, 11), random_tensor({2}, 12), random_tensor({2}, 13)};
+  check_op_gradients(f, inputs);
+  check_float32_matches_float64(f, inputs);
+
+  // Against the unfused pair in float32 (the trained dtype): same y, same gradients, same running
+  // statistics, bit for bit.
+  const Tensor x32 = inputs[0].to(DType::f32), g32 = inputs[1].to(DType::f32), b32 = inputs[2].to(DType::f32);
+  const Tensor seed = random_tensor({3, 2, 3, 2}, 14).to(DType::f32);
+  std::vector<std::vector<float>> results[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    const Tensor running_mean = Tensor::zeros({2}), running_var = Tensor::full({2}, 1.0);
+    const Variable x(x32.clone(), true), gamma(g32.clone(), true), beta(b32.clone(), true);
+    const Variable y = fused ? batch_norm_relu(x, gamma, beta, running_mean, running_var, {})
+                             : relu(batch_norm(x, gamma, beta, running_mean, running_var, {}));
+    const Variable outputs[] = {y};
+    const Tensor seeds[] = {seed};
+    petra::backward(outputs, seeds);
+    results[fused] = {y.data().to_vector<float>(), x.grad().to_vector<float>(), gamma.grad().to_vector<float>(),
+                      beta.grad().to_vector<float>(), running_mean.to_vector<float>(), running_var.to_vector<float>()};
+  }
+  CHECK(results[1] == results[0]);
+  const auto& y = results[1][0];
+  CHECK(std::count(y.begin(), y.end(), 0.f) > 0);  // the mask is exercised
+}
+
 TEST_CASE("cross_entropy: gradient by finite differences, value by hand") {
   const Tensor labels = Tensor::from_vector<std::int64_t>({3}, {2, 0, 1});
   check_op_gradients([&](const auto& v) { return cross_entropy(v[0], labels); }, {random_tensor({3, 4}, 7)});
@@ -226,6 +254,13 @@ TEST_CASE("bad operands raise petra::Error naming the op") {
   CHECK_THROWS_AS(ops::batchnorm_forward(Tensor::zeros({1, 3, 1, 1}), g, g, Tensor(), Tensor(), {}, &saved),
                   ShapeError);  // one value per channel cannot be normalised
   CHECK_THROWS_AS(ops::batchnorm_forward(x, g, g, Tensor(), Tensor(), {false}, &saved), ValueError);
+  CHECK_THROWS_AS(ops::batchnorm_relu_forward(x, Tensor::zeros({4}), g, Tensor(), Tensor(), {}, &saved), ShapeError);
+  CHECK_THROWS_AS(ops::batchnorm_relu_forward(x, g, g, Tensor(), Tensor(), {false}, &saved), ValueError);
+  {
+    const Tensor y = ops::batchnorm_relu_forward(x, g, g, Tensor(), Tensor(), {}, &saved);
+    CHECK_THROWS_AS(ops::batchnorm_relu_backward(x, Tensor(), x, g, saved, g, g), ValueError);  // no mask
+    CHECK_THROWS_AS(ops::batchnorm_relu_backward(x, y.reshape({2, 3, 64}), x, g, saved, g, g), ShapeError);
+  }
 
   ops::CrossEntropySaved ce;
   const Tensor logits = Tensor::zeros({2, 5});

@@ -337,6 +337,54 @@ TEST_CASE("cuda: cuDNN batch norm matches ref (train, eval, backward, running st
                   petra::ValueError);
 }
 
+TEST_CASE("cuda: cuDNN batch norm + ReLU (cuDNN's batch norm, petra's relu) matches ref" * doctest::skip(kNoGpu)) {
+  namespace ref = petra::kernels::ref;
+  namespace dnn = petra::kernels::cudnn;
+  using petra::kernels::BatchNormShape;
+  petra::Stream stream(petra::Device::cuda(0));
+  const StreamHandle s = gpu_stream_handle(stream);
+  void* cs = s.cuda_stream;
+  const StreamHandle host{};
+  const double eps = 1e-5, momentum = 0.1;
+  for (const BatchNormShape k : {BatchNormShape{2, 3, 5, 7}, {1, 17, 7, 7}, {8, 64, 16, 16}}) {
+    INFO("x (", k.batch, ", ", k.channels, ", ", k.height, ", ", k.width, ")");
+    const auto n = std::size_t(k.size()), c = std::size_t(k.channels);
+    const auto x = random_values<float>(n, 31, 1.0, 4.0), dy = random_values<float>(n, 32);
+    const auto gamma = random_values<float>(c, 33, 0.5, 1.5), beta = random_values<float>(c, 34);
+    const auto rm0 = random_values<float>(c, 35), rv0 = random_values<float>(c, 36, 0.5, 2.0);
+
+    std::vector<float> y(n), mean(c), invstd(c), rm = rm0, rv = rv0;
+    ref::batchnorm_relu_forward_train<float>(host, k, eps, momentum, x.data(), gamma.data(), beta.data(), y.data(),
+                                             mean.data(), invstd.data(), rm.data(), rv.data());
+    Buffer xb(x, cs), dyb(dy, cs), g(gamma, cs), b(beta, cs), rmb(rm0, cs), rvb(rv0, cs);
+    Buffer yb(std::vector<float>(n, 7.0f), cs), meanb(std::vector<float>(c, 7.0f), cs),
+        invstdb(std::vector<float>(c, 7.0f), cs);
+    dnn::batchnorm_relu_forward_train(s, k, eps, momentum, xb.get(), g.get(), b.get(), yb.get(), meanb.get(),
+                                      invstdb.get(), rmb.get(), rvb.get());
+    CHECK(relative_error(yb.download(cs), y) <= 1e-5);
+    CHECK(relative_error(rvb.download(cs), rv) <= 1e-5);
+
+    std::vector<float> y_eval(n);
+    ref::batchnorm_relu_forward_eval<float>(host, k, eps, x.data(), gamma.data(), beta.data(), rm0.data(),
+                                            rv0.data(), y_eval.data());
+    Buffer rm0b(rm0, cs), rv0b(rv0, cs), y_evalb(std::vector<float>(n, 7.0f), cs);
+    dnn::batchnorm_relu_forward_eval(s, k, eps, xb.get(), g.get(), b.get(), rm0b.get(), rv0b.get(), y_evalb.get());
+    CHECK(relative_error(y_evalb.download(cs), y_eval) <= 1e-6);
+
+    // Backward with ref's y and statistics on both sides: the same mask.
+    std::vector<float> dx(n), dgamma(c, 0.f), dbeta(c, 0.f);
+    ref::batchnorm_relu_backward<float>(host, k, x.data(), y.data(), dy.data(), gamma.data(), mean.data(),
+                                        invstd.data(), dx.data(), dgamma.data(), dbeta.data());
+    Buffer ref_y(y, cs), ref_mean(mean, cs), ref_invstd(invstd, cs), dxb(std::vector<float>(n, 7.0f), cs),
+        dgb(std::vector<float>(c, 0.f), cs), dbb(std::vector<float>(c, 0.f), cs);
+    dnn::batchnorm_relu_backward(s, k, xb.get(), ref_y.get(), dyb.get(), g.get(), ref_mean.get(), ref_invstd.get(),
+                                 dxb.get(), dgb.get(), dbb.get());
+    CHECK(relative_error(dxb.download(cs), dx) <= 1e-4);
+    CHECK(relative_error(dgb.download(cs), dgamma) <= 1e-5);
+    CHECK(relative_error(dbb.download(cs), dbeta) <= 1e-5);
+  }
+}
+
 #endif  // PETRA_HAVE_CUDNN
 
 #endif  // PETRA_HAVE_CUDA && (PETRA_HAVE_CUBLAS || PETRA_HAVE_CUDNN)

@@ -62,6 +62,18 @@ void batchnorm_backward(const StreamHandle&, const BatchNormShape&, const float*
                         const float*, const float*, float*, float*, float*) {
   no_cudnn("batchnorm_backward");
 }
+void batchnorm_relu_forward_train(const StreamHandle&, const BatchNormShape&, double, double, const float*,
+                                  const float*, const float*, float*, float*, float*, float*, float*) {
+  no_cudnn("batchnorm_relu_forward_train");
+}
+void batchnorm_relu_forward_eval(const StreamHandle&, const BatchNormShape&, double, const float*, const float*,
+                                 const float*, const float*, const float*, float*) {
+  no_cudnn("batchnorm_relu_forward_eval");
+}
+void batchnorm_relu_backward(const StreamHandle&, const BatchNormShape&, const float*, const float*, const float*,
+                             const float*, const float*, const float*, float*, float*, float*) {
+  no_cudnn("batchnorm_relu_backward");
+}
 
 }  // namespace cudnn
 #endif

@@ -499,6 +499,34 @@ void add_batchnorm(std::vector<Case>& t) {
                    return Outputs{{"dx", dx}, {"dgamma", v[4]}, {"dbeta", v[5]}};
                  },
                  offset != 0 ? 1e-4 : kAccumulated});
+    // The fused batch norm + ReLU (ops::batchnorm_relu_*): the same cases; beta around 0 puts about
+    // half of the outputs under the ReLU, so both sides of the mask are compared.
+    t.push_back({"batchnorm_relu_forward", "batchnorm_relu_forward training " + where, in, [](const Inputs& v) {
+                   ops::BatchNormSaved saved;
+                   const Tensor y =
+                       ops::batchnorm_relu_forward(v[0], v[1], v[2], v[3], v[4], {true, 0.1, 1e-5}, &saved);
+                   return Outputs{{"y", y}, {"mean", saved.mean}, {"invstd", saved.invstd}, {"running_mean", v[3]},
+                                  {"running_var", v[4]}};
+                 },
+                 kAccumulated});
+    t.push_back({"batchnorm_relu_forward", "batchnorm_relu_forward eval " + where, in, [](const Inputs& v) {
+                   return Outputs{
+                       {"y", ops::batchnorm_relu_forward(v[0], v[1], v[2], v[3], v[4], {false, 0.1, 1e-5}, nullptr)}};
+                 },
+                 kAccumulated});
+    t.push_back({"batchnorm_relu_backward", "batchnorm_relu_backward " + where,
+                 [=](InputMaker& m) {
+                   return Inputs{m.uniform(x, offset - 1, offset + 1), m.uniform(c, 0.5, 1.5), m.uniform(c), m.uniform(x),
+                                 m.uniform(c), m.uniform(c)};
+                 },
+                 [](const Inputs& v) {
+                   ops::BatchNormSaved saved;
+                   const Tensor y =
+                       ops::batchnorm_relu_forward(v[0], v[1], v[2], Tensor(), Tensor(), {true, 0.1, 1e-5}, &saved);
+                   const Tensor dx = ops::batchnorm_relu_backward(v[0], y, v[3], v[1], saved, v[4], v[5]);
+                   return Outputs{{"dx", dx}, {"dgamma", v[4]}, {"dbeta", v[5]}};
+                 },
+                 offset != 0 ? 1e-4 : kAccumulated});
   }
   // Evaluation mode normalises each value alone: an empty batch is fine.
   const Shape empty{0, 3, 2, 2}, c3{3};
