@@ -517,6 +517,19 @@ int main(int argc, char** argv) {
   app.add_flag("--delay-compensation", c.delay_compensation,
                "spike compensation (Kosson et al. 2020) of the momentum of delayed stages: not in the PETRA paper")
       ->group(pipelining);
+  std::string weight_prediction = "none";
+  app.add_option("--weight-prediction", weight_prediction,
+                 "none, or linear: each delayed stage runs its forward with its parameters extrapolated along SGD's "
+                 "momentum over its delay (Kosson et al. 2020; sgd only; not in the PETRA paper)")
+      ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"none", "linear"}));
+  app.add_option("--prediction-horizon", c.prediction_horizon,
+                 "with --weight-prediction linear: predict this fraction of the delay ahead (1: all of it; below 1: "
+                 "a damped horizon)")
+      ->group(pipelining)->capture_default_str()->check(CLI::Range(0.0, 10.0));
+  app.add_option("--delay-lr-warmup", c.delay_lr_warmup,
+                 "PipeMare (Yang et al. 2021): over the first N mini-batches divide each delayed stage's learning rate "
+                 "by its delay to a power falling from 1 to 0 (0: off)")
+      ->group(pipelining)->capture_default_str()->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   std::string bn_statistics = "forward";
   app.add_option("--bn-statistics", bn_statistics,
                  "which pass moves batch norm's running statistics: the forward, or the recomputation in the backward")
@@ -572,6 +585,7 @@ int main(int argc, char** argv) {
   try {
     c.method = petra::pipeline::parse_pipeline_method(method);
     c.bn_statistics = petra::nn::parse_statistics_pass(bn_statistics);
+    c.weight_prediction = petra::pipeline::parse_weight_prediction(weight_prediction);
     c.transport = petra::pipeline::parse_transport(transport);
     PETRA_CHECK(!c.mpi || !eval_only, petra::ValueError, "--mpi trains; evaluate with one process (--eval-only)");
     if (devices_text.empty() && petra::pipeline::is_delayed(c.method) && !c.mpi) devices_text = "cpu:0,cpu:1";

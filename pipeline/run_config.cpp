@@ -2,6 +2,7 @@
 #include "petra/pipeline/run_config.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <thread>
 
@@ -79,6 +80,23 @@ void validate(const TrainConfig& c) {
   PETRA_CHECK(!c.delay_compensation || (is_delayed(c.method) && c.optimizer == "sgd" && c.momentum > 0 &&
                                         c.momentum < 1),
               ValueError, "--delay-compensation needs a pipelined method and sgd with 0 < momentum < 1");
+  // Weight prediction extrapolates along SGD's momentum buffer: adam's moments and LARS's
+  // trust-scaled buffer are other quantities, so they are refused rather than guessed at.
+  PETRA_CHECK(c.weight_prediction == WeightPrediction::none ||
+                  (is_delayed(c.method) && c.optimizer == "sgd" && c.momentum > 0 && c.momentum < 1),
+              ValueError, "--weight-prediction linear needs a pipelined method and sgd with 0 < momentum < 1 (it "
+              "extrapolates along SGD's momentum buffer; adam and lars are not supported), got --method ",
+              name_of(c.method), " --optimizer ", c.optimizer, " --momentum ", c.momentum);
+  PETRA_CHECK(std::isfinite(c.prediction_horizon) && c.prediction_horizon >= 0 && c.prediction_horizon <= 10,
+              ValueError, "--prediction-horizon must be from 0 to 10 (a fraction of the delay), got ",
+              c.prediction_horizon);
+  PETRA_CHECK(c.prediction_horizon == 1 || c.weight_prediction != WeightPrediction::none, ValueError,
+              "--prediction-horizon ", c.prediction_horizon, " scales the prediction of --weight-prediction linear; "
+              "add it or leave the horizon out");
+  PETRA_CHECK(c.delay_lr_warmup >= 0, ValueError, "--delay-lr-warmup must be >= 0 mini-batches, got ",
+              c.delay_lr_warmup);
+  PETRA_CHECK(c.delay_lr_warmup == 0 || is_delayed(c.method), ValueError,
+              "--delay-lr-warmup scales the learning rates of delayed stages: use a pipelined method");
   PETRA_CHECK(c.method != PipelineMethod::backprop || c.bn_statistics == nn::StatisticsPass::forward, ValueError,
               "--bn-statistics backward moves batch norm's statistics in a backward's recomputation, and backprop "
               "recomputes nothing: use it with revbackprop or a pipelined method");
@@ -90,10 +108,12 @@ namespace {
 const char* const kResumeKeys[] = {"dataset", "arch", "width", "stem", "classes", "method", "optimizer",
                                    "batch_size", "accumulation", "seed", "augment", "shuffle", "flush_each_epoch",
                                    "bn_statistics", "delay_compensation", "stage_sizes",
-                                   "bn_refresh_batches"};
+                                   "bn_refresh_batches", "weight_prediction", "prediction_horizon",
+                                   "delay_lr_warmup"};
 // Resume keys that checkpoints written before they existed lack, with the value those runs had.
 const std::map<std::string, std::string> kKeysAddedLater = {
-    {"delay_compensation", "false"}, {"stage_sizes", ""}, {"bn_refresh_batches", "0"}};
+    {"delay_compensation", "false"}, {"stage_sizes", ""}, {"bn_refresh_batches", "0"},
+    {"weight_prediction", "none"}, {"prediction_horizon", "1"}, {"delay_lr_warmup", "0"}};
 
 // "3,3,4"; "" for one block per stage (the default, however it was spelled).
 std::string stage_sizes_text(const std::vector<std::int64_t>& sizes) {
@@ -136,7 +156,10 @@ std::map<std::string, std::string> describe(const TrainConfig& c) {
           {"flush_each_epoch", c.flush_each_epoch ? "true" : "false"},
           {"bn_statistics", c.bn_statistics == nn::StatisticsPass::forward ? "forward" : "backward"},
           {"bn_refresh_batches", std::to_string(c.bn_refresh_batches)},
-          {"delay_compensation", c.delay_compensation ? "true" : "false"}};
+          {"delay_compensation", c.delay_compensation ? "true" : "false"},
+          {"weight_prediction", std::string(name_of(c.weight_prediction))},
+          {"prediction_horizon", fmt_double(c.prediction_horizon)},
+          {"delay_lr_warmup", std::to_string(c.delay_lr_warmup)}};
 }
 
 std::string resume_mismatch(const CheckpointMeta& meta, const TrainConfig& config) {

@@ -13,6 +13,7 @@
 #include "petra/nn/models.hpp"
 #include "petra/device.hpp"
 #include "petra/pipeline/checkpoint.hpp"
+#include "petra/pipeline/delay_mitigation.hpp"
 #include "petra/pipeline/transport.hpp"
 #include "petra/pipeline/schedule.hpp"
 
@@ -54,6 +55,12 @@ struct TrainConfig {
   // mini-batches (a cumulative average; 0: left as the forward passes moved them). docs/petra.md §5.
   std::int64_t bn_refresh_batches = 32;
   bool delay_compensation = false;  // spike compensation of the delayed stages' momentum (sgd only)
+  // Linear weight prediction of the delayed stages' parameters over prediction_horizon times their
+  // delay (sgd with momentum only), and PipeMare's learning-rate warm-up over delay_lr_warmup
+  // mini-batches (0: off); pipeline/delay_mitigation.hpp, docs/petra.md §12. Both off by default.
+  WeightPrediction weight_prediction = WeightPrediction::none;
+  double prediction_horizon = 1;
+  std::int64_t delay_lr_warmup = 0;
   double message_timeout = 600;  // seconds a worker waits for a message before the run fails
   bool mpi = false;  // the stages spread over the processes of mpirun (pipeline/process_group.hpp)
   int replicas = 1;  // --mpi: copies of the pipeline, their gradients averaged (data parallel)

@@ -53,9 +53,10 @@ StageRuntime::StageRuntime(nn::Stage& stage, int index, int stages, const Runtim
                            bool next_keeps_input, bool previous_rebuilds_input)
     : stage_(stage), index_(index), stages_(stages), options_(options), keeping_(keeping(options.method, stage.kind())),
       next_keeps_input_(next_keeps_input),
-      previous_rebuilds_input_(previous_rebuilds_input) {
+      previous_rebuilds_input_(previous_rebuilds_input),
+      delay_(update_delay(options.method, index, stages, options.accumulation)) {
   nn::OptimizerOptions optimizer_options = options.optimizer_options;
-  if (options.delay_compensation) optimizer_options.delay = update_delay(options.method, index, stages, options.accumulation);
+  if (options.delay_compensation) optimizer_options.delay = delay_;
   optimizer_ = nn::make_optimizer(options.optimizer, nn::decay_groups(stage.named_parameters(), options.weight_decay),
                                   optimizer_options);
 }
@@ -91,6 +92,33 @@ void StageRuntime::capture(const std::vector<Tensor>& before, std::int64_t micro
   captured_microbatch_ = microbatch;
 }
 
+double StageRuntime::learning_rate(std::int64_t microbatch) const {
+  const std::int64_t m = replica_microbatch(microbatch, options_.iterations_per_epoch, options_.replicas);
+  const double lr = nn::learning_rate(options_.schedule, m, options_.iterations_per_epoch);
+  const double factor = delay_lr_factor(delay_, m, options_.delay_lr_warmup);
+  return factor == 1.0 ? lr : lr * factor;
+}
+
+// The momentum buffer is what the coming updates will apply (see delay_mitigation.hpp), at the
+// learning rate of this mini-batch: the rate moves little over one delay. A parameter without a
+// buffer yet (before its first update) is used as it is.
+std::vector<std::pair<Variable, Tensor>> StageRuntime::predict_parameters(std::int64_t microbatch) {
+  std::vector<std::pair<Variable, Tensor>> current;
+  const double updates_ahead = options_.prediction_horizon * delay_;
+  if (options_.weight_prediction == WeightPrediction::none || updates_ahead == 0) return current;
+  const double lr = learning_rate(microbatch);
+  MemoryScope scope(MemoryTag::param_stash, index_);  // the predicted copies live for one forward
+  for (const nn::ParamGroup& group : optimizer_->groups()) {
+    for (const auto& [name, param] : group.params) {
+      const Tensor velocity = optimizer_->state(name, "momentum_buffer");
+      if (!velocity.defined()) continue;
+      current.emplace_back(param, param.data());
+      param.set_data(predict_parameter(param.data(), velocity, lr * group.lr_scale * updates_ahead));
+    }
+  }
+  return current;
+}
+
 StageRuntime::Kept StageRuntime::pop(std::int64_t microbatch, const char* what) {
   PETRA_CHECK(!fifo_.empty(), Error, "stage ", index_, ": ", what, " of mini-batch ", microbatch,
               " but no mini-batch is in flight here");
@@ -101,7 +129,22 @@ StageRuntime::Kept StageRuntime::pop(std::int64_t microbatch, const char* what) 
   return kept;
 }
 
+namespace {
+
+// Puts the parameters' current data back when the forward that ran with predicted ones ends.
+struct RestoreParameters {
+  std::vector<std::pair<Variable, Tensor>> current;
+  ~RestoreParameters() {
+    for (auto& [param, data] : current) param.set_data(std::move(data));
+  }
+};
+
+}  // namespace
+
 ForwardMessage StageRuntime::forward(ForwardMessage in) {
+  // With weight prediction the forward (and a parameter stash, which then holds what it used)
+  // sees the parameters predicted for this mini-batch's backward.
+  const RestoreParameters restore{predict_parameters(in.microbatch)};
   Kept kept{in.microbatch, {}, {}, {}, {}};
   if (keeping_.input || options_.track_reconstruction) kept.input = in.activation;
   if (keeping_.parameters) {
@@ -202,8 +245,7 @@ void StageRuntime::update(std::int64_t microbatch) {
         if (p.grad().defined()) p.set_grad(ops::scale(p.grad(), inverse));
     }
     if (options_.average_over_replicas) options_.average_over_replicas(stage_.parameters());
-    const std::int64_t m = replica_microbatch(microbatch, options_.iterations_per_epoch, options_.replicas);
-    optimizer_->step(nn::learning_rate(options_.schedule, m, options_.iterations_per_epoch));
+    optimizer_->step(learning_rate(microbatch));
     optimizer_->zero_grad();
   }
   received_ = 0;

@@ -32,12 +32,14 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "petra/nn/layers.hpp"
 #include "petra/nn/optimizer.hpp"
 #include "petra/nn/schedule.hpp"
 #include "petra/nn/stage.hpp"
+#include "petra/pipeline/delay_mitigation.hpp"
 #include "petra/pipeline/messages.hpp"
 #include "petra/pipeline/schedule.hpp"
 
@@ -73,6 +75,14 @@ struct RuntimeOptions {
   // Spike compensation of the delayed methods' momentum (not in the PETRA paper; docs/petra.md,
   // "Delay compensation"): stage j's SGD treats its gradients as 2(J-1-j)/k updates late.
   bool delay_compensation = false;
+  // Linear weight prediction (pipeline/delay_mitigation.hpp; sgd with momentum only): stage j's
+  // forward runs with its parameters extrapolated prediction_horizon * delay updates ahead along
+  // the momentum buffer. No effect on a stage of delay 0.
+  WeightPrediction weight_prediction = WeightPrediction::none;
+  double prediction_horizon = 1;
+  // PipeMare's learning-rate warm-up over this many mini-batches of the run (0: off): stage j's
+  // rate is divided by its delay to a power falling from 1 to 0 (pipeline/delay_mitigation.hpp).
+  std::int64_t delay_lr_warmup = 0;
   // The concurrent executor's deadline for a message (a stuck pipeline becomes PipelineStuckError
   // naming the stage, the action and the mini-batch); far above any stage's cost.
   double message_timeout_seconds = 600;
@@ -104,6 +114,9 @@ class StageRuntime {
   void update(std::int64_t microbatch);  // averages the gradients received and steps the optimizer
 
   int index() const { return index_; }
+  // The learning rate of an update that mini-batch `microbatch` closes: the schedule's, times
+  // PipeMare's warm-up factor for this stage's delay when delay_lr_warmup is on.
+  double learning_rate(std::int64_t microbatch) const;
   std::size_t kept() const { return fifo_.size(); }  // mini-batches in flight at this stage
   std::vector<std::int64_t> in_flight() const;       // their ids, oldest first
   std::int64_t received() const { return received_; }  // gradients since the last update
@@ -135,6 +148,10 @@ class StageRuntime {
     Variable graph_input, graph_output;  // backprop: the recorded graph from input to output
   };
   void swap_parameters(std::vector<Tensor>& values);  // exchanges the stage's parameter data
+  // Weight prediction: replaces each parameter that has a momentum buffer by its prediction for
+  // mini-batch `microbatch`'s backward, and returns the parameters with their current data, for
+  // the forward to put back. Empty when prediction is off or this stage has no delay.
+  std::vector<std::pair<Variable, Tensor>> predict_parameters(std::int64_t microbatch);
   std::vector<Tensor> gradients_before() const;        // copies of the accumulated gradients (capture)
   void capture(const std::vector<Tensor>& before, std::int64_t microbatch);
   Kept pop(std::int64_t microbatch, const char* what);
@@ -147,6 +164,7 @@ class StageRuntime {
   bool next_keeps_input_, previous_rebuilds_input_;
   std::deque<Kept> fifo_;
   std::unique_ptr<nn::Optimizer> optimizer_;
+  double delay_;  // update_delay of this stage: updates between a forward and its backward
   std::int64_t received_ = 0;  // backwards since the last update
   double last_reconstruction_error_ = 0;
   bool capture_gradient_ = false;

@@ -173,6 +173,9 @@ void Trainer::build_schedule_and_executor() {
   options.track_reconstruction = config_.track_reconstruction;
   options.statistics_pass = config_.bn_statistics;
   options.delay_compensation = config_.delay_compensation;
+  options.weight_prediction = config_.weight_prediction;
+  options.prediction_horizon = config_.prediction_horizon;
+  options.delay_lr_warmup = config_.delay_lr_warmup;
   options.message_timeout_seconds = config_.message_timeout;
   // A GPU run's mini-batches go up to the device of the first stage (made below for several GPUs).
   const auto upload_batches = [this] {

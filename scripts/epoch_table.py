@@ -40,6 +40,11 @@ def label(summary, path):
         parts.append(f"J = {len(sizes)} ({c['stage_sizes']})")
     if c.get("delay_compensation") == "true":
         parts.append("delay comp.")
+    if c.get("weight_prediction", "none") != "none":
+        horizon = float(c.get("prediction_horizon", 1))
+        parts.append("weight pred." + (f" h {horizon:g}" if horizon != 1 else ""))
+    if int(c.get("delay_lr_warmup", 0)) > 0:
+        parts.append(f"PipeMare lr warm-up {c['delay_lr_warmup']}")
     return ", ".join(parts)
 
 

@@ -67,6 +67,16 @@ expect 2 "--print-schedule: Value 1000000000000 not in range 1 to 100000" --prin
 expect 2 "--epochs 100000000000 of 4 mini-batches" "${synthetic[@]}" --method backprop --epochs 100000000000
 expect 2 "--synthetic-size: Value 100000000000 not in range 1 to 10000000" --dataset synthetic --synthetic-size 100000000000
 expect 2 "--message-timeout must be > 0 seconds and at most" "${synthetic[@]}" --message-timeout inf --epochs 0
+# issue 16's options against delay (docs/petra.md §12): bad values and combinations
+expect 2 "--weight-prediction" "${synthetic[@]}" --method petra --weight-prediction quadratic --epochs 0
+expect 2 "--weight-prediction linear needs a pipelined method and sgd with 0 < momentum < 1" "${synthetic[@]}" \
+  --method petra --weight-prediction linear --optimizer adam --epochs 0
+expect 2 "--prediction-horizon 0.5 scales the prediction of --weight-prediction linear" "${synthetic[@]}" \
+  --method petra --prediction-horizon 0.5 --epochs 0
+expect 2 "--prediction-horizon" "${synthetic[@]}" --method petra --weight-prediction linear --prediction-horizon -1 --epochs 0
+expect 2 "--delay-lr-warmup" "${synthetic[@]}" --method petra --delay-lr-warmup -5 --epochs 0
+expect 2 "--delay-lr-warmup scales the learning rates of delayed stages" "${synthetic[@]}" --method backprop \
+  --delay-lr-warmup 10 --epochs 0
 
 # ---- checkpoints: exit 5, naming the checkpoint, the file and what is wrong
 run=("${synthetic[@]}" --width 2 --method petra --devices cpu:0 --epochs 2 --checkpoint-dir ck)
