@@ -78,6 +78,10 @@ void backward_weight(const StreamHandle& s, const Conv2dShape& shape, const T* x
                      T* dw) {
 #if PETRA_CONV_DIRECT
   if constexpr (std::is_same_v<T, float>) {
+    if (conv2d::direct::channels::applies(shape, conv2d::Pass::weight)) {
+      conv2d::direct::channels::backward_weight(s, shape, x, dy, dw);
+      return;
+    }
     if (conv2d::direct::small::applies(shape, conv2d::Pass::weight)) {
       conv2d::direct::small::backward_weight(s, shape, x, dy, dw);
       return;
@@ -120,7 +124,9 @@ int64_t direct_workspace_floats(const Conv2dShape& s, int threads) {
   int64_t floats = forward_floats(s);
   if (s.stride_h == 1 && s.stride_w == 1)
     floats = std::max(floats, forward_floats(conv2d::transposed_stride1(s)));
-  if (direct::small::applies(s, Pass::weight))
+  if (direct::channels::applies(s, Pass::weight))
+    floats = std::max(floats, direct::channels::backward_weight_scratch_floats(s, threads));
+  else if (direct::small::applies(s, Pass::weight))
     floats = std::max(floats, direct::small::backward_weight_scratch_floats(s, threads));
   else if (direct::grid::applies(s, Pass::weight))
     floats = std::max(floats, direct::grid::backward_weight_scratch_floats(s, threads));
