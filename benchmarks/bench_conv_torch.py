@@ -12,8 +12,8 @@ them from nn/models.cpp's structure), it times forward, backward-data and backwa
 The two sides alternate in one window: each round runs petra then torch for every thread count
 (subprocesses, so each gets its own environment); each process reports the median (or with
 --stat fastest the fastest) of --repeats runs after two warm-ups, and the table gives the median
-over --rounds rounds. On a loaded machine
-the ratios (petra time / torch time, same round) are the result, not the absolute times.
+over --rounds rounds. On a loaded machine the ratios (torch time / petra time: above 1, petra is
+faster) are the result, not the absolute times; --stat fastest is the least disturbed run.
 
 PyTorch is set up as issue 15 prescribes (as benchmarks/compare_pytorch.py does): OMP_NUM_THREADS =
 MKL_NUM_THREADS = OPENBLAS_NUM_THREADS = T and torch.set_num_threads(T); OPENBLAS_CORETYPE and
@@ -23,6 +23,7 @@ petra gets OMP_NUM_THREADS = T and --threads T.
 
   python3 benchmarks/bench_conv_torch.py --threads 1,2 --rounds 5
   python3 benchmarks/bench_conv_torch.py --threads 1 --filter 16->16 --json out.json
+  python3 benchmarks/bench_conv_torch.py --baseline-lib /tmp/main-lib   # + petra with main's kernels
 """
 import argparse
 import json
@@ -104,11 +105,13 @@ def torch_env(threads: int) -> dict:
     return env
 
 
-def run_petra(args, threads: int) -> list:
+def run_petra(args, threads: int, library_dir: str = "") -> list:
     cmd = [args.petra, "--threads", str(threads), "--repeats", str(args.repeats), "--json"]
     if args.filter:
         cmd += ["--filter", args.filter]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if library_dir:  # an older libpetra-core.so (the binary's RUNPATH yields to LD_LIBRARY_PATH)
+        env["LD_LIBRARY_PATH"] = library_dir
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
@@ -134,6 +137,9 @@ def main() -> None:
     ap.add_argument("--stat", choices=("median", "fastest"), default="median",
                     help="per process and case: the median of the runs (default) or the fastest run (the "
                          "least disturbed one on a shared machine)")
+    ap.add_argument("--baseline-lib", default="",
+                    help="directory of another libpetra-core.so (e.g. main's kernels): also timed in every round, "
+                         "as the column 'baseline'")
     ap.add_argument("--filter", default="", help="only the layers whose name contains this")
     ap.add_argument("--peak-gflops", type=float, default=220.0, help="FP32 peak of one core (GFLOP/s)")
     ap.add_argument("--python", default="/usr/bin/python3", help="interpreter with PyTorch (Debian's python3-torch)")
@@ -146,8 +152,11 @@ def main() -> None:
         return
 
     key = "fastest_seconds" if args.stat == "fastest" else "seconds"
+    other_key = "seconds" if args.stat == "fastest" else "fastest_seconds"
+    other = {}  # the same for the other statistic, for the summary line
     thread_counts = [int(t) for t in args.threads.split(",")]
-    formats = args.formats.split(",")
+    # the columns compared with petra: its baseline library (if given), then torch's layouts
+    formats = (["baseline"] if args.baseline_lib else []) + args.formats.split(",")
     samples = {}  # (threads, layer, pass, side) -> list of per-round medians
     meta = {}     # (layer, pass) -> (calls, flops)
     start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
@@ -157,9 +166,15 @@ def main() -> None:
             petra = run_petra(args, t)
             for c in petra:
                 samples.setdefault((t, c["layer"], c["pass"], "petra"), []).append(c[key])
+                other.setdefault((t, c["layer"], c["pass"], "petra"), []).append(c[other_key])
                 meta[(c["layer"], c["pass"])] = (c["calls"], c["flops"])
+            if args.baseline_lib:
+                for c in run_petra(args, t, args.baseline_lib):
+                    samples.setdefault((t, c["layer"], c["pass"], "baseline"), []).append(c[key])
+                    other.setdefault((t, c["layer"], c["pass"], "baseline"), []).append(c[other_key])
             for c in run_torch(args, t, petra):
                 samples.setdefault((t, c["layer"], c["pass"], c["format"]), []).append(c[key])
+                other.setdefault((t, c["layer"], c["pass"], c["format"]), []).append(c[other_key])
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     end = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
 
@@ -169,7 +184,8 @@ def main() -> None:
     version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"], capture_output=True,
                              text=True).stdout.strip()
     print(f"torch {version} ({args.python}), threads env as issue 15 (OMP/MKL/OPENBLAS_NUM_THREADS = T, "
-          f"OPENBLAS_CORETYPE unset, malloc tuned); petra {args.petra}")
+          f"OPENBLAS_CORETYPE unset, malloc tuned); petra {args.petra}"
+          + (f"; baseline: the same with LD_LIBRARY_PATH={args.baseline_lib}" if args.baseline_lib else ""))
     results = []
     for t in thread_counts:
         peak = args.peak_gflops * t
@@ -196,6 +212,13 @@ def main() -> None:
         line = f"{'conv time of one step (ms)':33} {totals['petra'] * 1e3:13.1f}"
         for f in formats:
             line += f" {totals[f] * 1e3:17.1f} {totals[f] / totals['petra']:6.2f}"
+        print(line)
+        others = {side: sum(meta[lp][0] * statistics.median(other[(t, *lp, side)]) for lp in meta)
+                  for side in ["petra"] + formats}
+        other_name = "fastest run" if args.stat == "median" else "median"
+        line = f"{'  the same, ' + other_name:33} {others['petra'] * 1e3:13.1f}"
+        for f in formats:
+            line += f" {others[f] * 1e3:17.1f} {others[f] / others['petra']:6.2f}"
         print(line)
     if args.json:
         with open(args.json, "w") as fh:

@@ -59,25 +59,66 @@ struct Layout {
   int64_t floats() const { return groups * plane; }
 };
 
-// planes = the channels-last, zero-padded copy of image x (NCHW, in_channels x in_h x in_w). The
-// 16 channels of a pixel are gathered (their stride is in_h * in_w floats).
+// rows[c] (16 floats each) -> columns: columns[j] lane c = rows[c][j], a 16 x 16 transpose in
+// four rounds of interleaves (32-bit, 64-bit, then two of 128-bit blocks).
+inline void transpose_16x16(const __m512 (&rows)[16], __m512 (&columns)[16]) {
+  __m512 t[16], u[16], p[8];
+  for (int k = 0; k < 8; ++k) {  // t[2k] per 128-bit block: a0 b0 a1 b1; t[2k + 1]: a2 b2 a3 b3
+    t[2 * k] = _mm512_unpacklo_ps(rows[2 * k], rows[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_ps(rows[2 * k], rows[2 * k + 1]);
+  }
+  for (int k = 0; k < 4; ++k) {  // u[4k + j], block L: rows 4k .. 4k + 3 at column 4L + j
+    const __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 1]),
+                  c = _mm512_castps_pd(t[4 * k + 2]), d = _mm512_castps_pd(t[4 * k + 3]);
+    u[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    u[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    u[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    u[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  // p[h * 4 + j] for the rows 8h .. 8h + 7: blocks 0 and 2 of u (columns j, 8 + j), then p[...+ 8]
+  // would be blocks 1 and 3 (columns 4 + j, 12 + j); done in two halves to keep 16 live vectors.
+  for (int half = 0; half < 2; ++half) {
+    const int select = half == 0 ? 0x88 : 0xDD;  // blocks (0, 2) or (1, 3) of each operand
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < 4; ++j)
+        p[h * 4 + j] = select == 0x88 ? _mm512_shuffle_f32x4(u[8 * h + j], u[8 * h + 4 + j], 0x88)
+                                      : _mm512_shuffle_f32x4(u[8 * h + j], u[8 * h + 4 + j], 0xDD);
+    for (int j = 0; j < 4; ++j) {
+      columns[4 * half + j] = _mm512_shuffle_f32x4(p[j], p[4 + j], 0x88);
+      columns[4 * half + 8 + j] = _mm512_shuffle_f32x4(p[j], p[4 + j], 0xDD);
+    }
+  }
+}
+
+// planes = the channels-last, zero-padded copy of image x (NCHW, in_channels x in_h x in_w): per
+// group of 16 channels and image row, blocks of 16 pixels are loaded from the 16 channel planes
+// and transposed (transpose_16x16).
 void copy_channels_last(const Conv2dShape& s, const Layout& l, const float* x, float* planes) {
   const int64_t pixels = s.in_h * s.in_w;
-  const __m512i channel_offsets =
-      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                         _mm512_set1_epi32(static_cast<int>(pixels)));
   for (int64_t g = 0; g < l.groups; ++g) {
     const float* group = x + g * kLanes * pixels;
     float* to = planes + g * l.plane;
     for (int64_t r = 0; r < l.padded_h; ++r) {
       const int64_t ih = r - s.pad_h;
       float* row = to + r * l.padded_w * kLanes;
-      for (int64_t t = 0; t < l.padded_w; ++t) {
-        const int64_t iw = t - s.pad_w;
-        __m512 v = _mm512_setzero_ps();
-        if (ih >= 0 && ih < s.in_h && iw >= 0 && iw < s.in_w)
-          v = _mm512_i32gather_ps(channel_offsets, group + ih * s.in_w + iw, 4);
-        _mm512_storeu_ps(row + t * kLanes, v);
+      if (ih < 0 || ih >= s.in_h) {
+        for (int64_t t = 0; t < l.padded_w; ++t) _mm512_storeu_ps(row + t * kLanes, _mm512_setzero_ps());
+        continue;
+      }
+      for (int64_t t = 0; t < s.pad_w; ++t) {
+        _mm512_storeu_ps(row + t * kLanes, _mm512_setzero_ps());
+        _mm512_storeu_ps(row + (l.padded_w - 1 - t) * kLanes, _mm512_setzero_ps());
+      }
+      for (int64_t iw0 = 0; iw0 < s.in_w; iw0 += kLanes) {
+        const int64_t count = std::min(kLanes, s.in_w - iw0);
+        const auto mask = static_cast<__mmask16>((1u << count) - 1);
+        __m512 rows[16], columns[16];
+        for (int c = 0; c < 16; ++c)
+          rows[c] = _mm512_maskz_loadu_ps(mask, group + c * pixels + ih * s.in_w + iw0);
+        transpose_16x16(rows, columns);
+        float* out = row + (s.pad_w + iw0) * kLanes;
+        for (int j = 0; j < 16; ++j)
+          if (j < count) _mm512_storeu_ps(out + j * kLanes, columns[j]);
       }
     }
   }
