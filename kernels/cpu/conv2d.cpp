@@ -4,6 +4,8 @@
 //     GEMM, first direct::small (images of 16 pixels, conv2d_direct_small.cpp), then direct::grid
 //     (narrow 3x3-like layers, conv2d_direct_grid.cpp); each one's `applies` says where;
 //     backward-data runs them as the forward pass of transposed_stride1(shape), at stride 1 only;
+//   - float backward-weight, AVX-512: first direct::channels (16 input channels per vector,
+//     3-column kernels, outputs at least 7 wide: conv2d_direct_channels.cpp), then as above;
 //   - otherwise (all of double, the other shapes) im2col + Eigen GEMM (conv2d_im2col.cpp), whose
 //     backward-data is itself a forward convolution at stride 1 with at least 16 input channels
 //     and col2im otherwise;

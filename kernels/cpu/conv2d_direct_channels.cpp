@@ -207,13 +207,14 @@ int64_t thread_floats(const Conv2dShape& s) {
 
 }  // namespace
 
-// Where it beats the grid kernel, measured with bench-conv-shapes (1 thread, batch 64, the two
-// interleaved on a loaded machine, medians of 3 rounds; docs/results-cpu.md §1): 3.3x on
-// 16 -> 16 channels at 28x28, 1.8x on 16 -> 32 at 28x28 stride 2, 1.3x on 32 -> 32 at 14x14, 1.1x
-// on 32 -> 64 at 14x14 stride 2, 1.05x on 64 -> 64 at 7x7; but 0.6-0.8x with 4x4 outputs (64 ->
-// 128 stride 2 against im2col, 128 -> 128 against direct::small): a row of 4 pixels reuses too
-// few loads, so it needs an output at least 7 columns wide. It also needs whole vectors of input
-// channels, whole tiles of output channels and a 3-column kernel.
+// Where it beats the grid kernel, measured with bench-conv-shapes (1 thread, batch 64, fastest of
+// 15 runs, interleaved with main's kernels on a loaded machine; docs/results-cpu.md §1): 1.7x on
+// 16 -> 16 channels at 28x28, 2.7x on 16 -> 32 at 28x28 stride 2, 1.6x on 32 -> 32 at 14x14, 1.4x
+// on 32 -> 64 at 14x14 stride 2, 1.35x on 64 -> 64 at 7x7 (with gathers instead of the transposes
+// the copy cost 1.2-1.3x of that). With 4x4 outputs it was 0.94-1.0x (64 -> 128 stride 2 against
+// im2col, 128 -> 128 against direct::small): too little work per image for its copy, so it needs
+// an output at least 7 columns wide. It also needs whole vectors of input channels, whole tiles of
+// output channels and a 3-column kernel.
 bool applies(const Conv2dShape& s, Pass pass) {
   return pass == Pass::weight && s.in_channels % kLanes == 0 && s.in_channels > 0 &&
          s.out_channels % kOutputBlock == 0 && s.out_channels > 0 && s.kernel_w == kKernelWidth &&
