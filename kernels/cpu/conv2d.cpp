@@ -4,6 +4,8 @@
 //     GEMM, first direct::small (images of 16 pixels, conv2d_direct_small.cpp), then direct::grid
 //     (narrow 3x3-like layers, conv2d_direct_grid.cpp); each one's `applies` says where;
 //     backward-data runs them as the forward pass of transposed_stride1(shape), at stride 1 only;
+//   - float backward-weight, AVX-512: first direct::channels (16 input channels per vector,
+//     3-column kernels, outputs at least 7 wide: conv2d_direct_channels.cpp), then as above;
 //   - otherwise (all of double, the other shapes) im2col + Eigen GEMM (conv2d_im2col.cpp), whose
 //     backward-data is itself a forward convolution at stride 1 with at least 16 input channels
 //     and col2im otherwise;
@@ -78,6 +80,10 @@ void backward_weight(const StreamHandle& s, const Conv2dShape& shape, const T* x
                      T* dw) {
 #if PETRA_CONV_DIRECT
   if constexpr (std::is_same_v<T, float>) {
+    if (conv2d::direct::channels::applies(shape, conv2d::Pass::weight)) {
+      conv2d::direct::channels::backward_weight(s, shape, x, dy, dw);
+      return;
+    }
     if (conv2d::direct::small::applies(shape, conv2d::Pass::weight)) {
       conv2d::direct::small::backward_weight(s, shape, x, dy, dw);
       return;
@@ -120,7 +126,9 @@ int64_t direct_workspace_floats(const Conv2dShape& s, int threads) {
   int64_t floats = forward_floats(s);
   if (s.stride_h == 1 && s.stride_w == 1)
     floats = std::max(floats, forward_floats(conv2d::transposed_stride1(s)));
-  if (direct::small::applies(s, Pass::weight))
+  if (direct::channels::applies(s, Pass::weight))
+    floats = std::max(floats, direct::channels::backward_weight_scratch_floats(s, threads));
+  else if (direct::small::applies(s, Pass::weight))
     floats = std::max(floats, direct::small::backward_weight_scratch_floats(s, threads));
   else if (direct::grid::applies(s, Pass::weight))
     floats = std::max(floats, direct::grid::backward_weight_scratch_floats(s, threads));

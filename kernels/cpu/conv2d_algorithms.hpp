@@ -5,6 +5,8 @@
 //                                                          and double
 //   direct::grid     kernels/cpu/conv2d_direct_grid.cpp   AVX-512, float: narrow 3x3-like layers
 //   direct::small    kernels/cpu/conv2d_direct_small.cpp  AVX-512, float: images of 16 pixels
+//   direct::channels kernels/cpu/conv2d_direct_channels.cpp AVX-512, float: backward-weight of
+//                                                          3-column kernels, 16k input channels
 //
 // Each algorithm's passes have the contracts of kernels/conv2d.hpp (y =, dx =, dw +=) and take
 // their scratch from the stream's workspace through reserve_scratch; *_scratch_floats(shape,
@@ -134,6 +136,13 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
 int64_t forward_scratch_floats(const Conv2dShape& s, int threads);
 int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads);
 }  // namespace direct::small
+
+namespace direct::channels {  // kernels/cpu/conv2d_direct_channels.cpp: backward-weight only
+bool applies(const Conv2dShape& s, Pass pass);
+void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* dy,
+                     float* dw);
+int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads);
+}  // namespace direct::channels
 #endif  // PETRA_CONV_DIRECT
 
 }  // namespace petra::kernels::cpu::conv2d

@@ -1,0 +1,211 @@
+// benchmarks/bench_conv_shapes.cpp: bench-conv-shapes, the speed of petra's CPU convolutions on
+// every distinct convolution of the benchmark network (RevNet18, width 16, 28x28 Fashion-MNIST,
+// batch 64), pass by pass, so that a training step's convolution time can be read shape by shape.
+//
+// The shapes are those nn/models.cpp builds for `petra-train` (check with `petra-train
+// --print-model`): the stem 3x3 1->32 (no backward-data: the stem's input needs no gradient), per
+// group a stride-2 transition (3x3 C->2C, 3x3 2C->2C, 1x1 C->2C projection) and the reversible
+// blocks' 3x3 2C->2C convolutions. `calls` is how many times a backprop step runs each pass of
+// the shape, so sum(calls * seconds) is the convolution time of one step.
+//
+// Each case is checked first (cpu against ref on the batch-2 version of the shape; a relative
+// error above 1e-4 stops the program), then timed: two warm-ups, then the median of --repeats runs
+// (--json also gives the fastest run).
+// GFLOP/s count 2 * multiply-adds; "% peak" is against --peak-gflops per thread (220: the FP32 FMA
+// peak of one core of this machine, docs/results-cpu.md).
+//
+//   build/bench-conv-shapes --threads 1            # table
+//   build/bench-conv-shapes --threads 2 --json     # one JSON object per line (benchmarks/
+//                                                  #   bench_conv_torch.py reads them)
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "petra/kernels/conv2d.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace k = petra::kernels;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Buffer = std::vector<float>;
+
+struct Layer {
+  std::string name;
+  k::Conv2dShape shape;  // at the benchmark batch
+  int calls;             // per backprop step
+  bool backward_data;    // false for the stem
+};
+
+// RevNet18 width 16 on 1x28x28 images, as nn/models.cpp builds it (build_revnet).
+std::vector<Layer> revnet18_width16_layers(std::int64_t batch) {
+  auto conv = [batch](std::int64_t cin, std::int64_t cout, std::int64_t pixels, std::int64_t kernel,
+                      std::int64_t stride) {
+    return k::conv2d_shape(batch, cin, pixels, pixels, cout, kernel, stride, kernel / 2);
+  };
+  return {
+      {"stem 3x3 1->32 @28", conv(1, 32, 28, 3, 1), 1, false},
+      {"3x3 16->16 @28", conv(16, 16, 28, 3, 1), 4, true},  // 2 reversible blocks x 2
+      {"3x3 16->32 @28 s2", conv(16, 32, 28, 3, 2), 1, true},
+      {"1x1 16->32 @28 s2", conv(16, 32, 28, 1, 2), 1, true},
+      {"3x3 32->32 @14", conv(32, 32, 14, 3, 1), 3, true},  // transition conv2 + 1 block x 2
+      {"3x3 32->64 @14 s2", conv(32, 64, 14, 3, 2), 1, true},
+      {"1x1 32->64 @14 s2", conv(32, 64, 14, 1, 2), 1, true},
+      {"3x3 64->64 @7", conv(64, 64, 7, 3, 1), 3, true},
+      {"3x3 64->128 @7 s2", conv(64, 128, 7, 3, 2), 1, true},
+      {"1x1 64->128 @7 s2", conv(64, 128, 7, 1, 2), 1, true},
+      {"3x3 128->128 @4", conv(128, 128, 4, 3, 1), 3, true},
+  };
+}
+
+Buffer random_buffer(std::int64_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  Buffer b(static_cast<std::size_t>(n));
+  for (auto& v : b) v = dist(gen);
+  return b;
+}
+
+double relative_error(const Buffer& a, const Buffer& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+struct Timing {
+  double median, fastest;  // seconds
+};
+
+// Two warm-up runs, then `repeats` timed runs: their median and their fastest. (On a machine
+// shared with other jobs the fastest run is the one least disturbed; the median is what a step
+// sees.)
+Timing time_runs(const std::function<void()>& run, int repeats) {
+  run();
+  run();
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = Clock::now();
+    run();
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return {times[times.size() / 2], times.front()};
+}
+
+struct Tensors {
+  Buffer x, w, y, dy, dx, dw;
+  explicit Tensors(const k::Conv2dShape& s)
+      : x(random_buffer(s.input_size(), 1)), w(random_buffer(s.weight_size(), 2)), y(s.output_size()),
+        dy(random_buffer(s.output_size(), 4)), dx(s.input_size()), dw(s.weight_size(), 0.0f) {}
+};
+
+enum class Pass { forward, data, weight };
+const char* pass_name(Pass p) { return p == Pass::forward ? "fwd" : p == Pass::data ? "bwd-data" : "bwd-weight"; }
+
+void run_cpu(const k::StreamHandle& st, const k::Conv2dShape& s, Tensors& t, Pass p) {
+  if (p == Pass::forward) k::cpu::conv2d_forward(st, s, t.x.data(), t.w.data(), nullptr, t.y.data());
+  if (p == Pass::data) k::cpu::conv2d_backward_data(st, s, t.dy.data(), t.w.data(), t.dx.data());
+  if (p == Pass::weight) k::cpu::conv2d_backward_weight(st, s, t.x.data(), t.dy.data(), t.dw.data());
+}
+
+// cpu against ref on the batch-2 version of the shape.
+double check_against_ref(const k::StreamHandle& st, k::Conv2dShape s, Pass p) {
+  s.batch = 2;
+  Tensors a(s), r(s);
+  run_cpu(st, s, a, p);
+  if (p == Pass::forward) {
+    k::ref::conv2d_forward<float>(st, s, r.x.data(), r.w.data(), nullptr, r.y.data());
+    return relative_error(a.y, r.y);
+  }
+  if (p == Pass::data) {
+    k::ref::conv2d_backward_data<float>(st, s, r.dy.data(), r.w.data(), r.dx.data());
+    return relative_error(a.dx, r.dx);
+  }
+  k::ref::conv2d_backward_weight<float>(st, s, r.x.data(), r.dy.data(), r.dw.data());
+  return relative_error(a.dw, r.dw);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench-conv-shapes: petra's CPU convolutions on every conv shape of RevNet18 width 16 (28x28, batch 64)"};
+  int threads = 1, repeats = 21;
+  std::int64_t batch = 64;
+  double peak_per_thread = 220.0;
+  bool json = false;
+  std::string filter;
+  app.add_option("--threads", threads, "threads per kernel (the stream's thread count)")->check(CLI::Range(1, 256));
+  app.add_option("--repeats", repeats, "timed runs per case (the median is reported)")->check(CLI::Range(1, 10000));
+  app.add_option("--batch", batch, "batch size")->check(CLI::Range(1, 4096));
+  app.add_option("--peak-gflops", peak_per_thread, "FP32 peak of one core, GFLOP/s, for the % column");
+  app.add_option("--filter", filter, "only the layers whose name contains this");
+  app.add_flag("--json", json, "one JSON object per case and line instead of the table");
+  CLI11_PARSE(app, argc, argv);
+
+#ifdef _OPENMP
+  omp_set_num_threads(threads);
+#endif
+  k::HeapWorkspace workspace;
+  k::StreamHandle stream;
+  stream.num_threads = threads;
+  stream.workspace = &workspace;
+  const double peak = peak_per_thread * threads;
+
+  if (!json)
+    std::printf("bench-conv-shapes: %d thread(s), batch %lld, median of %d; peak %.0f GFLOP/s\n"
+                "%-22s %-10s %5s %10s %9s %7s %9s %9s\n",
+                threads, static_cast<long long>(batch), repeats, peak, "layer", "pass", "calls", "ms", "GFLOP/s",
+                "% peak", "ms/step", "rel.err");
+  double step_ms = 0;
+  for (const Layer& layer : revnet18_width16_layers(batch)) {
+    if (!filter.empty() && layer.name.find(filter) == std::string::npos) continue;
+    Tensors t(layer.shape);
+    for (Pass p : {Pass::forward, Pass::data, Pass::weight}) {
+      if (p == Pass::data && !layer.backward_data) continue;
+      const double err = check_against_ref(stream, layer.shape, p);
+      if (!(err <= 1e-4)) {
+        std::fprintf(stderr, "bench-conv-shapes: %s %s: cpu differs from ref by %.3g (relative); not timed\n",
+                     layer.name.c_str(), pass_name(p), err);
+        return 1;
+      }
+      const Timing timing = time_runs([&] { run_cpu(stream, layer.shape, t, p); }, repeats);
+      const double seconds = timing.median;
+      const double gflops = double(layer.shape.flops()) / seconds / 1e9;
+      step_ms += layer.calls * seconds * 1e3;
+      if (json) {
+        std::printf("%s\n", nlohmann::json{{"layer", layer.name},
+                                           {"pass", pass_name(p)},
+                                           {"calls", layer.calls},
+                                           {"threads", threads},
+                                           {"batch", batch},
+                                           {"seconds", seconds},
+                                           {"fastest_seconds", timing.fastest},
+                                           {"gflops", gflops},
+                                           {"flops", double(layer.shape.flops())},
+                                           {"rel_err", err}}
+                                .dump()
+                                .c_str());
+      } else {
+        std::printf("%-22s %-10s %5d %10.3f %9.1f %6.1f%% %9.2f %9.1e\n", layer.name.c_str(), pass_name(p),
+                    layer.calls, seconds * 1e3, gflops, 100.0 * gflops / peak, layer.calls * seconds * 1e3, err);
+      }
+    }
+  }
+  if (!json) std::printf("convolution time of one backprop step: %.1f ms\n", step_ms);
+  return 0;
+}
