@@ -279,6 +279,43 @@ void add_batchnorm_cases(std::vector<Case>& cases, const k::StreamHandle& s, std
                                                 big->mean.data(), big->invstd.data(), big->dx.data(),
                                                 big->dgamma.data(), big->dbeta.data());
                    }});
+
+  // Batch norm + ReLU fused into the coupling (F's last layer in a pipelined forward), against
+  // batch norm + ReLU then the coupling kernel. Both count the fused op's traffic (z, both streams
+  // of a and of out: 5 arrays of z's size); the unfused pair also writes and reads f.
+  const k::CouplingShape coupling_full{full.batch, full.channels, full.height, full.width};
+  auto two_streams = std::make_shared<Buffer>(random_buffer(std::size_t(2 * full.size()), 5));
+  auto coupled = std::make_shared<Buffer>(std::size_t(2 * full.size()));
+  auto coupling_forward = [&s](const k::BatchNormShape& sh, Buffers& b, const Buffer& a, Buffer& out, bool reference) {
+    (reference ? k::ref::batchnorm_relu_coupling_train<float> : k::cpu::batchnorm_relu_coupling_train)(
+        s, sh, 1e-5, 0.1, k::CouplingDirection::forward, b.x.data(), b.gamma.data(), b.beta.data(), a.data(),
+        out.data(), b.mean.data(), b.invstd.data(), b.rmean.data(), b.rvar.data());
+  };
+  cases.push_back({"bn+relu+coupling fused fwd " + shape, "memory", 0, 5 * n,
+                   [=] {
+                     auto a = make(small), r = make(small);
+                     const Buffer streams = random_buffer(std::size_t(2 * small.size()), 5);
+                     Buffer out_a(streams.size()), out_r(streams.size());
+                     coupling_forward(small, *a, streams, out_a, false);
+                     coupling_forward(small, *r, streams, out_r, true);
+                     return relative_error(out_a, out_r);
+                   },
+                   [=] { coupling_forward(full, *big, *two_streams, *coupled, false); }});
+  cases.push_back({"bn+relu then coupling fwd " + shape, "memory", 0, 5 * n,
+                   [=] {
+                     auto a = make(small), r = make(small);
+                     const Buffer streams = random_buffer(std::size_t(2 * small.size()), 5);
+                     Buffer out_a(streams.size()), out_r(streams.size());
+                     relu_forward(small, *a, false);
+                     k::cpu::coupling_forward(s, {small.batch, small.channels, small.height, small.width},
+                                              streams.data(), a->y.data(), out_a.data());
+                     coupling_forward(small, *r, streams, out_r, true);
+                     return relative_error(out_a, out_r);
+                   },
+                   [=] {
+                     relu_forward(full, *big, false);
+                     k::cpu::coupling_forward(s, coupling_full, two_streams->data(), big->y.data(), coupled->data());
+                   }});
 }
 
 void add_coupling_cases(std::vector<Case>& cases, const k::StreamHandle& s, std::int64_t batch,

@@ -38,12 +38,28 @@
 // followed by its relu (and its relu_backward followed by its batch norm backward), so the fusion
 // removes a pass over memory and a tensor and is meant to change no number (tests/cpu/
 // test_batchnorm.cpp checks cpu:: and ref:: for bit identity with the unfused composition).
+//
+// Batch norm + ReLU fused into the additive coupling of a reversible stage (batchnorm_relu_coupling_*):
+// F ends with batch norm + ReLU, and its output f = relu(BN(z)) is only ever added to, or
+// subtracted from, the other stream (kernels/coupling.hpp). The fused op never stores f: the pass
+// that would write it writes the coupling's output instead,
+//   forward (a = x):  out1 = a2 + f,  out2 = a1      (y of the coupling)
+//   inverse (a = y):  out1 = a2,      out2 = a1 - f  (x of the coupling)
+// where z is (batch, C, H, W), F's last convolution's output, and a, out are (batch, 2C, H, W)
+// (stream 1 = channels [0, C), stream 2 = [C, 2C)). Per value it reads z and both streams of a and
+// writes both of out; the unfused pair also writes f and reads it back (8 bytes per value of f).
+// It has no backward: it serves the passes that keep no graph (a pipelined stage's forward, and the
+// inverse of a stage group), where f is needed for nothing else. Statistics, running statistics
+// and the workspace are as batchnorm_relu_forward_train/_eval, and every backend evaluates the
+// same expressions in the same order as its batchnorm_relu_forward_* followed by its coupling, so
+// the result is the same bits (tests/cpu/test_batchnorm.cpp, tests/emulation/).
 #pragma once
 
 #include <cstdint>
 
 #include "petra/config.hpp"
 #include "petra/kernels/common.hpp"
+#include "petra/kernels/coupling.hpp"
 #include "petra/kernels/host_device.hpp"
 
 namespace petra::kernels {
@@ -111,6 +127,22 @@ void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape,
                              const T* y, const T* dy, const T* gamma, const T* saved_mean,
                              const T* saved_invstd, T* dx, T* dgamma, T* dbeta);
 
+// Batch norm + ReLU fused into the coupling (see the top of this file). z: (batch, C, H, W) as
+// `shape`; a, out: (batch, 2C, H, W). Training: out =, saved_mean =, saved_invstd =, running
+// statistics as batchnorm_relu_forward_train.
+template <class T>
+void batchnorm_relu_coupling_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                   double momentum, CouplingDirection direction, const T* z,
+                                   const T* gamma, const T* beta, const T* a, T* out,
+                                   T* saved_mean, T* saved_invstd, T* running_mean,
+                                   T* running_var);
+// Evaluation, with the running statistics. out =.
+template <class T>
+void batchnorm_relu_coupling_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                  CouplingDirection direction, const T* z, const T* gamma,
+                                  const T* beta, const T* running_mean, const T* running_var,
+                                  const T* a, T* out);
+
 }  // namespace ref
 
 namespace cpu {
@@ -141,6 +173,16 @@ void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape,
                              const float* y, const float* dy, const float* gamma,
                              const float* saved_mean, const float* saved_invstd, float* dx,
                              float* dgamma, float* dbeta);
+
+void batchnorm_relu_coupling_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                   double momentum, CouplingDirection direction, const float* z,
+                                   const float* gamma, const float* beta, const float* a,
+                                   float* out, float* saved_mean, float* saved_invstd,
+                                   float* running_mean, float* running_var);
+void batchnorm_relu_coupling_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                  CouplingDirection direction, const float* z, const float* gamma,
+                                  const float* beta, const float* running_mean,
+                                  const float* running_var, const float* a, float* out);
 
 }  // namespace cpu
 
@@ -181,6 +223,16 @@ void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape,
                              const float* y, const float* dy, const float* gamma,
                              const float* saved_mean, const float* saved_invstd, float* dx,
                              float* dgamma, float* dbeta);
+
+void batchnorm_relu_coupling_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                   double momentum, CouplingDirection direction, const float* z,
+                                   const float* gamma, const float* beta, const float* a,
+                                   float* out, float* saved_mean, float* saved_invstd,
+                                   float* running_mean, float* running_var);
+void batchnorm_relu_coupling_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                  CouplingDirection direction, const float* z, const float* gamma,
+                                  const float* beta, const float* running_mean,
+                                  const float* running_var, const float* a, float* out);
 
 }  // namespace cuda
 #endif

@@ -27,6 +27,10 @@
 
 namespace petra::kernels {
 
+// Which map a fused coupling applies (kernels/batchnorm.hpp's batchnorm_relu_coupling_*):
+// forward a = x gives y; inverse a = y gives x.
+enum class CouplingDirection { forward, inverse };
+
 struct CouplingShape {
   std::int64_t batch = 0, channels = 0, height = 0, width = 0;  // channels: per stream (C)
 

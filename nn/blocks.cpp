@@ -64,6 +64,20 @@ Variable ResidualFunction::forward(const Variable& x) const {
   return h;
 }
 
+Tensor ResidualFunction::last_convolution(const Tensor& x1) const {
+  Variable h(x1);
+  for (std::size_t i = 0; i + 1 < layers_.size(); ++i) h = layers_[i].bn->forward_relu(layers_[i].conv->forward(h));
+  return layers_.back().conv->forward(h).data();
+}
+
+Tensor ResidualFunction::coupling_forward(const Tensor& x, const Tensor& x1) const {
+  return layers_.back().bn->coupling_relu_forward(x, last_convolution(x1));
+}
+
+Tensor ResidualFunction::coupling_inverse(const Tensor& y, const Tensor& x1) const {
+  return layers_.back().bn->coupling_relu_inverse(y, last_convolution(x1));
+}
+
 // ---------------------------------------------------------------- buffered stages
 Tensor backward_from_input(Stage& stage, const Tensor& x, const Tensor& dy, bool input_gradient) {
   GradModeGuard grad(true);
@@ -110,10 +124,8 @@ ReversibleStage::ReversibleStage(std::shared_ptr<ResidualFunction> f, std::int64
 
 Variable ReversibleStage::forward(const Variable& x) {
   const std::int64_t c = stream_channels_;
-  if (!grad_enabled()) {  // the pipeline's forward: nothing is recorded, nothing is kept
-    const Tensor f = f_->forward(Variable(ops::channel_slice(x.data(), 0, c))).data();
-    return Variable(ops::coupling_forward(x.data(), f));
-  }
+  if (!grad_enabled())  // the pipeline's forward: nothing is recorded or kept, F's output not even stored
+    return Variable(f_->coupling_forward(x.data(), ops::channel_slice(x.data(), 0, c)));
   return coupling(x, f_->forward(slice_channels(x, 0, c)));  // exact backprop: the graph is kept
 }
 
@@ -121,7 +133,7 @@ Tensor ReversibleStage::inverse(const Tensor& y) {
   NoGradGuard no_grad;
   RunningStatsGuard no_running_stats;
   const Tensor x1 = ops::channel_slice(y, stream_channels_, stream_channels_);  // x1 = y2, a copy
-  return ops::coupling_inverse(y, f_->forward(Variable(x1)).data());           // x2 = y1 - F(x1)
+  return f_->coupling_inverse(y, x1);                                          // x2 = y1 - F(x1)
 }
 
 std::pair<Tensor, Tensor> ReversibleStage::reconstruct_and_backward(const Tensor& y, const Tensor& dy) {

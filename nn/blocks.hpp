@@ -31,9 +31,16 @@ class ResidualFunction : public Module {
   static std::shared_ptr<ResidualFunction> bottleneck(std::int64_t in, std::int64_t hidden, std::int64_t out,
                                                       std::int64_t stride, Init& init);
   Variable forward(const Variable& x) const;  // conv -> BN -> ReLU, for each layer
+  // ops::coupling_forward(x, F(x1)) and ops::coupling_inverse(y, F(x1)), the same bits, with F's
+  // last batch norm + ReLU fused into the coupling so that F's output is never stored
+  // (BatchNorm2d::coupling_relu_*). No graph: gradients off.
+  Tensor coupling_forward(const Tensor& x, const Tensor& x1) const;
+  Tensor coupling_inverse(const Tensor& y, const Tensor& x1) const;
 
  private:
   ResidualFunction() = default;
+  // F(x1) up to its last batch norm: the last convolution's output.
+  Tensor last_convolution(const Tensor& x1) const;
   struct Layer {
     std::shared_ptr<Conv2d> conv;
     std::shared_ptr<BatchNorm2d> bn;

@@ -60,6 +60,22 @@ Variable BatchNorm2d::forward_relu(const Variable& x) const {
                          pass_running ? running_var_ : Tensor(), o);
 }
 
+Tensor BatchNorm2d::coupling_relu_forward(const Tensor& x, const Tensor& z) const {
+  PETRA_CHECK(!grad_enabled(), ValueError, "BatchNorm2d::coupling_relu_forward keeps no graph: call it with gradients off");
+  const BatchNormOptions o = options();
+  const bool pass_running = passes_running_statistics(o);
+  return ops::batchnorm_relu_coupling_forward(x, z, gamma_.data(), beta_.data(), pass_running ? running_mean_ : Tensor(),
+                                              pass_running ? running_var_ : Tensor(), o);
+}
+
+Tensor BatchNorm2d::coupling_relu_inverse(const Tensor& y, const Tensor& z) const {
+  PETRA_CHECK(!grad_enabled(), ValueError, "BatchNorm2d::coupling_relu_inverse keeps no graph: call it with gradients off");
+  const BatchNormOptions o = options();
+  const bool pass_running = passes_running_statistics(o);
+  return ops::batchnorm_relu_coupling_inverse(y, z, gamma_.data(), beta_.data(), pass_running ? running_mean_ : Tensor(),
+                                              pass_running ? running_var_ : Tensor(), o);
+}
+
 Linear::Linear(std::int64_t in_features, std::int64_t out_features, Init& init, bool bias) {
   PETRA_CHECK(in_features > 0 && out_features > 0, ValueError, "Linear: features ", in_features, " -> ", out_features);
   weight_ = register_parameter("weight", uniform_fan_in({out_features, in_features}, in_features, init));

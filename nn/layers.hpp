@@ -53,6 +53,11 @@ class BatchNorm2d : public Module {
   // relu(forward(x)) as one fused op (batch_norm_relu, petra/functions.hpp): the same numbers, the
   // same running-statistics rule, one pass over memory and one tensor fewer.
   Variable forward_relu(const Variable& x) const;
+  // The reversible coupling of `x` (or its inverse, of `y`) with f = relu(forward(z)), fused so that
+  // f is never stored (ops::batchnorm_relu_coupling_*): forward_relu's numbers and running-statistics
+  // rule, and no graph, so it is called with gradients off (a ValueError otherwise).
+  Tensor coupling_relu_forward(const Tensor& x, const Tensor& z) const;
+  Tensor coupling_relu_inverse(const Tensor& y, const Tensor& z) const;
 
   const Tensor& running_mean() const { return running_mean_; }
   const Tensor& running_var() const { return running_var_; }

@@ -880,4 +880,47 @@ Tensor coupling_backward(const Tensor& dy, const Tensor& g) {
   return dx;
 }
 
+namespace {
+// The fused batch norm + ReLU + coupling in `direction`, a: the coupling's input (x or y).
+Tensor batchnorm_relu_coupling(kernels::CouplingDirection direction, const Tensor& a, const Tensor& z,
+                               const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                               const Tensor& running_var, const BatchNormOptions& o, const char* op) {
+  BatchNormSaved saved;
+  const auto k = check_batchnorm_forward(z, gamma, beta, running_mean, running_var, o, &saved, op);
+  coupling_shape(a, z, op);
+  if (use_cudnn(z)) {  // cuDNN's batch norm (--conv-impl cudnn) has no such epilogue: the pair, unfused
+    const Tensor f = batchnorm_relu_forward(z, gamma, beta, running_mean, running_var, o, &saved);
+    return direction == kernels::CouplingDirection::forward ? coupling_forward(a, f) : coupling_inverse(a, f);
+  }
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  const auto& s = stream_for(z.device());
+  if (o.training) {
+    PETRA_CALL(BATCHNORM, z, batchnorm_relu_coupling_train, s, k, o.eps, o.momentum, direction, z.data_ptr<T>(),
+               gamma.data_ptr<T>(), beta.data_ptr<T>(), a.data_ptr<T>(), out.data_ptr<T>(),
+               saved.mean.data_ptr<T>(), saved.invstd.data_ptr<T>(),
+               running_mean.defined() ? running_mean.data_ptr<T>() : nullptr,
+               running_var.defined() ? running_var.data_ptr<T>() : nullptr);
+  } else {
+    PETRA_CALL(BATCHNORM, z, batchnorm_relu_coupling_eval, s, k, o.eps, direction, z.data_ptr<T>(),
+               gamma.data_ptr<T>(), beta.data_ptr<T>(), running_mean.data_ptr<T>(), running_var.data_ptr<T>(),
+               a.data_ptr<T>(), out.data_ptr<T>());
+  }
+  return out;
+}
+}  // namespace
+
+Tensor batchnorm_relu_coupling_forward(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+                                       const Tensor& running_mean, const Tensor& running_var,
+                                       const BatchNormOptions& o) {
+  return batchnorm_relu_coupling(kernels::CouplingDirection::forward, x, z, gamma, beta, running_mean, running_var, o,
+                                 "batchnorm_relu_coupling_forward");
+}
+
+Tensor batchnorm_relu_coupling_inverse(const Tensor& y, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+                                       const Tensor& running_mean, const Tensor& running_var,
+                                       const BatchNormOptions& o) {
+  return batchnorm_relu_coupling(kernels::CouplingDirection::inverse, y, z, gamma, beta, running_mean, running_var, o,
+                                 "batchnorm_relu_coupling_inverse");
+}
+
 }  // namespace petra::ops

@@ -128,6 +128,17 @@ Tensor coupling_inverse(const Tensor& y, const Tensor& f);   // (y2, y1 - f)
 // dx = (dy2 + g, dy1), with g the vjp of F at x1 with dy1 (a reversible stage passes F's vjp
 // here and saves materialising dy2 + g; the generic autograd path passes zeros).
 Tensor coupling_backward(const Tensor& dy, const Tensor& g);
+// F's last batch norm + ReLU fused into the coupling (kernels/batchnorm.hpp,
+// batchnorm_relu_coupling_*): coupling_forward(x, f) and coupling_inverse(y, f) with
+// f = batchnorm_relu_forward(z, ...) (same arguments, same statistics rule, same bits), but f is
+// never stored. z has C channels (F's last convolution's output). No gradient: for the passes
+// that keep no graph (a pipelined stage's forward, a stage group's inverse).
+Tensor batchnorm_relu_coupling_forward(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+                                       const Tensor& running_mean, const Tensor& running_var,
+                                       const BatchNormOptions& o);
+Tensor batchnorm_relu_coupling_inverse(const Tensor& y, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+                                       const Tensor& running_mean, const Tensor& running_var,
+                                       const BatchNormOptions& o);
 
 }  // namespace ops
 

@@ -17,12 +17,16 @@
 // its forward applies the ReLU in pass 2 as it writes y; its backward reads y beside dy and masks
 // dy (y > 0) where passes 1 and 2 load it. No pass is added, and the unfused ReLU's passes (one
 // over the output forward, one over dy and y backward, each with a tensor of its own) are gone.
+// The coupling fused with F's last batch norm + ReLU (batchnorm_relu_coupling_*) is the forward
+// with another destination for pass 2 (CouplingOutput): the run of f it computes is added into,
+// or subtracted from, the run of the other stream, and the moved stream is copied beside it.
 // Training forward and backward take 3 * channels*height*width floats (+ padding) of scratch
 // from s.workspace, which must be set.
 #include "petra/kernels/batchnorm.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -142,29 +146,76 @@ AffineMap affine_map(double mean, double scale, double beta) {
   return {mean_f, float(scale), float(beta - (mean - double(mean_f)) * scale)};
 }
 
-// Pass 2 of the forwards for channels [c0, c1), with the fused ReLU when Relu. The samples go last
-// to first: after pass 1 the last samples are the ones still in cache.
+// BN(x) at one value, as every forward's pass 2 computes it.
+inline float normalised(float x, const AffineMap& m) { return (x - m.mean) * m.scale + m.bias; }
+
+// Where a forward's pass 2 writes sample n's channels [c0, c1) (`x`: the input, `maps`: per channel).
+// TensorOutput: y itself, BN(x) or with the fused ReLU relu(BN(x)).
 template <bool Relu>
-void apply_affine(const BatchNormShape& shape, std::int64_t c0, std::int64_t c1, const float* x,
-                  const AffineMap* maps, float* y) {
-  for (std::int64_t n = shape.batch - 1; n >= 0; --n)
+struct TensorOutput {
+  float* y;
+  void write(const BatchNormShape& shape, std::int64_t n, std::int64_t c0, std::int64_t c1, const float* x,
+             const AffineMap* maps) const {
     for (std::int64_t c = c0; c < c1; ++c) {
       const AffineMap m = maps[c];
       const float* in = x + run_start(shape, n, c);
       float* out = y + run_start(shape, n, c);
 #pragma omp simd
       for (std::int64_t i = 0; i < shape.plane(); ++i) {
-        const float v = (in[i] - m.mean) * m.scale + m.bias;
+        const float v = normalised(in[i], m);
         out[i] = Relu ? relu_of(v) : v;
       }
     }
+  }
+};
+
+// The coupling's output (batchnorm_relu_coupling_*, kernels/batchnorm.hpp): f = relu(BN(z)) goes
+// straight into the stream it is added to (forward) or subtracted from (inverse), channel by
+// channel, and the other stream's channels [c0, c1) of the sample, contiguous in both a and out,
+// are moved with one copy.
+struct CouplingOutput {
+  CouplingDirection direction;
+  const float* a;
+  float* out;
+  void write(const BatchNormShape& shape, std::int64_t n, std::int64_t c0, std::int64_t c1, const float* z,
+             const AffineMap* maps) const {
+    const std::int64_t plane = shape.plane(), stream = shape.channels * plane;
+    const std::int64_t first = 2 * n * stream, second = first + stream;  // streams 1 and 2 of sample n
+    const bool forward = direction == CouplingDirection::forward;
+    // forward: out1 = a2 + f, out2 = a1;  inverse: out1 = a2, out2 = a1 - f
+    const float* from = a + (forward ? second : first);
+    float* to = out + (forward ? first : second);
+    for (std::int64_t c = c0; c < c1; ++c) {
+      const AffineMap m = maps[c];
+      const float* in = z + run_start(shape, n, c);
+      const float* other = from + c * plane;
+      float* dst = to + c * plane;
+      if (forward) {
+#pragma omp simd
+        for (std::int64_t i = 0; i < plane; ++i) dst[i] = other[i] + relu_of(normalised(in[i], m));
+      } else {
+#pragma omp simd
+        for (std::int64_t i = 0; i < plane; ++i) dst[i] = other[i] - relu_of(normalised(in[i], m));
+      }
+    }
+    const std::int64_t moved_from = forward ? first : second, moved_to = forward ? second : first;
+    std::memcpy(out + moved_to + c0 * plane, a + moved_from + c0 * plane, sizeof(float) * (c1 - c0) * plane);
+  }
+};
+
+// Pass 2 of the forwards for channels [c0, c1). The samples go last to first: after pass 1 the
+// last samples are the ones still in cache.
+template <class Output>
+void apply_affine(const BatchNormShape& shape, std::int64_t c0, std::int64_t c1, const float* x,
+                  const AffineMap* maps, const Output& output) {
+  for (std::int64_t n = shape.batch - 1; n >= 0; --n) output.write(shape, n, c0, c1, x, maps);
 }
 
-template <bool Relu>
+template <class Output>
 void forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
                    double momentum, const float* x, const float* gamma, const float* beta,
-                   float* y, float* saved_mean, float* saved_invstd, float* running_mean,
-                   float* running_var) {
+                   const Output& output, float* saved_mean, float* saved_invstd,
+                   float* running_mean, float* running_var) {
   use_threads(s);
   const int blocks = channel_blocks(s, shape);
   // Named pointers, not a structured binding: clang before 16 cannot capture one in a lambda.
@@ -203,14 +254,14 @@ void forward_train(const StreamHandle& s, const BatchNormShape& shape, double ep
       if (running_var) running_var[c] = float((1 - momentum) * running_var[c] + momentum * unbiased_var);
     }
 
-    apply_affine<Relu>(shape, c0, c1, x, maps.data(), y);
+    apply_affine(shape, c0, c1, x, maps.data(), output);
   });
 }
 
-template <bool Relu>
+template <class Output>
 void forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps, const float* x,
                   const float* gamma, const float* beta, const float* running_mean,
-                  const float* running_var, float* y) {
+                  const float* running_var, const Output& output) {
   use_threads(s);
   const int blocks = channel_blocks(s, shape);
   std::vector<AffineMap> maps(shape.channels);
@@ -218,7 +269,7 @@ void forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps
     maps[c] = affine_map(running_mean[c],
                          double(gamma[c]) / std::sqrt(double(running_var[c]) + eps), beta[c]);
   parallel_for(blocks, blocks, [&](std::int64_t p) {
-    apply_affine<Relu>(shape, share(shape.channels, p, blocks), share(shape.channels, p + 1, blocks), x, maps.data(), y);
+    apply_affine(shape, share(shape.channels, p, blocks), share(shape.channels, p + 1, blocks), x, maps.data(), output);
   });
 }
 
@@ -289,14 +340,14 @@ void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape,
                              double momentum, const float* x, const float* gamma,
                              const float* beta, float* y, float* saved_mean, float* saved_invstd,
                              float* running_mean, float* running_var) {
-  forward_train<false>(s, shape, eps, momentum, x, gamma, beta, y, saved_mean, saved_invstd,
-                       running_mean, running_var);
+  forward_train(s, shape, eps, momentum, x, gamma, beta, TensorOutput<false>{y}, saved_mean,
+                saved_invstd, running_mean, running_var);
 }
 
 void batchnorm_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
                             const float* x, const float* gamma, const float* beta,
                             const float* running_mean, const float* running_var, float* y) {
-  forward_eval<false>(s, shape, eps, x, gamma, beta, running_mean, running_var, y);
+  forward_eval(s, shape, eps, x, gamma, beta, running_mean, running_var, TensorOutput<false>{y});
 }
 
 void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
@@ -309,14 +360,14 @@ void batchnorm_relu_forward_train(const StreamHandle& s, const BatchNormShape& s
                                   double momentum, const float* x, const float* gamma,
                                   const float* beta, float* y, float* saved_mean,
                                   float* saved_invstd, float* running_mean, float* running_var) {
-  forward_train<true>(s, shape, eps, momentum, x, gamma, beta, y, saved_mean, saved_invstd,
-                      running_mean, running_var);
+  forward_train(s, shape, eps, momentum, x, gamma, beta, TensorOutput<true>{y}, saved_mean,
+                saved_invstd, running_mean, running_var);
 }
 
 void batchnorm_relu_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
                                  const float* x, const float* gamma, const float* beta,
                                  const float* running_mean, const float* running_var, float* y) {
-  forward_eval<true>(s, shape, eps, x, gamma, beta, running_mean, running_var, y);
+  forward_eval(s, shape, eps, x, gamma, beta, running_mean, running_var, TensorOutput<true>{y});
 }
 
 void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
@@ -324,6 +375,23 @@ void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape,
                              const float* saved_mean, const float* saved_invstd, float* dx,
                              float* dgamma, float* dbeta) {
   backward<true>(s, shape, x, y, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
+}
+
+void batchnorm_relu_coupling_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                   double momentum, CouplingDirection direction, const float* z,
+                                   const float* gamma, const float* beta, const float* a,
+                                   float* out, float* saved_mean, float* saved_invstd,
+                                   float* running_mean, float* running_var) {
+  forward_train(s, shape, eps, momentum, z, gamma, beta, CouplingOutput{direction, a, out},
+                saved_mean, saved_invstd, running_mean, running_var);
+}
+
+void batchnorm_relu_coupling_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                  CouplingDirection direction, const float* z, const float* gamma,
+                                  const float* beta, const float* running_mean,
+                                  const float* running_var, const float* a, float* out) {
+  forward_eval(s, shape, eps, z, gamma, beta, running_mean, running_var,
+               CouplingOutput{direction, a, out});
 }
 
 }  // namespace petra::kernels::cpu

@@ -31,6 +31,12 @@
 // use relu_masked(y, dy) where they read dy (the unfused pair reads y and dy and writes the masked
 // dy, which both passes then read: 8 bytes per value saved net, and one tensor). The mask comes
 // from the stored y, never from recomputed statistics, so FMA contraction cannot flip a sign.
+//
+// Batch norm + ReLU fused into the coupling (batchnorm_relu_coupling_*): the training forward's
+// two reductions as above, then the element-wise pass with another destination (CouplingOutput):
+// the thread of value k of z computes f there and writes both streams of the coupling's output at
+// k's position (one read of z and of each stream of a, one write of each stream of out; f is
+// never stored). Consecutive threads still touch consecutive addresses of every array.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -153,28 +159,54 @@ __global__ void statistics(std::int64_t channels, std::int64_t plane, std::int64
   }
 }
 
-// y = gamma * (x - mean) * invstd + beta = (x - mean_f) * scale + bias, per value; then the ReLU
-// when fused.
+// Where a forward's element-wise pass puts BN(x) at value k of x (an NCHW index).
+// TensorOutput: y[k], with the fused ReLU when relu.
 template <bool relu>
+struct TensorOutput {
+  float* y;
+  __device__ void store(std::int64_t k, float v) const { y[k] = relu ? relu_of(v) : v; }
+};
+
+// The coupling fused with F's last batch norm + ReLU (batchnorm_relu_coupling_*): value k of
+// f = relu(BN(z)) is added into stream 1 of out (forward) or subtracted into its stream 2
+// (inverse), and the same thread moves the other stream's value. stream = C * plane.
+struct CouplingOutput {
+  CouplingDirection direction;
+  std::int64_t stream;
+  const float* a;
+  float* out;
+  __device__ void store(std::int64_t k, float v) const {
+    const std::int64_t n = k / stream;
+    const std::int64_t first = k + n * stream, second = first + stream;  // (n, 1, i), (n, 2, i)
+    if (direction == CouplingDirection::forward) {  // out1 = a2 + f, out2 = a1
+      out[first] = a[second] + relu_of(v);
+      out[second] = a[first];
+    } else {  // out1 = a2, out2 = a1 - f
+      out[first] = a[second];
+      out[second] = a[first] - relu_of(v);
+    }
+  }
+};
+
+// BN(x) = gamma * (x - mean) * invstd + beta = (x - mean_f) * scale + bias, per value, to `output`.
+template <class Output>
 __global__ void normalise(std::int64_t size, std::int64_t channels, std::int64_t plane,
-                          const float* x, const float* maps, float* y) {
+                          const float* x, const float* maps, Output output) {
   for (std::int64_t k = thread_index(); k < size; k += grid_threads()) {
     const std::int64_t c = (k / plane) % channels;
-    const float v = (x[k] - maps[3 * c]) * maps[3 * c + 1] + maps[3 * c + 2];
-    y[k] = relu ? relu_of(v) : v;
+    output.store(k, (x[k] - maps[3 * c]) * maps[3 * c + 1] + maps[3 * c + 2]);
   }
 }
 
 // Evaluation: the same with the running statistics, invstd = 1 / sqrt(running_var + eps).
-template <bool relu>
+template <class Output>
 __global__ void normalise_eval(std::int64_t size, std::int64_t channels, std::int64_t plane,
                                float eps, const float* x, const float* gamma, const float* beta,
-                               const float* running_mean, const float* running_var, float* y) {
+                               const float* running_mean, const float* running_var, Output output) {
   for (std::int64_t k = thread_index(); k < size; k += grid_threads()) {
     const std::int64_t c = (k / plane) % channels;
     const float invstd = 1.0f / sqrtf(running_var[c] + eps);
-    const float v = (x[k] - running_mean[c]) * (gamma[c] * invstd) + beta[c];
-    y[k] = relu ? relu_of(v) : v;
+    output.store(k, (x[k] - running_mean[c]) * (gamma[c] * invstd) + beta[c]);
   }
 }
 
@@ -220,7 +252,7 @@ void launch_partials(const char* name, const StreamHandle& s, const BatchNormSha
                              shape.values_per_channel(), slices, x, y, dy, saved_mean, partials);
 }
 
-// The launch names (what the emulation's last_launch() and a profiler show) of the two variants.
+// The launch names (what the emulation's last_launch() and a profiler show) of the variants.
 struct LaunchNames {
   const char* statistics;
   const char* forward_train;
@@ -234,16 +266,19 @@ constexpr LaunchNames kPlainNames{"batchnorm_statistics", "batchnorm_forward_tra
 constexpr LaunchNames kReluNames{"batchnorm_relu_statistics", "batchnorm_relu_forward_train",
                                  "batchnorm_relu_forward_eval", "batchnorm_relu_gradient_sums",
                                  "batchnorm_relu_backward"};
+constexpr LaunchNames kCouplingNames{"batchnorm_relu_coupling_statistics",
+                                     "batchnorm_relu_coupling_train",
+                                     "batchnorm_relu_coupling_eval", nullptr, nullptr};
 template <bool relu>
 constexpr const LaunchNames& names() {
   return relu ? kReluNames : kPlainNames;
 }
 
-template <bool relu>
-void forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
-                   double momentum, const float* x, const float* gamma, const float* beta,
-                   float* y, float* saved_mean, float* saved_invstd, float* running_mean,
-                   float* running_var) {
+template <class Output>
+void forward_train(const LaunchNames& names, const StreamHandle& s, const BatchNormShape& shape,
+                   double eps, double momentum, const float* x, const float* gamma,
+                   const float* beta, const Output& output, float* saved_mean,
+                   float* saved_invstd, float* running_mean, float* running_var) {
   if (shape.size() <= 0) return;
   const std::int64_t slices = slices_of(shape);
   // Scratch: the partial pairs, then three floats per channel (the maps).
@@ -252,23 +287,23 @@ void forward_train(const StreamHandle& s, const BatchNormShape& shape, double ep
       s.scratch(partial_bytes + 3 * std::size_t(shape.channels) * sizeof(float)));
   auto* partials = reinterpret_cast<double*>(scratch);
   auto* maps = reinterpret_cast<float*>(scratch + partial_bytes);
-  launch_partials<Sums::kStatistics, false>(names<relu>().statistics, s, shape, slices, x,
-                                            nullptr, nullptr, nullptr, partials);
-  launch_grid_stride(names<relu>().statistics, s, shape.channels, statistics, shape.channels,
+  launch_partials<Sums::kStatistics, false>(names.statistics, s, shape, slices, x, nullptr,
+                                            nullptr, nullptr, partials);
+  launch_grid_stride(names.statistics, s, shape.channels, statistics, shape.channels,
                      shape.plane(), shape.values_per_channel(), slices, eps, momentum, x,
                      gamma, beta, partials, saved_mean, saved_invstd, running_mean, running_var,
                      maps);
-  launch_grid_stride(names<relu>().forward_train, s, shape.size(), normalise<relu>, shape.size(),
-                     shape.channels, shape.plane(), x, maps, y);
+  launch_grid_stride(names.forward_train, s, shape.size(), normalise<Output>, shape.size(),
+                     shape.channels, shape.plane(), x, maps, output);
 }
 
-template <bool relu>
-void forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps, const float* x,
-                  const float* gamma, const float* beta, const float* running_mean,
-                  const float* running_var, float* y) {
-  launch_grid_stride(names<relu>().forward_eval, s, shape.size(), normalise_eval<relu>,
-                     shape.size(), shape.channels, shape.plane(), float(eps), x, gamma, beta,
-                     running_mean, running_var, y);
+template <class Output>
+void forward_eval(const LaunchNames& names, const StreamHandle& s, const BatchNormShape& shape,
+                  double eps, const float* x, const float* gamma, const float* beta,
+                  const float* running_mean, const float* running_var, const Output& output) {
+  launch_grid_stride(names.forward_eval, s, shape.size(), normalise_eval<Output>, shape.size(),
+                     shape.channels, shape.plane(), float(eps), x, gamma, beta, running_mean,
+                     running_var, output);
 }
 
 // y: the fused forward's output when relu (the mask), else unused.
@@ -299,14 +334,15 @@ void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape,
                              double momentum, const float* x, const float* gamma,
                              const float* beta, float* y, float* saved_mean, float* saved_invstd,
                              float* running_mean, float* running_var) {
-  forward_train<false>(s, shape, eps, momentum, x, gamma, beta, y, saved_mean, saved_invstd,
-                       running_mean, running_var);
+  forward_train(kPlainNames, s, shape, eps, momentum, x, gamma, beta, TensorOutput<false>{y},
+                saved_mean, saved_invstd, running_mean, running_var);
 }
 
 void batchnorm_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
                             const float* x, const float* gamma, const float* beta,
                             const float* running_mean, const float* running_var, float* y) {
-  forward_eval<false>(s, shape, eps, x, gamma, beta, running_mean, running_var, y);
+  forward_eval(kPlainNames, s, shape, eps, x, gamma, beta, running_mean, running_var,
+               TensorOutput<false>{y});
 }
 
 void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
@@ -319,14 +355,15 @@ void batchnorm_relu_forward_train(const StreamHandle& s, const BatchNormShape& s
                                   double momentum, const float* x, const float* gamma,
                                   const float* beta, float* y, float* saved_mean,
                                   float* saved_invstd, float* running_mean, float* running_var) {
-  forward_train<true>(s, shape, eps, momentum, x, gamma, beta, y, saved_mean, saved_invstd,
-                      running_mean, running_var);
+  forward_train(kReluNames, s, shape, eps, momentum, x, gamma, beta, TensorOutput<true>{y},
+                saved_mean, saved_invstd, running_mean, running_var);
 }
 
 void batchnorm_relu_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
                                  const float* x, const float* gamma, const float* beta,
                                  const float* running_mean, const float* running_var, float* y) {
-  forward_eval<true>(s, shape, eps, x, gamma, beta, running_mean, running_var, y);
+  forward_eval(kReluNames, s, shape, eps, x, gamma, beta, running_mean, running_var,
+               TensorOutput<true>{y});
 }
 
 void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
@@ -334,6 +371,24 @@ void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape,
                              const float* saved_mean, const float* saved_invstd, float* dx,
                              float* dgamma, float* dbeta) {
   backward<true>(s, shape, x, y, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
+}
+
+void batchnorm_relu_coupling_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                   double momentum, CouplingDirection direction, const float* z,
+                                   const float* gamma, const float* beta, const float* a,
+                                   float* out, float* saved_mean, float* saved_invstd,
+                                   float* running_mean, float* running_var) {
+  forward_train(kCouplingNames, s, shape, eps, momentum, z, gamma, beta,
+                CouplingOutput{direction, shape.channels * shape.plane(), a, out}, saved_mean,
+                saved_invstd, running_mean, running_var);
+}
+
+void batchnorm_relu_coupling_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                  CouplingDirection direction, const float* z, const float* gamma,
+                                  const float* beta, const float* running_mean,
+                                  const float* running_var, const float* a, float* out) {
+  forward_eval(kCouplingNames, s, shape, eps, z, gamma, beta, running_mean, running_var,
+               CouplingOutput{direction, shape.channels * shape.plane(), a, out});
 }
 
 }  // namespace petra::kernels::cuda

@@ -116,6 +116,40 @@ void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape,
                      dbeta);
 }
 
+namespace {
+// out = the coupling of `a` with f in `direction` (kernels/coupling.hpp's oracle).
+template <class T>
+void couple(const StreamHandle& s, const BatchNormShape& shape, CouplingDirection direction, const T* a,
+            const std::vector<T>& f, T* out) {
+  const CouplingShape coupling{shape.batch, shape.channels, shape.height, shape.width};
+  if (direction == CouplingDirection::forward) coupling_forward(s, coupling, a, f.data(), out);
+  else coupling_inverse(s, coupling, a, f.data(), out);
+}
+}  // namespace
+
+// The oracle of the fused op is its definition: f = relu(BN(z)) stored, then the coupling.
+template <class T>
+void batchnorm_relu_coupling_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                   double momentum, CouplingDirection direction, const T* z,
+                                   const T* gamma, const T* beta, const T* a, T* out,
+                                   T* saved_mean, T* saved_invstd, T* running_mean,
+                                   T* running_var) {
+  std::vector<T> f(static_cast<std::size_t>(shape.size()));
+  batchnorm_relu_forward_train(s, shape, eps, momentum, z, gamma, beta, f.data(), saved_mean,
+                               saved_invstd, running_mean, running_var);
+  couple(s, shape, direction, a, f, out);
+}
+
+template <class T>
+void batchnorm_relu_coupling_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                  CouplingDirection direction, const T* z, const T* gamma,
+                                  const T* beta, const T* running_mean, const T* running_var,
+                                  const T* a, T* out) {
+  std::vector<T> f(static_cast<std::size_t>(shape.size()));
+  batchnorm_relu_forward_eval(s, shape, eps, z, gamma, beta, running_mean, running_var, f.data());
+  couple(s, shape, direction, a, f, out);
+}
+
 #define PETRA_INSTANTIATE(T)                                                                   \
   template void batchnorm_forward_train<T>(const StreamHandle&, const BatchNormShape&, double, \
                                            double, const T*, const T*, const T*, T*, T*, T*,   \
@@ -133,7 +167,14 @@ void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape,
                                                const T*, T*);                                  \
   template void batchnorm_relu_backward<T>(const StreamHandle&, const BatchNormShape&,         \
                                            const T*, const T*, const T*, const T*, const T*,   \
-                                           const T*, T*, T*, T*);
+                                           const T*, T*, T*, T*);                           \
+  template void batchnorm_relu_coupling_train<T>(const StreamHandle&, const BatchNormShape&,   \
+                                                 double, double, CouplingDirection, const T*,  \
+                                                 const T*, const T*, const T*, T*, T*, T*, T*, \
+                                                 T*);                                          \
+  template void batchnorm_relu_coupling_eval<T>(const StreamHandle&, const BatchNormShape&,    \
+                                                double, CouplingDirection, const T*, const T*, \
+                                                const T*, const T*, const T*, const T*, T*);
 PETRA_INSTANTIATE(float)
 PETRA_INSTANTIATE(double)
 #undef PETRA_INSTANTIATE

@@ -441,3 +441,87 @@ TEST_CASE("batchnorm_relu: ref backward matches finite differences (training mod
         {x0, gamma0, beta0}, g, {dx, dgamma, dbeta}, {"dx", "dgamma", "dbeta"});
   }
 }
+
+// ---------------------------------------------------------------- batch norm + ReLU + coupling
+TEST_CASE("batchnorm_relu_coupling: cpu and ref equal batch norm + relu then the coupling, bit for bit") {
+  pk::HeapWorkspace workspace;
+  pk::StreamHandle s;
+  s.num_threads = 2;
+  s.workspace = &workspace;
+  std::uint64_t seed = 700;
+  for (const auto& shape : kReluShapes)
+    for (const auto direction : {pk::CouplingDirection::forward, pk::CouplingDirection::inverse}) {
+      const bool forward = direction == pk::CouplingDirection::forward;
+      INFO(describe(shape), forward ? " forward" : " inverse");
+      const pk::CouplingShape coupling{shape.batch, shape.channels, shape.height, shape.width};
+      const TrainCase<float> start(shape, seed, -1, 1);
+      const std::vector<float> a = random_values<float>(2 * shape.size(), seed + 10);
+      seed += 20;
+      // What the fused op must equal, per backend: f = relu(BN(z)) stored, then the coupling.
+      auto compose = [&](auto bn_relu, auto couple, TrainCase<float>& c) {
+        bn_relu(s, shape, kEps, kMomentum, c.x.data(), c.gamma.data(), c.beta.data(), c.y.data(), c.mean.data(),
+                c.invstd.data(), c.running_mean.data(), c.running_var.data());
+        std::vector<float> out(a.size(), -555.f);
+        couple(s, coupling, a.data(), c.y.data(), out.data());
+        return out;
+      };
+
+      TrainCase<float> fused = start, unfused = start;
+      std::vector<float> out(a.size(), 777.f);
+      pk::cpu::batchnorm_relu_coupling_train(s, shape, kEps, kMomentum, direction, fused.x.data(), fused.gamma.data(),
+                                             fused.beta.data(), a.data(), out.data(), fused.mean.data(),
+                                             fused.invstd.data(), fused.running_mean.data(),
+                                             fused.running_var.data());
+      const std::vector<float> expected =
+          forward ? compose(pk::cpu::batchnorm_relu_forward_train, pk::cpu::coupling_forward, unfused)
+                  : compose(pk::cpu::batchnorm_relu_forward_train, pk::cpu::coupling_inverse, unfused);
+      CHECK(out == expected);
+      CHECK(fused.mean == unfused.mean);
+      CHECK(fused.invstd == unfused.invstd);
+      CHECK(fused.running_mean == unfused.running_mean);
+      CHECK(fused.running_var == unfused.running_var);
+
+      TrainCase<float> ref = start, ref_unfused = start;
+      std::vector<float> out_ref(a.size(), 333.f);
+      pk::ref::batchnorm_relu_coupling_train<float>(s, shape, kEps, kMomentum, direction, ref.x.data(),
+                                                    ref.gamma.data(), ref.beta.data(), a.data(), out_ref.data(),
+                                                    ref.mean.data(), ref.invstd.data(), ref.running_mean.data(),
+                                                    ref.running_var.data());
+      const std::vector<float> expected_ref =
+          forward ? compose(pk::ref::batchnorm_relu_forward_train<float>, pk::ref::coupling_forward<float>, ref_unfused)
+                  : compose(pk::ref::batchnorm_relu_forward_train<float>, pk::ref::coupling_inverse<float>, ref_unfused);
+      CHECK(out_ref == expected_ref);
+      CHECK(ref.running_var == ref_unfused.running_var);
+      CHECK(relative_error(out, out_ref) < 1e-5);
+      CHECK(relative_error(fused.running_mean, ref.running_mean) < 1e-6);
+
+      // The moved stream is a copy, bit for bit: forward out2 = a1, inverse out1 = a2.
+      const std::int64_t stream = shape.size() / shape.batch;
+      for (std::int64_t n = 0; n < shape.batch; ++n)
+        for (std::int64_t i = 0; i < stream; ++i) {
+          const std::size_t moved = std::size_t((2 * n + (forward ? 1 : 0)) * stream + i);
+          const std::size_t from = std::size_t((2 * n + (forward ? 0 : 1)) * stream + i);
+          if (out[moved] != a[from]) {
+            FAIL_CHECK("moved stream differs at sample ", n, " position ", i);
+            n = shape.batch;
+            break;
+          }
+        }
+
+      // Evaluation, with the running statistics.
+      std::vector<float> out_eval(a.size(), 777.f), f_eval(std::size_t(shape.size()), 0.f),
+          expected_eval(a.size(), -1.f), out_eval_ref(a.size(), 1.f);
+      pk::cpu::batchnorm_relu_coupling_eval(s, shape, kEps, direction, start.x.data(), start.gamma.data(),
+                                            start.beta.data(), start.running_mean.data(), start.running_var.data(),
+                                            a.data(), out_eval.data());
+      pk::cpu::batchnorm_relu_forward_eval(s, shape, kEps, start.x.data(), start.gamma.data(), start.beta.data(),
+                                           start.running_mean.data(), start.running_var.data(), f_eval.data());
+      if (forward) pk::cpu::coupling_forward(s, coupling, a.data(), f_eval.data(), expected_eval.data());
+      else pk::cpu::coupling_inverse(s, coupling, a.data(), f_eval.data(), expected_eval.data());
+      CHECK(out_eval == expected_eval);
+      pk::ref::batchnorm_relu_coupling_eval<float>(s, shape, kEps, direction, start.x.data(), start.gamma.data(),
+                                                   start.beta.data(), start.running_mean.data(),
+                                                   start.running_var.data(), a.data(), out_eval_ref.data());
+      CHECK(relative_error(out_eval, out_eval_ref) < 1e-5);
+    }
+}

@@ -157,6 +157,49 @@ TEST_CASE("reversible stages invert exactly in the first stream and within 1e-6 
   }
 }
 
+TEST_CASE("a reversible stage's graph-free forward and inverse (F's last BN + ReLU fused into the coupling) "
+          "equal the unfused path bit for bit") {
+  // The unfused path is the one that keeps a graph (training mode only: evaluation keeps none);
+  // the kernels' own tests compare the fused op with the unfused ops in both modes.
+  ModelConfig c;
+  c.width = 8;
+  Model fused_model(c), unfused_model(c);
+  const std::size_t j = 1;
+  Stage& fused = fused_model.stage(j);
+  Stage& unfused = unfused_model.stage(j);
+  REQUIRE(fused.kind() == StageKind::reversible);
+  const Tensor x = random_tensor({4, 16, 8, 8}, 4, DType::f32);
+  auto buffers = [](const Stage& stage) {
+    std::vector<std::vector<float>> values;
+    for (const auto& [name, t] : stage.named_buffers()) values.push_back(t.to_vector<float>());
+    return values;
+  };
+  Tensor y_fused;
+  {
+    NoGradGuard no_grad;  // the pipeline's forward: the fused op
+    y_fused = fused.forward(Variable(x)).data();
+  }
+  const Tensor y_unfused = unfused.forward(Variable(x, true)).data();  // with a graph: BN + ReLU, then the coupling
+  CHECK(y_fused.to_vector<float>() == y_unfused.to_vector<float>());
+  CHECK(buffers(fused) == buffers(unfused));  // the running statistics moved alike
+  CHECK(buffers(fused) != buffers(Model(c).stage(j)));
+  // The inverse (fused) against reconstruct_and_backward's (unfused: F's output, then coupling_inverse).
+  const Tensor x_fused = fused.inverse(y_fused);
+  const Tensor x_unfused = unfused.reconstruct_and_backward(y_unfused, random_tensor(y_unfused.shape(), 5, DType::f32)).first;
+  CHECK(x_fused.to_vector<float>() == x_unfused.to_vector<float>());
+  CHECK(testing::relative_error(x_fused.to_vector<float>(), x.to_vector<float>()) < 1e-6);
+  CHECK(buffers(fused) == buffers(unfused));  // neither inversion moved them
+
+  // Evaluation: the running statistics are read, not moved, and the inverse still inverts.
+  fused.eval();
+  NoGradGuard no_grad;
+  const auto before = buffers(fused);
+  const Tensor y_eval = fused.forward(Variable(x)).data();
+  CHECK(buffers(fused) == before);
+  CHECK(y_eval.to_vector<float>() != y_fused.to_vector<float>());
+  CHECK(testing::relative_error(fused.inverse(y_eval).to_vector<float>(), x.to_vector<float>()) < 1e-6);
+}
+
 TEST_CASE("reconstruct_and_backward gives the gradients of the stored input") {
   ModelConfig c;
   c.width = 8;

@@ -339,3 +339,63 @@ TEST_CASE("emulated batchnorm_relu: backward matches ref, dx assigned, dgamma an
       }
   }
 }
+
+// The coupling fused with batch norm + ReLU (batchnorm_relu_coupling_*): the same bits as the
+// emulated batchnorm_relu forward followed by the emulated coupling kernel, both directions,
+// training (with the running statistics) and evaluation, with the grid caps; guards after `out`.
+TEST_CASE("emulated batchnorm_relu_coupling: equals batch norm + relu then the coupling, bit for bit") {
+  HeapWorkspace workspace;
+  StreamHandle s;
+  s.workspace = &workspace;
+  std::uint64_t seed = 5000;
+  for (const std::size_t cap : kGridCaps) {
+    const emu::GridStrideCap capped(cap);
+    for (const BatchNormShape& sh : kReluShapes)
+      for (const auto direction : {petra::kernels::CouplingDirection::forward, petra::kernels::CouplingDirection::inverse}) {
+        seed += 10;
+        const bool forward = direction == petra::kernels::CouplingDirection::forward;
+        const std::int64_t size = sh.size(), C = sh.channels;
+        const petra::kernels::CouplingShape coupling{sh.batch, sh.channels, sh.height, sh.width};
+        const AlignedFloats z(values(size, seed)), a(values(2 * size, seed + 1));
+        const AlignedFloats gamma(values(C, seed + 2, 0.5, 1.5)), beta(values(C, seed + 3));
+        const std::vector<float> out0 = values(2 * size, seed + 4, 5, 6), rm0 = values(C, seed + 5),
+                                 rv0 = values(C, seed + 6, 0.5, 2);
+        INFO(describe(sh), forward ? " forward" : " inverse", " grid cap=", cap);
+
+        const AlignedFloats out(out0), mean(values(C, 1)), invstd(values(C, 2)), rm(rm0), rv(rv0);
+        cu::batchnorm_relu_coupling_train(s, sh, kEps, kMomentum, direction, z.data(), gamma.data(), beta.data(),
+                                          a.data(), out.data(), mean.data(), invstd.data(), rm.data(), rv.data());
+        CHECK(emu::last_launch().kernel == std::string("batchnorm_relu_coupling_train"));
+        CHECK(guards_kept(out.values(), out0, 2 * size));
+
+        const AlignedFloats f(values(size, 3)), expected(out0), mean_u(values(C, 1)), invstd_u(values(C, 2)),
+            rm_u(rm0), rv_u(rv0);
+        cu::batchnorm_relu_forward_train(s, sh, kEps, kMomentum, z.data(), gamma.data(), beta.data(), f.data(),
+                                         mean_u.data(), invstd_u.data(), rm_u.data(), rv_u.data());
+        if (forward) cu::coupling_forward(s, coupling, a.data(), f.data(), expected.data());
+        else cu::coupling_inverse(s, coupling, a.data(), f.data(), expected.data());
+        CHECK(out.values() == expected.values());
+        CHECK(rm.values() == rm_u.values());
+        CHECK(rv.values() == rv_u.values());
+
+        std::vector<float> out_ref = out0, mean_ref(static_cast<std::size_t>(C)), invstd_ref(static_cast<std::size_t>(C)), rm_ref = rm0,
+                           rv_ref = rv0;
+        ref::batchnorm_relu_coupling_train<float>(s, sh, kEps, kMomentum, direction, z.data(), gamma.data(),
+                                                  beta.data(), a.data(), out_ref.data(), mean_ref.data(),
+                                                  invstd_ref.data(), rm_ref.data(), rv_ref.data());
+        CHECK(relative_error(head(out.values(), 2 * size), head(out_ref, 2 * size)) < 1e-5);
+
+        // Evaluation with the updated running statistics.
+        const AlignedFloats out_eval(out0), f_eval(values(size, 4)), expected_eval(out0);
+        cu::batchnorm_relu_coupling_eval(s, sh, kEps, direction, z.data(), gamma.data(), beta.data(), rm.data(),
+                                         rv.data(), a.data(), out_eval.data());
+        CHECK(emu::last_launch().kernel == std::string("batchnorm_relu_coupling_eval"));
+        cu::batchnorm_relu_forward_eval(s, sh, kEps, z.data(), gamma.data(), beta.data(), rm.data(), rv.data(),
+                                        f_eval.data());
+        if (forward) cu::coupling_forward(s, coupling, a.data(), f_eval.data(), expected_eval.data());
+        else cu::coupling_inverse(s, coupling, a.data(), f_eval.data(), expected_eval.data());
+        CHECK(out_eval.values() == expected_eval.values());
+        CHECK(guards_kept(out_eval.values(), out0, 2 * size));
+      }
+  }
+}

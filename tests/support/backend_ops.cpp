@@ -527,6 +527,31 @@ void add_batchnorm(std::vector<Case>& t) {
                    return Outputs{{"dx", dx}, {"dgamma", v[4]}, {"dbeta", v[5]}};
                  },
                  offset != 0 ? 1e-4 : kAccumulated});
+    // The coupling fused with batch norm + ReLU (ops::batchnorm_relu_coupling_*): z as x above, then
+    // the coupling's 2C-channel input a.
+    const Shape two_streams = x.with(1, 2 * x[1]);
+    const auto coupled = [=](InputMaker& m) {
+      Inputs v = in(m);
+      v.push_back(m.uniform(two_streams));
+      return v;
+    };
+    for (const bool training : {true, false}) {
+      const std::string mode = training ? " training " : " eval ";
+      t.push_back({"batchnorm_relu_coupling_forward", "batchnorm_relu_coupling_forward" + mode + where, coupled,
+                   [training](const Inputs& v) {
+                     const Tensor y = ops::batchnorm_relu_coupling_forward(v[5], v[0], v[1], v[2], v[3], v[4],
+                                                                           {training, 0.1, 1e-5});
+                     return Outputs{{"y", y}, {"running_mean", v[3]}, {"running_var", v[4]}};
+                   },
+                   kAccumulated});
+      t.push_back({"batchnorm_relu_coupling_inverse", "batchnorm_relu_coupling_inverse" + mode + where, coupled,
+                   [training](const Inputs& v) {
+                     const Tensor x = ops::batchnorm_relu_coupling_inverse(v[5], v[0], v[1], v[2], v[3], v[4],
+                                                                           {training, 0.1, 1e-5});
+                     return Outputs{{"x", x}, {"running_mean", v[3]}, {"running_var", v[4]}};
+                   },
+                   kAccumulated});
+    }
   }
   // Evaluation mode normalises each value alone: an empty batch is fine.
   const Shape empty{0, 3, 2, 2}, c3{3};
