@@ -262,6 +262,9 @@ nlohmann::json bench_batchnorm(std::int64_t batch, int repeats, const k::StreamH
     const auto n = std::size_t(shape.size()), c = std::size_t(shape.channels);
     const double tensor = 4.0 * double(n);
     DeviceBuffer x(n), y(n), dy(n), dx(n), gamma(c), beta(c), mean(c), invstd(c), rm(c), rv(c), dgamma(c), dbeta(c);
+    DeviceBuffer streams(2 * n), coupled(2 * n);  // the coupling's input and output (2C channels)
+    const k::CouplingShape coupling{shape.batch, shape.channels, shape.height, shape.width};
+    streams.upload(random_host(2 * n, 23), stream);
     x.upload(random_host(n, 21), stream);
     dy.upload(random_host(n, 22), stream);
     gamma.upload(Host(c, 1.0f), stream);
@@ -310,6 +313,19 @@ nlohmann::json bench_batchnorm(std::int64_t batch, int repeats, const k::StreamH
          [&] { k::cudnn::batchnorm_relu_backward(s, shape, x.get(), y.get(), dy.get(), gamma.get(), mean.get(),
                                                  invstd.get(), dx.get(), dgamma.get(), dbeta.get()); },
          &dx},
+        // Batch norm + ReLU fused into the coupling (a pipelined forward of a reversible stage):
+        // petra's one kernel; cuDNN's batch norm + petra's relu into y, then petra's coupling kernel
+        // (what --conv-impl cudnn runs). Traffic: z, both streams in, both out.
+        {"train+relu+coupling", 5 * tensor,
+         [&] { k::cuda::batchnorm_relu_coupling_train(s, shape, 1e-5, 0.1, k::CouplingDirection::forward, x.get(),
+                                                      gamma.get(), beta.get(), streams.get(), coupled.get(),
+                                                      mean.get(), invstd.get(), rm.get(), rv.get()); },
+         [&] {
+           k::cudnn::batchnorm_relu_forward_train(s, shape, 1e-5, 0.1, x.get(), gamma.get(), beta.get(), y.get(),
+                                                  mean.get(), invstd.get(), rm.get(), rv.get());
+           k::cuda::coupling_forward(s, coupling, streams.get(), y.get(), coupled.get());
+         },
+         &coupled},
     };
     const std::string name = fmt::format("({}, {}, {}, {})", shape.batch, shape.channels, shape.height, shape.width);
     // The training forward first fills mean and invstd, which the backward then uses.
