@@ -367,7 +367,8 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
   const double steady_images_per_second =
       steady.median_step_seconds > 0 ? double(config.batch_size) / steady.median_step_seconds : 0;
   if (steady.median_step_seconds > 0)
-    std::printf("steady state: median step %.2f ms over steps %lld-%lld of %zu (%.1f img/s)\n",
+    // "timed steps": the steps this process ran, a pipelined run's fill and drain included.
+    std::printf("steady state: median step %.2f ms over steps %lld-%lld of %zu timed steps (%.1f img/s)\n",
                 1e3 * steady.median_step_seconds, static_cast<long long>(steady.first),
                 static_cast<long long>(steady.last - 1), step_seconds.size(), steady_images_per_second);
   if (config.profile) {
