@@ -893,7 +893,8 @@ def petra_speed(args, threads: int, method: str, data_args: list[str], tmp: str)
     extra = data_args + ["--max-steps", str(total), "--epochs", "2", "--no-augment"]
     run_threads = threads
     if is_pipelined(method):
-        extra += ["--devices", ",".join(f"cpu:{i}" for i in range(threads)), "--threads-per-device", "1"]
+        extra += ["--devices", ",".join(f"cpu:{i}" for i in range(threads)), "--threads-per-device", "1",
+                  "--stages", args.petra_stages]
         run_threads = 1
     rows = run_petra(args, run_threads, method, extra, log, quiet=not args.verbose)
     steps = [s for r in rows if "epoch" in r for s in r.get("step_seconds", [])]
@@ -1142,6 +1143,9 @@ def main() -> None:
     sp.add_argument("--methods", type=lambda t: [m for m in t.split(",") if m], default=["backprop"],
                     help="petra-train methods to time, comma-separated (backprop, revbackprop, petra, ...; the "
                          "pipelined ones run T workers x 1 thread)")
+    sp.add_argument("--petra-stages", default="auto",
+                    help="petra-train's --stages for the pipelined methods (auto: its default; blocks: one block "
+                         "per stage, the official code's layout)")
     sp.add_argument("--revbackprop", action="store_true", help="also time petra's --method revbackprop")
     sp.add_argument("--petra-steady", action="store_true", help=argparse.SUPPRESS)  # steady is now always measured
     sp.add_argument("--torch-formats", type=lambda t: [f for f in t.split(",") if f], default=["nchw", "channels_last"],
