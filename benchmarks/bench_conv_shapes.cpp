@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "petra/kernels/conv2d.hpp"
+#include "tests/support/testing.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -70,22 +71,9 @@ std::vector<Layer> revnet18_width16_layers(std::int64_t batch) {
   };
 }
 
-Buffer random_buffer(std::int64_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  Buffer b(static_cast<std::size_t>(n));
-  for (auto& v : b) v = dist(gen);
-  return b;
-}
-
-double relative_error(const Buffer& a, const Buffer& b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+// Reproducible inputs and the error measure of the tests (tests/support/testing.hpp).
+Buffer random_buffer(std::size_t n, unsigned seed) { return petra::testing::random_values<float>(n, seed); }
+using petra::testing::relative_error;
 
 struct Timing {
   double median, fastest;  // seconds
