@@ -4,9 +4,12 @@
 // [first_channel, first_channel + count), and the part tensor is (batch, count, height, width).
 //   channel_split:  part = full[:, first_channel : first_channel + count]
 //   channel_insert: full[:, first_channel : first_channel + count] = part  (other channels untouched)
+//   channel_accumulate: full[:, first_channel : first_channel + count] += part  (the same)
 // Splitting a tensor into pieces is one channel_split per piece; concatenating pieces is one
 // channel_insert per piece, and the inserts together assign every channel of the result.
-// Both are memcpy per sample: count*height*width contiguous floats on each side.
+// Both are memcpy per sample: count*height*width contiguous floats on each side. channel_accumulate
+// is how autograd adds the gradient of a channel slice into its input's gradient without building
+// the zero-padded full tensor (petra/autograd.cpp, "channel pieces").
 #pragma once
 
 #include <cstdint>
@@ -34,6 +37,11 @@ template <class T>
 void channel_insert(const StreamHandle& s, const ChannelShape& shape, const T* part,
                     std::int64_t first_channel, std::int64_t count, T* full);
 
+// full's channel range += part; the other channels of full are left as they are.
+template <class T>
+void channel_accumulate(const StreamHandle& s, const ChannelShape& shape, const T* part,
+                        std::int64_t first_channel, std::int64_t count, T* full);
+
 }  // namespace ref
 
 namespace cpu {
@@ -42,17 +50,22 @@ void channel_split(const StreamHandle& s, const ChannelShape& shape, const float
                    std::int64_t first_channel, std::int64_t count, float* part);
 void channel_insert(const StreamHandle& s, const ChannelShape& shape, const float* part,
                     std::int64_t first_channel, std::int64_t count, float* full);
+void channel_accumulate(const StreamHandle& s, const ChannelShape& shape, const float* part,
+                        std::int64_t first_channel, std::int64_t count, float* full);
 
 }  // namespace cpu
 
 // Same contracts on the GPU (kernels/cuda/channel.cu): one grid-stride copy over batch * count *
-// plane floats, by float4 when every row start and pointer allows; bit for bit ref's.
+// plane floats, by float4 when every row start and pointer allows; bit for bit ref's (the
+// accumulation too: one float addition per element, as ref does).
 namespace cuda {
 
 void channel_split(const StreamHandle& s, const ChannelShape& shape, const float* full,
                    std::int64_t first_channel, std::int64_t count, float* part);
 void channel_insert(const StreamHandle& s, const ChannelShape& shape, const float* part,
                     std::int64_t first_channel, std::int64_t count, float* full);
+void channel_accumulate(const StreamHandle& s, const ChannelShape& shape, const float* part,
+                        std::int64_t first_channel, std::int64_t count, float* full);
 
 }  // namespace cuda
 

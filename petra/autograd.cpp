@@ -1,6 +1,7 @@
 // petra/autograd.cpp: Variables, graph nodes, and the backward engine.
 #include "petra/autograd.hpp"
 
+#include <string>
 #include <unordered_map>
 
 #include "petra/ops.hpp"
@@ -80,16 +81,36 @@ std::vector<Tensor> Node::apply(std::span<const Tensor> grad_outputs) {
   std::vector<Tensor> grads = backward_(grad_outputs);
   PETRA_CHECK(grads.size() == inputs_.size(), Error, "autograd: ", name_, " returned ", grads.size(),
               " gradients for ", inputs_.size(), " inputs");
-  for (std::size_t i = 0; i < grads.size(); ++i)
-    PETRA_CHECK(!grads[i].defined() || grads[i].shape() == inputs_[i].shape(), ShapeError, "autograd: ", name_,
-                " returned gradient ", grads[i].str(), " for input ", i, " of shape ", inputs_[i].shape().str());
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    const Shape& input = inputs_[i].shape();
+    const std::int64_t first = channel_piece(i);
+    const bool fits = first < 0 ? grads[i].shape() == input
+                                : grads[i].ndim() == input.ndim() && grads[i].shape().with(1, input[1]) == input &&
+                                      first + grads[i].size(1) <= input[1];
+    PETRA_CHECK(fits, ShapeError, "autograd: ", name_, " returned gradient ", grads[i].str(), " for input ", i,
+                " of shape ", input.str(), first < 0 ? std::string() : " (a piece from channel " + std::to_string(first) + ")");
+  }
   return grads;
+}
+
+void Node::set_channel_piece(std::size_t input, std::int64_t first_channel) {
+  PETRA_CHECK(input < inputs_.size() && inputs_[input].shape().ndim() >= 2 && first_channel >= 0 &&
+                  first_channel < inputs_[input].shape()[1],
+              ValueError, "autograd: ", name_, ": no channel ", first_channel, " in input ", input);
+  channel_piece_.resize(inputs_.size(), -1);
+  channel_piece_[input] = first_channel;
+}
+
+std::int64_t Node::channel_piece(std::size_t input) const {
+  return input < channel_piece_.size() ? channel_piece_[input] : -1;
 }
 
 void Node::release() {
   backward_ = nullptr;
   inputs_.clear();
   inputs_.shrink_to_fit();
+  channel_piece_.clear();
 }
 
 namespace {
@@ -193,6 +214,26 @@ struct Engine {
     }
   }
 
+  // A channel piece (Node::set_channel_piece) of v's gradient arrives. Added in place into v's
+  // running sum when that sum exists and nothing else holds it (it may alias a tensor another node
+  // also received: add's backward hands its gradient to both inputs); otherwise expanded with zeros
+  // and delivered as a whole gradient.
+  void deliver_piece(const Variable& v, const Tensor& piece, std::int64_t first) {
+    if (Node* n = v.grad_fn().get()) {
+      auto it = pending.find(n);
+      if (it != pending.end()) {
+        Tensor& sum = it->second[v.output_index()];
+        if (sum.defined() && sum.storage().use_count() == 1) {
+          ops::channel_accumulate_into(sum, piece, first);
+          return;
+        }
+      }
+    }
+    Tensor full = Tensor::zeros(v.shape(), piece.dtype(), piece.device());
+    ops::channel_accumulate_into(full, piece, first);
+    deliver(v, full);
+  }
+
   // A gradient arrives at variable v: route it to its producer node, or to the leaf.
   void deliver(const Variable& v, const Tensor& g) {
     if (Node* n = v.grad_fn().get()) {
@@ -235,8 +276,13 @@ struct Engine {
           for (auto [output, index] : c->second) captured[index] = grads_out[output];
         const std::vector<Tensor> grads_in = node->apply(grads_out);
         grads_out.clear();  // free the upstream gradients before walking on
-        for (std::size_t i = 0; i < grads_in.size(); ++i)
-          if (grads_in[i].defined()) deliver(node->inputs()[i], grads_in[i]);
+        for (std::size_t i = 0; i < grads_in.size(); ++i) {
+          if (!grads_in[i].defined()) continue;
+          if (const std::int64_t first = node->channel_piece(i); first >= 0)
+            deliver_piece(node->inputs()[i], grads_in[i], first);
+          else
+            deliver(node->inputs()[i], grads_in[i]);
+        }
       }
       if (!retain_graph) node->release();
       owned.reset();  // what only the graph kept alive goes now, not at the end of the pass

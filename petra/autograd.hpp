@@ -68,6 +68,13 @@ class Variable {
 
 // One recorded op. backward receives one gradient per output (undefined = that output got no
 // gradient) and returns one gradient per input (undefined = none for that input).
+//
+// Channel pieces: an op that reads a range of its input's channels (slice_channels) may declare
+// set_channel_piece(i, first): its backward then returns, for input i, only the gradient of
+// channels [first, first + count) (count = that tensor's size(1)); the other channels' is zero.
+// The engine adds the piece into that range of the input's running gradient in place when it
+// holds the only reference to it (ops::channel_accumulate_into), instead of building the
+// zero-padded full tensor and adding it: the same values, two full-size passes fewer.
 class Node : public std::enable_shared_from_this<Node> {
  public:
   using BackwardFn = std::function<std::vector<Tensor>(std::span<const Tensor> grad_outputs)>;
@@ -81,11 +88,15 @@ class Node : public std::enable_shared_from_this<Node> {
   void release();  // drops the closure (and what it saved) and the edges
   bool released() const { return !backward_; }
 
+  void set_channel_piece(std::size_t input, std::int64_t first_channel);
+  std::int64_t channel_piece(std::size_t input) const;  // its first channel, or -1: the whole gradient
+
  private:
   std::string name_;
   std::vector<Variable> inputs_;
   int num_outputs_;
   BackwardFn backward_;
+  std::vector<std::int64_t> channel_piece_;  // per input, -1 for none; empty when no input has one
 };
 
 // True when ops record a graph on this thread (default true).

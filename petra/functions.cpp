@@ -245,15 +245,13 @@ Variable concat_channels(std::span<const Variable> parts) {
 
 Variable slice_channels(const Variable& x, std::int64_t first, std::int64_t count) {
   Tensor part = ops::channel_slice(x.data(), first, count);
-  if (!should_record({&x})) return Variable(part);
-  const Shape x_shape = x.shape();
-  return record_one(std::move(part), "slice_channels", {x}, [x_shape, first, count](std::span<const Tensor> g) {
-    // The channels outside the slice get zero gradient.
-    const Tensor before = Tensor::zeros(x_shape.with(1, first), g[0].dtype(), g[0].device());
-    const Tensor after = Tensor::zeros(x_shape.with(1, x_shape[1] - first - count), g[0].dtype(), g[0].device());
-    const Tensor pieces[] = {before, g[0], after};
-    return std::vector<Tensor>{ops::channel_concat(pieces)};
-  });
+  if (count == 0 || !should_record({&x})) return Variable(part);  // no channel: no gradient either
+  // The gradient is the slice's own, declared a channel piece of x's: the engine adds it into
+  // channels [first, first + count) of x's gradient (the others get none from here).
+  Variable y = record_one(std::move(part), "slice_channels", {x},
+                          [](std::span<const Tensor> g) { return std::vector<Tensor>{g[0]}; });
+  y.grad_fn()->set_channel_piece(0, first);
+  return y;
 }
 
 Variable coupling(const Variable& x, const Variable& f) {

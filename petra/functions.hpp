@@ -45,7 +45,8 @@ Variable concat_channels(std::span<const Variable> parts);
 // x's values on `device` (x itself when already there); the gradient goes back to x's device. How a
 // model whose stages sit on several GPUs runs forward (nn::Model::forward).
 Variable to_device(const Variable& x, Device device);
-Variable slice_channels(const Variable& x, std::int64_t first, std::int64_t count);  // a packed copy
+Variable slice_channels(const Variable& x, std::int64_t first, std::int64_t count);  // a packed copy; its
+                                                                                    // gradient a channel piece
 Variable cross_entropy(const Variable& logits, const Tensor& labels);  // mean over the batch
 Variable coupling(const Variable& x, const Variable& f);                // (x2 + f, x1)
 

@@ -843,6 +843,18 @@ Tensor channel_concat(std::span<const Tensor> parts) {
   return full;
 }
 
+void channel_accumulate_into(const Tensor& full, const Tensor& part, std::int64_t first) {
+  check_float(full, "channel_accumulate_into", "full");
+  check_like(full, part, "channel_accumulate_into", "part");
+  const auto k = channel_shape(full.shape(), "channel_accumulate_into");
+  PETRA_CHECK(part.ndim() == full.ndim() && first >= 0 && first + part.size(1) <= k.channels &&
+                  part.shape().with(1, k.channels) == full.shape(),
+              ShapeError, "channel_accumulate_into: ", part.str(), " does not fit channels from ", first, " of ",
+              full.str());
+  const auto& s = stream_for(full.device());
+  PETRA_CALL(CHANNEL, full, channel_accumulate, s, k, part.data_ptr<T>(), first, part.size(1), full.data_ptr<T>());
+}
+
 // ---------------------------------------------------------------- coupling
 namespace {
 kernels::CouplingShape coupling_shape(const Tensor& two_streams, const Tensor& f, const char* op) {

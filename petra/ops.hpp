@@ -109,6 +109,7 @@ Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape);
 // channels of NCHW tensors (any rank >= 2: dims after the channels are flattened)
 Tensor channel_slice(const Tensor& x, std::int64_t first, std::int64_t count);  // packed copy
 Tensor channel_concat(std::span<const Tensor> parts);
+void channel_accumulate_into(const Tensor& full, const Tensor& part, std::int64_t first);  // full[:, first:..] += part
 
 // loss: logits [batch, classes], labels int64 [batch]
 struct CrossEntropySaved {

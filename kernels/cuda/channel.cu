@@ -1,13 +1,15 @@
-// kernels/cuda/channel.cu: the cuda:: channel_split and channel_insert of kernels/channel.hpp.
+// kernels/cuda/channel.cu: the cuda:: channel_split, channel_insert and channel_accumulate of
+// kernels/channel.hpp.
 //
-// Both are a strided copy: per sample, count * plane contiguous floats on each side, at sample
+// All three are a strided walk (a copy, or an addition into the full tensor): per sample, count * plane contiguous floats on each side, at sample
 // strides of count * plane (the part) and channels * plane (the full tensor). One grid-stride
 // kernel covers all batch * count * plane items, so small planes and small batches still fill the
 // GPU (a cudaMemcpy2DAsync per call would also do, but would not run on the emulation and does
 // one row per sample). Consecutive threads copy consecutive floats: coalesced on both sides. When
 // count * plane and channels * plane (every row start) are multiples of 4 floats and the pointers
 // are 16-byte aligned, a thread moves a float4 instead, as kernels/cuda/coupling.cu does: a quarter
-// of the instructions for the same bytes. Pure copies: the result is bit for bit ref's.
+// of the instructions for the same bytes. Copies, and one float addition per element: the result
+// is bit for bit ref's.
 #include <cstdint>
 
 #include "petra/kernels/channel.hpp"
@@ -18,7 +20,15 @@ namespace {
 
 using cuda_detail::aligned_16;
 
-enum class Direction { kSplit, kInsert };
+enum class Direction { kSplit, kInsert, kAccumulate };
+
+__device__ inline void add_to(float& to, float from) { to += from; }
+__device__ inline void add_to(float4& to, float4 from) {
+  to.x += from.x;
+  to.y += from.y;
+  to.z += from.z;
+  to.w += from.w;
+}
 
 // For every sample n and index i < row (all counted in V): the part's row of sample n starts at
 // n * row, the full tensor's at n * full_stride + offset.
@@ -31,7 +41,8 @@ __global__ void channel_copy(std::int64_t batch, std::int64_t row, std::int64_t 
     const std::int64_t n = k / row, i = k - n * row;
     const std::int64_t full_index = n * full_stride + offset + i;
     if constexpr (direction == Direction::kSplit) to[k] = from[full_index];
-    else to[full_index] = from[k];
+    else if constexpr (direction == Direction::kInsert) to[full_index] = from[k];
+    else add_to(to[full_index], from[k]);
   }
 }
 
@@ -61,6 +72,11 @@ void channel_split(const StreamHandle& s, const ChannelShape& shape, const float
 void channel_insert(const StreamHandle& s, const ChannelShape& shape, const float* part,
                     std::int64_t first_channel, std::int64_t count, float* full) {
   launch_copy<Direction::kInsert>("channel_insert", s, shape, first_channel, count, part, full);
+}
+
+void channel_accumulate(const StreamHandle& s, const ChannelShape& shape, const float* part,
+                        std::int64_t first_channel, std::int64_t count, float* full) {
+  launch_copy<Direction::kAccumulate>("channel_accumulate", s, shape, first_channel, count, part, full);
 }
 
 }  // namespace petra::kernels::cuda

@@ -204,3 +204,93 @@ TEST_CASE("Variable operators broadcast, keep the operand's shape and dtype, and
   CHECK(shifted.shape() == Shape{2, 2});
   CHECK(shifted.data().to_vector<float>() == std::vector<float>{0.5f, -0.5f, -1.5f, -2.5f});
 }
+
+// ---- channel pieces: slice_channels' gradient is added into its input's gradient in place
+namespace {
+Variable leaf4(const Shape& shape, std::uint64_t seed) {
+  MemoryScope scope(MemoryTag::parameters, kNoOwner);
+  return Variable(Tensor::from_vector<double>(shape, testing::random_values<double>(shape.numel(), seed)), true);
+}
+Tensor values4(const Shape& shape, std::uint64_t seed) {
+  return Tensor::from_vector<double>(shape, testing::random_values<double>(shape.numel(), seed));
+}
+// 2 * (3 gq + gp placed at channels [1, 3)): the gradient of x for q = 3 u, p = u[:, 1:3], u = 2 x.
+std::vector<double> expected_piece_gradient(const Shape& shape, const Tensor& gq, const Tensor& gp) {
+  const auto q = gq.to_vector<double>(), p = gp.to_vector<double>();
+  const std::int64_t plane = shape[2] * shape[3];
+  std::vector<double> dx(q.size());
+  for (std::int64_t n = 0; n < shape[0]; ++n)
+    for (std::int64_t c = 0; c < shape[1]; ++c)
+      for (std::int64_t i = 0; i < plane; ++i) {
+        const std::int64_t k = (n * shape[1] + c) * plane + i;
+        const double piece = c >= 1 && c < 3 ? p[((n * 2) + c - 1) * plane + i] : 0.0;
+        dx[k] = 2 * (3 * q[k] + piece);
+      }
+  return dx;
+}
+}  // namespace
+
+TEST_CASE("a channel slice's gradient lands in its channels, added in place or not, with the same bits") {
+  const Shape shape{2, 4, 3, 2};
+  const Tensor gq = values4(shape, 21), gp = values4(shape.with(1, 2), 22);
+  const std::vector<double> expected = expected_piece_gradient(shape, gq, gp);
+  std::vector<std::vector<double>> grads;
+  for (const bool q_first : {true, false}) {  // q's node first: the piece is added in place into
+    CAPTURE(q_first);                          // u's fresh gradient; p's first: it is expanded
+    const Variable x = leaf4(shape, 20);
+    const Variable u = scale(x, 2.0);
+    const Variable q = scale(u, 3.0), p = slice_channels(u, 1, 2);
+    REQUIRE(p.grad_fn()->channel_piece(0) == 1);
+    // The engine walks the roots' nodes last root first.
+    const Variable outputs_p_q[] = {p, q}, outputs_q_p[] = {q, p};
+    const Tensor seeds_p_q[] = {gp, gq}, seeds_q_p[] = {gq, gp};
+    if (q_first)
+      petra::backward(outputs_p_q, seeds_p_q);
+    else
+      petra::backward(outputs_q_p, seeds_q_p);
+    const auto dx = x.grad().to_vector<double>();
+    for (std::size_t k = 0; k < dx.size(); ++k) CHECK(dx[k] == doctest::Approx(expected[k]).epsilon(1e-14));
+    grads.push_back(dx);
+  }
+  CHECK(grads[0] == grads[1]);
+}
+
+TEST_CASE("a channel piece is never added into a gradient that another holder shares") {
+  // s = u + w hands the caller's seed gs to u and to w unchanged; p's piece then arrives at u:
+  // adding it in place would change the caller's seed (and w's gradient).
+  const Shape shape{2, 4, 3, 2};
+  const Variable x = leaf4(shape, 30), x2 = leaf4(shape, 31);
+  const Variable u = scale(x, 2.0), w = scale(x2, 5.0);
+  const Variable s = add(u, w), p = slice_channels(u, 1, 2);
+  const Tensor gs = values4(shape, 32), gp = values4(shape.with(1, 2), 33);
+  const std::vector<double> gs_before = gs.to_vector<double>();
+  const Variable outputs[] = {p, s};
+  const Tensor seeds[] = {gp, gs};
+  petra::backward(outputs, seeds);
+  CHECK(gs.to_vector<double>() == gs_before);
+  const auto dx = x.grad().to_vector<double>(), dx2 = x2.grad().to_vector<double>();
+  // dx = 2 (gs + gp at [1, 3)), dx2 = 5 gs: the q-free form of expected_piece_gradient with gq = gs / 3.
+  const auto gsv = gs.to_vector<double>(), gpv = gp.to_vector<double>();
+  const std::int64_t plane = shape[2] * shape[3];
+  for (std::int64_t n = 0; n < shape[0]; ++n)
+    for (std::int64_t c = 0; c < shape[1]; ++c)
+      for (std::int64_t i = 0; i < plane; ++i) {
+        const std::int64_t k = (n * shape[1] + c) * plane + i;
+        const double piece = c >= 1 && c < 3 ? gpv[((n * 2) + c - 1) * plane + i] : 0.0;
+        CHECK(dx[k] == doctest::Approx(2 * (gsv[k] + piece)).epsilon(1e-14));
+        CHECK(dx2[k] == doctest::Approx(5 * gsv[k]).epsilon(1e-14));
+      }
+}
+
+TEST_CASE("a gradient piece that does not fit its input is a clear error") {
+  const Shape shape{2, 4, 3, 2};
+  const Variable x = leaf4(shape, 40);
+  // A node that declares a piece from channel 2 but returns 3 channels (2 + 3 > 4).
+  const Variable y = record_one(values4(shape, 41), "bad_piece", {x},
+                                [shape](std::span<const Tensor>) { return std::vector<Tensor>{values4(shape.with(1, 3), 42)}; });
+  y.grad_fn()->set_channel_piece(0, 2);
+  const Variable outputs[] = {y};
+  const Tensor seeds[] = {values4(shape, 43)};
+  CHECK_THROWS_AS(petra::backward(outputs, seeds), ShapeError);
+  CHECK_THROWS_AS(y.grad_fn()->set_channel_piece(0, 4), ValueError);
+}

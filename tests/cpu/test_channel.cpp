@@ -78,6 +78,37 @@ TEST_CASE("channel: cpu matches ref; split assigns, insert assigns only its rang
   }
 }
 
+TEST_CASE("channel: accumulate adds the part into its range only; cpu matches ref bit for bit") {
+  pk::StreamHandle s;
+  s.num_threads = 2;
+  std::uint64_t seed = 101;
+  for (const auto& [shape, first, count] : kCases) {
+    CAPTURE(shape.batch);
+    CAPTURE(shape.channels);
+    CAPTURE(first);
+    CAPTURE(count);
+    const std::int64_t part_size = shape.batch * count * shape.plane();
+    const auto part = random_values<float>(part_size, seed++);
+    const auto background = random_values<float>(shape.size(), seed++);
+    std::vector<float> full_cpu = background, full_ref = background;
+    pk::cpu::channel_accumulate(s, shape, part.data(), first, count, full_cpu.data());
+    pk::ref::channel_accumulate(s, shape, part.data(), first, count, full_ref.data());
+    CHECK(full_cpu == full_ref);
+    bool inside_ok = true, outside_ok = true;
+    for (std::int64_t n = 0; n < shape.batch; ++n)
+      for (std::int64_t c = 0; c < shape.channels; ++c)
+        for (std::int64_t i = 0; i < shape.plane(); ++i) {
+          const std::int64_t k = (n * shape.channels + c) * shape.plane() + i;
+          if (c >= first && c < first + count)
+            inside_ok &= full_cpu[k] == background[k] + part[(n * count + c - first) * shape.plane() + i];
+          else
+            outside_ok &= full_cpu[k] == background[k];
+        }
+    CHECK(inside_ok);
+    CHECK(outside_ok);
+  }
+}
+
 TEST_CASE("channel: split into uneven pieces, then insert them back, gives the tensor back") {
   pk::StreamHandle s;
   s.num_threads = 2;

@@ -1,6 +1,6 @@
-// tests/emulation/test_emulated_channel.cpp: channel_split and channel_insert of
-// kernels/cuda/channel.cu, run on the CPU by the CUDA emulation (emulated_channel.cpp), against
-// kernels::ref, bit for bit (pure copies).
+// tests/emulation/test_emulated_channel.cpp: channel_split, channel_insert and channel_accumulate
+// of kernels/cuda/channel.cu, run on the CPU by the CUDA emulation (emulated_channel.cpp), against
+// kernels::ref, bit for bit (copies, and one addition per element).
 //
 // Planes of 1, 31, 33 and 4 x 4, channel ranges at the start, middle and end, batch 0 and 1;
 // offsets 0 (float4 path where the row lengths allow) and 1 (float path); grid caps of 1 and 3
@@ -34,7 +34,7 @@ const std::vector<Case> kCases = {
 
 }  // namespace
 
-TEST_CASE("emulated channel: split and insert match ref bit for bit") {
+TEST_CASE("emulated channel: split, insert and accumulate match ref bit for bit") {
   const StreamHandle s;
   int compared = 0;
   for (const std::size_t cap : kGridCaps) {
@@ -75,7 +75,20 @@ TEST_CASE("emulated channel: split and insert match ref bit for bit") {
           CHECK_MESSAGE(bit_differences(full.values(), expected).empty(), bit_differences(full.values(), expected));
           if (items > 0) CHECK(emu::last_launch().grid.x == expected_blocks(items));
         }
-        compared += 2;
+        {
+          const AlignedFloats part(random_values(part_size + offset + kGuard, 500 + seed));
+          const std::vector<float> before = random_values(full_size + offset + kGuard, 600 + seed, 5.0, 6.0);
+          std::vector<float> expected = before;
+          ref::channel_accumulate<float>(s, c.shape, part.data() + offset, c.first, c.count, expected.data() + offset);
+          const AlignedFloats full(before);
+          cu::channel_accumulate(s, c.shape, part.data() + offset, c.first, c.count, full.data() + offset);
+          CHECK_MESSAGE(bit_differences(full.values(), expected).empty(), bit_differences(full.values(), expected));
+          if (items > 0) {
+            CHECK(emu::last_launch().grid.x == expected_blocks(items));
+            CHECK(emu::last_launch().kernel == std::string("channel_accumulate"));
+          }
+        }
+        compared += 3;
       }
   }
   MESSAGE("channel: ", compared, " comparisons");

@@ -638,6 +638,19 @@ void add_channels(std::vector<Case>& t) {
                  [first, count](const Inputs& v) { return Outputs{{"part", ops::channel_slice(v[0], first, count)}}; },
                  kExact});
   }
+  // Accumulate: the part added into a range of a full tensor, the other channels untouched.
+  for (const Slice& s : slices) {
+    const Shape x = s.x;
+    const std::int64_t first = s.first, count = s.count;
+    t.push_back({"channel_accumulate_into",
+                 "channel_accumulate_into x" + x.str() + " channels [" + str(first) + ", " + str(first + count) + ")",
+                 [x, count](InputMaker& m) { return Inputs{m.uniform(x), m.uniform(x.with(1, count))}; },
+                 [first](const Inputs& v) {
+                   ops::channel_accumulate_into(v[0], v[1], first);
+                   return Outputs{{"full", v[0]}};
+                 },
+                 kRounding});
+  }
   const std::vector<std::vector<Shape>> concats = {{{2, 1, 3, 5}, {2, 3, 3, 5}, {2, 2, 3, 5}},
                                                    {{1, 5, 1, 1}},
                                                    {{3, 4}, {3, 1}},
