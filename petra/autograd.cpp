@@ -215,19 +215,23 @@ struct Engine {
   }
 
   // A channel piece (Node::set_channel_piece) of v's gradient arrives. Added in place into v's
-  // running sum when that sum exists and nothing else holds it (it may alias a tensor another node
-  // also received: add's backward hands its gradient to both inputs); otherwise expanded with zeros
-  // and delivered as a whole gradient.
+  // running sum (its producer's slot, its capture slot, or a leaf's .grad, which deliver would
+  // also add into in place) when that sum exists and, for the first two, nothing else holds it:
+  // it may alias a tensor another node also received (add's backward hands its gradient to both
+  // inputs) or the caller's seed. Otherwise expanded with zeros and delivered as a whole gradient.
   void deliver_piece(const Variable& v, const Tensor& piece, std::int64_t first) {
+    Tensor* sum = nullptr;
     if (Node* n = v.grad_fn().get()) {
-      auto it = pending.find(n);
-      if (it != pending.end()) {
-        Tensor& sum = it->second[v.output_index()];
-        if (sum.defined() && sum.storage().use_count() == 1) {
-          ops::channel_accumulate_into(sum, piece, first);
-          return;
-        }
-      }
+      if (auto it = pending.find(n); it != pending.end()) sum = &it->second[v.output_index()];
+    } else if (auto it = leaf_capture.find(identity(v)); it != leaf_capture.end()) {
+      sum = &captured[it->second];
+    } else if (accumulate_leaves && v.requires_grad() && v.grad().defined()) {
+      ops::channel_accumulate_into(v.grad(), piece, first);
+      return;
+    }
+    if (sum != nullptr && sum->defined() && sum->storage().use_count() == 1) {
+      ops::channel_accumulate_into(*sum, piece, first);
+      return;
     }
     Tensor full = Tensor::zeros(v.shape(), piece.dtype(), piece.device());
     ops::channel_accumulate_into(full, piece, first);
