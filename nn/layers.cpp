@@ -42,38 +42,36 @@ BatchNormOptions BatchNorm2d::options() const {
   return o;
 }
 
-bool BatchNorm2d::passes_running_statistics(const BatchNormOptions& o) {
+std::pair<Tensor, Tensor> BatchNorm2d::running_statistics(const BatchNormOptions& o) const {
   // Evaluation reads the running statistics; training updates them only when the guard allows.
-  return !o.training || RunningStatsGuard::updates_enabled();
+  if (o.training && !RunningStatsGuard::updates_enabled()) return {};
+  return {running_mean_, running_var_};
 }
 
 Variable BatchNorm2d::forward(const Variable& x) const {
   const BatchNormOptions o = options();
-  const bool pass_running = passes_running_statistics(o);
-  return batch_norm(x, gamma_, beta_, pass_running ? running_mean_ : Tensor(), pass_running ? running_var_ : Tensor(), o);
+  const auto [mean, var] = running_statistics(o);
+  return batch_norm(x, gamma_, beta_, mean, var, o);
 }
 
 Variable BatchNorm2d::forward_relu(const Variable& x) const {
   const BatchNormOptions o = options();
-  const bool pass_running = passes_running_statistics(o);
-  return batch_norm_relu(x, gamma_, beta_, pass_running ? running_mean_ : Tensor(),
-                         pass_running ? running_var_ : Tensor(), o);
+  const auto [mean, var] = running_statistics(o);
+  return batch_norm_relu(x, gamma_, beta_, mean, var, o);
 }
 
 Tensor BatchNorm2d::coupling_relu_forward(const Tensor& x, const Tensor& z) const {
   PETRA_CHECK(!grad_enabled(), ValueError, "BatchNorm2d::coupling_relu_forward keeps no graph: call it with gradients off");
   const BatchNormOptions o = options();
-  const bool pass_running = passes_running_statistics(o);
-  return ops::batchnorm_relu_coupling_forward(x, z, gamma_.data(), beta_.data(), pass_running ? running_mean_ : Tensor(),
-                                              pass_running ? running_var_ : Tensor(), o);
+  const auto [mean, var] = running_statistics(o);
+  return ops::batchnorm_relu_coupling_forward(x, z, gamma_.data(), beta_.data(), mean, var, o);
 }
 
 Tensor BatchNorm2d::coupling_relu_inverse(const Tensor& y, const Tensor& z) const {
   PETRA_CHECK(!grad_enabled(), ValueError, "BatchNorm2d::coupling_relu_inverse keeps no graph: call it with gradients off");
   const BatchNormOptions o = options();
-  const bool pass_running = passes_running_statistics(o);
-  return ops::batchnorm_relu_coupling_inverse(y, z, gamma_.data(), beta_.data(), pass_running ? running_mean_ : Tensor(),
-                                              pass_running ? running_var_ : Tensor(), o);
+  const auto [mean, var] = running_statistics(o);
+  return ops::batchnorm_relu_coupling_inverse(y, z, gamma_.data(), beta_.data(), mean, var, o);
 }
 
 Linear::Linear(std::int64_t in_features, std::int64_t out_features, Init& init, bool bias) {

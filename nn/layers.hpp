@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <utility>
 
 #include "petra/nn/module.hpp"
 #include "petra/functions.hpp"
@@ -65,8 +66,9 @@ class BatchNorm2d : public Module {
  private:
   // The options of a call now (training mode, the momentum a RunningStatsMomentumGuard may set).
   BatchNormOptions options() const;
-  // Whether a training call now moves the running statistics (always read in evaluation).
-  static bool passes_running_statistics(const BatchNormOptions& o);
+  // The running statistics a call with options o passes to its op: read in evaluation, moved in
+  // training when RunningStatsGuard allows, undefined (neither) otherwise.
+  std::pair<Tensor, Tensor> running_statistics(const BatchNormOptions& o) const;
 
   double momentum_, eps_;
   Variable gamma_, beta_;
