@@ -86,22 +86,24 @@ void add_lane_sums(const __m512 (&acc)[kChannelBlock][Count], int64_t rows, Sum*
   }
 }
 
-// Output channels rounded up to the micro-kernels' blocks of 4 (the extra ones read zero weights).
-int64_t rounded_channels(const Conv2dShape& s) { return round_up(s.out_channels, kChannelBlock); }
+// Output channels rounded up to the micro-kernels' blocks of Block (the extra ones read zero weights).
+template <int Block = kChannelBlock>
+int64_t rounded_channels(const Conv2dShape& s) { return round_up(s.out_channels, Block); }
 
-// The weight in panels of 4 output channels: panels[o / 4][k][o % 4] = w[o][k] for the taps k =
-// (c, i, j), zero for o >= out_channels, so that a micro-kernel reads its 4 weights of a tap from
-// one place and its panel as one stream.
+// The weight in panels of Block output channels: panels[o / Block][k][o % Block] = w[o][k] for the
+// taps k = (c, i, j), zero for o >= out_channels, so that a micro-kernel reads its Block weights of
+// a tap from one place and its panel as one stream.
+template <int Block = kChannelBlock>
 void pack_weight(const StreamHandle& st, const Conv2dShape& s, const float* w, float* panels) {
   const int64_t taps = s.in_channels * s.kernel_h * s.kernel_w,
-                blocks = rounded_channels(s) / kChannelBlock;
+                blocks = rounded_channels<Block>(s) / Block;
   run_threads(st, [&](int t, int threads) {
     for (int64_t block = share(blocks, t, threads); block < share(blocks, t + 1, threads);
          ++block) {
-      float* to = panels + block * taps * kChannelBlock;
+      float* to = panels + block * taps * Block;
       for (int64_t k = 0; k < taps; ++k)
-        for (int64_t b = 0; b < kChannelBlock; ++b) {
-          const int64_t o = block * kChannelBlock + b;
+        for (int64_t b = 0; b < Block; ++b) {
+          const int64_t o = block * Block + b;
           *to++ = o < s.out_channels ? w[o * taps + k] : 0.0f;
         }
     }
@@ -109,19 +111,20 @@ void pack_weight(const StreamHandle& st, const Conv2dShape& s, const float* w, f
 }
 // The same for the stride-1 backward-data conv (transposed_stride1(s)), straight from s's weight:
 // its output channel c and tap k = (o, i, j) read w[o, c, kh - 1 - i, kw - 1 - j].
+template <int Block = kChannelBlock>
 void pack_flipped_weight(const StreamHandle& st, const Conv2dShape& s, const float* w,
                          float* panels) {
   const int64_t kh = s.kernel_h, kw = s.kernel_w, taps = s.out_channels * kh * kw;
-  const int64_t blocks = round_up(s.in_channels, kChannelBlock) / kChannelBlock;
+  const int64_t blocks = round_up(s.in_channels, Block) / Block;
   run_threads(st, [&](int t, int threads) {
     for (int64_t block = share(blocks, t, threads); block < share(blocks, t + 1, threads);
          ++block) {
-      float* to = panels + block * taps * kChannelBlock;
+      float* to = panels + block * taps * Block;
       for (int64_t o = 0; o < s.out_channels; ++o)
         for (int64_t i = 0; i < kh; ++i)
           for (int64_t j = 0; j < kw; ++j)
-            for (int64_t b = 0; b < kChannelBlock; ++b) {
-              const int64_t c = block * kChannelBlock + b;
+            for (int64_t b = 0; b < Block; ++b) {
+              const int64_t c = block * Block + b;
               *to++ = c < s.in_channels
                           ? w[((o * s.in_channels + c) * kh + kh - 1 - i) * kw + kw - 1 - j]
                           : 0.0f;
@@ -131,8 +134,9 @@ void pack_flipped_weight(const StreamHandle& st, const Conv2dShape& s, const flo
 }
 
 // Shared scratch of the forward passes, in floats: the packed weight.
+template <int Block = kChannelBlock>
 int64_t forward_shared(const Conv2dShape& s) {
-  return s.in_channels * s.kernel_h * s.kernel_w * rounded_channels(s);
+  return s.in_channels * s.kernel_h * s.kernel_w * rounded_channels<Block>(s);
 }
 
 }  // namespace

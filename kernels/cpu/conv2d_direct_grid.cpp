@@ -3,7 +3,8 @@
 // RevNet18 on 28x28 images), where the GEMM of conv2d_im2col.cpp is shallow and im2col plus
 // Eigen's packing cost about as much as the multiply-adds: these kernels skip both, keeping a
 // 4 x 6 block of 16-lane accumulators in registers and adding, for every tap, 4 broadcast weights
-// times 6 vectors of input loaded at the tap's shift, 1.3-1.8x faster on those layers.
+// times 6 vectors of input loaded at the tap's shift, 1.3-1.8x faster on those layers (the forward
+// takes 6 x 4 where there are 64 output channels or more: Tile, below).
 // kernels/cpu/conv2d.cpp chooses it for float wherever `applies` (below, with the measurements)
 // says so and conv2d_direct_small.cpp's kernels do not apply: kernels larger than 1x1, strides 1
 // and 2, outputs at least 7 columns wide (8 for a strided backward-weight), at least 4 output
@@ -35,7 +36,18 @@
 namespace petra::kernels::cpu::conv2d::direct::grid {
 namespace {
 
-constexpr int kVectorBlock = 6;  // grid vectors per forward micro-kernel (4 x 6 accumulators)
+// The forward micro-kernel's register tile: Channels output channels x Vectors grid vectors, fed
+// per tap by Channels broadcast weights and Vectors unaligned loads. 4 x 6 measured best on 16 and
+// 32 output channels, 6 x 4 on 64 and more, where rounding the channels up to 6 wastes little
+// (docs/results-cpu.md §1, "Forward kernels tried": 1.12x on 64 @ 7). Each output is summed over
+// the taps in the same order by both: the same bits.
+template <int C, int V>
+struct Tile {
+  static constexpr int channels = C, vectors = V;
+};
+using NarrowTile = Tile<4, 6>;
+using WideTile = Tile<6, 4>;
+bool wide_tile(const Conv2dShape& s) { return s.out_channels >= 64; }
 
 // The grid: `images` images side by side, each in `span` columns; grid position q = oh * width
 // + image * span + ow is output pixel (oh, ow) of that image, or no pixel when ow >= out_w. A
@@ -232,17 +244,17 @@ void add_thread_sums(const StreamHandle& st, int64_t size, int used_threads, Sum
 }
 
 // acc[b][v] += sum_k panel[k][b] * grid[tap_offsets[k] + 16 v .. + 15].
-template <int Vectors>
+template <int Channels, int Vectors>
 inline void accumulate_outputs(const float* grid, const int64_t* tap_offsets, int64_t taps,
-                               const float* panel, __m512 (&acc)[kChannelBlock][Vectors]) {
+                               const float* panel, __m512 (&acc)[Channels][Vectors]) {
   for (int64_t k = 0; k < taps; ++k) {
     const float* x = grid + tap_offsets[k];
-    const float* w = panel + k * kChannelBlock;
-    __m512 wb[kChannelBlock];
-    for (int b = 0; b < kChannelBlock; ++b) wb[b] = _mm512_set1_ps(w[b]);
+    const float* w = panel + k * Channels;
+    __m512 wb[Channels];
+    for (int b = 0; b < Channels; ++b) wb[b] = _mm512_set1_ps(w[b]);
     for (int v = 0; v < Vectors; ++v) {
       const __m512 xv = _mm512_loadu_ps(x + v * kLanes);
-      for (int b = 0; b < kChannelBlock; ++b) acc[b][v] = _mm512_fmadd_ps(wb[b], xv, acc[b][v]);
+      for (int b = 0; b < Channels; ++b) acc[b][v] = _mm512_fmadd_ps(wb[b], xv, acc[b][v]);
     }
   }
 }
@@ -258,17 +270,17 @@ struct ForwardTask {
   int64_t count;        // images of the grid that exist
 };
 
-// Output channels [o0, o0 + 4) of grid vectors [v0, v0 + Vectors).
-template <int Vectors>
+// Output channels [o0, o0 + Channels) of grid vectors [v0, v0 + Vectors).
+template <int Channels, int Vectors>
 void forward_block(const ForwardTask& task, int64_t o0, int64_t v0) {
   const Conv2dShape& s = task.s;
   const Grid& g = task.g;
-  __m512 acc[kChannelBlock][Vectors];
-  for (int b = 0; b < kChannelBlock; ++b) {
+  __m512 acc[Channels][Vectors];
+  for (int b = 0; b < Channels; ++b) {
     const float start = task.bias != nullptr && o0 + b < s.out_channels ? task.bias[o0 + b] : 0.0f;
     for (int v = 0; v < Vectors; ++v) acc[b][v] = _mm512_set1_ps(start);
   }
-  accumulate_outputs<Vectors>(task.padded + v0 * kLanes, g.tap_offsets.data(), g.taps(),
+  accumulate_outputs<Channels, Vectors>(task.padded + v0 * kLanes, g.tap_offsets.data(), g.taps(),
                               task.panels + o0 * g.taps(), acc);
   const int64_t out_image = s.out_channels * g.pixels;
   for (int v = 0; v < Vectors; ++v)
@@ -276,20 +288,20 @@ void forward_block(const ForwardTask& task, int64_t o0, int64_t v0) {
       const Grid::Run& run = g.runs[r];
       if (run.image >= task.count) continue;
       float* to = task.y + run.image * out_image + o0 * g.pixels + run.pixel;
-      for (int b = 0; b < kChannelBlock && o0 + b < s.out_channels; ++b)
+      for (int b = 0; b < Channels && o0 + b < s.out_channels; ++b)
         store_pixels(to + b * g.pixels, run.mask, acc[b][v]);
     }
 }
 
-template <int Vectors = kVectorBlock>
+template <int Channels, int Vectors>
 void forward_blocks(int vectors, const ForwardTask& task, int64_t o0, int64_t v0) {
   if constexpr (Vectors > 1) {
     if (vectors < Vectors) {
-      forward_blocks<Vectors - 1>(vectors, task, o0, v0);
+      forward_blocks<Channels, Vectors - 1>(vectors, task, o0, v0);
       return;
     }
   }
-  forward_block<Vectors>(task, o0, v0);
+  forward_block<Channels, Vectors>(task, o0, v0);
 }
 
 // Per-thread scratch of the forward passes, in floats: the phase planes of a grid.
@@ -315,14 +327,14 @@ class Prefetcher {
   int64_t lines_per_step_;
 };
 
-// y = conv(x, w) + bias, pack(panels) writing the weight packed by pack_weight (or
+// y = conv(x, w) + bias, pack(panels) writing the weight packed by pack_weight<Tile::channels> (or
 // pack_flipped_weight). Each thread takes whole grids of images.
-template <class Pack>
+template <class Tile, class Pack>
 void forward_packed(const StreamHandle& st, const Conv2dShape& s, const float* x, Pack&& pack,
                     const float* bias, float* y) {
   const Grid g(s, Grid::images_for(s));
   const Scratch<float> scratch =
-      reserve_scratch<float>(st, forward_shared(s), forward_scratch(s, g));
+      reserve_scratch<float>(st, forward_shared<Tile::channels>(s), forward_scratch(s, g));
   pack(scratch.shared);
   const float* panels = scratch.shared;
   const int64_t in_image = s.in_channels * s.in_h * s.in_w, out_image = s.out_channels * g.pixels;
@@ -330,8 +342,8 @@ void forward_packed(const StreamHandle& st, const Conv2dShape& s, const float* x
   run_threads(st, [&](int t, int threads) {
     float* padded = scratch.of_thread(t);
     const int64_t end = share(grids, t + 1, threads);
-    const int64_t steps = (g.vectors + kVectorBlock - 1) / kVectorBlock *
-                          ((s.out_channels + kChannelBlock - 1) / kChannelBlock);
+    constexpr int64_t channels = Tile::channels, vectors = Tile::vectors;
+    const int64_t steps = (g.vectors + vectors - 1) / vectors * ((s.out_channels + channels - 1) / channels);
     for (int64_t grid = share(grids, t, threads); grid < end; ++grid) {
       const int64_t image = grid * g.images, count = std::min(g.images, s.batch - image);
       pad_images(s, g, x + image * in_image, count, padded);
@@ -339,11 +351,11 @@ void forward_packed(const StreamHandle& st, const Conv2dShape& s, const float* x
       Prefetcher next_input(x + (image + count) * in_image,
                             x + std::max(next_end, image + count) * in_image, steps);
       const ForwardTask task{s, g, padded, panels, bias, y + image * out_image, count};
-      for (int64_t v0 = 0; v0 < g.vectors; v0 += kVectorBlock)
-        for (int64_t o0 = 0; o0 < s.out_channels; o0 += kChannelBlock) {
+      for (int64_t v0 = 0; v0 < g.vectors; v0 += vectors)
+        for (int64_t o0 = 0; o0 < s.out_channels; o0 += channels) {
           next_input.step();
-          forward_blocks(static_cast<int>(std::min<int64_t>(kVectorBlock, g.vectors - v0)), task,
-                         o0, v0);
+          forward_blocks<Tile::channels, Tile::vectors>(static_cast<int>(std::min(vectors, g.vectors - v0)), task,
+                                                        o0, v0);
         }
     }
   });
@@ -440,16 +452,34 @@ bool applies(const Conv2dShape& s, Pass pass) {
                                : s.out_channels >= kChannelBlock);  // else mostly padding rows
 }
 
+template <class Tile>
+void forward_with(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w,
+                  const float* bias, float* y) {
+  forward_packed<Tile>(st, s, x, [&](float* panels) { pack_weight<Tile::channels>(st, s, w, panels); }, bias, y);
+}
+
+template <class Tile>
+void backward_data_with(const StreamHandle& st, const Conv2dShape& s, const float* dy, const float* w,
+                        float* dx) {
+  forward_packed<Tile>(
+      st, transposed_stride1(s), dy,
+      [&](float* panels) { pack_flipped_weight<Tile::channels>(st, s, w, panels); }, nullptr, dx);
+}
+
 void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w,
              const float* bias, float* y) {
-  forward_packed(st, s, x, [&](float* panels) { pack_weight(st, s, w, panels); }, bias, y);
+  if (wide_tile(s))
+    forward_with<WideTile>(st, s, x, w, bias, y);
+  else
+    forward_with<NarrowTile>(st, s, x, w, bias, y);
 }
 
 void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy, const float* w,
                    float* dx) {
-  forward_packed(
-      st, transposed_stride1(s), dy, [&](float* panels) { pack_flipped_weight(st, s, w, panels); },
-      nullptr, dx);
+  if (wide_tile(transposed_stride1(s)))
+    backward_data_with<WideTile>(st, s, dy, w, dx);
+  else
+    backward_data_with<NarrowTile>(st, s, dy, w, dx);
 }
 
 // dw += dy (x) x over the batch. Each thread sums its grids into its own double sums; they are
@@ -502,7 +532,8 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
 }
 
 int64_t forward_scratch_floats(const Conv2dShape& s, int threads) {
-  return scratch_floats(forward_shared(s), forward_scratch(s, Grid(s, Grid::images_for(s))), threads);
+  const int64_t packed = wide_tile(s) ? forward_shared<WideTile::channels>(s) : forward_shared<NarrowTile::channels>(s);
+  return scratch_floats(packed, forward_scratch(s, Grid(s, Grid::images_for(s))), threads);
 }
 
 int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads) {

@@ -59,6 +59,13 @@ std::vector<Conv2dShape> comparison_shapes() {
   shapes.push_back(conv2d_shape(5, 8, 7, 7, 12, 3, 1, 1));
   shapes.push_back(conv2d_shape(9, 64, 4, 4, 64, 3, 1, 1));
   shapes.push_back(conv2d_shape(3, 16, 28, 28, 16, 3, 1, 1));
+  // The grid's wide tile (6 output channels per micro-kernel, 64 outputs or more): forward at
+  // stride 1 and 2 and a channel count that leaves a partial last block (67), backward-data with
+  // 64 input channels (its forward has 64 outputs).
+  shapes.push_back(conv2d_shape(2, 16, 9, 9, 64, 3, 1, 1));
+  shapes.push_back(conv2d_shape(2, 5, 9, 8, 67, 3, 1, 1));
+  shapes.push_back(conv2d_shape(3, 8, 15, 15, 64, 3, 2, 1));
+  shapes.push_back(conv2d_shape(2, 64, 8, 7, 16, 3, 1, 1));
   // direct::channels (backward-weight with 16 input channels per vector): batch 1, stride 2,
   // padding 0, a 5x3 kernel, strides (2, 1), 32 channels (two vectors), odd image sizes.
   shapes.push_back(conv2d_shape(1, 16, 9, 7, 8, 3, 1, 1));
