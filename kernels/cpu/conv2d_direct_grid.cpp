@@ -74,10 +74,6 @@ struct Grid {
   };
   std::vector<Run> runs;
   std::vector<std::int32_t> first_run;
-  // Stride 1: the same for the input side, vector u of a padded plane: runs [first_input_run[u],
-  // first_input_run[u + 1]) of `input_runs`, whose `pixel` is ih * in_w + iw of the first lane.
-  std::vector<Run> input_runs;
-  std::vector<std::int32_t> first_input_run;
 
   Grid(const Conv2dShape& s, int64_t images_per_grid)
       : images(images_per_grid), pixels(s.out_h() * s.out_w()) {
@@ -110,28 +106,8 @@ struct Grid {
       }
     }
     first_run.push_back(static_cast<std::int32_t>(runs.size()));
-    if (sh == 1 && sw == 1) find_input_runs(s);
   }
   int64_t taps() const { return static_cast<int64_t>(tap_offsets.size()); }
-
-  // Plane position p = r * width + image * span + t holds input pixel (r - pad_h, t - pad_w).
-  void find_input_runs(const Conv2dShape& s) {
-    for (int64_t u = 0; u < plane / kLanes; ++u) {
-      first_input_run.push_back(static_cast<std::int32_t>(input_runs.size()));
-      for (int64_t image = 0; image < images; ++image) {
-        Run run{0, static_cast<std::int32_t>(image), -1};
-        for (int64_t lane = 0; lane < kLanes; ++lane) {
-          const int64_t p = u * kLanes + lane, ih = p / width - s.pad_h,
-                        iw = p % width - image * span - s.pad_w;
-          if (p >= rows * width || ih < 0 || ih >= s.in_h || iw < 0 || iw >= s.in_w) continue;
-          run.mask = static_cast<std::uint16_t>(run.mask | (1u << lane));
-          if (run.pixel < 0) run.pixel = static_cast<std::int32_t>(ih * s.in_w + iw);
-        }
-        if (run.mask != 0) input_runs.push_back(run);
-      }
-    }
-    first_input_run.push_back(static_cast<std::int32_t>(input_runs.size()));
-  }
 
   // Stride 1 with pad_w < kernel_w: an image needs in_w + pad_w columns, its right padding being
   // the left padding of the next image (or of the next row, after wrapping around).
@@ -172,22 +148,26 @@ inline __m512 load_pixels(__m512 into, const float* from, std::uint16_t mask) {
 }
 
 // Writes the phase planes of `count` images of `channels` channels each, from `x` (NCHW, an image
-// every `image_size` floats); the grid's other images read zeros. Every float is written.
-void pad_images(const Conv2dShape& s, const Grid& g, const float* x, int64_t count, float* padded) {
+// every `image_size` floats); the grid's other images read zeros. Every float is written, except
+// at stride 1 when `padding_written`: there each image's input row ih lies whole at plane position
+// (ih + pad_h) * width + image * span + pad_w (Grid), every other position is padding, the same for
+// every grid, and a caller that reuses the planes writes the padding once and then only the rows.
+void pad_images(const Conv2dShape& s, const Grid& g, const float* x, int64_t count, float* padded,
+                bool padding_written) {
   const int64_t image_size = s.in_channels * s.in_h * s.in_w;
-  if (!g.first_input_run.empty()) {  // stride 1: whole aligned vectors, from the table
-    for (int64_t c = 0; c < s.in_channels; ++c) {
-      const float* channel = x + c * s.in_h * s.in_w;
-      for (int64_t u = 0; u < g.plane / kLanes; ++u) {
-        __m512 v = _mm512_setzero_ps();
-        for (int32_t r = g.first_input_run[u]; r < g.first_input_run[u + 1]; ++r) {
-          const Grid::Run& run = g.input_runs[r];
-          if (run.image < count)
-            v = load_pixels(v, channel + run.image * image_size + run.pixel, run.mask);
+  if (s.stride_h == 1 && s.stride_w == 1) {
+    if (!padding_written) zero_row(s.in_channels * g.channel, padded);
+    for (int64_t c = 0; c < s.in_channels; ++c)
+      for (int64_t image = 0; image < g.images; ++image) {
+        float* to = padded + c * g.channel + s.pad_h * g.width + image * g.span + s.pad_w;
+        const float* from = x + image * image_size + c * s.in_h * s.in_w;
+        for (int64_t ih = 0; ih < s.in_h; ++ih, to += g.width, from += s.in_w) {
+          if (image < count)
+            copy_row(from, s.in_w, to);
+          else
+            zero_row(s.in_w, to);
         }
-        _mm512_store_ps(padded + c * g.channel + u * kLanes, v);
       }
-    }
     return;
   }
   for (int64_t c = 0; c < s.in_channels; ++c)
@@ -346,7 +326,7 @@ void forward_packed(const StreamHandle& st, const Conv2dShape& s, const float* x
     const int64_t steps = (g.vectors + vectors - 1) / vectors * ((s.out_channels + channels - 1) / channels);
     for (int64_t grid = share(grids, t, threads); grid < end; ++grid) {
       const int64_t image = grid * g.images, count = std::min(g.images, s.batch - image);
-      pad_images(s, g, x + image * in_image, count, padded);
+      pad_images(s, g, x + image * in_image, count, padded, /*padding_written=*/grid > share(grids, t, threads));
       const int64_t next_end = std::min(s.batch, std::min(grid + 2, end) * g.images);
       Prefetcher next_input(x + (image + count) * in_image,
                             x + std::max(next_end, image + count) * in_image, steps);
@@ -508,7 +488,8 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
       const int64_t count = std::min(batch, end - first);
       for (int64_t n = 0; n < count; ++n) {
         const int64_t image = (first + n) * g.images, images = std::min(g.images, s.batch - image);
-        pad_images(s, g, x + image * in_image, images, padded + n * padded_stride);
+        pad_images(s, g, x + image * in_image, images, padded + n * padded_stride,
+                   /*padding_written=*/first > share(grids, t, threads));
         fill_dy_grid(s, g, dy + image * out_image, images, dy_grid + n * grid_stride);
       }
       // the next batch's images, while this one is computed
