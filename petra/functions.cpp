@@ -258,10 +258,12 @@ Variable coupling(const Variable& x, const Variable& f) {
   Tensor y = ops::coupling_forward(x.data(), f.data());
   if (!should_record({&x, &f})) return Variable(y);
   const bool need_f = wants(f);
-  const Tensor zero_f = zeros_like(f.data());  // the generic path adds no vjp of F here (autograd does)
   const std::int64_t streams = f.shape()[1];
   return record_one(std::move(y), "coupling", {x, f}, [=](std::span<const Tensor> g) {
-    // y1 = x2 + f, y2 = x1  =>  dx1 = dy2, dx2 = dy1, df = dy1.
+    // y1 = x2 + f, y2 = x1  =>  dx1 = dy2, dx2 = dy1, df = dy1. The generic path adds no vjp of F
+    // into dx1 here (autograd does, through F's graph): coupling_backward with a zero vjp, made
+    // now rather than kept from the forward (half an activation per block, for the whole pass).
+    const Tensor zero_f = Tensor::zeros(g[0].shape().with(1, streams), g[0].dtype(), g[0].device());
     return std::vector<Tensor>{ops::coupling_backward(g[0], zero_f),
                                need_f ? ops::channel_slice(g[0], 0, streams) : Tensor()};
   });
