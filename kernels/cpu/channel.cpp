@@ -36,6 +36,15 @@ void add_range(float* __restrict to, const float* __restrict from, std::int64_t 
   for (std::int64_t i = begin; i < end; ++i) to[i] += from[i];
 }
 
+// op(full's row, part's row, begin, end) over the rows of full's channel range and of part.
+template <class RowOp>
+void into_range(const StreamHandle& s, const ChannelShape& shape, const float* part, std::int64_t first_channel,
+                std::int64_t count, float* full, RowOp op) {
+  use_threads(s);
+  const std::int64_t row = count * shape.plane();
+  walk_rows(s, shape.batch, row, part, row, full + first_channel * shape.plane(), shape.channels * shape.plane(), op);
+}
+
 }  // namespace
 
 void channel_split(const StreamHandle& s, const ChannelShape& shape, const float* full,
@@ -48,18 +57,12 @@ void channel_split(const StreamHandle& s, const ChannelShape& shape, const float
 
 void channel_insert(const StreamHandle& s, const ChannelShape& shape, const float* part,
                     std::int64_t first_channel, std::int64_t count, float* full) {
-  use_threads(s);
-  const std::int64_t row = count * shape.plane();
-  walk_rows(s, shape.batch, row, part, row, full + first_channel * shape.plane(), shape.channels * shape.plane(),
-            copy_range);
+  into_range(s, shape, part, first_channel, count, full, copy_range);
 }
 
 void channel_accumulate(const StreamHandle& s, const ChannelShape& shape, const float* part,
                         std::int64_t first_channel, std::int64_t count, float* full) {
-  use_threads(s);
-  const std::int64_t row = count * shape.plane();
-  walk_rows(s, shape.batch, row, part, row, full + first_channel * shape.plane(), shape.channels * shape.plane(),
-            add_range);
+  into_range(s, shape, part, first_channel, count, full, add_range);
 }
 
 }  // namespace petra::kernels::cpu

@@ -40,7 +40,25 @@ TEST_CASE("channel: hand-worked example") {
   CHECK(target == std::vector<float>{-1, -1, 2, 3, 4, 5, -1, -1, 8, 9, 10, 11});
 }
 
-TEST_CASE("channel: cpu matches ref; split assigns, insert assigns only its range") {
+// Inside the range, full == expected_inside(background value, part value); outside, untouched.
+template <class Inside>
+void check_range(const pk::ChannelShape& shape, std::int64_t first, std::int64_t count, const std::vector<float>& full,
+                 const std::vector<float>& background, const std::vector<float>& part, Inside expected_inside) {
+  bool inside_ok = true, outside_ok = true;
+  for (std::int64_t n = 0; n < shape.batch; ++n)
+    for (std::int64_t c = 0; c < shape.channels; ++c)
+      for (std::int64_t i = 0; i < shape.plane(); ++i) {
+        const std::int64_t k = (n * shape.channels + c) * shape.plane() + i;
+        if (c >= first && c < first + count)
+          inside_ok &= full[k] == expected_inside(background[k], part[(n * count + c - first) * shape.plane() + i]);
+        else
+          outside_ok &= full[k] == background[k];
+      }
+  CHECK(inside_ok);
+  CHECK(outside_ok);
+}
+
+TEST_CASE("channel: cpu matches ref; split assigns, insert assigns only its range, accumulate adds only into it") {
   pk::StreamHandle s;
   s.num_threads = 2;
   std::uint64_t seed = 1;
@@ -62,50 +80,13 @@ TEST_CASE("channel: cpu matches ref; split assigns, insert assigns only its rang
     pk::cpu::channel_insert(s, shape, part.data(), first, count, full_cpu.data());
     pk::ref::channel_insert(s, shape, part.data(), first, count, full_ref.data());
     CHECK(full_cpu == full_ref);
-    // Inside the range: the part; outside: untouched.
-    bool inside_ok = true, outside_ok = true;
-    for (std::int64_t n = 0; n < shape.batch; ++n)
-      for (std::int64_t c = 0; c < shape.channels; ++c)
-        for (std::int64_t i = 0; i < shape.plane(); ++i) {
-          const std::int64_t k = (n * shape.channels + c) * shape.plane() + i;
-          if (c >= first && c < first + count)
-            inside_ok &= full_cpu[k] == part[(n * count + c - first) * shape.plane() + i];
-          else
-            outside_ok &= full_cpu[k] == background[k];
-        }
-    CHECK(inside_ok);
-    CHECK(outside_ok);
-  }
-}
+    check_range(shape, first, count, full_cpu, background, part, [](float, float p) { return p; });
 
-TEST_CASE("channel: accumulate adds the part into its range only; cpu matches ref bit for bit") {
-  pk::StreamHandle s;
-  s.num_threads = 2;
-  std::uint64_t seed = 101;
-  for (const auto& [shape, first, count] : kCases) {
-    CAPTURE(shape.batch);
-    CAPTURE(shape.channels);
-    CAPTURE(first);
-    CAPTURE(count);
-    const std::int64_t part_size = shape.batch * count * shape.plane();
-    const auto part = random_values<float>(part_size, seed++);
-    const auto background = random_values<float>(shape.size(), seed++);
-    std::vector<float> full_cpu = background, full_ref = background;
-    pk::cpu::channel_accumulate(s, shape, part.data(), first, count, full_cpu.data());
-    pk::ref::channel_accumulate(s, shape, part.data(), first, count, full_ref.data());
-    CHECK(full_cpu == full_ref);
-    bool inside_ok = true, outside_ok = true;
-    for (std::int64_t n = 0; n < shape.batch; ++n)
-      for (std::int64_t c = 0; c < shape.channels; ++c)
-        for (std::int64_t i = 0; i < shape.plane(); ++i) {
-          const std::int64_t k = (n * shape.channels + c) * shape.plane() + i;
-          if (c >= first && c < first + count)
-            inside_ok &= full_cpu[k] == background[k] + part[(n * count + c - first) * shape.plane() + i];
-          else
-            outside_ok &= full_cpu[k] == background[k];
-        }
-    CHECK(inside_ok);
-    CHECK(outside_ok);
+    std::vector<float> sum_cpu = background, sum_ref = background;
+    pk::cpu::channel_accumulate(s, shape, part.data(), first, count, sum_cpu.data());
+    pk::ref::channel_accumulate(s, shape, part.data(), first, count, sum_ref.data());
+    CHECK(sum_cpu == sum_ref);
+    check_range(shape, first, count, sum_cpu, background, part, [](float b, float p) { return b + p; });
   }
 }
 

@@ -65,29 +65,23 @@ TEST_CASE("emulated channel: split, insert and accumulate match ref bit for bit"
             CHECK(emu::launches() == launches);
           }
         }
-        {
-          const AlignedFloats part(random_values(part_size + offset + kGuard, 300 + seed));
-          const std::vector<float> before = random_values(full_size + offset + kGuard, 400 + seed, 5.0, 6.0);
+        // insert and accumulate: into full's range, the rest (and the guards) untouched
+        const auto check_into = [&](const char* kernel, auto ref_kernel, auto cuda_kernel, std::uint64_t salt) {
+          CAPTURE(kernel);
+          const AlignedFloats part(random_values(part_size + offset + kGuard, salt + seed));
+          const std::vector<float> before = random_values(full_size + offset + kGuard, salt + 100 + seed, 5.0, 6.0);
           std::vector<float> expected = before;
-          ref::channel_insert<float>(s, c.shape, part.data() + offset, c.first, c.count, expected.data() + offset);
+          ref_kernel(s, c.shape, part.data() + offset, c.first, c.count, expected.data() + offset);
           const AlignedFloats full(before);
-          cu::channel_insert(s, c.shape, part.data() + offset, c.first, c.count, full.data() + offset);
-          CHECK_MESSAGE(bit_differences(full.values(), expected).empty(), bit_differences(full.values(), expected));
-          if (items > 0) CHECK(emu::last_launch().grid.x == expected_blocks(items));
-        }
-        {
-          const AlignedFloats part(random_values(part_size + offset + kGuard, 500 + seed));
-          const std::vector<float> before = random_values(full_size + offset + kGuard, 600 + seed, 5.0, 6.0);
-          std::vector<float> expected = before;
-          ref::channel_accumulate<float>(s, c.shape, part.data() + offset, c.first, c.count, expected.data() + offset);
-          const AlignedFloats full(before);
-          cu::channel_accumulate(s, c.shape, part.data() + offset, c.first, c.count, full.data() + offset);
+          cuda_kernel(s, c.shape, part.data() + offset, c.first, c.count, full.data() + offset);
           CHECK_MESSAGE(bit_differences(full.values(), expected).empty(), bit_differences(full.values(), expected));
           if (items > 0) {
             CHECK(emu::last_launch().grid.x == expected_blocks(items));
-            CHECK(emu::last_launch().kernel == std::string("channel_accumulate"));
+            CHECK(emu::last_launch().kernel == std::string(kernel));
           }
-        }
+        };
+        check_into("channel_insert", ref::channel_insert<float>, cu::channel_insert, 300);
+        check_into("channel_accumulate", ref::channel_accumulate<float>, cu::channel_accumulate, 500);
         compared += 3;
       }
   }
