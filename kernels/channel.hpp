@@ -7,7 +7,7 @@
 //   channel_accumulate: full[:, first_channel : first_channel + count] += part  (the same)
 // Splitting a tensor into pieces is one channel_split per piece; concatenating pieces is one
 // channel_insert per piece, and the inserts together assign every channel of the result.
-// Both are memcpy per sample: count*height*width contiguous floats on each side. channel_accumulate
+// Split and insert are memcpy per sample: count*height*width contiguous floats on each side. channel_accumulate
 // is how autograd adds the gradient of a channel slice into its input's gradient without building
 // the zero-padded full tensor (petra/autograd.cpp, "channel pieces").
 #pragma once
