@@ -180,7 +180,8 @@ std::vector<std::shared_ptr<Node>> topological_order(std::span<const Variable> r
     while (!stack.empty()) {
       auto& [node, next] = stack.back();
       if (next < node->inputs().size()) {
-        Node* child = node->inputs()[next++].grad_fn().get();
+        const Variable& input = node->inputs()[next++];  // undefined: an absent optional operand (a bias)
+        Node* child = input.defined() ? input.grad_fn().get() : nullptr;
         if (child != nullptr && !visited[child]) {
           visited[child] = true;
           stack.emplace_back(child, 0);
