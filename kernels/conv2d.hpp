@@ -6,7 +6,10 @@
 //
 // Layout (all contiguous): x, dx (batch, in_channels, in_h, in_w); y, dy (batch, out_channels,
 // out_h, out_w); w, dw (out_channels, in_channels, kernel_h, kernel_w) as PyTorch; bias, db
-// (out_channels). bias may be nullptr (no bias).
+// (out_channels). bias may be nullptr (no bias). One exception: on the CPU (ref:: and cpu::) the
+// images of x may lie further apart than in_channels * in_h * in_w (Conv2dShape::in_image_stride),
+// so that a channel slice of a larger tensor, such as one stream of a reversible block, is read in
+// place instead of being copied out first.
 //
 // Backward, for L = <dy, y>:
 //   dx[b, c, h, w]  = sum over the (o, i, j, oh, ow) that read x[b, c, h, w] of w[o, c, i, j] * dy
@@ -34,7 +37,12 @@ struct Conv2dShape {
   std::int64_t out_channels = 0, kernel_h = 0, kernel_w = 0;
   std::int64_t stride_h = 1, stride_w = 1;
   std::int64_t pad_h = 0, pad_w = 0;
+  // Floats from one image of x to the next, 0 for packed images. The forward and backward-weight
+  // passes of ref:: and cpu:: honour it (dx, y and dy are always packed); the CUDA kernels
+  // require 0.
+  std::int64_t in_image_stride = 0;
 
+  std::int64_t x_image_stride() const { return in_image_stride ? in_image_stride : in_channels * in_h * in_w; }
   std::int64_t out_h() const { return (in_h + 2 * pad_h - kernel_h) / stride_h + 1; }
   std::int64_t out_w() const { return (in_w + 2 * pad_w - kernel_w) / stride_w + 1; }
   std::int64_t input_size() const { return batch * in_channels * in_h * in_w; }

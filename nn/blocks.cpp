@@ -124,16 +124,17 @@ ReversibleStage::ReversibleStage(std::shared_ptr<ResidualFunction> f, std::int64
 
 Variable ReversibleStage::forward(const Variable& x) {
   const std::int64_t c = stream_channels_;
+  // x1 is a view of x's first stream: F's first convolution reads it in place (ops::conv2d_forward).
   if (!grad_enabled())  // the pipeline's forward: nothing is recorded or kept, F's output not even stored
-    return Variable(f_->coupling_forward(x.data(), ops::channel_slice(x.data(), 0, c)));
-  return coupling(x, f_->forward(slice_channels(x, 0, c)));  // exact backprop: the graph is kept
+    return Variable(f_->coupling_forward(x.data(), x.data().slice(1, 0, c)));
+  return coupling(x, f_->forward(channel_view(x, 0, c)));  // exact backprop: the graph is kept
 }
 
 Tensor ReversibleStage::inverse(const Tensor& y) {
   NoGradGuard no_grad;
   RunningStatsGuard no_running_stats;
-  const Tensor x1 = ops::channel_slice(y, stream_channels_, stream_channels_);  // x1 = y2, a copy
-  return f_->coupling_inverse(y, x1);                                          // x2 = y1 - F(x1)
+  const Tensor x1 = y.slice(1, stream_channels_, 2 * stream_channels_);  // x1 = y2, a view
+  return f_->coupling_inverse(y, x1);                                   // x2 = y1 - F(x1)
 }
 
 std::pair<Tensor, Tensor> ReversibleStage::reconstruct_and_backward(const Tensor& y, const Tensor& dy) {
@@ -143,7 +144,7 @@ std::pair<Tensor, Tensor> ReversibleStage::reconstruct_and_backward(const Tensor
   // Invert: x1 = y2 exactly; F(x1) is evaluated once, with its graph, ... (timed as the stage's
   // reconstruction by petra-train --profile, apart from the backward that follows)
   std::optional<profile::PhaseTimer> reconstruction(std::in_place, profile::Phase::reconstruction);
-  const Variable x1(ops::channel_slice(y, c, c), /*requires_grad=*/true);
+  const Variable x1(y.slice(1, c, 2 * c), /*requires_grad=*/true);  // a view: F's convolution reads it in place
   const Variable f = f_->forward(x1);
   Tensor x = ops::coupling_inverse(y, f.data());  // x2 = y1 - F(x1)
   reconstruction.reset();
@@ -172,7 +173,8 @@ std::string BasicTransitionStage::describe() const {
 }
 
 Variable BasicTransitionStage::forward(const Variable& x) {
-  const Variable x1 = slice_channels(x, 0, in_stream_), x2 = slice_channels(x, in_stream_, in_stream_);
+  // Views of the two streams: each goes only into convolutions, which read a channel slice in place.
+  const Variable x1 = channel_view(x, 0, in_stream_), x2 = channel_view(x, in_stream_, in_stream_);
   const Variable h = bn1_->forward_relu(conv1_->forward(x1));
   const Variable y1 = add(bn2_->forward_relu(conv2_->forward(h)), bn_proj_->forward(conv_proj_->forward(x2)));
   const Variable streams[] = {y1, h};
@@ -194,7 +196,8 @@ std::string BottleneckTransitionStage::describe() const {
 }
 
 Variable BottleneckTransitionStage::forward(const Variable& x) {
-  const Variable x1 = slice_channels(x, 0, in_stream_), x2 = slice_channels(x, in_stream_, in_stream_);
+  // Views of the two streams: each goes only into convolutions, which read a channel slice in place.
+  const Variable x1 = channel_view(x, 0, in_stream_), x2 = channel_view(x, in_stream_, in_stream_);
   const Variable y1 = add(f_->forward(x1), bn_proj2_->forward(conv_proj2_->forward(x2)));
   const Variable y2 = bn_proj1_->forward(conv_proj1_->forward(x1));
   const Variable streams[] = {y1, y2};

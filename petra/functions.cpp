@@ -254,6 +254,16 @@ Variable slice_channels(const Variable& x, std::int64_t first, std::int64_t coun
   return y;
 }
 
+Variable channel_view(const Variable& x, std::int64_t first, std::int64_t count) {
+  PETRA_CHECK(x.data().ndim() == 4, ShapeError, "channel_view: x ", x.data().str(), " must be 4-d (NCHW)");
+  Tensor part = x.data().slice(1, first, first + count);  // checks the range
+  if (count == 0 || !should_record({&x})) return Variable(part);
+  Variable y = record_one(std::move(part), "channel_view", {x},
+                          [](std::span<const Tensor> g) { return std::vector<Tensor>{g[0]}; });
+  y.grad_fn()->set_channel_piece(0, first);  // as slice_channels
+  return y;
+}
+
 Variable coupling(const Variable& x, const Variable& f) {
   Tensor y = ops::coupling_forward(x.data(), f.data());
   if (!should_record({&x, &f})) return Variable(y);

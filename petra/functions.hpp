@@ -47,6 +47,9 @@ Variable concat_channels(std::span<const Variable> parts);
 Variable to_device(const Variable& x, Device device);
 Variable slice_channels(const Variable& x, std::int64_t first, std::int64_t count);  // a packed copy; its
                                                                                     // gradient a channel piece
+// The same channels as a view of x (no copy), for a convolution's input: conv2d reads a channel
+// slice in place, other ops require contiguous operands (ShapeError). Its gradient is a channel piece.
+Variable channel_view(const Variable& x, std::int64_t first, std::int64_t count);
 Variable cross_entropy(const Variable& logits, const Tensor& labels);  // mean over the batch
 Variable coupling(const Variable& x, const Variable& f);                // (x2 + f, x1)
 

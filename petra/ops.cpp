@@ -37,11 +37,17 @@ namespace {
 // same rule by which its output was allocated and by which copies choose theirs.
 const kernels::StreamHandle& stream_for(Device device) { return Stream::for_device(device).handle(); }
 
-void check_float(const Tensor& t, const char* op, const char* what) {
-  require_contiguous(t, op, what);
+// float32 or float64 (float32 on a GPU), any layout.
+void check_float_dtype(const Tensor& t, const char* op, const char* what) {
+  PETRA_CHECK(t.defined(), ShapeError, op, ": ", what, " is undefined");
   PETRA_CHECK(is_floating(t.dtype()), ShapeError, op, ": ", what, " must be float32 or float64, got ", t.str());
   PETRA_CHECK(t.device().is_cpu() || t.dtype() == DType::f32, ShapeError, op, ": ", what,
               " on a GPU must be float32, got ", t.str());
+}
+
+void check_float(const Tensor& t, const char* op, const char* what) {
+  require_contiguous(t, op, what);
+  check_float_dtype(t, op, what);
 }
 
 // b is defined, contiguous, and has a's dtype and device.
@@ -282,12 +288,31 @@ kernels::Conv2dShape conv_shape(const Shape& x, const Shape& w, const Conv2dOpti
   return k;
 }
 Shape conv_out_shape(const kernels::Conv2dShape& k) { return {k.batch, k.out_channels, k.out_h(), k.out_w()}; }
+
+// A tensor whose images are packed but lie further apart: a channel slice (Tensor::slice(1, ..)),
+// such as one stream of a reversible block.
+bool is_channel_slice(const Tensor& x) {
+  return x.ndim() == 4 && x.stride(3) == 1 && x.stride(2) == x.size(3) && x.stride(1) == x.size(2) * x.size(3) &&
+         x.stride(0) >= x.size(1) * x.stride(1);
+}
+
+// x as a convolution's forward and backward-weight passes read it: contiguous, or a channel slice,
+// read in place on the CPU (k.in_image_stride, kernels/conv2d.hpp) so that a stream is not copied
+// out of its block's tensor first, and packed on a GPU. Any other layout is a ShapeError.
+Tensor conv_input(const Tensor& x, kernels::Conv2dShape& k, const char* op) {
+  if (x.is_contiguous()) return x;
+  PETRA_CHECK(is_channel_slice(x), ShapeError, op, ": x ", x.str(), " must be contiguous or a channel slice");
+  if (!x.device().is_cpu()) return x.contiguous();
+  k.in_image_stride = x.stride(0);
+  return x;
+}
 }  // namespace
 
-Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o) {
-  check_float(x, "conv2d", "x");
+Tensor conv2d_forward(const Tensor& input, const Tensor& w, const Tensor& bias, const Conv2dOptions& o) {
+  check_float_dtype(input, "conv2d", "x");
+  auto k = conv_shape(input.shape(), w.shape(), o, "conv2d");
+  const Tensor x = conv_input(input, k, "conv2d");
   check_like(x, w, "conv2d", "w");
-  const auto k = conv_shape(x.shape(), w.shape(), o, "conv2d");
   if (bias.defined()) {
     check_like(x, bias, "conv2d", "bias");
     check_shape(bias, {k.out_channels}, "conv2d", "bias");
@@ -309,11 +334,12 @@ Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_sh
   return dx;
 }
 
-void conv2d_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw, const Conv2dOptions& o) {
-  check_float(x, "conv2d_backward_weight", "x");
+void conv2d_backward_weight(const Tensor& input, const Tensor& dy, const Tensor& dw, const Conv2dOptions& o) {
+  check_float_dtype(input, "conv2d_backward_weight", "x");
+  auto k = conv_shape(input.shape(), dw.shape(), o, "conv2d_backward_weight");
+  const Tensor x = conv_input(input, k, "conv2d_backward_weight");
   check_like(x, dy, "conv2d_backward_weight", "dy");
   check_like(x, dw, "conv2d_backward_weight", "dw");
-  const auto k = conv_shape(x.shape(), dw.shape(), o, "conv2d_backward_weight");
   check_shape(dy, conv_out_shape(k), "conv2d_backward_weight", "dy");
   const auto& s = stream_for(x.device());
   PETRA_CALL_CONV_IMPL(CONV2D, x, conv2d_backward_weight, s, k, x.data_ptr<T>(), dy.data_ptr<T>(), dw.data_ptr<T>());

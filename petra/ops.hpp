@@ -75,7 +75,8 @@ Tensor linear_backward_data(const Tensor& dy, const Tensor& w);
 void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw);  // dw +=
 void linear_backward_bias(const Tensor& dy, const Tensor& db);                      // db +=
 
-// conv2d: x [N, C, H, W], w [K, C, kh, kw], bias [K] or undefined
+// conv2d: x [N, C, H, W], w [K, C, kh, kw], bias [K] or undefined. x may be a channel slice
+// (x.slice(1, ..)) as well as contiguous: on the CPU the forward and backward-weight passes read it in place.
 Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dOptions& o);
 Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_shape, const Conv2dOptions& o);
 void conv2d_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw, const Conv2dOptions& o);  // dw +=

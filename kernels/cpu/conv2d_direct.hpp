@@ -41,6 +41,16 @@ inline void zero_row(int64_t n, float* to) {
     _mm512_mask_storeu_ps(to + i, static_cast<__mmask16>((1u << (n - i)) - 1), _mm512_setzero_ps());
 }
 
+// Packs `images` images of `image_floats` floats, `stride` floats apart from `from` (a channel
+// slice of a larger tensor when stride > image_floats, Conv2dShape::in_image_stride), into `to`.
+inline void copy_strided_images(const float* from, int64_t stride, int64_t images, int64_t image_floats, float* to) {
+  if (stride == image_floats) {
+    copy_row(from, images * image_floats, to);
+    return;
+  }
+  for (int64_t n = 0; n < images; ++n) copy_row(from + n * stride, image_floats, to + n * image_floats);
+}
+
 // Lane i of the result = the sum of the 16 lanes of v[i] (a transposing tree: 45 instructions for
 // 16 sums, where one horizontal sum at a time takes 8 each). (The zero-masking forms with every
 // lane set are the plain instructions; GCC 12 warns about the undefined source of the others.)

@@ -228,8 +228,7 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
                      float* dw) {
   const Layout l(s);
   const Scratch<float> scratch = reserve_scratch<float>(st, 0, thread_floats(s));
-  const int64_t in_image = s.in_channels * s.in_h * s.in_w,
-                out_image = s.out_channels * s.out_h() * s.out_w();
+  const int64_t in_image = s.x_image_stride(), out_image = s.out_channels * s.out_h() * s.out_w();
   const int64_t weights = s.weight_size();
   const int64_t chunk = images_per_chunk(s);
   auto sums_of = [&](int t) {

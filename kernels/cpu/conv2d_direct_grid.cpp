@@ -148,13 +148,13 @@ inline __m512 load_pixels(__m512 into, const float* from, std::uint16_t mask) {
 }
 
 // Writes the phase planes of `count` images of `channels` channels each, from `x` (NCHW, an image
-// every `image_size` floats); the grid's other images read zeros. Every float is written, except
+// every s.x_image_stride() floats); the grid's other images read zeros. Every float is written, except
 // at stride 1 when `padding_written`: there each image's input row ih lies whole at plane position
 // (ih + pad_h) * width + image * span + pad_w (Grid), every other position is padding, the same for
 // every grid, and a caller that reuses the planes writes the padding once and then only the rows.
 void pad_images(const Conv2dShape& s, const Grid& g, const float* x, int64_t count, float* padded,
                 bool padding_written) {
-  const int64_t image_size = s.in_channels * s.in_h * s.in_w;
+  const int64_t image_size = s.x_image_stride();
   if (s.stride_h == 1 && s.stride_w == 1) {
     if (!padding_written) zero_row(s.in_channels * g.channel, padded);
     for (int64_t c = 0; c < s.in_channels; ++c)
@@ -287,24 +287,36 @@ void forward_blocks(int vectors, const ForwardTask& task, int64_t o0, int64_t v0
 // Per-thread scratch of the forward passes, in floats: the phase planes of a grid.
 int64_t forward_scratch(const Conv2dShape& s, const Grid& g) { return s.in_channels * g.channel; }
 
-// Brings [begin, end) into L2 a few cache lines per step(), spread over the `steps` calls: the next
-// grid's input, read by pad_images while the current grid is computed, so that it does not wait
-// on memory (the activations of a layer rarely stay in L2 until the next one).
+// Brings `images` images of `image_floats` floats, `image_stride` floats apart from `first`, into
+// L2 a few cache lines per step(), spread over the `steps` calls: the next grid's input, read by
+// pad_images while the current grid is computed, so that it does not wait on memory (the
+// activations of a layer rarely stay in L2 until the next one). Image by image, so that a channel
+// slice (images further apart than their size) brings in only its own channels.
 class Prefetcher {
  public:
-  Prefetcher(const void* begin, const void* end, int64_t steps)
-      : next_(static_cast<const char*>(begin)),
-        end_(static_cast<const char*>(end)),
-        lines_per_step_(((end_ - next_) / 64 + steps) / std::max<int64_t>(steps, 1)) {}
+  Prefetcher(const float* first, int64_t images, int64_t image_stride, int64_t image_floats, int64_t steps)
+      : image_(reinterpret_cast<const char*>(first)),
+        next_(image_),
+        image_bytes_(int64_t(sizeof(float)) * image_floats),
+        stride_bytes_(int64_t(sizeof(float)) * image_stride),
+        images_left_(std::max<int64_t>(images, 0)),
+        lines_per_step_((images_left_ * image_bytes_ / 64 + steps) / std::max<int64_t>(steps, 1)) {}
   void step() {
-    for (int64_t n = 0; n < lines_per_step_ && next_ < end_; ++n, next_ += 64)
+    for (int64_t n = 0; n < lines_per_step_ && images_left_ > 0; ++n) {
       _mm_prefetch(next_, _MM_HINT_T1);
+      next_ += 64;
+      if (next_ >= image_ + image_bytes_) {
+        image_ += stride_bytes_;
+        next_ = image_;
+        --images_left_;
+      }
+    }
   }
 
  private:
-  const char* next_;
-  const char* end_;
-  int64_t lines_per_step_;
+  const char* image_;  // the image being brought in
+  const char* next_;   // its next line
+  int64_t image_bytes_, stride_bytes_, images_left_, lines_per_step_;
 };
 
 // y = conv(x, w) + bias, pack(panels) writing the weight packed by pack_weight<Tile::channels> (or
@@ -317,7 +329,8 @@ void forward_packed(const StreamHandle& st, const Conv2dShape& s, const float* x
       reserve_scratch<float>(st, forward_shared<Tile::channels>(s), forward_scratch(s, g));
   pack(scratch.shared);
   const float* panels = scratch.shared;
-  const int64_t in_image = s.in_channels * s.in_h * s.in_w, out_image = s.out_channels * g.pixels;
+  const int64_t in_image = s.x_image_stride(), image_floats = s.in_channels * s.in_h * s.in_w;
+  const int64_t out_image = s.out_channels * g.pixels;
   const int64_t grids = (s.batch + g.images - 1) / g.images;
   run_threads(st, [&](int t, int threads) {
     float* padded = scratch.of_thread(t);
@@ -328,8 +341,7 @@ void forward_packed(const StreamHandle& st, const Conv2dShape& s, const float* x
       const int64_t image = grid * g.images, count = std::min(g.images, s.batch - image);
       pad_images(s, g, x + image * in_image, count, padded, /*padding_written=*/grid > share(grids, t, threads));
       const int64_t next_end = std::min(s.batch, std::min(grid + 2, end) * g.images);
-      Prefetcher next_input(x + (image + count) * in_image,
-                            x + std::max(next_end, image + count) * in_image, steps);
+      Prefetcher next_input(x + (image + count) * in_image, next_end - (image + count), in_image, image_floats, steps);
       const ForwardTask task{s, g, padded, panels, bias, y + image * out_image, count};
       for (int64_t v0 = 0; v0 < g.vectors; v0 += vectors)
         for (int64_t o0 = 0; o0 < s.out_channels; o0 += channels) {
@@ -471,7 +483,8 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
   const int64_t batch = grids_per_batch(s, g), taps = g.taps();
   const int64_t padded_stride = s.in_channels * g.channel, row = g.vectors * kLanes;
   const int64_t grid_stride = rounded_channels(s) * row;
-  const int64_t in_image = s.in_channels * s.in_h * s.in_w, out_image = s.out_channels * g.pixels;
+  const int64_t in_image = s.x_image_stride(), image_floats = s.in_channels * s.in_h * s.in_w;
+  const int64_t out_image = s.out_channels * g.pixels;
   const int64_t grids = (s.batch + g.images - 1) / g.images;
   auto sums_of = [&](int t) {
     return reinterpret_cast<double*>(scratch.of_thread(t) + batch * (padded_stride + grid_stride));
@@ -497,8 +510,8 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
       const int64_t next_end = std::min(s.batch, std::min(end, first + 2 * count) * g.images);
       const int64_t steps = (s.out_channels + kChannelBlock - 1) / kChannelBlock *
                             ((taps + kTapBlock - 1) / kTapBlock);
-      Prefetcher next_input(x + next * in_image, x + next_end * in_image, steps);
-      Prefetcher next_grad(dy + next * out_image, dy + next_end * out_image, steps);
+      Prefetcher next_input(x + next * in_image, next_end - next, in_image, image_floats, steps);
+      Prefetcher next_grad(dy + next * out_image, next_end - next, out_image, out_image, steps);
       for (int64_t o0 = 0; o0 < s.out_channels; o0 += kChannelBlock)
         for (int64_t k0 = 0; k0 < taps; k0 += kTapBlock) {
           next_input.step();

@@ -56,11 +56,11 @@ struct Taps {
   }
 };
 
-// Copies `images` images from x into `to` after the margin, zeros in the margins; returns where
-// the first image starts.
-float* copy_images(const Taps& taps, const float* x, int64_t images, float* to) {
+// Copies `images` images, `x_stride` floats apart from x, into `to` after the margin, packed, with
+// zeros in the margins; returns where the first image starts.
+float* copy_images(const Taps& taps, const float* x, int64_t x_stride, int64_t images, float* to) {
   zero_row(taps.margin, to);
-  copy_row(x, images * taps.image, to + taps.margin);
+  copy_strided_images(x, x_stride, images, taps.image, to + taps.margin);
   float* end = to + taps.margin + images * taps.image;
   zero_row(to + taps.copy_size(images) - end, end);
   return to + taps.margin;
@@ -141,7 +141,7 @@ void forward_packed(const StreamHandle& st, const Conv2dShape& s, const float* x
     const int64_t end = share(s.batch, t + 1, threads);
     for (int64_t image = share(s.batch, t, threads); image < end; image += kImageBlock) {
       const int64_t images = std::min<int64_t>(kImageBlock, end - image);
-      const float* copy = copy_images(taps, x + image * taps.image, images, scratch.of_thread(t));
+      const float* copy = copy_images(taps, x + image * s.x_image_stride(), s.x_image_stride(), images, scratch.of_thread(t));
       for (int64_t o0 = 0; o0 < s.out_channels; o0 += kChannelBlock)
         forward_blocks(static_cast<int>(images), s, taps, copy, panels, bias, o0,
                        y + image * out_image);
@@ -227,7 +227,8 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
   float* copy = scratch.shared + taps.margin;
   run_threads(st, [&](int t, int threads) {
     const int64_t first = share(s.batch, t, threads), end = share(s.batch, t + 1, threads);
-    copy_row(x + first * taps.image, (end - first) * taps.image, copy + first * taps.image);
+    copy_strided_images(x + first * s.x_image_stride(), s.x_image_stride(), end - first, taps.image,
+                        copy + first * taps.image);
     if (t == 0) {
       zero_row(taps.margin, scratch.shared);
       float* after = copy + s.batch * taps.image;

@@ -158,23 +158,23 @@ bool in_one_image(const Lowering& low, Tile tile) {
   return tile.row0 / low.out_h == (tile.row1 - 1) / low.out_h;
 }
 
-// The tile's columns of an NCHW tensor with `channels` channels and low.pixels pixels per
-// channel, seen in place (valid only for a tile inside one image).
+// The tile's columns of an NCHW tensor of low.pixels pixels per channel and an image every
+// `image_stride` elements, seen in place (valid only for a tile inside one image).
 template <class T>
-Panel<T> columns_in_place(const Lowering& low, T* tensor, int64_t channels, Tile tile) {
+Panel<T> columns_in_place(const Lowering& low, T* tensor, int64_t image_stride, Tile tile) {
   const int64_t image = tile.row0 / low.out_h;
   const int64_t pixel0 = (tile.row0 - image * low.out_h) * low.out_w;
-  return {tensor + image * channels * low.pixels + pixel0, low.pixels};
+  return {tensor + image * image_stride + pixel0, low.pixels};
 }
 
 // tile_matrix[ch][column] = tensor[image, ch, pixel] over the tile (an NCHW tensor of the
-// output's geometry), and the reverse.
+// output's geometry, an image every `image_stride` elements), and the reverse (packed images).
 template <class T>
-void gather_columns(const Lowering& low, const T* tensor, int64_t channels, Tile tile, T* out,
-                    int64_t out_stride) {
+void gather_columns(const Lowering& low, const T* tensor, int64_t channels, int64_t image_stride, Tile tile,
+                    T* out, int64_t out_stride) {
   for_each_image_piece(low, tile, [&](const ImagePiece& p) {
     for (int64_t ch = 0; ch < channels; ++ch) {
-      const T* src = tensor + (p.image * channels + ch) * low.pixels + p.pixel0;
+      const T* src = tensor + p.image * image_stride + ch * low.pixels + p.pixel0;
       std::copy(src, src + p.count, out + ch * out_stride + p.column0);
     }
   });
@@ -208,9 +208,10 @@ ValidColumns valid_columns(const Lowering& low, int64_t j) {
 // Calls fn(k, row, valid, column) for every tap k = (c, i, j) and every output row of the tile:
 // `row` is the input row (image, c, ih) that this tap reads for that output row, or nullptr when
 // ih falls into the padding; `valid` says which output columns read inside it; the output row's
-// pixels are the tile's columns from `column`. The loop nest shared by im2col and col2im.
+// pixels are the tile's columns from `column`; x's images lie `image_stride` elements apart. The
+// loop nest shared by im2col and col2im.
 template <class T, class Fn>
-void for_each_tap_row(const Lowering& low, T* x, Tile tile, Fn&& fn) {
+void for_each_tap_row(const Lowering& low, T* x, int64_t image_stride, Tile tile, Fn&& fn) {
   const auto& s = low.shape;
   for (int64_t c = 0; c < s.in_channels; ++c)
     for (int64_t i = 0; i < s.kernel_h; ++i)
@@ -221,7 +222,7 @@ void for_each_tap_row(const Lowering& low, T* x, Tile tile, Fn&& fn) {
         for (int64_t column = 0; column < (tile.row1 - tile.row0) * low.out_w; column += low.out_w) {
           const int64_t ih = oh * s.stride_h - s.pad_h + i;
           T* row = nullptr;
-          if (ih >= 0 && ih < s.in_h) row = x + ((image * s.in_channels + c) * s.in_h + ih) * s.in_w;
+          if (ih >= 0 && ih < s.in_h) row = x + image * image_stride + (c * s.in_h + ih) * s.in_w;
           fn(k, row, valid, column);
           if (++oh == low.out_h) oh = 0, ++image;
         }
@@ -240,7 +241,7 @@ void fill_columns_shifted(const Lowering& low, const T* x, Tile tile, T* col, in
   for_each_image_piece(low, tile, [&](const ImagePiece& p) {
     const int64_t oh0 = p.pixel0 / width, oh1 = oh0 + p.count / width;
     for (int64_t c = 0; c < s.in_channels; ++c) {
-      const T* channel = x + (p.image * s.in_channels + c) * plane;
+      const T* channel = x + p.image * s.x_image_stride() + c * plane;
       for (int64_t i = 0; i < s.kernel_h; ++i) {
         // output rows [inside0, inside1) read input rows inside the image
         const int64_t inside0 = std::clamp(s.pad_h - i, oh0, oh1);
@@ -277,7 +278,7 @@ void fill_columns_gathered(const Lowering& low, const T* x, Tile tile, T* col, i
   const int64_t kernel_taps = s.kernel_h * s.kernel_w, plane = s.in_h * s.in_w;
   for_each_image_piece(low, tile, [&](const ImagePiece& p) {
     for (int64_t c = 0; c < s.in_channels; ++c) {
-      const T* channel = x + (p.image * s.in_channels + c) * plane;
+      const T* channel = x + p.image * s.x_image_stride() + c * plane;
       for (int64_t tap = 0; tap < kernel_taps; ++tap) {
         const std::int32_t* source = low.tap_sources.data() + tap * low.pixels + p.pixel0;
         T* out = col + (c * kernel_taps + tap) * n + p.column0;
@@ -303,7 +304,7 @@ void fill_columns(const Lowering& low, const T* x, Tile tile, T* col, int64_t n)
     return;
   }
   const int64_t stride = low.shape.stride_w, out_w = low.out_w;
-  for_each_tap_row(low, x, tile, [&](int64_t k, const T* row, const ValidColumns& valid, int64_t column) {
+  for_each_tap_row(low, x, low.shape.x_image_stride(), tile, [&](int64_t k, const T* row, const ValidColumns& valid, int64_t column) {
     T* out = col + k * n + column;
     if (row == nullptr) {
       std::fill(out, out + out_w, T(0));
@@ -328,7 +329,8 @@ void fill_columns(const Lowering& low, const T* x, Tile tile, T* col, int64_t n)
 template <class T>
 void add_columns(const Lowering& low, const T* col, int64_t n, Tile tile, T* dx) {
   const int64_t stride = low.shape.stride_w;
-  for_each_tap_row(low, dx, tile, [&](int64_t k, T* row, const ValidColumns& valid, int64_t column) {
+  const int64_t dx_image = low.shape.in_channels * low.shape.in_h * low.shape.in_w;  // dx is packed
+  for_each_tap_row(low, dx, dx_image, tile, [&](int64_t k, T* row, const ValidColumns& valid, int64_t column) {
     const int64_t count = valid.last - valid.first;
     if (row == nullptr || count == 0) return;
     const T* in = col + k * n + column + valid.first;
@@ -354,10 +356,10 @@ int64_t out_tile_elements(const Lowering& low) {
 template <class T>
 Panel<const T> input_columns(const Lowering& low, const T* x, Tile tile, T* buffer) {
   if (low.input_is_col && in_one_image(low, tile))
-    return columns_in_place(low, x, low.shape.in_channels, tile);
+    return columns_in_place(low, x, low.shape.x_image_stride(), tile);
   const int64_t n = (tile.row1 - tile.row0) * low.out_w;
   if (low.input_is_col) {
-    gather_columns(low, x, low.shape.in_channels, tile, buffer, n);
+    gather_columns(low, x, low.shape.in_channels, low.shape.x_image_stride(), tile, buffer, n);
   } else {
     fill_columns(low, x, tile, buffer, n);
   }
@@ -368,9 +370,10 @@ Panel<const T> input_columns(const Lowering& low, const T* x, Tile tile, T* buff
 // image, else gathered into `buffer`.
 template <class T>
 Panel<const T> output_columns(const Lowering& low, const T* dy, Tile tile, T* buffer) {
-  if (in_one_image(low, tile)) return columns_in_place(low, dy, low.shape.out_channels, tile);
+  const int64_t dy_image = low.shape.out_channels * low.pixels;
+  if (in_one_image(low, tile)) return columns_in_place(low, dy, dy_image, tile);
   const int64_t n = (tile.row1 - tile.row0) * low.out_w;
-  gather_columns(low, dy, low.shape.out_channels, tile, buffer, n);
+  gather_columns(low, dy, low.shape.out_channels, dy_image, tile, buffer, n);
   return {buffer, n};
 }
 
@@ -393,7 +396,7 @@ void forward_lowered(const StreamHandle& s, const Lowering& low, const T* x, con
       const int64_t n = (tile.row1 - tile.row0) * low.out_w;
       const Panel<const T> in = input_columns(low, x, tile, col_buffer);
       const bool in_place = in_one_image(low, tile);
-      const Panel<T> out = in_place ? columns_in_place(low, y, out_channels, tile) : Panel<T>{out_buffer, n};
+      const Panel<T> out = in_place ? columns_in_place(low, y, out_channels * low.pixels, tile) : Panel<T>{out_buffer, n};
       auto result = view(out, out_channels, n);
       // (Eigen zeroes the destination of "= product" before accumulating into it: starting
       // from the bias instead saves that pass.)

@@ -10,10 +10,10 @@ namespace {
 
 // Calls visit(xi, wi, yi) with the flat offsets into x, w and y of every product
 // w[o,c,i,j] * x[b,c,h,w] that the forward pass sums into y[b,o,oh,ow], skipping the taps that
-// fall into the zero padding. Offsets are into the contiguous NCHW x and y and the
-// (out, in, kh, kw) weight.
+// fall into the zero padding. Offsets are into the NCHW x (image b at b * x_image_stride), the
+// contiguous y and the (out, in, kh, kw) weight.
 template <class Visit>
-void for_each_tap(const Conv2dShape& s, Visit&& visit) {
+void for_each_tap(const Conv2dShape& s, std::int64_t x_image_stride, Visit&& visit) {
   const std::int64_t out_h = s.out_h(), out_w = s.out_w();
   for (std::int64_t b = 0; b < s.batch; ++b)
     for (std::int64_t o = 0; o < s.out_channels; ++o)
@@ -27,7 +27,7 @@ void for_each_tap(const Conv2dShape& s, Visit&& visit) {
               for (std::int64_t j = 0; j < s.kernel_w; ++j) {
                 const std::int64_t w = ow * s.stride_w - s.pad_w + j;
                 if (w < 0 || w >= s.in_w) continue;
-                const std::int64_t xi = ((b * s.in_channels + c) * s.in_h + h) * s.in_w + w;
+                const std::int64_t xi = b * x_image_stride + (c * s.in_h + h) * s.in_w + w;
                 const std::int64_t wi = ((o * s.in_channels + c) * s.kernel_h + i) * s.kernel_w + j;
                 visit(xi, wi, yi);
               }
@@ -41,7 +41,7 @@ template <class T>
 void conv2d_forward(const StreamHandle&, const Conv2dShape& shape, const T* x, const T* w,
                     const T* bias, T* y) {
   std::vector<double> sum(static_cast<std::size_t>(shape.output_size()), 0.0);
-  for_each_tap(shape, [&](std::int64_t xi, std::int64_t wi, std::int64_t yi) {
+  for_each_tap(shape, shape.x_image_stride(), [&](std::int64_t xi, std::int64_t wi, std::int64_t yi) {
     sum[yi] += double(w[wi]) * double(x[xi]);
   });
   const std::int64_t plane = shape.out_h() * shape.out_w();
@@ -55,7 +55,8 @@ template <class T>
 void conv2d_backward_data(const StreamHandle&, const Conv2dShape& shape, const T* dy, const T* w,
                           T* dx) {
   std::vector<double> sum(static_cast<std::size_t>(shape.input_size()), 0.0);
-  for_each_tap(shape, [&](std::int64_t xi, std::int64_t wi, std::int64_t yi) {
+  const std::int64_t packed = shape.in_channels * shape.in_h * shape.in_w;  // dx is packed
+  for_each_tap(shape, packed, [&](std::int64_t xi, std::int64_t wi, std::int64_t yi) {
     sum[xi] += double(w[wi]) * double(dy[yi]);
   });
   std::transform(sum.begin(), sum.end(), dx, [](double v) { return static_cast<T>(v); });
@@ -65,7 +66,7 @@ template <class T>
 void conv2d_backward_weight(const StreamHandle&, const Conv2dShape& shape, const T* x,
                             const T* dy, T* dw) {
   std::vector<double> sum(static_cast<std::size_t>(shape.weight_size()), 0.0);
-  for_each_tap(shape, [&](std::int64_t xi, std::int64_t wi, std::int64_t yi) {
+  for_each_tap(shape, shape.x_image_stride(), [&](std::int64_t xi, std::int64_t wi, std::int64_t yi) {
     sum[wi] += double(dy[yi]) * double(x[xi]);
   });
   for (std::size_t n = 0; n < sum.size(); ++n) dw[n] = static_cast<T>(double(dw[n]) + sum[n]);

@@ -255,6 +255,40 @@ TEST_CASE("a channel slice's gradient lands in its channels, added in place or n
   CHECK(grads[0] == grads[1]);
 }
 
+TEST_CASE("channel_view: a convolution reads the view in place; values and gradients are slice_channels' bits") {
+  // u = 2 x; a 3x3 convolution of channels [1, 3) of u, taken as a view and as a packed copy.
+  const Shape shape{3, 5, 6, 7};
+  const Tensor weight = values4({4, 2, 3, 3}, 51), seed = values4({3, 4, 6, 7}, 52);
+  const Conv2dOptions options{.stride = 1, .padding = 1};
+  std::vector<std::vector<double>> outputs, input_grads, weight_grads;
+  for (const bool view : {true, false}) {
+    CAPTURE(view);
+    const Variable x = leaf4(shape, 50);
+    const Variable w(weight.clone(), true);
+    const Variable u = scale(x, 2.0);
+    const Variable part = view ? channel_view(u, 1, 2) : slice_channels(u, 1, 2);
+    CHECK(part.data().is_contiguous() == !view);
+    REQUIRE(part.grad_fn()->channel_piece(0) == 1);
+    const Variable y = conv2d(part, w, Variable(), options);  // no bias: an undefined input in the graph
+    const Variable roots[] = {y};
+    const Tensor seeds[] = {seed};
+    petra::backward(roots, seeds);
+    outputs.push_back(y.data().to_vector<double>());
+    input_grads.push_back(x.grad().to_vector<double>());
+    weight_grads.push_back(w.grad().to_vector<double>());
+  }
+  CHECK(outputs[0] == outputs[1]);
+  CHECK(input_grads[0] == input_grads[1]);
+  CHECK(weight_grads[0] == weight_grads[1]);
+  // channels 0 and 3, 4 of x get no gradient from the piece
+  const std::int64_t plane = shape[2] * shape[3];
+  for (std::int64_t i = 0; i < plane; ++i) CHECK(input_grads[0][i] == 0.0);
+  // Ops other than the convolution still require contiguous operands.
+  const Variable x = leaf4(shape, 50);
+  CHECK_THROWS_AS(add(channel_view(x, 1, 2), channel_view(x, 3, 2)), ShapeError);
+  CHECK_THROWS_AS(channel_view(x, 4, 2), ShapeError);
+}
+
 TEST_CASE("a channel piece is never added into a gradient that another holder shares") {
   // s = u + w hands the caller's seed gs to u and to w unchanged; p's piece then arrives at u:
   // adding it in place would change the caller's seed (and w's gradient).

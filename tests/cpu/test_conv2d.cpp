@@ -2,6 +2,8 @@
 // backward passes against finite differences, and the "=" / "+=" contract of each output.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -183,6 +185,64 @@ TEST_CASE("conv2d: cpu results are bit-identical from run to run") {
       for (float v : first) norm += double(v) * v;
       CHECK(norm > 0);  // the pass wrote something
     }
+}
+
+// x as a channel slice of a larger tensor (Conv2dShape::in_image_stride): channels [first, first +
+// in_channels) of images with `extra` more channels, the others NaN so that reading one of them
+// would show. Forward and backward-weight of ref:: and of cpu:: (each algorithm: the comparison
+// shapes reach all of them) must give the bits they give on the packed x.
+template <class T>
+void compare_channel_slice(Conv2dShape shape, int threads) {
+  CAPTURE(describe(shape));
+  CAPTURE(threads);
+  const std::int64_t plane = shape.in_h * shape.in_w, first = 1, extra = 3;
+  const std::int64_t image = (shape.in_channels + extra) * plane;
+  const auto x = random_values<T>(size_of(shape.input_size()), 1);
+  const auto dy = random_values<T>(size_of(shape.output_size()), 4);
+  const auto w = random_values<T>(size_of(shape.weight_size()), 2);
+  std::vector<T> wide(size_of(shape.batch * image), std::numeric_limits<T>::quiet_NaN());
+  for (std::int64_t n = 0; n < shape.batch; ++n)
+    std::copy_n(x.begin() + n * shape.in_channels * plane, shape.in_channels * plane,
+                wide.begin() + n * image + first * plane);
+  Conv2dShape sliced = shape;
+  sliced.in_image_stride = image;
+  const T* slice = wide.data() + first * plane;
+
+  HeapWorkspace workspace;
+  StreamHandle s;
+  s.num_threads = threads;
+  s.workspace = &workspace;
+  std::vector<T> y(size_of(shape.output_size())), y_sliced(y.size());
+  std::vector<T> dw(size_of(shape.weight_size()), T(0)), dw_sliced = dw;
+  cpu::conv2d_forward(s, shape, x.data(), w.data(), static_cast<const T*>(nullptr), y.data());
+  cpu::conv2d_forward(s, sliced, slice, w.data(), static_cast<const T*>(nullptr), y_sliced.data());
+  CHECK(y_sliced == y);
+  cpu::conv2d_backward_weight(s, shape, x.data(), dy.data(), dw.data());
+  cpu::conv2d_backward_weight(s, sliced, slice, dy.data(), dw_sliced.data());
+  CHECK(dw_sliced == dw);
+
+  const StreamHandle serial;
+  ref::conv2d_forward(serial, sliced, slice, w.data(), static_cast<const T*>(nullptr), y_sliced.data());
+  ref::conv2d_forward(serial, shape, x.data(), w.data(), static_cast<const T*>(nullptr), y.data());
+  CHECK(y_sliced == y);
+  std::fill(dw.begin(), dw.end(), T(0));
+  std::fill(dw_sliced.begin(), dw_sliced.end(), T(0));
+  ref::conv2d_backward_weight(serial, sliced, slice, dy.data(), dw_sliced.data());
+  ref::conv2d_backward_weight(serial, shape, x.data(), dy.data(), dw.data());
+  CHECK(dw_sliced == dw);
+}
+
+TEST_CASE("conv2d: a channel slice is read in place, with the bits of the packed input") {
+  for (const auto& shape : comparison_shapes())
+    for (int threads : {1, 2, 3}) compare_channel_slice<float>(shape, threads);
+  for (const auto& shape : comparison_shapes()) compare_channel_slice<double>(shape, 2);
+  // The benchmark network's streams: 16 and 32 channels (grid forward, channels backward-weight),
+  // a stride-2 transition and its 1x1 projection (im2col), 4x4 images (direct::small).
+  for (const Conv2dShape& shape :
+       {conv2d_shape(5, 16, 28, 28, 16, 3, 1, 1), conv2d_shape(4, 32, 14, 14, 32, 3, 1, 1),
+        conv2d_shape(4, 16, 28, 28, 32, 3, 2, 1), conv2d_shape(4, 16, 28, 28, 32, 1, 2, 0),
+        conv2d_shape(7, 128, 4, 4, 128, 3, 1, 1)})
+    for (int threads : {1, 2}) compare_channel_slice<float>(shape, threads);
 }
 
 TEST_CASE("conv2d: ref backward passes match finite differences") {
