@@ -41,6 +41,24 @@ inline void zero_row(int64_t n, float* to) {
     _mm512_mask_storeu_ps(to + i, static_cast<__mmask16>((1u << (n - i)) - 1), _mm512_setzero_ps());
 }
 
+// to[t] = from[2t] for t in [0, n): the even floats of from[0, 2n - 1), de-interleaved 16 at a time
+// by two loads and a permute (a stride-2 convolution's phase planes). The tail's loads are masked,
+// so nothing beyond from[2n - 2] is read.
+inline void copy_even(const float* from, int64_t n, float* to) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  int64_t t = 0;
+  for (; t + kLanes < n; t += kLanes)  // reads up to from[2t + 31] < from[2n - 2]
+    _mm512_storeu_ps(to + t, _mm512_permutex2var_ps(_mm512_loadu_ps(from + 2 * t), even,
+                                                    _mm512_loadu_ps(from + 2 * t + kLanes)));
+  if (t == n) return;
+  const int64_t left = n - t, floats = 2 * left - 1;  // 1 to 16 values from 1 to 31 floats
+  const auto low = static_cast<__mmask16>(floats >= kLanes ? 0xFFFFu : (1u << floats) - 1);
+  const auto high = static_cast<__mmask16>(floats > kLanes ? (1u << (floats - kLanes)) - 1 : 0u);
+  const __m512 values = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(low, from + 2 * t), even,
+                                               _mm512_maskz_loadu_ps(high, from + 2 * t + kLanes));
+  _mm512_mask_storeu_ps(to + t, static_cast<__mmask16>(left >= kLanes ? 0xFFFFu : (1u << left) - 1), values);
+}
+
 // Packs `images` images of `image_floats` floats, `stride` floats apart from `from` (a channel
 // slice of a larger tensor when stride > image_floats, Conv2dShape::in_image_stride), into `to`.
 inline void copy_strided_images(const float* from, int64_t stride, int64_t images, int64_t image_floats, float* to) {

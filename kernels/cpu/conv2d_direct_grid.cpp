@@ -199,8 +199,8 @@ void pad_images(const Conv2dShape& s, const Grid& g, const float* x, int64_t cou
                                 first * s.stride_w + b - s.pad_w;
             if (s.stride_w == 1) {
               copy_row(from, last - first, to + first);
-            } else if (s.stride_w == 2) {  // a compile-time stride vectorises
-              for (int64_t t = 0; t < last - first; ++t) to[first + t] = from[2 * t];
+            } else if (s.stride_w == 2) {
+              copy_even(from, last - first, to + first);
             } else {
               for (int64_t t = 0; t < last - first; ++t) to[first + t] = from[t * s.stride_w];
             }
