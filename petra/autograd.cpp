@@ -236,11 +236,19 @@ struct Engine {
     }
     Tensor full = Tensor::zeros(v.shape(), piece.dtype(), piece.device());
     ops::channel_accumulate_into(full, piece, first);
-    deliver(v, full);
+    deliver(v, full, /*from_node=*/true);  // the engine's own tensor
   }
 
-  // A gradient arrives at variable v: route it to its producer node, or to the leaf.
-  void deliver(const Variable& v, const Tensor& g) {
+  // Whether a leaf's first gradient may be g itself rather than a copy: g came from a node's
+  // backward (not the caller's seed), nothing else holds its storage, and it is all of it.
+  static bool adoptable(const Tensor& g, const Variable& leaf) {
+    return g.device() == leaf.data().device() && g.is_contiguous() && g.storage().use_count() == 1 &&
+           g.raw_data() == g.storage()->data();
+  }
+
+  // A gradient arrives at variable v: route it to its producer node, or to the leaf. `from_node`:
+  // g is a node's result, which the engine drops after delivering it (else the caller's seed).
+  void deliver(const Variable& v, const Tensor& g, bool from_node = false) {
     if (Node* n = v.grad_fn().get()) {
       auto& slots = pending[n];
       if (slots.empty()) slots.resize(n->num_outputs());
@@ -253,7 +261,13 @@ struct Engine {
     }
     if (accumulate_leaves && v.requires_grad()) {
       if (!v.grad().defined()) {
-        MemoryScope scope(MemoryTag::gradients, v.data().storage()->owner());
+        const int owner = v.data().storage()->owner();
+        if (from_node && adoptable(g, v)) {  // no copy: the engine's reference goes when it moves on
+          g.storage()->retag(MemoryTag::gradients, owner);
+          v.set_grad(g);
+          return;
+        }
+        MemoryScope scope(MemoryTag::gradients, owner);
         v.set_grad(g.device() == v.data().device() ? g.clone() : g.to(v.data().device()));
       } else {
         ops::add_into(v.grad(), g);
@@ -286,7 +300,7 @@ struct Engine {
           if (const std::int64_t first = node->channel_piece(i); first >= 0)
             deliver_piece(node->inputs()[i], grads_in[i], first);
           else
-            deliver(node->inputs()[i], grads_in[i]);
+            deliver(node->inputs()[i], grads_in[i], /*from_node=*/true);
         }
       }
       if (!retain_graph) node->release();

@@ -255,6 +255,33 @@ TEST_CASE("a channel slice's gradient lands in its channels, added in place or n
   CHECK(grads[0] == grads[1]);
 }
 
+TEST_CASE("a leaf's first gradient is a node's result taken over, or a copy of the caller's seed") {
+  const Shape shape{2, 3, 2, 2};
+  const Tensor seed = values4(shape, 60);
+  const std::vector<double> seed_values = seed.to_vector<double>();
+  // x's gradient comes from scale's backward: a fresh tensor nobody else holds, taken as x.grad
+  // (counted as a gradient), then added into in place by the second pass.
+  const Variable x = leaf4(shape, 61);
+  const Variable y = scale(x, 2.0), z = scale(x, 2.0);
+  const Variable first[] = {y}, second[] = {z};
+  const Tensor seeds[] = {seed};
+  petra::backward(first, seeds);
+  CHECK(x.grad().storage()->tag() == MemoryTag::gradients);
+  petra::backward(second, seeds);
+  const auto dx = x.grad().to_vector<double>();
+  for (std::size_t k = 0; k < dx.size(); ++k) CHECK(dx[k] == 4 * seed_values[k]);
+  CHECK(seed.to_vector<double>() == seed_values);
+  // A leaf that is itself the root gets a copy of the seed, which later passes add into.
+  const Variable leaf = leaf4(shape, 62);
+  const Variable roots[] = {leaf};
+  petra::backward(roots, seeds);
+  petra::backward(roots, seeds);
+  CHECK(leaf.grad().storage() != seed.storage());
+  CHECK(seed.to_vector<double>() == seed_values);
+  const auto dleaf = leaf.grad().to_vector<double>();
+  for (std::size_t k = 0; k < dleaf.size(); ++k) CHECK(dleaf[k] == 2 * seed_values[k]);
+}
+
 TEST_CASE("channel_view: a convolution reads the view in place; values and gradients are slice_channels' bits") {
   // u = 2 x; a 3x3 convolution of channels [1, 3) of u, taken as a view and as a packed copy.
   const Shape shape{3, 5, 6, 7};
