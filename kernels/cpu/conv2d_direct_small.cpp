@@ -141,7 +141,8 @@ void forward_packed(const StreamHandle& st, const Conv2dShape& s, const float* x
     const int64_t end = share(s.batch, t + 1, threads);
     for (int64_t image = share(s.batch, t, threads); image < end; image += kImageBlock) {
       const int64_t images = std::min<int64_t>(kImageBlock, end - image);
-      const float* copy = copy_images(taps, x + image * s.x_image_stride(), s.x_image_stride(), images, scratch.of_thread(t));
+      const int64_t stride = s.x_image_stride();
+      const float* copy = copy_images(taps, x + image * stride, stride, images, scratch.of_thread(t));
       for (int64_t o0 = 0; o0 < s.out_channels; o0 += kChannelBlock)
         forward_blocks(static_cast<int>(images), s, taps, copy, panels, bias, o0,
                        y + image * out_image);

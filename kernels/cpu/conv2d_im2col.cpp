@@ -304,7 +304,8 @@ void fill_columns(const Lowering& low, const T* x, Tile tile, T* col, int64_t n)
     return;
   }
   const int64_t stride = low.shape.stride_w, out_w = low.out_w;
-  for_each_tap_row(low, x, low.shape.x_image_stride(), tile, [&](int64_t k, const T* row, const ValidColumns& valid, int64_t column) {
+  const int64_t x_image = low.shape.x_image_stride();
+  for_each_tap_row(low, x, x_image, tile, [&](int64_t k, const T* row, const ValidColumns& valid, int64_t column) {
     T* out = col + k * n + column;
     if (row == nullptr) {
       std::fill(out, out + out_w, T(0));
@@ -396,7 +397,8 @@ void forward_lowered(const StreamHandle& s, const Lowering& low, const T* x, con
       const int64_t n = (tile.row1 - tile.row0) * low.out_w;
       const Panel<const T> in = input_columns(low, x, tile, col_buffer);
       const bool in_place = in_one_image(low, tile);
-      const Panel<T> out = in_place ? columns_in_place(low, y, out_channels * low.pixels, tile) : Panel<T>{out_buffer, n};
+      const Panel<T> out =
+          in_place ? columns_in_place(low, y, out_channels * low.pixels, tile) : Panel<T>{out_buffer, n};
       auto result = view(out, out_channels, n);
       // (Eigen zeroes the destination of "= product" before accumulating into it: starting
       // from the bias instead saves that pass.)
