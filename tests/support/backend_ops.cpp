@@ -445,6 +445,31 @@ void add_conv2d(std::vector<Case>& t) {
                  },
                  kAccumulated});
   }
+  // x as a channel slice (channels [1, 1 + in_channels) of a wider tensor): read in place on the
+  // CPU (Conv2dShape::in_image_stride), packed first on a GPU.
+  for (const Conv& c : {Conv{3, 16, 7, 9, 5, 3, 1, 1}, Conv{2, 16, 15, 15, 17, 3, 2, 1}, Conv{2, 4, 11, 8, 6, 1, 1, 0}}) {
+    const Conv2dOptions o{c.stride, c.padding};
+    const Shape wide{c.batch, c.in_channels + 3, c.height, c.width}, w{c.out_channels, c.in_channels, c.kernel, c.kernel};
+    const std::int64_t out_h = (c.height + 2 * c.padding - c.kernel) / c.stride + 1,
+                       out_w = (c.width + 2 * c.padding - c.kernel) / c.stride + 1;
+    const Shape y{c.batch, c.out_channels, out_h, out_w};
+    const std::int64_t channels = c.in_channels;
+    const std::string where = "x channels [1, " + str(1 + channels) + ") of " + wide.str() + " w" + w.str() +
+                              " stride " + str(c.stride) + " padding " + str(c.padding);
+    t.push_back({"conv2d_forward", "conv2d_forward " + where,
+                 [=](InputMaker& m) { return Inputs{m.uniform(wide), m.uniform(w)}; },
+                 [o, channels](const Inputs& v) {
+                   return Outputs{{"y", ops::conv2d_forward(v[0].slice(1, 1, 1 + channels), v[1], Tensor(), o)}};
+                 },
+                 kAccumulated});
+    t.push_back({"conv2d_backward_weight", "conv2d_backward_weight " + where,
+                 [=](InputMaker& m) { return Inputs{m.uniform(wide), m.uniform(y), m.uniform(w)}; },
+                 [o, channels](const Inputs& v) {
+                   ops::conv2d_backward_weight(v[0].slice(1, 1, 1 + channels), v[1], v[2], o);
+                   return Outputs{{"dw", v[2]}};
+                 },
+                 kAccumulated});
+  }
 }
 
 // ---- batch norm
