@@ -243,25 +243,27 @@ Variable concat_channels(std::span<const Variable> parts) {
                     });
 }
 
-Variable slice_channels(const Variable& x, std::int64_t first, std::int64_t count) {
-  Tensor part = ops::channel_slice(x.data(), first, count);
+namespace {
+// `part`, channels [first, first + count) of x (a copy or a view), recorded with its gradient
+// declared a channel piece of x's: the engine adds it into channels [first, first + count) of x's
+// gradient (the others get none from here).
+Variable record_channel_piece(Tensor part, const char* name, const Variable& x, std::int64_t first,
+                              std::int64_t count) {
   if (count == 0 || !should_record({&x})) return Variable(part);  // no channel: no gradient either
-  // The gradient is the slice's own, declared a channel piece of x's: the engine adds it into
-  // channels [first, first + count) of x's gradient (the others get none from here).
-  Variable y = record_one(std::move(part), "slice_channels", {x},
-                          [](std::span<const Tensor> g) { return std::vector<Tensor>{g[0]}; });
+  Variable y = record_one(std::move(part), name, {x}, [](std::span<const Tensor> g) { return std::vector<Tensor>{g[0]}; });
   y.grad_fn()->set_channel_piece(0, first);
   return y;
+}
+}  // namespace
+
+Variable slice_channels(const Variable& x, std::int64_t first, std::int64_t count) {
+  return record_channel_piece(ops::channel_slice(x.data(), first, count), "slice_channels", x, first, count);
 }
 
 Variable channel_view(const Variable& x, std::int64_t first, std::int64_t count) {
   PETRA_CHECK(x.data().ndim() == 4, ShapeError, "channel_view: x ", x.data().str(), " must be 4-d (NCHW)");
-  Tensor part = x.data().slice(1, first, first + count);  // checks the range
-  if (count == 0 || !should_record({&x})) return Variable(part);
-  Variable y = record_one(std::move(part), "channel_view", {x},
-                          [](std::span<const Tensor> g) { return std::vector<Tensor>{g[0]}; });
-  y.grad_fn()->set_channel_piece(0, first);  // as slice_channels
-  return y;
+  // Tensor::slice checks the range.
+  return record_channel_piece(x.data().slice(1, first, first + count), "channel_view", x, first, count);
 }
 
 Variable coupling(const Variable& x, const Variable& f) {

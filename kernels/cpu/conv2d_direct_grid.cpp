@@ -154,13 +154,13 @@ inline __m512 load_pixels(__m512 into, const float* from, std::uint16_t mask) {
 // every grid, and a caller that reuses the planes writes the padding once and then only the rows.
 void pad_images(const Conv2dShape& s, const Grid& g, const float* x, int64_t count, float* padded,
                 bool padding_written) {
-  const int64_t image_size = s.x_image_stride();
+  const int64_t image_stride = s.x_image_stride();
   if (s.stride_h == 1 && s.stride_w == 1) {
     if (!padding_written) zero_row(s.in_channels * g.channel, padded);
     for (int64_t c = 0; c < s.in_channels; ++c)
       for (int64_t image = 0; image < g.images; ++image) {
         float* to = padded + c * g.channel + s.pad_h * g.width + image * g.span + s.pad_w;
-        const float* from = x + image * image_size + c * s.in_h * s.in_w;
+        const float* from = x + image * image_stride + c * s.in_h * s.in_w;
         for (int64_t ih = 0; ih < s.in_h; ++ih, to += g.width, from += s.in_w) {
           if (image < count)
             copy_row(from, s.in_w, to);
@@ -195,7 +195,7 @@ void pad_images(const Conv2dShape& s, const Grid& g, const float* x, int64_t cou
             zero_row(first, to);
             zero_row(g.span - last, to + last);
             if (first == last) continue;
-            const float* from = x + image * image_size + (c * s.in_h + ih) * s.in_w +
+            const float* from = x + image * image_stride + (c * s.in_h + ih) * s.in_w +
                                 first * s.stride_w + b - s.pad_w;
             if (s.stride_w == 1) {
               copy_row(from, last - first, to + first);
