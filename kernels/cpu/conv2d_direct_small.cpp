@@ -194,6 +194,139 @@ void weight_blocks(int count, const Conv2dShape& s, const Taps& taps, const floa
 // Shared, in floats: a copy of the whole batch.
 int64_t weight_shared(const Conv2dShape& s) { return Taps(s).copy_size(s.batch); }
 
+// ---- Backward-weight of the 3x3 layers, output channels on the lanes.
+// dw[o][c][i][j] = sum over images n and pixels p = (h, w) of dy[n][o][p] * x[n][c][h + i - 1][w + j - 1].
+// weight_block above puts the pixels on the lanes: each of its 4 x 6 sums is a vector that must be
+// summed across its lanes at the end, and over a batch of 64 that tail costs as much as the sums.
+// Here the lanes are 16 output channels: dy is transposed once to dyt[n][p][o] (o contiguous), x
+// is copied once with its zero border to planes of 6 x 6 (xp[c][n][6][6]), and each product is a
+// vector of dy times one broadcast value of x. A block is 32 output channels by the 9 taps of one
+// input channel: 18 accumulators, 2 vector loads and 9 broadcasts per pixel for 18 FMAs, and no
+// sum across lanes. The sums run over 8 images (128 products) in the registers, then are added to
+// the block's totals, which keeps their rounding error near the pixel-lane kernel's.
+namespace lanes {
+
+constexpr int kSide = 4, kPadded = kSide + 2, kPlane = kPadded * kPadded;  // 4x4 images, 6x6 copies
+constexpr int kTaps = 9;                                                   // 3x3
+constexpr int kImagesPerSum = 8;
+
+bool applies(const Conv2dShape& s) {
+  return s.in_h == kSide && s.in_w == kSide && s.kernel_h == 3 && s.kernel_w == 3 && s.pad_h == 1 &&
+         s.pad_w == 1 && s.stride_h == 1 && s.stride_w == 1 && s.out_channels >= kLanes;
+}
+
+int64_t padded_channels(const Conv2dShape& s) { return round_up(s.out_channels, kLanes); }
+int64_t dyt_floats(const Conv2dShape& s) { return s.batch * kLanes * padded_channels(s); }
+int64_t shared_floats(const Conv2dShape& s) { return dyt_floats(s) + s.in_channels * s.batch * kPlane + kLanes; }
+
+// dyt[p][o] = dy[o][p] for one image: 16 channels at a time, gathered (o >= out_channels: zero).
+void transpose_image(const float* dy, int64_t channels, int64_t padded, float* dyt) {
+  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(kLanes));
+  for (int64_t o0 = 0; o0 < padded; o0 += kLanes) {
+    const int64_t valid = std::min<int64_t>(kLanes, channels - o0);
+    const auto mask = static_cast<__mmask16>(valid >= kLanes ? 0xFFFFu : (1u << valid) - 1);
+    for (int p = 0; p < kLanes; ++p)
+      _mm512_storeu_ps(dyt + p * padded + o0,
+                       _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, rows, dy + o0 * kLanes + p, 4));
+  }
+}
+
+// The 6x6 copy with a zero border of one 4x4 channel: three permutes of its one vector.
+void pad_plane(const float* x, float* to) {
+  // to[q] = x[index[q]] where q = (h + 1) * 6 + w + 1 for h, w in [0, 4), else 0.
+  alignas(64) int32_t index[48] = {};
+  __mmask64 inside = 0;
+  for (int h = 0; h < kSide; ++h)
+    for (int w = 0; w < kSide; ++w) {
+      const int q = (h + 1) * kPadded + w + 1;
+      index[q] = h * kSide + w;
+      inside |= __mmask64(1) << q;
+    }
+  const __m512 v = _mm512_loadu_ps(x);
+  for (int part = 0; part < 3; ++part) {
+    const auto m = static_cast<__mmask16>(inside >> (16 * part));
+    const __m512 values = _mm512_maskz_permutexvar_ps(m, _mm512_load_si512(index + 16 * part), v);
+    if (part < 2) _mm512_storeu_ps(to + 16 * part, values);
+    else _mm512_mask_storeu_ps(to + 32, 0x000F, values);  // floats 32-35
+  }
+}
+
+// acc[v][t] += sum over `images` images and the 16 pixels of dyt (output channels 16v..16v + 15 of
+// the block) times tap t of x's plane; dyt: image 0, first channel of the block; xc: image 0's plane.
+template <int V>
+inline void add_products(const float* dyt, int64_t padded, const float* xc, int64_t images,
+                         __m512 (&acc)[V][kTaps]) {
+  for (int64_t n = 0; n < images; ++n) {
+    const float* d = dyt + n * kLanes * padded;
+    const float* x = xc + n * kPlane;
+#pragma GCC unroll 1
+    for (int p = 0; p < kLanes; ++p) {
+      const float* window = x + (p / kSide) * kPadded + p % kSide;  // tap (0, 0) of pixel p
+      __m512 dv[V];
+      for (int v = 0; v < V; ++v) dv[v] = _mm512_loadu_ps(d + p * padded + v * kLanes);
+      for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j) {
+          const __m512 xb = _mm512_set1_ps(window[i * kPadded + j]);
+          for (int v = 0; v < V; ++v) acc[v][i * 3 + j] = _mm512_fmadd_ps(dv[v], xb, acc[v][i * 3 + j]);
+        }
+    }
+  }
+}
+
+// dw[o0 + o][c][t] += the block's sums, for the channels o < out_channels - o0.
+template <int V>
+void block(const Conv2dShape& s, const float* dyt, const float* xp, int64_t c, int64_t o0, float* dw) {
+  const int64_t padded = padded_channels(s);
+  const float* xc = xp + c * s.batch * kPlane;
+  __m512 total[V][kTaps];
+  for (int v = 0; v < V; ++v)
+    for (int t = 0; t < kTaps; ++t) total[v][t] = _mm512_setzero_ps();
+  for (int64_t n = 0; n < s.batch; n += kImagesPerSum) {
+    __m512 acc[V][kTaps];
+    for (int v = 0; v < V; ++v)
+      for (int t = 0; t < kTaps; ++t) acc[v][t] = _mm512_setzero_ps();
+    add_products<V>(dyt + n * kLanes * padded + o0, padded, xc + n * kPlane,
+                    std::min<int64_t>(kImagesPerSum, s.batch - n), acc);
+    for (int v = 0; v < V; ++v)
+      for (int t = 0; t < kTaps; ++t) total[v][t] = _mm512_add_ps(total[v][t], acc[v][t]);
+  }
+  const int64_t row = s.in_channels * kTaps;  // floats per output channel of dw
+  for (int v = 0; v < V; ++v)
+    for (int t = 0; t < kTaps; ++t) {
+      alignas(64) float sums[kLanes];
+      _mm512_store_ps(sums, total[v][t]);
+      for (int64_t lane = 0; lane < kLanes && o0 + v * kLanes + lane < s.out_channels; ++lane)
+        dw[(o0 + v * kLanes + lane) * row + c * kTaps + t] += sums[lane];
+    }
+}
+
+// The threads share dyt and xp and split the input channels: each dw value is one thread's sum,
+// in the same order whatever the thread count.
+void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* dy, float* dw) {
+  const Scratch<float> scratch = reserve_scratch<float>(st, shared_floats(s), 0);
+  float* dyt = scratch.shared;
+  float* xp = dyt + dyt_floats(s);
+  const int64_t padded = padded_channels(s), out_image = s.out_channels * kLanes;
+  run_threads(st, [&](int t, int threads) {
+    for (int64_t n = share(s.batch, t, threads); n < share(s.batch, t + 1, threads); ++n) {
+      transpose_image(dy + n * out_image, s.out_channels, padded, dyt + n * kLanes * padded);
+      for (int64_t c = 0; c < s.in_channels; ++c)
+        pad_plane(x + n * s.x_image_stride() + c * kLanes, xp + (c * s.batch + n) * kPlane);
+    }
+  });
+  run_threads(st, [&](int t, int threads) {
+    const int64_t first = share(s.in_channels, t, threads), end = share(s.in_channels, t + 1, threads);
+    int64_t o0 = 0;
+    for (; o0 + 2 * kLanes <= padded; o0 += 2 * kLanes)
+      for (int64_t c = first; c < end; ++c) block<2>(s, dyt, xp, c, o0, dw);
+    if (o0 < padded)
+      for (int64_t c = first; c < end; ++c) block<1>(s, dyt, xp, c, o0, dw);
+  });
+}
+
+}  // namespace lanes
+
 }  // namespace
 
 // Measured (Zen 5, 128 channels, 4x4, 3x3, batch 64, against im2col + GEMM): forward and
@@ -201,6 +334,7 @@ int64_t weight_shared(const Conv2dShape& s) { return Taps(s).copy_size(s.batch);
 // block of backward-weight reads the copy of the whole batch's input: beyond L2 (512 channels at
 // batch 64: 2 MB) it waits on memory, and the GEMM is faster.
 bool applies(const Conv2dShape& s, Pass pass) {
+  if (pass == Pass::weight && lanes::applies(s)) return true;
   return s.stride_h == 1 && s.stride_w == 1 && s.pad_h >= 0 && s.pad_w >= 0 &&
          s.out_h() == s.in_h && s.out_w() == s.in_w && s.in_h * s.in_w == kLanes &&
          (pass == Pass::weight ? s.batch * s.in_channels * kLanes <= (128 << 10)  // 512 KB
@@ -223,6 +357,10 @@ void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy
 // channels, so that each sum over the batch is made whole by one thread and added to dw once.
 void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* dy,
                      float* dw) {
+  if (lanes::applies(s)) {
+    lanes::backward_weight(st, s, x, dy, dw);
+    return;
+  }
   const Taps taps(s);
   const Scratch<float> scratch = reserve_scratch<float>(st, taps.copy_size(s.batch), 0);
   float* copy = scratch.shared + taps.margin;
@@ -250,6 +388,7 @@ int64_t forward_scratch_floats(const Conv2dShape& s, int threads) {
 }
 
 int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads) {
+  if (lanes::applies(s)) return scratch_floats(lanes::shared_floats(s), 0, threads);
   return scratch_floats(weight_shared(s), 0, threads);
 }
 

@@ -60,6 +60,10 @@ std::vector<Conv2dShape> comparison_shapes() {
   shapes.push_back(conv2d_shape(5, 16, 14, 14, 32, 3, 2, 1));
   shapes.push_back(conv2d_shape(5, 8, 7, 7, 12, 3, 1, 1));
   shapes.push_back(conv2d_shape(9, 64, 4, 4, 64, 3, 1, 1));
+  // The 4x4 backward-weight with output channels on the lanes: a block of 32 and one of 16 with
+  // 8 channels left over (40), an odd input-channel count, a batch that is not a multiple of its
+  // 8-image sums.
+  shapes.push_back(conv2d_shape(11, 5, 4, 4, 40, 3, 1, 1));
   shapes.push_back(conv2d_shape(3, 16, 28, 28, 16, 3, 1, 1));
   // The grid's wide tile (6 output channels per micro-kernel, 64 outputs or more): forward at
   // stride 1 and 2 and a channel count that leaves a partial last block (67), backward-data with
