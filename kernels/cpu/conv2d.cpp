@@ -1,8 +1,10 @@
 // kernels/cpu/conv2d.cpp: the cpu:: entry points of kernels/conv2d.hpp, and which algorithm runs
 // each pass (kernels/cpu/conv2d_algorithms.hpp lists them):
 //   - float, AVX-512 compiled in: the direct kernels where they measured faster than im2col +
-//     GEMM, first direct::small (images of 16 pixels, conv2d_direct_small.cpp), then direct::grid
-//     (narrow 3x3-like layers, conv2d_direct_grid.cpp); each one's `applies` says where;
+//     GEMM, first direct::small (images of 16 pixels, conv2d_direct_small.cpp), then for the
+//     forward direct::lanes (stride 2, output channels on the lanes: conv2d_direct_lanes.cpp),
+//     then direct::grid (narrow 3x3-like layers, conv2d_direct_grid.cpp); each one's `applies`
+//     says where;
 //     backward-data runs them as the forward pass of transposed_stride1(shape), at stride 1 only;
 //   - float backward-weight, AVX-512: first direct::channels (16 input channels per vector,
 //     3-column kernels, outputs at least 7 wide: conv2d_direct_channels.cpp), then as above;
@@ -39,6 +41,10 @@ void forward_pass(const StreamHandle& s, const Conv2dShape& shape, const T* x, c
   if constexpr (std::is_same_v<T, float>) {
     if (conv2d::direct::small::applies(shape, conv2d::Pass::forward)) {
       conv2d::direct::small::forward(s, shape, x, w, bias, y);
+      return;
+    }
+    if (conv2d::direct::lanes::applies(shape, conv2d::Pass::forward)) {
+      conv2d::direct::lanes::forward(s, shape, x, w, bias, y);
       return;
     }
     if (conv2d::direct::grid::applies(shape, conv2d::Pass::forward)) {
@@ -120,6 +126,7 @@ int64_t direct_workspace_floats(const Conv2dShape& s, int threads) {
   using conv2d::Pass;
   auto forward_floats = [&](const Conv2dShape& f) -> int64_t {
     if (direct::small::applies(f, Pass::forward)) return direct::small::forward_scratch_floats(f, threads);
+    if (direct::lanes::applies(f, Pass::forward)) return direct::lanes::forward_scratch_floats(f, threads);
     if (direct::grid::applies(f, Pass::forward)) return direct::grid::forward_scratch_floats(f, threads);
     return 0;
   };

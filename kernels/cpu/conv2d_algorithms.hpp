@@ -5,6 +5,8 @@
 //                                                          and double
 //   direct::grid     kernels/cpu/conv2d_direct_grid.cpp   AVX-512, float: narrow 3x3-like layers
 //   direct::small    kernels/cpu/conv2d_direct_small.cpp  AVX-512, float: images of 16 pixels
+//   direct::lanes    kernels/cpu/conv2d_direct_lanes.cpp  AVX-512, float: forward at stride 2,
+//                                                          output channels on the lanes
 //   direct::channels kernels/cpu/conv2d_direct_channels.cpp AVX-512, float: backward-weight of
 //                                                          3-column kernels, 16k input channels
 //
@@ -136,6 +138,13 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
 int64_t forward_scratch_floats(const Conv2dShape& s, int threads);
 int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads);
 }  // namespace direct::small
+
+namespace direct::lanes {  // kernels/cpu/conv2d_direct_lanes.cpp: forward at stride 2 only
+bool applies(const Conv2dShape& s, Pass pass);
+void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w,
+             const float* bias, float* y);
+int64_t forward_scratch_floats(const Conv2dShape& s, int threads);
+}  // namespace direct::lanes
 
 namespace direct::channels {  // kernels/cpu/conv2d_direct_channels.cpp: backward-weight only
 bool applies(const Conv2dShape& s, Pass pass);

@@ -64,6 +64,12 @@ std::vector<Conv2dShape> comparison_shapes() {
   // 8 channels left over (40), an odd input-channel count, a batch that is not a multiple of its
   // 8-image sums.
   shapes.push_back(conv2d_shape(11, 5, 4, 4, 40, 3, 1, 1));
+  // The stride-2 forward with output channels on the lanes: rows of 15 (blocks of 7, 7 and 1) and
+  // 40 channels (a partial block of 32); rows of 4 with 67 channels (the 64-channel tile, 3 left
+  // over); a 5x5 kernel.
+  shapes.push_back(conv2d_shape(3, 5, 29, 30, 40, 3, 2, 1));
+  shapes.push_back(conv2d_shape(2, 6, 7, 7, 67, 3, 2, 1));
+  shapes.push_back(conv2d_shape(2, 3, 11, 12, 16, 5, 2, 2));
   shapes.push_back(conv2d_shape(3, 16, 28, 28, 16, 3, 1, 1));
   // The grid's wide tile (6 output channels per micro-kernel, 64 outputs or more): forward at
   // stride 1 and 2 and a channel count that leaves a partial last block (67), backward-data with
