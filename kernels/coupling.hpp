@@ -9,6 +9,9 @@
 //   backward: given dy = (dy1, dy2) and g = the vector-Jacobian product of F at x1 with dy1,
 //             dx1 = dy2 + g,   dx2 = dy1
 // which is the forward's map applied to (dy, g): one pass instead of an add and a concat.
+// g may be null, meaning zero (dx1 = dy2 exactly): the generic autograd coupling (petra/
+// functions.cpp), whose F's vjp reaches x1 by another path, swaps the streams without building
+// and reading a tensor of zeros.
 //
 // All tensors are NCHW, contiguous; `shape.channels` is C, the channels of ONE stream.
 // Memory-bound: each call reads 3 and writes 2 tensors of N*C*H*W floats, in one pass.

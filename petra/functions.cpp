@@ -273,11 +273,9 @@ Variable coupling(const Variable& x, const Variable& f) {
   const std::int64_t streams = f.shape()[1];
   return record_one(std::move(y), "coupling", {x, f}, [=](std::span<const Tensor> g) {
     // y1 = x2 + f, y2 = x1  =>  dx1 = dy2, dx2 = dy1, df = dy1. The generic path adds no vjp of F
-    // into dx1 here (autograd does, through F's graph): coupling_backward with a zero vjp, made
-    // now rather than kept from the forward (half an activation per block, for the whole pass).
-    const Tensor zero_f = Tensor::zeros(g[0].shape().with(1, streams), g[0].dtype(), g[0].device());
-    return std::vector<Tensor>{ops::coupling_backward(g[0], zero_f),
-                               need_f ? ops::channel_slice(g[0], 0, streams) : Tensor()};
+    // into dx1 here (autograd does, through F's graph): coupling_backward with a zero vjp, which
+    // is the streams swapped (no tensor of zeros is made or read).
+    return std::vector<Tensor>{ops::swap_streams(g[0]), need_f ? ops::channel_slice(g[0], 0, streams) : Tensor()};
   });
 }
 

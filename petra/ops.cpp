@@ -918,6 +918,19 @@ Tensor coupling_backward(const Tensor& dy, const Tensor& g) {
   return dx;
 }
 
+Tensor swap_streams(const Tensor& dy) {
+  check_float(dy, "swap_streams", "dy");
+  const Shape& x = dy.shape();
+  PETRA_CHECK(x.ndim() == 4 && x[1] % 2 == 0, ShapeError, "swap_streams: ", x.str(),
+              " must be NCHW with an even number of channels (two streams)");
+  const kernels::CouplingShape k{x[0], x[1] / 2, x[2], x[3]};
+  Tensor dx = Tensor::empty(x, dy.dtype(), dy.device());
+  const auto& s = stream_for(dy.device());
+  PETRA_CALL(COUPLING, dy, coupling_backward, s, k, dy.data_ptr<T>(), static_cast<const T*>(nullptr),
+             dx.data_ptr<T>());
+  return dx;
+}
+
 namespace {
 // The fused batch norm + ReLU + coupling in `direction`, a: the coupling's input (x or y).
 Tensor batchnorm_relu_coupling(kernels::CouplingDirection direction, const Tensor& a, const Tensor& z,

@@ -130,6 +130,8 @@ Tensor coupling_inverse(const Tensor& y, const Tensor& f);   // (y2, y1 - f)
 // dx = (dy2 + g, dy1), with g the vjp of F at x1 with dy1 (a reversible stage passes F's vjp
 // here and saves materialising dy2 + g; the generic autograd path passes zeros).
 Tensor coupling_backward(const Tensor& dy, const Tensor& g);
+// (dy2, dy1): coupling_backward with g = 0, without a tensor of zeros (the kernel's null g).
+Tensor swap_streams(const Tensor& dy);
 // F's last batch norm + ReLU fused into the coupling (kernels/batchnorm.hpp,
 // batchnorm_relu_coupling_*): coupling_forward(x, f) and coupling_inverse(y, f) with
 // f = batchnorm_relu_forward(z, ...) (same arguments, same statistics rule, same bits), but f is

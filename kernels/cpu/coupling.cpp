@@ -64,7 +64,17 @@ void coupling_inverse(const StreamHandle& s, const CouplingShape& shape, const f
 
 void coupling_backward(const StreamHandle& s, const CouplingShape& shape, const float* dy,
                        const float* g, float* dx) {
-  coupling_forward(s, shape, dy, g, dx);  // dx1 = dy2 + g, dx2 = dy1: the forward's map
+  if (g != nullptr) {
+    coupling_forward(s, shape, dy, g, dx);  // dx1 = dy2 + g, dx2 = dy1: the forward's map
+    return;
+  }
+  use_threads(s);  // g = 0: the streams swapped, two copies
+  for_each_row_run(threads_with_share(s, shape.half_size()), shape.batch, shape.stream_size(),
+                   [&](std::int64_t n, std::int64_t begin, std::int64_t end) {
+    const auto bytes = sizeof(float) * (end - begin);
+    std::memcpy(first(dx, shape, n) + begin, second(dy, shape, n) + begin, bytes);
+    std::memcpy(second(dx, shape, n) + begin, first(dy, shape, n) + begin, bytes);
+  });
 }
 
 }  // namespace petra::kernels::cpu

@@ -20,7 +20,7 @@
 namespace petra::kernels::cuda {
 namespace {
 
-enum class Direction { kForward, kInverse };
+enum class Direction { kForward, kInverse, kSwap };
 
 __device__ inline float add(float a, float b) { return a + b; }
 __device__ inline float sub(float a, float b) { return a - b; }
@@ -35,6 +35,7 @@ __device__ inline float4 sub(float4 a, float4 b) {
 // is float or float4), with in1/in2 and out1/out2 the two streams of sample n:
 //   kForward:  out1 = in2 + h,  out2 = in1     (coupling_forward; coupling_backward with h = g)
 //   kInverse:  out1 = in2,      out2 = in1 - h (coupling_inverse)
+//   kSwap:     out1 = in2,      out2 = in1     (coupling_backward with g null: h is not read)
 // The first stream of the forward's input always travels as a plain copy, never through
 // arithmetic, which is why inverse(forward(x)) gives x1 back bit for bit.
 template <Direction direction, class V>
@@ -47,13 +48,16 @@ __global__ void coupling_kernel(std::int64_t batch, std::int64_t size, const V* 
     const std::int64_t n = k / size;
     const std::int64_t first = k + n * size;  // = 2 * n * size + i, with i = k - n * size
     const std::int64_t second = first + size;
-    const V in1 = in[first], in2 = in[second], hk = h[k];
+    const V in1 = in[first], in2 = in[second];
     if constexpr (direction == Direction::kForward) {
-      out[first] = add(in2, hk);
+      out[first] = add(in2, h[k]);
       out[second] = in1;
+    } else if constexpr (direction == Direction::kInverse) {
+      out[first] = in2;
+      out[second] = sub(in1, h[k]);
     } else {
       out[first] = in2;
-      out[second] = sub(in1, hk);
+      out[second] = in1;
     }
   }
 }
@@ -90,10 +94,11 @@ void coupling_inverse(const StreamHandle& s, const CouplingShape& shape, const f
   launch_coupling<Direction::kInverse>("coupling_inverse", s, shape, y, f, x);
 }
 
-// dx1 = dy2 + g, dx2 = dy1: the forward's map applied to (dy, g).
+// dx1 = dy2 + g, dx2 = dy1: the forward's map applied to (dy, g); a swap where g is null.
 void coupling_backward(const StreamHandle& s, const CouplingShape& shape, const float* dy,
                        const float* g, float* dx) {
-  launch_coupling<Direction::kForward>("coupling_backward", s, shape, dy, g, dx);
+  if (g == nullptr) launch_coupling<Direction::kSwap>("coupling_backward", s, shape, dy, g, dx);
+  else launch_coupling<Direction::kForward>("coupling_backward", s, shape, dy, g, dx);
 }
 
 }  // namespace petra::kernels::cuda

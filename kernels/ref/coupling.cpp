@@ -25,11 +25,20 @@ void coupling_inverse(const StreamHandle&, const CouplingShape& shape, const T* 
     }
 }
 
-// dx1 = dy2 + g, dx2 = dy1: the forward's map, applied to (dy, g).
+// dx1 = dy2 + g, dx2 = dy1: the forward's map, applied to (dy, g); dx1 = dy2 where g is null.
 template <class T>
 void coupling_backward(const StreamHandle& s, const CouplingShape& shape, const T* dy, const T* g,
                        T* dx) {
-  coupling_forward(s, shape, dy, g, dx);
+  if (g != nullptr) {
+    coupling_forward(s, shape, dy, g, dx);
+    return;
+  }
+  const std::int64_t size = shape.stream_size();
+  for (std::int64_t n = 0; n < shape.batch; ++n)
+    for (std::int64_t i = 0; i < size; ++i) {
+      dx[2 * n * size + i] = dy[(2 * n + 1) * size + i];  // dx1 = dy2
+      dx[(2 * n + 1) * size + i] = dy[2 * n * size + i];  // dx2 = dy1
+    }
 }
 
 #define PETRA_INSTANTIATE(T)                                                                       \

@@ -83,7 +83,26 @@ TEST_CASE("coupling: cpu matches ref, outputs assigned, inverse undoes forward")
     pk::ref::coupling_backward(s, shape, dy.data(), g.data(), dx_ref.data());
     CHECK(dx_cpu == dx_ref);
     CHECK(stream(dx_cpu, shape, 1) == stream(dy, shape, 0));  // dx2 = dy1
+
+    // g null (zero): the streams swapped, exactly, in both backends.
+    std::vector<float> swap_cpu(full, 777.f), swap_ref(full, -777.f);
+    pk::cpu::coupling_backward(s, shape, dy.data(), nullptr, swap_cpu.data());
+    pk::ref::coupling_backward<float>(s, shape, dy.data(), nullptr, swap_ref.data());
+    CHECK(swap_cpu == swap_ref);
+    CHECK(stream(swap_cpu, shape, 0) == stream(dy, shape, 1));
+    CHECK(stream(swap_cpu, shape, 1) == stream(dy, shape, 0));
   }
+}
+
+TEST_CASE("coupling: a null g swaps the streams, negative zeros kept") {
+  const pk::CouplingShape shape{2, 1, 1, 2};  // streams of 2 values, 2 samples
+  const std::vector<float> dy = {1, -0.0f, 3, 4, 5, 6, -0.0f, 8};
+  std::vector<float> dx(8, 777.f);
+  pk::StreamHandle s;
+  pk::cpu::coupling_backward(s, shape, dy.data(), nullptr, dx.data());
+  CHECK(dx == std::vector<float>{3, 4, 1, -0.0f, -0.0f, 8, 5, 6});
+  CHECK(std::signbit(dx[3]));
+  CHECK(std::signbit(dx[4]));
 }
 
 TEST_CASE("coupling: ref backward matches finite differences through F = tanh") {

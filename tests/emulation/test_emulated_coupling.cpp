@@ -89,6 +89,10 @@ TEST_CASE("emulated coupling: forward, inverse and backward match ref bit for bi
   check("coupling_backward",
         [](S s, Sh sh, P in, P h, float* out) { ref::coupling_backward<float>(s, sh, in, h, out); },
         cu::coupling_backward);
+  // g null (zero): the swap kernel, which must not read h.
+  check("coupling_backward",
+        [](S s, Sh sh, P in, P, float* out) { ref::coupling_backward<float>(s, sh, in, nullptr, out); },
+        [](S s, Sh sh, P in, P, float* out) { cu::coupling_backward(s, sh, in, nullptr, out); });
 }
 
 TEST_CASE("emulated coupling: inverse(forward(x)) gives x1 back exactly") {

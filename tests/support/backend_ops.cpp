@@ -819,6 +819,8 @@ void add_coupling(std::vector<Case>& t) {
                  [](const Inputs& v) { return Outputs{{"x", ops::coupling_inverse(v[0], v[1])}}; }, kRounding});
     t.push_back({"coupling_backward", "coupling_backward " + where, in,
                  [](const Inputs& v) { return Outputs{{"dx", ops::coupling_backward(v[0], v[1])}}; }, kRounding});
+    t.push_back({"swap_streams", "swap_streams " + where, in,
+                 [](const Inputs& v) { return Outputs{{"dx", ops::swap_streams(v[0])}}; }, kRounding});
   }
 }
 
