@@ -72,6 +72,10 @@ void backward_data(const StreamHandle& s, const Conv2dShape& shape, const T* dy,
         return;
       }
     }
+    if (conv2d::direct::lanes::applies_backward_data(shape)) {
+      conv2d::direct::lanes::backward_data(s, shape, dy, w, dx);
+      return;
+    }
   }
 #endif
   if (backward_data_as_forward(shape)) {
@@ -133,6 +137,8 @@ int64_t direct_workspace_floats(const Conv2dShape& s, int threads) {
   int64_t floats = forward_floats(s);
   if (s.stride_h == 1 && s.stride_w == 1)
     floats = std::max(floats, forward_floats(conv2d::transposed_stride1(s)));
+  if (direct::lanes::applies_backward_data(s))
+    floats = std::max(floats, direct::lanes::backward_data_scratch_floats(s, threads));
   if (direct::channels::applies(s, Pass::weight))
     floats = std::max(floats, direct::channels::backward_weight_scratch_floats(s, threads));
   else if (direct::small::applies(s, Pass::weight))

@@ -139,11 +139,16 @@ int64_t forward_scratch_floats(const Conv2dShape& s, int threads);
 int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads);
 }  // namespace direct::small
 
-namespace direct::lanes {  // kernels/cpu/conv2d_direct_lanes.cpp: forward at stride 2 only
+namespace direct::lanes {  // kernels/cpu/conv2d_direct_lanes.cpp: forward and backward-data at stride 2
 bool applies(const Conv2dShape& s, Pass pass);
 void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w,
              const float* bias, float* y);
 int64_t forward_scratch_floats(const Conv2dShape& s, int threads);
+// Backward-data at stride 2 (input channels on the lanes), where applies_backward_data(s).
+bool applies_backward_data(const Conv2dShape& s);
+void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy, const float* w,
+                   float* dx);
+int64_t backward_data_scratch_floats(const Conv2dShape& s, int threads);
 }  // namespace direct::lanes
 
 namespace direct::channels {  // kernels/cpu/conv2d_direct_channels.cpp: backward-weight only

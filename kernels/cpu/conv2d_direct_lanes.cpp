@@ -1,7 +1,9 @@
-// kernels/cpu/conv2d_direct_lanes.cpp: the direct AVX-512 forward convolution (float) with the
-// output channels on the lanes, for the strided layers. kernels/cpu/conv2d.cpp chooses it where
-// `applies` (below, with the measurements) says so: stride 2, at least 16 output channels.
-// Compiled only with AVX-512 (PETRA_CONV_DIRECT).
+// kernels/cpu/conv2d_direct_lanes.cpp: direct AVX-512 convolutions (float) of the strided layers
+// with channels on the lanes: the forward (output channels on the lanes) and the backward-data
+// (input channels on the lanes, `data` below). kernels/cpu/conv2d.cpp chooses them where
+// `applies` and `applies_backward_data` (below, with the measurements) say so: stride 2, kernels
+// larger than 1x1, at least 16 output channels (forward), at least 32 input channels and rows of
+// 14 or more (backward-data). Compiled only with AVX-512 (PETRA_CONV_DIRECT).
 //
 // conv2d_direct_grid.cpp puts 16 output pixels on the lanes, so a tap must be 16 input values in a
 // row of the padded image; at stride 2 those are every other value, and the grid first splits the
@@ -35,6 +37,7 @@ struct Tile {
   static constexpr int64_t channels = V * kLanes;
 };
 using RowTile = Tile<2, 7>;
+constexpr int64_t kPixelsPerRow = RowTile::pixels;
 using ShortRowTile = Tile<4, 4>;
 
 struct Padded {
@@ -206,11 +209,177 @@ void forward_with(const StreamHandle& st, const Conv2dShape& s, const float* x, 
 
 bool short_rows(const Conv2dShape& s) { return s.out_w() <= 4 && s.out_channels >= 64; }
 
+// ---- Backward-data at stride 2, the input channels on the lanes.
+// dx[c][ih][iw] = sum over o and the taps (i, j) with ih = 2 oh - pad_h + i, iw = 2 ow - pad_w + j
+// of w[o][c][i][j] * dy[o][oh][ow]. A pixel of dx gets the taps i of the parity of ih + pad_h and
+// j of the parity of iw + pad_w (1 to 4 of a 3x3 kernel), so a block takes up to Tile::pixels
+// pixels of one row of dx with the same column parity (iw = b, b + 2, ...): they share their taps,
+// and tap j of pixel t reads dy at column t + (b + pad_w - j) / 2, consecutive columns. dy is
+// copied per image with a border of zeros wide enough for every tap (dyp), the weight is packed
+// with the input channel innermost, and the outputs go to planes through by_pixel as in the forward.
+namespace data {
+
+struct PaddedDy {
+  int64_t rows, columns, top, left;  // dyp[o][oh + top][ow + left] = dy[o][oh][ow]
+  explicit PaddedDy(const Conv2dShape& s)
+      : rows(s.out_h() + 2 * s.kernel_h + 2), columns(s.out_w() + 2 * s.kernel_w + 2), top(s.kernel_h + 1),
+        left(s.kernel_w + 1) {}
+  int64_t plane() const { return rows * columns; }
+};
+
+template <class Tile>
+int64_t block_count(const Conv2dShape& s) { return (s.in_channels + Tile::channels - 1) / Tile::channels; }
+int64_t taps(const Conv2dShape& s) { return s.out_channels * s.kernel_h * s.kernel_w; }
+
+template <class Tile>
+int64_t shared_floats(const Conv2dShape& s) { return block_count<Tile>(s) * taps(s) * Tile::channels; }
+template <class Tile>
+int64_t thread_floats(const Conv2dShape& s) {
+  return s.out_channels * PaddedDy(s).plane() + s.in_h * s.in_w * block_count<Tile>(s) * Tile::channels;
+}
+
+// panels[block][o][i][j][lane] = w[o][block * Tile::channels + lane][i][j] (zero beyond in_channels).
+template <class Tile>
+void pack_panels(const StreamHandle& st, const Conv2dShape& s, const float* w, float* panels) {
+  const int64_t blocks = block_count<Tile>(s), kernel = s.kernel_h * s.kernel_w;
+  run_threads(st, [&](int t, int threads) {
+    for (int64_t b = share(blocks, t, threads); b < share(blocks, t + 1, threads); ++b)
+      for (int64_t o = 0; o < s.out_channels; ++o)
+        for (int64_t k = 0; k < kernel; ++k)
+          for (int64_t lane = 0; lane < Tile::channels; ++lane) {
+            const int64_t c = b * Tile::channels + lane;
+            panels[((b * s.out_channels + o) * kernel + k) * Tile::channels + lane] =
+                c < s.in_channels ? w[(o * s.in_channels + c) * kernel + k] : 0.0f;
+          }
+  });
+}
+
+void pad_dy(const Conv2dShape& s, const PaddedDy& padded, const float* dy, float* dyp) {
+  const int64_t below = padded.rows - padded.top - s.out_h(), right = padded.columns - padded.left - s.out_w();
+  for (int64_t o = 0; o < s.out_channels; ++o) {
+    float* plane = dyp + o * padded.plane();
+    zero_row(padded.top * padded.columns, plane);
+    for (int64_t h = 0; h < s.out_h(); ++h) {
+      float* row = plane + (padded.top + h) * padded.columns;
+      zero_row(padded.left, row);
+      copy_row(dy + (o * s.out_h() + h) * s.out_w(), s.out_w(), row + padded.left);
+      zero_row(right, row + padded.left + s.out_w());
+    }
+    zero_row(below * padded.columns, plane + (padded.top + s.out_h()) * padded.columns);
+  }
+}
+
+// The taps of one parity: up to 2 of a 3x3 kernel at stride 2 (kernels up to 8 wide).
+struct Taps {
+  int count = 0;
+  int64_t index[4] = {};   // i (or j)
+  int64_t shift[4] = {};   // (parity + pad - i) / 2: the dy row (column) offset
+};
+Taps taps_of(int64_t parity, int64_t pad, int64_t kernel) {
+  Taps t;
+  for (int64_t i = (parity + pad) % 2; i < kernel; i += 2) {
+    t.index[t.count] = i;
+    t.shift[t.count] = (parity + pad - i) / 2;
+    ++t.count;
+  }
+  return t;
+}
+
+// by_pixel[ih * in_w + b + 2 (t0 + q)][c0 ..] for q < Pixels: the block's sums over o and the taps.
+template <class Tile, int Pixels>
+void block(const Conv2dShape& s, const PaddedDy& padded, const float* dyp, const float* panel, const Taps& rows,
+           const Taps& columns, int64_t oh0, int64_t t0, float* out, int64_t width) {
+  constexpr int V = Tile::vectors;
+  __m512 acc[V][Pixels];
+  for (int v = 0; v < V; ++v)
+    for (int q = 0; q < Pixels; ++q) acc[v][q] = _mm512_setzero_ps();
+  const int64_t weight_step = s.kernel_h * s.kernel_w * Tile::channels, plane = padded.plane();
+  for (int a = 0; a < rows.count; ++a)
+    for (int b = 0; b < columns.count; ++b) {
+      // tap (i, j) = (rows.index[a], columns.index[b]) of every output channel o, o innermost
+      const float* w = panel + (rows.index[a] * s.kernel_w + columns.index[b]) * Tile::channels;
+      const float* x =
+          dyp + (padded.top + oh0 + rows.shift[a]) * padded.columns + padded.left + t0 + columns.shift[b];
+      for (int64_t o = 0; o < s.out_channels; ++o, w += weight_step, x += plane) {
+        __m512 wv[V];
+        for (int v = 0; v < V; ++v) wv[v] = _mm512_loadu_ps(w + v * kLanes);
+        for (int q = 0; q < Pixels; ++q) {
+          const __m512 xb = _mm512_set1_ps(x[q]);
+          for (int v = 0; v < V; ++v) acc[v][q] = _mm512_fmadd_ps(wv[v], xb, acc[v][q]);
+        }
+      }
+    }
+  for (int q = 0; q < Pixels; ++q)
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(out + 2 * q * width + v * kLanes, acc[v][q]);
+}
+
+template <class Tile, int Pixels = Tile::pixels>
+void parity_blocks(int64_t left, const Conv2dShape& s, const PaddedDy& padded, const float* dyp, const float* panel,
+                   const Taps& rows, const Taps& columns, int64_t oh0, int64_t t0, float* out, int64_t width) {
+  for (; left >= Pixels; left -= Pixels, t0 += Pixels, out += 2 * Pixels * width)
+    block<Tile, Pixels>(s, padded, dyp, panel, rows, columns, oh0, t0, out, width);
+  if constexpr (Pixels > 1) {
+    if (left > 0) parity_blocks<Tile, Pixels - 1>(left, s, padded, dyp, panel, rows, columns, oh0, t0, out, width);
+  }
+}
+
+template <class Tile>
+void backward_data_with(const StreamHandle& st, const Conv2dShape& s, const float* dy, const float* w, float* dx) {
+  const PaddedDy padded(s);
+  const Scratch<float> scratch = reserve_scratch<float>(st, shared_floats<Tile>(s), thread_floats<Tile>(s));
+  pack_panels<Tile>(st, s, w, scratch.shared);
+  const int64_t blocks = block_count<Tile>(s), width = blocks * Tile::channels, pixels = s.in_h * s.in_w;
+  const Taps column_taps[2] = {taps_of(0, s.pad_w, s.kernel_w), taps_of(1, s.pad_w, s.kernel_w)};
+  run_threads(st, [&](int t, int threads) {
+    float* dyp = scratch.of_thread(t);
+    float* by_pixel = dyp + s.out_channels * padded.plane();
+    for (int64_t n = share(s.batch, t, threads); n < share(s.batch, t + 1, threads); ++n) {
+      pad_dy(s, padded, dy + n * s.out_channels * s.out_h() * s.out_w(), dyp);
+      for (int64_t cb = 0; cb < blocks; ++cb) {
+        const float* panel = scratch.shared + cb * taps(s) * Tile::channels;
+        for (int64_t ih = 0; ih < s.in_h; ++ih) {
+          const Taps rows = taps_of(ih % 2, s.pad_h, s.kernel_h);
+          const int64_t oh0 = (ih - ih % 2) / 2;  // dy row = oh0 + rows.shift[a]
+          for (int64_t b = 0; b < 2 && b < s.in_w; ++b)
+            parity_blocks<Tile>((s.in_w - b + 1) / 2, s, padded, dyp, panel, rows, column_taps[b], oh0, 0,
+                                by_pixel + (ih * s.in_w + b) * width + cb * Tile::channels, width);
+        }
+      }
+      to_planes(by_pixel, pixels, width, s.in_channels, dx + n * s.in_channels * pixels);
+    }
+  });
+}
+
+}  // namespace data
+
 }  // namespace
 
+// Measured against the grid of phase planes (rows of 7 and more) and im2col (rows of 4),
+// bench-conv-shapes, batch 64, 1 thread, 2026-12-02: 16->32 @28 1.20-1.28 -> 0.84-0.88 ms, 32->64
+// @14 1.10-1.18 -> 0.77-0.80, 64->128 @7 1.26-1.30 -> 0.97-1.02; on 2 threads 0.61 -> 0.53, 0.57
+// -> 0.51, 0.65 -> 0.65. 1x1 kernels stay with im2col (0.23 -> 0.25-0.31 ms: the padded copy of
+// the whole image costs more than the few products).
 bool applies(const Conv2dShape& s, Pass pass) {
   return pass == Pass::forward && s.stride_h == 2 && s.stride_w == 2 && s.kernel_h * s.kernel_w > 1 &&
          s.pad_h >= 0 && s.pad_w >= 0 && s.out_h() > 0 && s.out_w() > 0 && s.out_channels >= kLanes;
+}
+
+// Measured against col2im (bench-conv-shapes, batch 64, 2026-12-02): 32->64 @14 1.27-1.36 ->
+// 0.95-0.96 ms on 1 thread, 0.68 -> 0.69 on 2; on rows of 7 (64->128 @7, a 4 x 4 tile of 64
+// channels) 1.28-1.29 -> 1.15-1.22 on 1 thread but 0.70 -> 0.80 on 2, so rows shorter than 14
+// stay with col2im, as do fewer than 32 input channels (16 would fill half the 2 x 16 lanes).
+bool applies_backward_data(const Conv2dShape& s) {
+  return s.stride_h == 2 && s.stride_w == 2 && s.kernel_h * s.kernel_w > 1 && s.kernel_h <= 8 && s.kernel_w <= 8 &&
+         s.pad_h >= 0 && s.pad_w >= 0 && s.out_h() > 0 && s.out_w() > 0 && s.in_channels >= 2 * kLanes &&
+         s.in_w >= 2 * kPixelsPerRow;
+}
+
+void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy, const float* w, float* dx) {
+  data::backward_data_with<RowTile>(st, s, dy, w, dx);
+}
+
+int64_t backward_data_scratch_floats(const Conv2dShape& s, int threads) {
+  return scratch_floats(data::shared_floats<RowTile>(s), data::thread_floats<RowTile>(s), threads);
 }
 
 void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w, const float* bias,
