@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "petra/kernels/conv2d.hpp"
 #include "petra/kernels/cpu/conv2d_algorithms.hpp"
@@ -108,17 +109,21 @@ void backward_weight(const StreamHandle& s, const Conv2dShape& shape, const T* x
 }
 
 // db += the sum of dy over the batch and the pixels, per output channel: each thread sums whole
-// channels, so the result does not depend on the thread count.
+// channels, so the result does not depend on the thread count. A channel's total is the sum, in
+// image order, of its per-image run sums; the thread walks its channels image by image, so that it
+// reads memory in order (one contiguous block of runs per image) rather than one run per image
+// and channel, a page apart.
 template <class T>
 void backward_bias(const StreamHandle& s, const Conv2dShape& shape, const T* dy, T* db) {
   const int64_t pixels = shape.out_h() * shape.out_w(), channels = shape.out_channels;
   run_threads(s, [&](int t, int threads) {
-    for (int64_t o = share(channels, t, threads); o < share(channels, t + 1, threads); ++o) {
-      double sum = 0;
-      for (int64_t b = 0; b < shape.batch; ++b)
-        sum += Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>(dy + (b * channels + o) * pixels, pixels).sum();
-      db[o] = static_cast<T>(db[o] + sum);
-    }
+    const int64_t first = share(channels, t, threads), end = share(channels, t + 1, threads);
+    std::vector<double> sums(static_cast<std::size_t>(end - first), 0.0);
+    for (int64_t b = 0; b < shape.batch; ++b)
+      for (int64_t o = first; o < end; ++o)
+        sums[o - first] +=
+            Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>(dy + (b * channels + o) * pixels, pixels).sum();
+    for (int64_t o = first; o < end; ++o) db[o] = static_cast<T>(db[o] + sums[o - first]);
   });
 }
 
