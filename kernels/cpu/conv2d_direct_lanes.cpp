@@ -13,9 +13,9 @@
 // o innermost) while x contributes one broadcast value per pixel, read at any stride for free. A
 // block is 32 output channels by up to 7 consecutive pixels of an output row: 14 accumulators fed
 // per tap by 2 weight loads and 7 broadcasts. The input of one image is copied with its zero
-// border (xp: channels x padded rows x padded columns), so the taps never test a bound; the
-// accumulators hold pixels across registers, and are written out to y's rows through a small
-// transpose in scratch.
+// border (xp: channels x padded rows x padded columns), so the taps never test a bound. The
+// accumulators hold one pixel's channels each: they are stored pixel by pixel into a buffer of the
+// image (by_pixel), which is transposed into y's planes 16 x 16 at a time in registers.
 #include "petra/kernels/cpu/conv2d_algorithms.hpp"
 
 #if PETRA_CONV_DIRECT
