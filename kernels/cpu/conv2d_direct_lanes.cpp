@@ -152,8 +152,8 @@ inline void accumulate(const Conv2dShape& s, int64_t plane, int64_t columns, con
     }
 }
 
-// y[o0 + o][row][ow0 .. ow0 + Pixels) for the block's channels o < out_channels - o0.
-// by_pixel[oh * out_w + ow0 + q][o0 .. o0 + Tile::channels) for q < Pixels.
+// by_pixel[oh * out_w + ow0 + q][o0 .. o0 + Tile::channels) = the block's outputs, for q < Pixels
+// (the channels beyond out_channels hold zero weights: to_planes drops them).
 template <class Tile, int Pixels, int Stride>
 void block(const Conv2dShape& s, const Padded& padded, const float* xp, const float* panel,
            const float* bias, int64_t o0, int64_t oh, int64_t ow0, int64_t width, float* by_pixel) {
