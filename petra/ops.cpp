@@ -883,14 +883,20 @@ void channel_accumulate_into(const Tensor& full, const Tensor& part, std::int64_
 
 // ---------------------------------------------------------------- coupling
 namespace {
-kernels::CouplingShape coupling_shape(const Tensor& two_streams, const Tensor& f, const char* op) {
+// The shape of a two-stream tensor (channels: C per stream).
+kernels::CouplingShape two_stream_shape(const Tensor& two_streams, const char* op) {
   check_float(two_streams, op, "x");
-  check_like(two_streams, f, op, "f");
   const Shape& x = two_streams.shape();
   PETRA_CHECK(x.ndim() == 4 && x[1] % 2 == 0, ShapeError, op, ": ", x.str(),
               " must be NCHW with an even number of channels (two streams)");
-  check_shape(f, x.with(1, x[1] / 2), op, "f");
   return {x[0], x[1] / 2, x[2], x[3]};
+}
+
+kernels::CouplingShape coupling_shape(const Tensor& two_streams, const Tensor& f, const char* op) {
+  const kernels::CouplingShape k = two_stream_shape(two_streams, op);
+  check_like(two_streams, f, op, "f");
+  check_shape(f, two_streams.shape().with(1, k.channels), op, "f");
+  return k;
 }
 }  // namespace
 
@@ -919,12 +925,8 @@ Tensor coupling_backward(const Tensor& dy, const Tensor& g) {
 }
 
 Tensor swap_streams(const Tensor& dy) {
-  check_float(dy, "swap_streams", "dy");
-  const Shape& x = dy.shape();
-  PETRA_CHECK(x.ndim() == 4 && x[1] % 2 == 0, ShapeError, "swap_streams: ", x.str(),
-              " must be NCHW with an even number of channels (two streams)");
-  const kernels::CouplingShape k{x[0], x[1] / 2, x[2], x[3]};
-  Tensor dx = Tensor::empty(x, dy.dtype(), dy.device());
+  const auto k = two_stream_shape(dy, "swap_streams");
+  Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
   const auto& s = stream_for(dy.device());
   PETRA_CALL(COUPLING, dy, coupling_backward, s, k, dy.data_ptr<T>(), static_cast<const T*>(nullptr),
              dx.data_ptr<T>());

@@ -2,10 +2,11 @@
 // each pass (kernels/cpu/conv2d_algorithms.hpp lists them):
 //   - float, AVX-512 compiled in: the direct kernels where they measured faster than im2col +
 //     GEMM, first direct::small (images of 16 pixels, conv2d_direct_small.cpp), then for the
-//     forward direct::lanes (stride 2, output channels on the lanes: conv2d_direct_lanes.cpp),
-//     then direct::grid (narrow 3x3-like layers, conv2d_direct_grid.cpp); each one's `applies`
-//     says where;
-//     backward-data runs them as the forward pass of transposed_stride1(shape), at stride 1 only;
+//     forward direct::lanes (stride 2, channels on the lanes: conv2d_direct_lanes.cpp), then
+//     direct::grid (narrow 3x3-like layers, conv2d_direct_grid.cpp); each one's `applies` says
+//     where;
+//     backward-data runs them as the forward pass of transposed_stride1(shape), at stride 1 only,
+//     and direct::lanes' own backward-data at stride 2 where `applies_backward_data` says so;
 //   - float backward-weight, AVX-512: first direct::channels (16 input channels per vector,
 //     3-column kernels, outputs at least 7 wide: conv2d_direct_channels.cpp), then as above;
 //   - otherwise (all of double, the other shapes) im2col + Eigen GEMM (conv2d_im2col.cpp), whose
@@ -18,7 +19,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
-#include <vector>
 
 #include "petra/kernels/conv2d.hpp"
 #include "petra/kernels/cpu/conv2d_algorithms.hpp"
@@ -109,21 +109,17 @@ void backward_weight(const StreamHandle& s, const Conv2dShape& shape, const T* x
 }
 
 // db += the sum of dy over the batch and the pixels, per output channel: each thread sums whole
-// channels, so the result does not depend on the thread count. A channel's total is the sum, in
-// image order, of its per-image run sums; the thread walks its channels image by image, so that it
-// reads memory in order (one contiguous block of runs per image) rather than one run per image
-// and channel, a page apart.
+// channels, so the result does not depend on the thread count.
 template <class T>
 void backward_bias(const StreamHandle& s, const Conv2dShape& shape, const T* dy, T* db) {
   const int64_t pixels = shape.out_h() * shape.out_w(), channels = shape.out_channels;
   run_threads(s, [&](int t, int threads) {
-    const int64_t first = share(channels, t, threads), end = share(channels, t + 1, threads);
-    std::vector<double> sums(static_cast<std::size_t>(end - first), 0.0);
-    for (int64_t b = 0; b < shape.batch; ++b)
-      for (int64_t o = first; o < end; ++o)
-        sums[o - first] +=
-            Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>(dy + (b * channels + o) * pixels, pixels).sum();
-    for (int64_t o = first; o < end; ++o) db[o] = static_cast<T>(db[o] + sums[o - first]);
+    for (int64_t o = share(channels, t, threads); o < share(channels, t + 1, threads); ++o) {
+      double sum = 0;
+      for (int64_t b = 0; b < shape.batch; ++b)
+        sum += Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>(dy + (b * channels + o) * pixels, pixels).sum();
+      db[o] = static_cast<T>(db[o] + sum);
+    }
   });
 }
 

@@ -40,13 +40,35 @@ using RowTile = Tile<2, 7>;
 constexpr int64_t kPixelsPerRow = RowTile::pixels;
 using ShortRowTile = Tile<4, 4>;
 
+// The copy of a stack of planes with a border of zeros: plane (h, w) goes to (top + h, left + w) of
+// a rows x columns plane. The forward's input: the convolution's padding, and zeros further right
+// and below where the last window reaches past it; the backward-data's dy: a border wide enough
+// for any tap's shift.
 struct Padded {
-  int64_t rows, columns;  // of one channel of the copied input
-  explicit Padded(const Conv2dShape& s)
-      : rows(std::max(s.in_h + 2 * s.pad_h, (s.out_h() - 1) * s.stride_h + s.kernel_h)),
-        columns(std::max(s.in_w + 2 * s.pad_w, (s.out_w() - 1) * s.stride_w + s.kernel_w)) {}
+  int64_t rows, columns, top, left;
   int64_t plane() const { return rows * columns; }
 };
+
+Padded padded_input(const Conv2dShape& s) {
+  return {std::max(s.in_h + 2 * s.pad_h, (s.out_h() - 1) * s.stride_h + s.kernel_h),
+          std::max(s.in_w + 2 * s.pad_w, (s.out_w() - 1) * s.stride_w + s.kernel_w), s.pad_h, s.pad_w};
+}
+
+// to = `count` planes of height x width from `from` (packed), each copied into `padded`'s frame.
+void pad_planes(int64_t count, int64_t height, int64_t width, const Padded& padded, const float* from, float* to) {
+  const int64_t below = padded.rows - padded.top - height, right = padded.columns - padded.left - width;
+  for (int64_t c = 0; c < count; ++c) {
+    float* plane = to + c * padded.plane();
+    zero_row(padded.top * padded.columns, plane);
+    for (int64_t h = 0; h < height; ++h) {
+      float* row = plane + (padded.top + h) * padded.columns;
+      zero_row(padded.left, row);
+      copy_row(from + (c * height + h) * width, width, row + padded.left);
+      zero_row(right, row + padded.left + width);
+    }
+    zero_row(below * padded.columns, plane + (padded.top + height) * padded.columns);
+  }
+}
 
 template <class Tile>
 int64_t block_count(const Conv2dShape& s) { return (s.out_channels + Tile::channels - 1) / Tile::channels; }
@@ -59,7 +81,7 @@ template <class Tile>
 int64_t shared_floats(const Conv2dShape& s) { return block_count<Tile>(s) * taps(s) * Tile::channels; }
 template <class Tile>
 int64_t thread_floats(const Conv2dShape& s) {
-  return s.in_channels * Padded(s).plane() + s.out_h() * s.out_w() * block_count<Tile>(s) * Tile::channels;
+  return s.in_channels * padded_input(s).plane() + s.out_h() * s.out_w() * block_count<Tile>(s) * Tile::channels;
 }
 
 // r[i][j] becomes r[j][i]: the four shuffle stages of a 16 x 16 transpose.
@@ -117,22 +139,6 @@ void pack_panels(const StreamHandle& st, const Conv2dShape& s, const float* w, f
   });
 }
 
-// xp = image n of x with a zero border of pad_h rows and pad_w columns (and zeros to the right and
-// below where the last window reaches past the border).
-void pad_image(const Conv2dShape& s, const Padded& padded, const float* x, float* xp) {
-  for (int64_t c = 0; c < s.in_channels; ++c) {
-    float* plane = xp + c * padded.plane();
-    zero_row(s.pad_h * padded.columns, plane);
-    for (int64_t h = 0; h < s.in_h; ++h) {
-      float* row = plane + (s.pad_h + h) * padded.columns;
-      zero_row(s.pad_w, row);
-      copy_row(x + (c * s.in_h + h) * s.in_w, s.in_w, row + s.pad_w);
-      zero_row(padded.columns - s.pad_w - s.in_w, row + s.pad_w + s.in_w);
-    }
-    zero_row((padded.rows - s.pad_h - s.in_h) * padded.columns, plane + (s.pad_h + s.in_h) * padded.columns);
-  }
-}
-
 // acc[v][q] += sum over the taps of panel[tap][16v..16v + 15] * the tap's value for pixel q, where
 // `window` is tap (0, 0) of pixel 0 and pixel q's window starts `Stride` * q columns further.
 template <int V, int Pixels, int Stride>
@@ -188,7 +194,7 @@ void row_blocks(int64_t left, const Conv2dShape& s, const Padded& padded, const 
 template <class Tile, int Stride>
 void forward_with(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w,
                   const float* bias, float* y) {
-  const Padded padded(s);
+  const Padded padded = padded_input(s);
   const Scratch<float> scratch = reserve_scratch<float>(st, shared_floats<Tile>(s), thread_floats<Tile>(s));
   pack_panels<Tile>(st, s, w, scratch.shared);
   const int64_t blocks = block_count<Tile>(s), width = blocks * Tile::channels,
@@ -197,7 +203,7 @@ void forward_with(const StreamHandle& st, const Conv2dShape& s, const float* x, 
     float* xp = scratch.of_thread(t);
     float* by_pixel = xp + s.in_channels * padded.plane();
     for (int64_t n = share(s.batch, t, threads); n < share(s.batch, t + 1, threads); ++n) {
-      pad_image(s, padded, x + n * s.x_image_stride(), xp);
+      pad_planes(s.in_channels, s.in_h, s.in_w, padded, x + n * s.x_image_stride(), xp);
       for (int64_t b = 0; b < blocks; ++b)
         for (int64_t oh = 0; oh < s.out_h(); ++oh)
           row_blocks<Tile, Stride>(s.out_w(), s, padded, xp, scratch.shared + b * taps(s) * Tile::channels, bias,
@@ -219,13 +225,10 @@ bool short_rows(const Conv2dShape& s) { return s.out_w() <= 4 && s.out_channels 
 // with the input channel innermost, and the outputs go to planes through by_pixel as in the forward.
 namespace data {
 
-struct PaddedDy {
-  int64_t rows, columns, top, left;  // dyp[o][oh + top][ow + left] = dy[o][oh][ow]
-  explicit PaddedDy(const Conv2dShape& s)
-      : rows(s.out_h() + 2 * s.kernel_h + 2), columns(s.out_w() + 2 * s.kernel_w + 2), top(s.kernel_h + 1),
-        left(s.kernel_w + 1) {}
-  int64_t plane() const { return rows * columns; }
-};
+// dyp[o][oh + top][ow + left] = dy[o][oh][ow], with room for every tap's shift.
+Padded padded_dy(const Conv2dShape& s) {
+  return {s.out_h() + 2 * s.kernel_h + 2, s.out_w() + 2 * s.kernel_w + 2, s.kernel_h + 1, s.kernel_w + 1};
+}
 
 template <class Tile>
 int64_t block_count(const Conv2dShape& s) { return (s.in_channels + Tile::channels - 1) / Tile::channels; }
@@ -235,7 +238,7 @@ template <class Tile>
 int64_t shared_floats(const Conv2dShape& s) { return block_count<Tile>(s) * taps(s) * Tile::channels; }
 template <class Tile>
 int64_t thread_floats(const Conv2dShape& s) {
-  return s.out_channels * PaddedDy(s).plane() + s.in_h * s.in_w * block_count<Tile>(s) * Tile::channels;
+  return s.out_channels * padded_dy(s).plane() + s.in_h * s.in_w * block_count<Tile>(s) * Tile::channels;
 }
 
 // panels[block][o][i][j][lane] = w[o][block * Tile::channels + lane][i][j] (zero beyond in_channels).
@@ -252,21 +255,6 @@ void pack_panels(const StreamHandle& st, const Conv2dShape& s, const float* w, f
                 c < s.in_channels ? w[(o * s.in_channels + c) * kernel + k] : 0.0f;
           }
   });
-}
-
-void pad_dy(const Conv2dShape& s, const PaddedDy& padded, const float* dy, float* dyp) {
-  const int64_t below = padded.rows - padded.top - s.out_h(), right = padded.columns - padded.left - s.out_w();
-  for (int64_t o = 0; o < s.out_channels; ++o) {
-    float* plane = dyp + o * padded.plane();
-    zero_row(padded.top * padded.columns, plane);
-    for (int64_t h = 0; h < s.out_h(); ++h) {
-      float* row = plane + (padded.top + h) * padded.columns;
-      zero_row(padded.left, row);
-      copy_row(dy + (o * s.out_h() + h) * s.out_w(), s.out_w(), row + padded.left);
-      zero_row(right, row + padded.left + s.out_w());
-    }
-    zero_row(below * padded.columns, plane + (padded.top + s.out_h()) * padded.columns);
-  }
 }
 
 // The taps of one parity: up to 2 of a 3x3 kernel at stride 2 (kernels up to 8 wide).
@@ -287,7 +275,7 @@ Taps taps_of(int64_t parity, int64_t pad, int64_t kernel) {
 
 // by_pixel[ih * in_w + b + 2 (t0 + q)][c0 ..] for q < Pixels: the block's sums over o and the taps.
 template <class Tile, int Pixels>
-void block(const Conv2dShape& s, const PaddedDy& padded, const float* dyp, const float* panel, const Taps& rows,
+void block(const Conv2dShape& s, const Padded& padded, const float* dyp, const float* panel, const Taps& rows,
            const Taps& columns, int64_t oh0, int64_t t0, float* out, int64_t width) {
   constexpr int V = Tile::vectors;
   __m512 acc[V][Pixels];
@@ -314,7 +302,7 @@ void block(const Conv2dShape& s, const PaddedDy& padded, const float* dyp, const
 }
 
 template <class Tile, int Pixels = Tile::pixels>
-void parity_blocks(int64_t left, const Conv2dShape& s, const PaddedDy& padded, const float* dyp, const float* panel,
+void parity_blocks(int64_t left, const Conv2dShape& s, const Padded& padded, const float* dyp, const float* panel,
                    const Taps& rows, const Taps& columns, int64_t oh0, int64_t t0, float* out, int64_t width) {
   for (; left >= Pixels; left -= Pixels, t0 += Pixels, out += 2 * Pixels * width)
     block<Tile, Pixels>(s, padded, dyp, panel, rows, columns, oh0, t0, out, width);
@@ -325,7 +313,7 @@ void parity_blocks(int64_t left, const Conv2dShape& s, const PaddedDy& padded, c
 
 template <class Tile>
 void backward_data_with(const StreamHandle& st, const Conv2dShape& s, const float* dy, const float* w, float* dx) {
-  const PaddedDy padded(s);
+  const Padded padded = padded_dy(s);
   const Scratch<float> scratch = reserve_scratch<float>(st, shared_floats<Tile>(s), thread_floats<Tile>(s));
   pack_panels<Tile>(st, s, w, scratch.shared);
   const int64_t blocks = block_count<Tile>(s), width = blocks * Tile::channels, pixels = s.in_h * s.in_w;
@@ -334,7 +322,7 @@ void backward_data_with(const StreamHandle& st, const Conv2dShape& s, const floa
     float* dyp = scratch.of_thread(t);
     float* by_pixel = dyp + s.out_channels * padded.plane();
     for (int64_t n = share(s.batch, t, threads); n < share(s.batch, t + 1, threads); ++n) {
-      pad_dy(s, padded, dy + n * s.out_channels * s.out_h() * s.out_w(), dyp);
+      pad_planes(s.out_channels, s.out_h(), s.out_w(), padded, dy + n * s.out_channels * s.out_h() * s.out_w(), dyp);
       for (int64_t cb = 0; cb < blocks; ++cb) {
         const float* panel = scratch.shared + cb * taps(s) * Tile::channels;
         for (int64_t ih = 0; ih < s.in_h; ++ih) {

@@ -234,21 +234,28 @@ void transpose_image(const float* dy, int64_t channels, int64_t padded, float* d
   }
 }
 
+// Where pad_plane takes each float of a 6x6 plane from: to[q] = x[index[q]] for the q = (h + 1) *
+// 6 + w + 1 with h, w in [0, 4) (the bits of `inside`), zero elsewhere. Built once, at compile time.
+struct PadTable {
+  alignas(64) int32_t index[48] = {};
+  std::uint64_t inside = 0;
+  constexpr PadTable() {
+    for (int h = 0; h < kSide; ++h)
+      for (int w = 0; w < kSide; ++w) {
+        const int q = (h + 1) * kPadded + w + 1;
+        index[q] = h * kSide + w;
+        inside |= std::uint64_t(1) << q;
+      }
+  }
+};
+constexpr PadTable kPadTable;
+
 // The 6x6 copy with a zero border of one 4x4 channel: three permutes of its one vector.
 void pad_plane(const float* x, float* to) {
-  // to[q] = x[index[q]] where q = (h + 1) * 6 + w + 1 for h, w in [0, 4), else 0.
-  alignas(64) int32_t index[48] = {};
-  __mmask64 inside = 0;
-  for (int h = 0; h < kSide; ++h)
-    for (int w = 0; w < kSide; ++w) {
-      const int q = (h + 1) * kPadded + w + 1;
-      index[q] = h * kSide + w;
-      inside |= __mmask64(1) << q;
-    }
   const __m512 v = _mm512_loadu_ps(x);
   for (int part = 0; part < 3; ++part) {
-    const auto m = static_cast<__mmask16>(inside >> (16 * part));
-    const __m512 values = _mm512_maskz_permutexvar_ps(m, _mm512_load_si512(index + 16 * part), v);
+    const auto m = static_cast<__mmask16>(kPadTable.inside >> (16 * part));
+    const __m512 values = _mm512_maskz_permutexvar_ps(m, _mm512_load_si512(kPadTable.index + 16 * part), v);
     if (part < 2) _mm512_storeu_ps(to + 16 * part, values);
     else _mm512_mask_storeu_ps(to + 32, 0x000F, values);  // floats 32-35
   }
