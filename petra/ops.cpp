@@ -306,6 +306,18 @@ Tensor conv_input(const Tensor& x, kernels::Conv2dShape& k, const char* op) {
   k.in_image_stride = x.stride(0);
   return x;
 }
+
+// The detail row of one convolution pass in petra-train --profile's table, labelled as
+// bench-conv-shapes labels its cases ("3x3 16->32 @28 s2 fwd"), and the pass's flops.
+profile::DetailTimer conv_pass_timer(const kernels::Conv2dShape& k, const char* pass) {
+  return profile::DetailTimer([&] {
+    std::string label = std::to_string(k.kernel_h) + "x" + std::to_string(k.kernel_w) + " " +
+                        std::to_string(k.in_channels) + "->" + std::to_string(k.out_channels) + " @" +
+                        std::to_string(k.in_h);
+    if (k.stride_h != 1) label += " s" + std::to_string(k.stride_h);
+    return std::pair{label + " " + pass, double(k.flops())};
+  });
+}
 }  // namespace
 
 Tensor conv2d_forward(const Tensor& input, const Tensor& w, const Tensor& bias, const Conv2dOptions& o) {
@@ -319,6 +331,7 @@ Tensor conv2d_forward(const Tensor& input, const Tensor& w, const Tensor& bias, 
   }
   Tensor y = Tensor::empty(conv_out_shape(k), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
+  const auto timer = conv_pass_timer(k, "fwd");
   PETRA_CALL_CONV_IMPL(CONV2D, x, conv2d_forward, s, k, x.data_ptr<T>(), w.data_ptr<T>(), bias.defined() ? bias.data_ptr<T>() : nullptr, y.data_ptr<T>());
   return y;
 }
@@ -330,6 +343,7 @@ Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_sh
   check_shape(dy, conv_out_shape(k), "conv2d_backward_data", "dy");
   Tensor dx = Tensor::empty(x_shape, dy.dtype(), dy.device());
   const auto& s = stream_for(dy.device());
+  const auto timer = conv_pass_timer(k, "bwd-data");
   PETRA_CALL_CONV_IMPL(CONV2D, dy, conv2d_backward_data, s, k, dy.data_ptr<T>(), w.data_ptr<T>(), dx.data_ptr<T>());
   return dx;
 }
@@ -342,6 +356,7 @@ void conv2d_backward_weight(const Tensor& input, const Tensor& dy, const Tensor&
   check_like(x, dw, "conv2d_backward_weight", "dw");
   check_shape(dy, conv_out_shape(k), "conv2d_backward_weight", "dy");
   const auto& s = stream_for(x.device());
+  const auto timer = conv_pass_timer(k, "bwd-weight");
   PETRA_CALL_CONV_IMPL(CONV2D, x, conv2d_backward_weight, s, k, x.data_ptr<T>(), dy.data_ptr<T>(), dw.data_ptr<T>());
 }
 

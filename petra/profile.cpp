@@ -22,6 +22,12 @@ void add_into(Totals& into, const Totals& from) {
     into.stage_phase_seconds.resize(from.stage_phase_seconds.size());
   for (std::size_t s = 0; s < from.stage_phase_seconds.size(); ++s)
     for (int p = 0; p < kPhases; ++p) into.stage_phase_seconds[s][p] += from.stage_phase_seconds[s][p];
+  for (const auto& [label, d] : from.details) {
+    Detail& to = into.details[label];
+    to.calls += d.calls;
+    to.seconds += d.seconds;
+    to.flops += d.flops;
+  }
 }
 
 // The process-wide totals: what ended threads added, and the accumulators of the living ones.
@@ -107,6 +113,22 @@ void OpTimer::end() {
   Totals& t = mine();
   t.op_seconds[static_cast<int>(family_)] += seconds_since(start_);
   ++t.op_calls[static_cast<int>(family_)];
+}
+
+bool DetailTimer::in_phase() { return tls_current_phase != nullptr; }
+
+void DetailTimer::begin(std::string label, double flops) {
+  active_ = true;
+  label_ = std::move(label);
+  flops_ = flops;
+  start_ = Clock::now();
+}
+
+void DetailTimer::end() {
+  Detail& d = mine().details[label_];
+  d.seconds += seconds_since(start_);
+  ++d.calls;
+  d.flops += flops_;
 }
 
 void PhaseTimer::begin() {
@@ -208,6 +230,16 @@ std::string format_table(const Totals& totals, double wall_seconds, std::int64_t
     for (int p = 0; p < kPhases; ++p) out += printed(" %14.3f", totals.stage_phase_seconds[s][p] * ms);
     out += "\n";
   }
+  if (totals.details.empty()) return out;
+  std::vector<std::pair<std::string, Detail>> rows(totals.details.begin(), totals.details.end());
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  out += printed("  %-34s %10s %10s %10s %9s\n", "convolutions, costliest first", "calls/step", "ms/call", "ms/step",
+                 "GFLOP/s");
+  for (const auto& [label, d] : rows)
+    out += printed("  %-34s %10.1f %10.3f %10.3f %9.1f\n", label.c_str(), static_cast<double>(d.calls) / n,
+                   1e3 * d.seconds / static_cast<double>(std::max<std::int64_t>(d.calls, 1)), d.seconds * ms,
+                   d.flops / std::max(d.seconds, 1e-12) * 1e-9);
   return out;
 }
 

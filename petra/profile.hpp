@@ -27,6 +27,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -131,10 +132,49 @@ class PhaseTimer {
   Clock::time_point start_;
 };
 
+// The calls of one kind timed apart (DetailTimer): their count, time and floating-point work.
+struct Detail {
+  std::int64_t calls = 0;
+  double seconds = 0;
+  double flops = 0;
+};
+
+// Adds the wall time of its scope to the detail row named by describe(), which returns
+// std::pair<std::string, double>: the row's label and the call's flops. Used around each
+// convolution pass, labelled by its shape, so that a step's convolutions can be read layer by
+// layer and set against their time in isolation (bench-conv-shapes prints the same labels).
+// describe() runs only while profiling is on and the thread is in a phase: nothing is built
+// otherwise.
+class DetailTimer {
+ public:
+  template <class Describe>
+  explicit DetailTimer(Describe&& describe) {
+    if (enabled() && in_phase()) {
+      auto [label, flops] = describe();
+      begin(std::move(label), flops);
+    }
+  }
+  ~DetailTimer() {
+    if (active_) end();
+  }
+  DetailTimer(const DetailTimer&) = delete;
+  DetailTimer& operator=(const DetailTimer&) = delete;
+
+ private:
+  static bool in_phase();
+  void begin(std::string label, double flops);
+  void end();
+  bool active_ = false;
+  std::string label_;
+  double flops_ = 0;
+  Clock::time_point start_;
+};
+
 struct Totals {
   std::array<double, kFamilies> op_seconds{};
   std::array<std::int64_t, kFamilies> op_calls{};
   std::vector<std::array<double, kPhases>> stage_phase_seconds;  // [stage][phase], exclusive
+  std::map<std::string, Detail> details;                         // by label (DetailTimer)
   double op_total() const;
   double phase_total() const;
   std::array<double, kPhases> phase_sums() const;  // over the stages
@@ -145,7 +185,8 @@ Totals collect();
 void reset();
 
 // A readable table: per op family and per phase, ms per step and share of the step's wall time,
-// then per stage the ms per step of each phase. `wall_seconds` is the wall time of `steps` steps;
+// then per stage the ms per step of each phase, then the detail rows (the convolutions by pass and
+// shape) from the costliest down, with their rate in GFLOP/s. `wall_seconds` is the wall time of `steps` steps;
 // `workers` threads ran them (phases of several workers overlap: their sum may reach workers x wall).
 std::string format_table(const Totals& totals, double wall_seconds, std::int64_t steps, int workers);
 

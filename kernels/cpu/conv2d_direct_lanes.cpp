@@ -39,6 +39,10 @@ struct Tile {
 using RowTile = Tile<2, 7>;
 constexpr int64_t kPixelsPerRow = RowTile::pixels;
 using ShortRowTile = Tile<4, 4>;
+// Backward-data with 16 input channels (one vector): 14 pixels of a row parity (a row of 28) per
+// block, so that each weight vector loaded serves 14 FMAs, whose broadcast dy values are the FMAs'
+// memory operands.
+using NarrowRowTile = Tile<1, 14>;
 
 // The copy of a stack of planes with a border of zeros: plane (h, w) goes to (top + h, left + w) of
 // a rows x columns plane. The forward's input: the convolution's padding, and zeros further right
@@ -356,18 +360,26 @@ bool applies(const Conv2dShape& s, Pass pass) {
 // 0.95-0.96 ms on 1 thread, 0.68 -> 0.69 on 2; on rows of 7 (64->128 @7, a 4 x 4 tile of 64
 // channels) 1.28-1.29 -> 1.15-1.22 on 1 thread but 0.70 -> 0.80 on 2, so rows shorter than 14
 // stay with col2im, as do fewer than 32 input channels (16 would fill half the 2 x 16 lanes).
+namespace {
+// 16 to 31 input channels: one vector of them per block (NarrowRowTile).
+bool narrow(const Conv2dShape& s) { return s.in_channels < 2 * kLanes; }
+}  // namespace
+
 bool applies_backward_data(const Conv2dShape& s) {
+  const bool wide_enough = narrow(s) ? s.in_channels >= kLanes && s.in_w >= 2 * NarrowRowTile::pixels
+                                     : s.in_w >= 2 * kPixelsPerRow;
   return s.stride_h == 2 && s.stride_w == 2 && s.kernel_h * s.kernel_w > 1 && s.kernel_h <= 8 && s.kernel_w <= 8 &&
-         s.pad_h >= 0 && s.pad_w >= 0 && s.out_h() > 0 && s.out_w() > 0 && s.in_channels >= 2 * kLanes &&
-         s.in_w >= 2 * kPixelsPerRow;
+         s.pad_h >= 0 && s.pad_w >= 0 && s.out_h() > 0 && s.out_w() > 0 && wide_enough;
 }
 
 void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy, const float* w, float* dx) {
-  data::backward_data_with<RowTile>(st, s, dy, w, dx);
+  if (narrow(s)) data::backward_data_with<NarrowRowTile>(st, s, dy, w, dx);
+  else data::backward_data_with<RowTile>(st, s, dy, w, dx);
 }
 
 int64_t backward_data_scratch_floats(const Conv2dShape& s, int threads) {
-  return scratch_floats(data::shared_floats<RowTile>(s), data::thread_floats<RowTile>(s), threads);
+  return narrow(s) ? scratch_floats(data::shared_floats<NarrowRowTile>(s), data::thread_floats<NarrowRowTile>(s), threads)
+                   : scratch_floats(data::shared_floats<RowTile>(s), data::thread_floats<RowTile>(s), threads);
 }
 
 void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w, const float* bias,

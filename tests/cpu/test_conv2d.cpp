@@ -97,6 +97,10 @@ std::vector<Conv2dShape> comparison_shapes() {
   shapes.push_back(conv2d_shape(1, 67, 14, 15, 5, 3, 2, 1));
   shapes.push_back(conv2d_shape(2, 32, 14, 16, 6, 5, 2, 2));
   shapes.push_back(conv2d_shape(2, 33, 14, 14, 4, 4, 2, 1));
+  // ... and with 16 to 31 input channels (one vector per block, rows of 28 or more): 16 channels on
+  // rows of 29 (blocks of 14 pixels and the rest), 20 channels (a second block of 4).
+  shapes.push_back(conv2d_shape(2, 16, 28, 29, 8, 3, 2, 1));
+  shapes.push_back(conv2d_shape(1, 20, 29, 28, 5, 3, 2, 1));
   shapes.push_back(conv2d_shape(3, 16, 28, 28, 16, 3, 1, 1));
   // The grid's wide tile (6 output channels per micro-kernel, 64 outputs or more): forward at
   // stride 1 and 2 and a channel count that leaves a partial last block (67), backward-data with
