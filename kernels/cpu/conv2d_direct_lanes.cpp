@@ -3,7 +3,7 @@
 // (input channels on the lanes, `data` below). kernels/cpu/conv2d.cpp chooses them where
 // `applies` and `applies_backward_data` (below, with the measurements) say so: stride 2, kernels
 // larger than 1x1, at least 16 output channels (forward), at least 32 input channels and rows of
-// 14 or more (backward-data). Compiled only with AVX-512 (PETRA_CONV_DIRECT).
+// 14 or more, or 16 to 31 input channels and rows of 28 or more (backward-data). Compiled only with AVX-512 (PETRA_CONV_DIRECT).
 //
 // conv2d_direct_grid.cpp puts 16 output pixels on the lanes, so a tap must be 16 input values in a
 // row of the padded image; at stride 2 those are every other value, and the grid first splits the
@@ -359,7 +359,9 @@ bool applies(const Conv2dShape& s, Pass pass) {
 // Measured against col2im (bench-conv-shapes, batch 64, 2026-12-02): 32->64 @14 1.27-1.36 ->
 // 0.95-0.96 ms on 1 thread, 0.68 -> 0.69 on 2; on rows of 7 (64->128 @7, a 4 x 4 tile of 64
 // channels) 1.28-1.29 -> 1.15-1.22 on 1 thread but 0.70 -> 0.80 on 2, so rows shorter than 14
-// stay with col2im, as do fewer than 32 input channels (16 would fill half the 2 x 16 lanes).
+// stay with col2im. 16 to 31 input channels take one vector per block and 14 pixels (rows of 28
+// or more): 16->32 @28 2.24 -> 1.01 ms on 1 thread, 1.17 -> 0.67 on 2 (2026-12-02 18:20, a
+// slower window than the others: col2im had measured 1.64 ms there before).
 namespace {
 // 16 to 31 input channels: one vector of them per block (NarrowRowTile).
 bool narrow(const Conv2dShape& s) { return s.in_channels < 2 * kLanes; }
