@@ -72,7 +72,16 @@ Batch Loader::make_batch(Position position, std::span<const std::int64_t> order)
 Batch Loader::batch(std::int64_t epoch, std::int64_t index) const {
   PETRA_CHECK(index >= 0 && index < batches_per_epoch(), ValueError, "Loader::batch: index ", index, " of ",
               batches_per_epoch(), " batches");
-  return make_batch({epoch, index}, order(epoch));
+  std::shared_ptr<const std::vector<std::int64_t>> epoch_order;
+  {
+    const std::lock_guard lock(order_mutex_);
+    if (cached_order_epoch_ != epoch) {
+      cached_order_ = std::make_shared<const std::vector<std::int64_t>>(order(epoch));
+      cached_order_epoch_ = epoch;
+    }
+    epoch_order = cached_order_;
+  }
+  return make_batch({epoch, index}, *epoch_order);
 }
 
 Loader::Position Loader::following(Position p) const {

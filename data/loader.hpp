@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -99,6 +100,13 @@ class Loader {
   LoaderOptions options_;
   BatchAssembler assembler_;
   Position consumer_;  // the batch next() returns next
+
+  // Random access (batch()): the order of the epoch asked for last, made once per epoch (shuffling
+  // the whole dataset costs more than assembling a batch). Guarded by order_mutex_: batch() is const
+  // and may be called from any thread.
+  mutable std::mutex order_mutex_;
+  mutable std::int64_t cached_order_epoch_ = -1;
+  mutable std::shared_ptr<const std::vector<std::int64_t>> cached_order_;
 
   // Inline mode (no prefetch): the order of the current epoch.
   std::int64_t inline_order_epoch_ = -1;

@@ -1208,7 +1208,7 @@ TEST_CASE("data: batch assembly of 64 images (28x28 and 32x32x3) takes well unde
     const double with_tensors = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / 50;
     MESSAGE("batch of 64 x ", c, "x", side, "x", side, ": assemble median ", median, " ms (",
             64.0 * c * side * side * 4 / (median * 1e6), " GB/s written); Loader::batch ", with_tensors,
-            " ms (includes the epoch's permutation)");
+            " ms (the epoch's order made once, at the first call)");
     if (petra::testing::kTimingIsMeaningful) CHECK(median < 1.0);
   }
 }
