@@ -247,6 +247,36 @@ void add_batchnorm_cases(std::vector<Case>& cases, const k::StreamHandle& s, std
                      return relative_error(a->dx, r->dx);
                    },
                    [=] { relu_backward(full, *big, false); }});
+  // The same backward also summing dx per channel (a convolution's bias gradient, nn's
+  // conv_batch_norm), against it followed by the convolution's own bias pass over dx.
+  auto channel_sums = std::make_shared<Buffer>(full.channels);
+  cases.push_back({"bn+relu fused bwd summed " + shape, "memory", 0, 4 * n,
+                   [=] {
+                     auto a = make(small), r = make(small);
+                     relu_forward(small, *r, true);
+                     a->y = r->y;
+                     a->mean = r->mean;
+                     a->invstd = r->invstd;
+                     Buffer sums(small.channels, 0.f);
+                     k::cpu::batchnorm_relu_backward_summed(s, small, a->x.data(), a->y.data(), a->dy.data(),
+                                                            a->gamma.data(), a->mean.data(), a->invstd.data(),
+                                                            a->dx.data(), a->dgamma.data(), a->dbeta.data(), sums.data());
+                     relu_backward(small, *r, true);
+                     return relative_error(a->dx, r->dx);
+                   },
+                   [=] {
+                     k::cpu::batchnorm_relu_backward_summed(s, full, big->x.data(), big->y.data(), big->dy.data(),
+                                                            big->gamma.data(), big->mean.data(), big->invstd.data(),
+                                                            big->dx.data(), big->dgamma.data(), big->dbeta.data(),
+                                                            channel_sums->data());
+                   }});
+  cases.push_back({"bn+relu fused bwd, then bias pass " + shape, "memory", 0, 4 * n,
+                   [=] { return 0.0; },
+                   [=] {
+                     relu_backward(full, *big, false);
+                     const k::Conv2dShape bias_shape{full.batch, 1, full.height, full.width, full.channels, 1, 1};
+                     k::cpu::conv2d_backward_bias(s, bias_shape, big->dx.data(), channel_sums->data());
+                   }});
   cases.push_back({"bn+relu unfused bwd " + shape, "memory", 0, 4 * n,
                    [=] {
                      auto a = make(small), r = make(small);

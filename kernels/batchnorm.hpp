@@ -127,6 +127,18 @@ void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape,
                              const T* y, const T* dy, const T* gamma, const T* saved_mean,
                              const T* saved_invstd, T* dx, T* dgamma, T* dbeta);
 
+// The two backwards that also add the per-channel sum of dx into dx_sum: the gradient of a bias
+// added to x upstream (the convolution that produced x: ops::batchnorm*_backward's dx_sum), taken
+// while dx is written instead of in a pass of its own. dx =, dgamma +=, dbeta +=, dx_sum +=.
+template <class T>
+void batchnorm_backward_summed(const StreamHandle& s, const BatchNormShape& shape, const T* x,
+                               const T* dy, const T* gamma, const T* saved_mean,
+                               const T* saved_invstd, T* dx, T* dgamma, T* dbeta, T* dx_sum);
+template <class T>
+void batchnorm_relu_backward_summed(const StreamHandle& s, const BatchNormShape& shape, const T* x,
+                                    const T* y, const T* dy, const T* gamma, const T* saved_mean,
+                                    const T* saved_invstd, T* dx, T* dgamma, T* dbeta, T* dx_sum);
+
 // Batch norm + ReLU fused into the coupling (see the top of this file). z: (batch, C, H, W) as
 // `shape`; a, out: (batch, 2C, H, W). Training: out =, saved_mean =, saved_invstd =, running
 // statistics as batchnorm_relu_forward_train.
@@ -173,6 +185,16 @@ void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape,
                              const float* y, const float* dy, const float* gamma,
                              const float* saved_mean, const float* saved_invstd, float* dx,
                              float* dgamma, float* dbeta);
+
+void batchnorm_backward_summed(const StreamHandle& s, const BatchNormShape& shape, const float* x,
+                               const float* dy, const float* gamma, const float* saved_mean,
+                               const float* saved_invstd, float* dx, float* dgamma, float* dbeta,
+                               float* dx_sum);
+void batchnorm_relu_backward_summed(const StreamHandle& s, const BatchNormShape& shape,
+                                    const float* x, const float* y, const float* dy,
+                                    const float* gamma, const float* saved_mean,
+                                    const float* saved_invstd, float* dx, float* dgamma,
+                                    float* dbeta, float* dx_sum);
 
 void batchnorm_relu_coupling_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
                                    double momentum, CouplingDirection direction, const float* z,
@@ -223,6 +245,18 @@ void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape,
                              const float* y, const float* dy, const float* gamma,
                              const float* saved_mean, const float* saved_invstd, float* dx,
                              float* dgamma, float* dbeta);
+
+// The summed backwards: the backward, then conv2d_backward_bias's reduction over dx (no fused
+// kernel on the GPU yet).
+void batchnorm_backward_summed(const StreamHandle& s, const BatchNormShape& shape, const float* x,
+                               const float* dy, const float* gamma, const float* saved_mean,
+                               const float* saved_invstd, float* dx, float* dgamma, float* dbeta,
+                               float* dx_sum);
+void batchnorm_relu_backward_summed(const StreamHandle& s, const BatchNormShape& shape,
+                                    const float* x, const float* y, const float* dy,
+                                    const float* gamma, const float* saved_mean,
+                                    const float* saved_invstd, float* dx, float* dgamma,
+                                    float* dbeta, float* dx_sum);
 
 void batchnorm_relu_coupling_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
                                    double momentum, CouplingDirection direction, const float* z,

@@ -59,8 +59,9 @@ std::shared_ptr<ResidualFunction> ResidualFunction::bottleneck(std::int64_t in, 
 
 Variable ResidualFunction::forward(const Variable& x) const {
   Variable h = x;
-  // Every BN here is followed by a ReLU: the fused op (BatchNorm2d::forward_relu) saves a pass.
-  for (const Layer& layer : layers_) h = layer.bn->forward_relu(layer.conv->forward(h));
+  // Every BN here is followed by a ReLU, fused into it (BatchNorm2d::forward_relu); the convolution's
+  // bias gradient comes out of the BN's backward (conv_batch_norm).
+  for (const Layer& layer : layers_) h = conv_batch_norm(*layer.conv, *layer.bn, h, /*relu=*/true);
   return h;
 }
 
@@ -112,7 +113,7 @@ std::string StemStage::describe() const {
 }
 
 Variable StemStage::forward(const Variable& x) {
-  Variable y = bn_->forward_relu(conv_->forward(x));
+  Variable y = conv_batch_norm(*conv_, *bn_, x, /*relu=*/true);
   return imagenet_ ? max_pool2d(y, {2, 2, 0}) : y;
 }
 
@@ -175,8 +176,8 @@ std::string BasicTransitionStage::describe() const {
 Variable BasicTransitionStage::forward(const Variable& x) {
   // Views of the two streams: each goes only into convolutions, which read a channel slice in place.
   const Variable x1 = channel_view(x, 0, in_stream_), x2 = channel_view(x, in_stream_, in_stream_);
-  const Variable h = bn1_->forward_relu(conv1_->forward(x1));
-  const Variable y1 = add(bn2_->forward_relu(conv2_->forward(h)), bn_proj_->forward(conv_proj_->forward(x2)));
+  const Variable h = conv_batch_norm(*conv1_, *bn1_, x1, /*relu=*/true);
+  const Variable y1 = add(conv_batch_norm(*conv2_, *bn2_, h, /*relu=*/true), conv_batch_norm(*conv_proj_, *bn_proj_, x2, false));
   const Variable streams[] = {y1, h};
   return concat_channels(streams);
 }
@@ -198,8 +199,8 @@ std::string BottleneckTransitionStage::describe() const {
 Variable BottleneckTransitionStage::forward(const Variable& x) {
   // Views of the two streams: each goes only into convolutions, which read a channel slice in place.
   const Variable x1 = channel_view(x, 0, in_stream_), x2 = channel_view(x, in_stream_, in_stream_);
-  const Variable y1 = add(f_->forward(x1), bn_proj2_->forward(conv_proj2_->forward(x2)));
-  const Variable y2 = bn_proj1_->forward(conv_proj1_->forward(x1));
+  const Variable y1 = add(f_->forward(x1), conv_batch_norm(*conv_proj2_, *bn_proj2_, x2, /*relu=*/false));
+  const Variable y2 = conv_batch_norm(*conv_proj1_, *bn_proj1_, x1, /*relu=*/false);
   const Variable streams[] = {y1, y2};
   return concat_channels(streams);
 }
@@ -235,11 +236,10 @@ std::string ResidualStage::describe() const {
 Variable ResidualStage::forward(const Variable& x) {
   Variable h = x;
   for (std::size_t i = 0; i < convs_.size(); ++i) {
-    const Variable z = convs_[i]->forward(h);
     // The last BN is followed by the addition, the others by a ReLU (fused into them).
-    h = i + 1 < convs_.size() ? bns_[i]->forward_relu(z) : bns_[i]->forward(z);
+    h = conv_batch_norm(*convs_[i], *bns_[i], h, /*relu=*/i + 1 < convs_.size());
   }
-  const Variable shortcut = conv_proj_ ? bn_proj_->forward(conv_proj_->forward(x)) : x;
+  const Variable shortcut = conv_proj_ ? conv_batch_norm(*conv_proj_, *bn_proj_, x, /*relu=*/false) : x;
   return relu(add(h, shortcut));
 }
 

@@ -48,16 +48,23 @@ std::pair<Tensor, Tensor> BatchNorm2d::running_statistics(const BatchNormOptions
   return {running_mean_, running_var_};
 }
 
-Variable BatchNorm2d::forward(const Variable& x) const {
+Variable BatchNorm2d::forward(const Variable& x, const Variable& input_bias) const {
   const BatchNormOptions o = options();
   const auto [mean, var] = running_statistics(o);
-  return batch_norm(x, gamma_, beta_, mean, var, o);
+  return batch_norm(x, gamma_, beta_, mean, var, o, input_bias);
 }
 
-Variable BatchNorm2d::forward_relu(const Variable& x) const {
+Variable BatchNorm2d::forward_relu(const Variable& x, const Variable& input_bias) const {
   const BatchNormOptions o = options();
   const auto [mean, var] = running_statistics(o);
-  return batch_norm_relu(x, gamma_, beta_, mean, var, o);
+  return batch_norm_relu(x, gamma_, beta_, mean, var, o, input_bias);
+}
+
+Variable conv_batch_norm(const Conv2d& conv, const BatchNorm2d& bn, const Variable& x, bool relu) {
+  const Variable& bias = conv.bias();
+  // The convolution adds the bias's values; only batch norm records the bias as an input.
+  const Variable z = conv2d(x, conv.weight(), bias.defined() ? Variable(bias.data()) : Variable(), conv.options());
+  return relu ? bn.forward_relu(z, bias) : bn.forward(z, bias);
 }
 
 Tensor BatchNorm2d::coupling_relu_forward(const Tensor& x, const Tensor& z) const {

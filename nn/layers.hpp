@@ -50,10 +50,11 @@ class Conv2d : public Module {
 class BatchNorm2d : public Module {
  public:
   BatchNorm2d(std::int64_t channels, const Init& init, double momentum = 0.1, double eps = 1e-5);
-  Variable forward(const Variable& x) const;
+  // input_bias: see batch_norm (petra/functions.hpp) and conv_batch_norm below.
+  Variable forward(const Variable& x, const Variable& input_bias = {}) const;
   // relu(forward(x)) as one fused op (batch_norm_relu, petra/functions.hpp): the same numbers, the
   // same running-statistics rule, one pass over memory and one tensor fewer.
-  Variable forward_relu(const Variable& x) const;
+  Variable forward_relu(const Variable& x, const Variable& input_bias = {}) const;
   // The reversible coupling of `x` (or its inverse, of `y`) with f = relu(forward(z)), fused so that
   // f is never stored (ops::batchnorm_relu_coupling_*): forward_relu's numbers and running-statistics
   // rule, and no graph, so it is called with gradients off (a ValueError otherwise).
@@ -74,6 +75,12 @@ class BatchNorm2d : public Module {
   Variable gamma_, beta_;
   Tensor running_mean_, running_var_;
 };
+
+// bn.forward(conv.forward(x)), or bn.forward_relu(...) when relu: the same numbers, but the
+// convolution's bias gradient is taken by batch norm's backward as it writes its dx (the bias is
+// batch norm's input_bias, not the convolution's recorded input), which saves a pass over that
+// gradient. conv's output must go to bn only, as in every block here.
+Variable conv_batch_norm(const Conv2d& conv, const BatchNorm2d& bn, const Variable& x, bool relu);
 
 class Linear : public Module {
  public:

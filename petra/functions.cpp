@@ -90,33 +90,37 @@ Variable conv2d(const Variable& x, const Variable& w, const Variable& bias, cons
 }
 
 Variable batch_norm(const Variable& x, const Variable& gamma, const Variable& beta, const Tensor& running_mean,
-                    const Tensor& running_var, const BatchNormOptions& o) {
+                    const Tensor& running_var, const BatchNormOptions& o, const Variable& input_bias) {
   ops::BatchNormSaved saved;
   Tensor y = ops::batchnorm_forward(x.data(), gamma.data(), beta.data(), running_mean, running_var, o, &saved);
-  if (!should_record({&x, &gamma, &beta})) return Variable(y);
+  if (!should_record({&x, &gamma, &beta, &input_bias})) return Variable(y);
   PETRA_CHECK(o.training, ValueError, "batch_norm: backward through evaluation mode is not supported; use NoGradGuard");
   const Tensor keep_x = x.data(), keep_gamma = gamma.data();
-  return record_one(std::move(y), "batch_norm", {x, gamma, beta}, [=](std::span<const Tensor> g) {
+  const bool need_bias = wants(input_bias);
+  return record_one(std::move(y), "batch_norm", {x, gamma, beta, input_bias}, [=](std::span<const Tensor> g) {
     Tensor dgamma = zeros_like(keep_gamma), dbeta = zeros_like(keep_gamma);
-    Tensor dx = ops::batchnorm_backward(keep_x, g[0], keep_gamma, saved, dgamma, dbeta);
-    return std::vector<Tensor>{std::move(dx), std::move(dgamma), std::move(dbeta)};
+    Tensor dbias = need_bias ? zeros_like(keep_gamma) : Tensor();
+    Tensor dx = ops::batchnorm_backward(keep_x, g[0], keep_gamma, saved, dgamma, dbeta, dbias);
+    return std::vector<Tensor>{std::move(dx), std::move(dgamma), std::move(dbeta), std::move(dbias)};
   });
 }
 
 Variable batch_norm_relu(const Variable& x, const Variable& gamma, const Variable& beta, const Tensor& running_mean,
-                         const Tensor& running_var, const BatchNormOptions& o) {
+                         const Tensor& running_var, const BatchNormOptions& o, const Variable& input_bias) {
   ops::BatchNormSaved saved;
   Tensor y = ops::batchnorm_relu_forward(x.data(), gamma.data(), beta.data(), running_mean, running_var, o, &saved);
-  if (!should_record({&x, &gamma, &beta})) return Variable(y);
+  if (!should_record({&x, &gamma, &beta, &input_bias})) return Variable(y);
   PETRA_CHECK(o.training, ValueError,
               "batch_norm_relu: backward through evaluation mode is not supported; use NoGradGuard");
   // Keeps x (batch norm's backward reads it) and y, for the ReLU mask: y is the next layer's input,
   // which that layer keeps anyway, so the mask costs no memory (the unfused pair kept x and y too).
   const Tensor keep_x = x.data(), keep_gamma = gamma.data();
-  return record_one(y, "batch_norm_relu", {x, gamma, beta}, [=](std::span<const Tensor> g) {
+  const bool need_bias = wants(input_bias);
+  return record_one(y, "batch_norm_relu", {x, gamma, beta, input_bias}, [=](std::span<const Tensor> g) {
     Tensor dgamma = zeros_like(keep_gamma), dbeta = zeros_like(keep_gamma);
-    Tensor dx = ops::batchnorm_relu_backward(keep_x, y, g[0], keep_gamma, saved, dgamma, dbeta);
-    return std::vector<Tensor>{std::move(dx), std::move(dgamma), std::move(dbeta)};
+    Tensor dbias = need_bias ? zeros_like(keep_gamma) : Tensor();
+    Tensor dx = ops::batchnorm_relu_backward(keep_x, y, g[0], keep_gamma, saved, dgamma, dbeta, dbias);
+    return std::vector<Tensor>{std::move(dx), std::move(dgamma), std::move(dbeta), std::move(dbias)};
   });
 }
 

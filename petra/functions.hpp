@@ -31,12 +31,16 @@ Variable reshape(const Variable& x, const Shape& shape);
 Variable linear(const Variable& x, const Variable& w, const Variable& bias);
 Variable conv2d(const Variable& x, const Variable& w, const Variable& bias, const Conv2dOptions& o);
 // running_mean / running_var are buffers (plain tensors, updated in place in training mode).
+// input_bias, when given, is a bias that x's producer added to every value of its channel (a
+// convolution's: conv2d_then_batch_norm): its gradient, the sum of dx over each channel, is taken
+// here as batch norm's backward writes dx, so that the producer need not read dx again for it. The
+// producer must then not record the bias as its own input, and x must have no other consumer.
 Variable batch_norm(const Variable& x, const Variable& gamma, const Variable& beta, const Tensor& running_mean,
-                    const Tensor& running_var, const BatchNormOptions& o);
+                    const Tensor& running_var, const BatchNormOptions& o, const Variable& input_bias = {});
 // relu(batch_norm(...)) as one op (ops::batchnorm_relu_forward): one pass and one tensor fewer
 // forward and backward. Same arguments, same running-statistics rule as batch_norm.
 Variable batch_norm_relu(const Variable& x, const Variable& gamma, const Variable& beta, const Tensor& running_mean,
-                         const Tensor& running_var, const BatchNormOptions& o);
+                         const Tensor& running_var, const BatchNormOptions& o, const Variable& input_bias = {});
 Variable max_pool2d(const Variable& x, const Pool2dOptions& o);
 Variable avg_pool2d(const Variable& x, const Pool2dOptions& o);
 Variable global_avg_pool(const Variable& x);

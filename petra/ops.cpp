@@ -411,7 +411,8 @@ kernels::BatchNormShape check_batchnorm_forward(const Tensor& x, const Tensor& g
 // The backward's checks (y: the fused op's output, checked when given).
 kernels::BatchNormShape check_batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy,
                                                  const Tensor& gamma, const BatchNormSaved& saved,
-                                                 const Tensor& dgamma, const Tensor& dbeta, const char* op) {
+                                                 const Tensor& dgamma, const Tensor& dbeta, const Tensor& dx_sum,
+                                                 const char* op) {
   check_float(x, op, "x");
   check_like(x, dy, op, "dy");
   require_same_shape(x, dy, op);
@@ -424,6 +425,10 @@ kernels::BatchNormShape check_batchnorm_backward(const Tensor& x, const Tensor& 
   for (const Tensor* t : {&gamma, &saved.mean, &saved.invstd, &dgamma, &dbeta}) {
     check_like(x, *t, op, "per-channel tensor");
     check_shape(*t, per_channel, op, "per-channel tensor");
+  }
+  if (dx_sum.defined()) {
+    check_like(x, dx_sum, op, "dx_sum");
+    check_shape(dx_sum, per_channel, op, "dx_sum");
   }
   return k;
 }
@@ -447,12 +452,19 @@ Tensor batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& bet
 }
 
 Tensor batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const BatchNormSaved& saved,
-                          const Tensor& dgamma, const Tensor& dbeta) {
-  const auto k = check_batchnorm_backward(x, Tensor(), dy, gamma, saved, dgamma, dbeta, "batch_norm_backward");
+                          const Tensor& dgamma, const Tensor& dbeta, const Tensor& dx_sum) {
+  const auto k = check_batchnorm_backward(x, Tensor(), dy, gamma, saved, dgamma, dbeta, dx_sum, "batch_norm_backward");
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
+  if (dx_sum.defined() && !use_cudnn(x)) {
+    PETRA_CALL(BATCHNORM, x, batchnorm_backward_summed, s, k, x.data_ptr<T>(), dy.data_ptr<T>(), gamma.data_ptr<T>(),
+               saved.mean.data_ptr<T>(), saved.invstd.data_ptr<T>(), dx.data_ptr<T>(), dgamma.data_ptr<T>(),
+               dbeta.data_ptr<T>(), dx_sum.data_ptr<T>());
+    return dx;
+  }
   PETRA_CALL_CONV_IMPL(BATCHNORM, x, batchnorm_backward, s, k, x.data_ptr<T>(), dy.data_ptr<T>(), gamma.data_ptr<T>(), saved.mean.data_ptr<T>(),
              saved.invstd.data_ptr<T>(), dx.data_ptr<T>(), dgamma.data_ptr<T>(), dbeta.data_ptr<T>());
+  if (dx_sum.defined()) conv2d_backward_bias(dx, dx_sum);  // cuDNN: the sum in a pass of its own
   return dx;
 }
 
@@ -474,15 +486,23 @@ Tensor batchnorm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor
 }
 
 Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& gamma,
-                               const BatchNormSaved& saved, const Tensor& dgamma, const Tensor& dbeta) {
+                               const BatchNormSaved& saved, const Tensor& dgamma, const Tensor& dbeta,
+                               const Tensor& dx_sum) {
   const char* op = "batch_norm_relu_backward";
   PETRA_CHECK(y.defined(), ValueError, op, ": needs y, the fused forward's output (the ReLU mask)");
-  const auto k = check_batchnorm_backward(x, y, dy, gamma, saved, dgamma, dbeta, op);
+  const auto k = check_batchnorm_backward(x, y, dy, gamma, saved, dgamma, dbeta, dx_sum, op);
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
+  if (dx_sum.defined() && !use_cudnn(x)) {
+    PETRA_CALL(BATCHNORM, x, batchnorm_relu_backward_summed, s, k, x.data_ptr<T>(), y.data_ptr<T>(), dy.data_ptr<T>(),
+               gamma.data_ptr<T>(), saved.mean.data_ptr<T>(), saved.invstd.data_ptr<T>(), dx.data_ptr<T>(),
+               dgamma.data_ptr<T>(), dbeta.data_ptr<T>(), dx_sum.data_ptr<T>());
+    return dx;
+  }
   PETRA_CALL_CONV_IMPL(BATCHNORM, x, batchnorm_relu_backward, s, k, x.data_ptr<T>(), y.data_ptr<T>(), dy.data_ptr<T>(),
                        gamma.data_ptr<T>(), saved.mean.data_ptr<T>(), saved.invstd.data_ptr<T>(), dx.data_ptr<T>(),
                        dgamma.data_ptr<T>(), dbeta.data_ptr<T>());
+  if (dx_sum.defined()) conv2d_backward_bias(dx, dx_sum);  // cuDNN: the sum in a pass of its own
   return dx;
 }
 

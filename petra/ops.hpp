@@ -88,16 +88,19 @@ struct BatchNormSaved {
 };
 Tensor batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                          const Tensor& running_var, const BatchNormOptions& o, BatchNormSaved* saved);
+// The backwards return dx; dgamma +=, dbeta +=. dx_sum, when given (per channel, like dgamma), +=
+// the sum of dx over each channel: the gradient of a bias that x's producer added (a convolution's,
+// functions.hpp's batch_norm), taken while dx is written instead of in conv2d_backward_bias's pass.
 Tensor batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const BatchNormSaved& saved,
-                          const Tensor& dgamma, const Tensor& dbeta);  // returns dx; dgamma +=, dbeta +=
+                          const Tensor& dgamma, const Tensor& dbeta, const Tensor& dx_sum = {});
 // batch norm then ReLU, fused (kernels/batchnorm.hpp): relu(batchnorm_forward(...)) in one op, with
 // the same arguments and running-statistics rule. The backward takes y, the fused forward's output,
 // for the ReLU mask (y > 0).
 Tensor batchnorm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                               const Tensor& running_var, const BatchNormOptions& o, BatchNormSaved* saved);
 Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& gamma,
-                               const BatchNormSaved& saved, const Tensor& dgamma,
-                               const Tensor& dbeta);  // returns dx; dgamma +=, dbeta +=
+                               const BatchNormSaved& saved, const Tensor& dgamma, const Tensor& dbeta,
+                               const Tensor& dx_sum = {});
 
 // pooling
 Tensor max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, Tensor* argmax);

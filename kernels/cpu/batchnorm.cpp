@@ -273,11 +273,14 @@ void forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps
   });
 }
 
-// y is the fused forward's output when Relu (the mask), unused otherwise.
+// y is the fused forward's output when Relu (the mask), unused otherwise. dx_sum, when not null,
+// gets += the per-channel sum of dx, taken in pass 2 as dx is written (float sums over the batch
+// per position, then a double total per channel, as pass 1's sums).
 template <bool Relu>
 void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x, const float* y,
               const float* dy, const float* gamma, const float* saved_mean,
-              const float* saved_invstd, float* dx, float* dgamma, float* dbeta) {
+              const float* saved_invstd, float* dx, float* dgamma, float* dbeta,
+              float* dx_sum = nullptr) {
   use_threads(s);
   const int blocks = channel_blocks(s, shape);
   const SampleArrays arrays = sample_arrays(s, shape);  // named pointers: see batchnorm_forward_train
@@ -319,7 +322,11 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
                  float(-scale * sum_dy / count), saved_mean[c]};
     }
 
-    // Pass 2, last sample first (those are still in cache).
+    // Pass 2, last sample first (those are still in cache). With dx_sum, each dx value is also
+    // added into a per-position accumulator (dy_sum's array, whose totals were taken above), as
+    // pass 1 sums: no sum across lanes per run, which on 4x4 planes would cost more than the run.
+    float* const dx_acc = dy_sum;
+    if (dx_sum) std::fill(dx_acc + first, dx_acc + first + length, 0.f);
     for (std::int64_t n = shape.batch - 1; n >= 0; --n)
       for (std::int64_t c = c0; c < c1; ++c) {
         const GradientMap m = maps[c];
@@ -327,10 +334,22 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
         const float* ys = Relu ? y + run_start(shape, n, c) : nullptr;
         const float* dys = dy + run_start(shape, n, c);
         float* dxs = dx + run_start(shape, n, c);
+        if (!dx_sum) {
 #pragma omp simd
-        for (std::int64_t i = 0; i < plane; ++i)
-          dxs[i] = m.a * incoming_gradient<Relu>(ys, dys, i) + m.b * (xs[i] - m.mean) + m.k;
+          for (std::int64_t i = 0; i < plane; ++i)
+            dxs[i] = m.a * incoming_gradient<Relu>(ys, dys, i) + m.b * (xs[i] - m.mean) + m.k;
+          continue;
+        }
+        float* acc = dx_acc + c * plane;
+#pragma omp simd
+        for (std::int64_t i = 0; i < plane; ++i) {
+          const float d = m.a * incoming_gradient<Relu>(ys, dys, i) + m.b * (xs[i] - m.mean) + m.k;
+          dxs[i] = d;
+          acc[i] += d;
+        }
       }
+    if (dx_sum)
+      for (std::int64_t c = c0; c < c1; ++c) dx_sum[c] = float(dx_sum[c] + channel_total(shape, dx_acc, c));
   });
 }
 
@@ -375,6 +394,21 @@ void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape,
                              const float* saved_mean, const float* saved_invstd, float* dx,
                              float* dgamma, float* dbeta) {
   backward<true>(s, shape, x, y, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
+}
+
+void batchnorm_backward_summed(const StreamHandle& s, const BatchNormShape& shape, const float* x,
+                               const float* dy, const float* gamma, const float* saved_mean,
+                               const float* saved_invstd, float* dx, float* dgamma, float* dbeta,
+                               float* dx_sum) {
+  backward<false>(s, shape, x, nullptr, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta, dx_sum);
+}
+
+void batchnorm_relu_backward_summed(const StreamHandle& s, const BatchNormShape& shape,
+                                    const float* x, const float* y, const float* dy,
+                                    const float* gamma, const float* saved_mean,
+                                    const float* saved_invstd, float* dx, float* dgamma,
+                                    float* dbeta, float* dx_sum) {
+  backward<true>(s, shape, x, y, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta, dx_sum);
 }
 
 void batchnorm_relu_coupling_train(const StreamHandle& s, const BatchNormShape& shape, double eps,

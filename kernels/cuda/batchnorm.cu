@@ -42,6 +42,7 @@
 #include <cstdint>
 
 #include "petra/kernels/batchnorm.hpp"
+#include "petra/kernels/conv2d.hpp"
 #include "petra/kernels/cuda/block_reduce.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 
@@ -371,6 +372,37 @@ void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape,
                              const float* saved_mean, const float* saved_invstd, float* dx,
                              float* dgamma, float* dbeta) {
   backward<true>(s, shape, x, y, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
+}
+
+namespace {
+// dx_sum += dx summed per channel, by the convolution's bias reduction (kernels/cuda/conv2d.cu).
+void add_channel_sums(const StreamHandle& s, const BatchNormShape& shape, const float* dx, float* dx_sum) {
+  Conv2dShape k;
+  k.batch = shape.batch;
+  k.in_channels = 1;
+  k.in_h = shape.height;
+  k.in_w = shape.width;
+  k.out_channels = shape.channels;
+  k.kernel_h = k.kernel_w = 1;
+  conv2d_backward_bias(s, k, dx, dx_sum);
+}
+}  // namespace
+
+void batchnorm_backward_summed(const StreamHandle& s, const BatchNormShape& shape, const float* x,
+                               const float* dy, const float* gamma, const float* saved_mean,
+                               const float* saved_invstd, float* dx, float* dgamma, float* dbeta,
+                               float* dx_sum) {
+  batchnorm_backward(s, shape, x, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
+  add_channel_sums(s, shape, dx, dx_sum);
+}
+
+void batchnorm_relu_backward_summed(const StreamHandle& s, const BatchNormShape& shape,
+                                    const float* x, const float* y, const float* dy,
+                                    const float* gamma, const float* saved_mean,
+                                    const float* saved_invstd, float* dx, float* dgamma,
+                                    float* dbeta, float* dx_sum) {
+  batchnorm_relu_backward(s, shape, x, y, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
+  add_channel_sums(s, shape, dx, dx_sum);
 }
 
 void batchnorm_relu_coupling_train(const StreamHandle& s, const BatchNormShape& shape, double eps,

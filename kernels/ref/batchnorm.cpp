@@ -117,6 +117,35 @@ void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape,
 }
 
 namespace {
+// dx_sum[c] += the sum of dx over channel c's values, in double.
+template <class T>
+void add_channel_sums(const BatchNormShape& shape, const T* dx, T* dx_sum) {
+  for (std::int64_t c = 0; c < shape.channels; ++c) {
+    double total = 0;
+    for (std::int64_t n = 0; n < shape.batch; ++n)
+      for (std::int64_t i = 0; i < shape.plane(); ++i) total += dx[at(shape, n, c, i)];
+    dx_sum[c] = T(dx_sum[c] + total);
+  }
+}
+}  // namespace
+
+template <class T>
+void batchnorm_backward_summed(const StreamHandle& s, const BatchNormShape& shape, const T* x,
+                               const T* dy, const T* gamma, const T* saved_mean,
+                               const T* saved_invstd, T* dx, T* dgamma, T* dbeta, T* dx_sum) {
+  batchnorm_backward(s, shape, x, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
+  add_channel_sums(shape, dx, dx_sum);
+}
+
+template <class T>
+void batchnorm_relu_backward_summed(const StreamHandle& s, const BatchNormShape& shape, const T* x,
+                                    const T* y, const T* dy, const T* gamma, const T* saved_mean,
+                                    const T* saved_invstd, T* dx, T* dgamma, T* dbeta, T* dx_sum) {
+  batchnorm_relu_backward(s, shape, x, y, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
+  add_channel_sums(shape, dx, dx_sum);
+}
+
+namespace {
 // out = the coupling of `a` with f in `direction` (kernels/coupling.hpp's oracle).
 template <class T>
 void couple(const StreamHandle& s, const BatchNormShape& shape, CouplingDirection direction, const T* a,
@@ -168,6 +197,12 @@ void batchnorm_relu_coupling_eval(const StreamHandle& s, const BatchNormShape& s
   template void batchnorm_relu_backward<T>(const StreamHandle&, const BatchNormShape&,         \
                                            const T*, const T*, const T*, const T*, const T*,   \
                                            const T*, T*, T*, T*);                           \
+  template void batchnorm_backward_summed<T>(const StreamHandle&, const BatchNormShape&,       \
+                                             const T*, const T*, const T*, const T*, const T*, \
+                                             T*, T*, T*, T*);                                  \
+  template void batchnorm_relu_backward_summed<T>(const StreamHandle&, const BatchNormShape&,  \
+                                                  const T*, const T*, const T*, const T*,      \
+                                                  const T*, const T*, T*, T*, T*, T*);         \
   template void batchnorm_relu_coupling_train<T>(const StreamHandle&, const BatchNormShape&,   \
                                                  double, double, CouplingDirection, const T*,  \
                                                  const T*, const T*, const T*, T*, T*, T*, T*, \

@@ -525,3 +525,65 @@ TEST_CASE("batchnorm_relu_coupling: cpu and ref equal batch norm + relu then the
       CHECK(relative_error(out_eval, out_eval_ref) < 1e-5);
     }
 }
+
+TEST_CASE("batchnorm: the summed backwards write the same dx and add its per-channel sums into dx_sum") {
+  pk::HeapWorkspace workspace;
+  pk::StreamHandle s;
+  s.num_threads = 2;
+  s.workspace = &workspace;
+  std::uint64_t seed = 900;
+  for (const bool relu : {false, true})
+    for (const auto& shape : relu ? kReluShapes : kShapes) {
+      INFO(describe(shape), " relu=", relu);
+      TrainCase<float> c(shape, seed);
+      seed += 5;
+      pk::ref::batchnorm_relu_forward_train<float>(s, shape, kEps, kMomentum, c.x.data(), c.gamma.data(),
+                                                   c.beta.data(), c.y.data(), c.mean.data(), c.invstd.data(),
+                                                   nullptr, nullptr);
+      const auto dy = random_values<float>(shape.size(), seed++);
+      const auto prior = random_values<float>(shape.channels, seed++);
+      // cpu: dx, dgamma and dbeta bit for bit those of the plain backward
+      std::vector<float> dx(shape.size(), 777.f), dgamma(shape.channels, 0.f), dbeta(shape.channels, 0.f);
+      std::vector<float> dx_s(shape.size(), -777.f), dgamma_s(shape.channels, 0.f), dbeta_s(shape.channels, 0.f);
+      std::vector<float> dx_sum = prior;
+      if (relu) {
+        pk::cpu::batchnorm_relu_backward(s, shape, c.x.data(), c.y.data(), dy.data(), c.gamma.data(), c.mean.data(),
+                                         c.invstd.data(), dx.data(), dgamma.data(), dbeta.data());
+        pk::cpu::batchnorm_relu_backward_summed(s, shape, c.x.data(), c.y.data(), dy.data(), c.gamma.data(),
+                                                c.mean.data(), c.invstd.data(), dx_s.data(), dgamma_s.data(),
+                                                dbeta_s.data(), dx_sum.data());
+      } else {
+        pk::cpu::batchnorm_backward(s, shape, c.x.data(), dy.data(), c.gamma.data(), c.mean.data(), c.invstd.data(),
+                                    dx.data(), dgamma.data(), dbeta.data());
+        pk::cpu::batchnorm_backward_summed(s, shape, c.x.data(), dy.data(), c.gamma.data(), c.mean.data(),
+                                           c.invstd.data(), dx_s.data(), dgamma_s.data(), dbeta_s.data(),
+                                           dx_sum.data());
+      }
+      CHECK(dx_s == dx);
+      CHECK(dgamma_s == dgamma);
+      CHECK(dbeta_s == dbeta);
+      // ref, in double: dx_sum += the channel sums of its dx
+      const std::vector<double> xd(c.x.begin(), c.x.end()), yd(c.y.begin(), c.y.end()), dyd(dy.begin(), dy.end()),
+          gd(c.gamma.begin(), c.gamma.end()), md(c.mean.begin(), c.mean.end()), id(c.invstd.begin(), c.invstd.end());
+      std::vector<double> dxd(shape.size()), dgd(shape.channels, 0.0), dbd(shape.channels, 0.0), sumd(shape.channels, 0.5);
+      if (relu)
+        pk::ref::batchnorm_relu_backward_summed<double>(s, shape, xd.data(), yd.data(), dyd.data(), gd.data(), md.data(),
+                                                        id.data(), dxd.data(), dgd.data(), dbd.data(), sumd.data());
+      else
+        pk::ref::batchnorm_backward_summed<double>(s, shape, xd.data(), dyd.data(), gd.data(), md.data(), id.data(),
+                                                   dxd.data(), dgd.data(), dbd.data(), sumd.data());
+      for (std::int64_t ch = 0; ch < shape.channels; ++ch) {
+        double exact = 0, magnitude = 0, exact_ref = 0;
+        for (std::int64_t n = 0; n < shape.batch; ++n)
+          for (std::int64_t i = 0; i < shape.plane(); ++i) {
+            const std::int64_t k = (n * shape.channels + ch) * shape.plane() + i;
+            exact += dx[k];
+            magnitude += std::abs(dx[k]);
+            exact_ref += dxd[k];
+          }
+        CHECK(std::abs((dx_sum[ch] - prior[ch]) - exact) <= 1e-6 * (magnitude + std::abs(prior[ch])) + 1e-7);
+        CHECK(std::abs((sumd[ch] - 0.5) - exact_ref) <= 1e-12 * (magnitude + 1));
+      }
+    }
+}
+
