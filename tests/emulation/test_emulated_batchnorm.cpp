@@ -399,3 +399,43 @@ TEST_CASE("emulated batchnorm_relu_coupling: equals batch norm + relu then the c
       }
   }
 }
+
+TEST_CASE("emulated cuda::batchnorm_relu_backward_summed: dx as the plain backward, dx_sum += its channel sums") {
+  HeapWorkspace workspace;
+  StreamHandle s;
+  s.workspace = &workspace;
+  std::uint64_t seed = 7000;
+  for (const BatchNormShape& sh : kShapes) {
+    seed += 10;
+    const std::int64_t size = sh.size(), C = sh.channels;
+    const AlignedFloats x(values(size, seed)), gamma(values(C, seed + 1, 0.5, 1.5)), dy(values(size, seed + 2));
+    std::vector<float> beta = values(C, seed + 3), y_v(static_cast<std::size_t>(size)),
+                       mean_v(static_cast<std::size_t>(C)), invstd_v(static_cast<std::size_t>(C));
+    ref::batchnorm_relu_forward_train<float>(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(), y_v.data(),
+                                             mean_v.data(), invstd_v.data(), nullptr, nullptr);
+    // A shifted mean: with the batch's own, dx sums to zero per channel and an unchanged dx_sum would pass.
+    for (float& m : mean_v) m += 0.25f;
+    const AlignedFloats y(y_v), mean(mean_v), invstd(invstd_v);
+    const std::vector<float> zeros(static_cast<std::size_t>(C) + kGuard, 0.f), prior = values(C, seed + 4);
+    const AlignedFloats dx(values(size, seed + 5)), dg(zeros), db(zeros), dx2(values(size, seed + 6)), dg2(zeros),
+        db2(zeros), sums(prior);
+    cu::batchnorm_relu_backward(s, sh, x.data(), y.data(), dy.data(), gamma.data(), mean.data(), invstd.data(),
+                                dx.data(), dg.data(), db.data());
+    cu::batchnorm_relu_backward_summed(s, sh, x.data(), y.data(), dy.data(), gamma.data(), mean.data(), invstd.data(),
+                                       dx2.data(), dg2.data(), db2.data(), sums.data());
+    INFO(describe(sh));
+    const std::vector<float> plain = dx.values(), summed = dx2.values(), got = sums.values();
+    CHECK(head(summed, size) == head(plain, size));
+    for (std::int64_t c = 0; c < C; ++c) {
+      double total = 0, magnitude = 0;
+      for (std::int64_t n = 0; n < sh.batch; ++n)
+        for (std::int64_t i = 0; i < sh.plane(); ++i) {
+          const float v = plain[std::size_t((n * C + c) * sh.plane() + i)];
+          total += v;
+          magnitude += std::abs(v);
+        }
+      REQUIRE((magnitude == 0 || std::abs(total) > 1e-4 * magnitude));
+      CHECK(std::abs((got[std::size_t(c)] - prior[std::size_t(c)]) - total) <= 1e-6 * (magnitude + 1));
+    }
+  }
+}
