@@ -66,7 +66,12 @@ namespace petra::kernels {
 
 struct BatchNormShape {
   std::int64_t batch = 0, channels = 0, height = 0, width = 0;
+  // Floats from one sample of the backward's dy to the next, 0 for packed: dy may then be a channel
+  // slice of a wider tensor (the coupling hands F its stream of the gradient that way). ref:: and
+  // cpu:: honour it; the CUDA kernels require 0 (ops packs dy for them).
+  std::int64_t dy_image_stride = 0;
 
+  std::int64_t dy_sample_stride() const { return dy_image_stride ? dy_image_stride : channels * height * width; }
   std::int64_t plane() const { return height * width; }
   std::int64_t values_per_channel() const { return batch * height * width; }
   std::int64_t size() const { return batch * channels * height * width; }

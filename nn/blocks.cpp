@@ -152,7 +152,7 @@ std::pair<Tensor, Tensor> ReversibleStage::reconstruct_and_backward(const Tensor
   // ... and the same graph gives the vector-Jacobian product: with y1 = x2 + F(x1) and y2 = x1,
   // dx2 = dy1 and dx1 = dy2 + J_F(x1)^T dy1; F's parameter gradients accumulate on the way.
   const Variable outputs[] = {f};
-  const Tensor seeds[] = {ops::channel_slice(dy, 0, c)};
+  const Tensor seeds[] = {dy.slice(1, 0, c)};  // a view: F's last op, batch norm, reads it in place
   const Variable capture[] = {x1};
   const Tensor vjp_f = petra::backward(outputs, seeds, capture)[0];
   return {std::move(x), ops::coupling_backward(dy, vjp_f)};

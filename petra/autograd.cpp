@@ -162,7 +162,7 @@ void accumulate(Tensor& sum, const Tensor& g) {
   if (!sum.defined())
     sum = g;
   else
-    sum = ops::add(sum, g);
+    sum = ops::add(sum.contiguous(), g.contiguous());  // either may be a view (Node::accept_strided_gradients)
 }
 
 // Nodes reachable from `roots`, in reverse post-order: every node before the nodes it depends on.
@@ -230,7 +230,7 @@ struct Engine {
       ops::channel_accumulate_into(v.grad(), piece, first);
       return;
     }
-    if (sum != nullptr && sum->defined() && sum->storage().use_count() == 1) {
+    if (sum != nullptr && sum->defined() && sum->storage().use_count() == 1 && sum->is_contiguous()) {
       ops::channel_accumulate_into(*sum, piece, first);
       return;
     }
@@ -268,9 +268,9 @@ struct Engine {
           return;
         }
         MemoryScope scope(MemoryTag::gradients, owner);
-        v.set_grad(g.device() == v.data().device() ? g.clone() : g.to(v.data().device()));
+        v.set_grad(g.device() == v.data().device() ? g.clone() : g.contiguous().to(v.data().device()));
       } else {
-        ops::add_into(v.grad(), g);
+        ops::add_into(v.grad(), g.contiguous());
       }
     }
   }
@@ -291,6 +291,8 @@ struct Engine {
       if (it != pending.end()) {
         std::vector<Tensor> grads_out = std::move(it->second);
         pending.erase(it);
+        if (!node->accepts_strided_gradients())
+          for (Tensor& g : grads_out) g = g.contiguous();  // a view some backward returned
         if (auto c = node_capture.find(node); c != node_capture.end())
           for (auto [output, index] : c->second) captured[index] = grads_out[output];
         const std::vector<Tensor> grads_in = node->apply(grads_out);

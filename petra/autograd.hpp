@@ -91,12 +91,20 @@ class Node : public std::enable_shared_from_this<Node> {
   void set_channel_piece(std::size_t input, std::int64_t first_channel);
   std::int64_t channel_piece(std::size_t input) const;  // its first channel, or -1: the whole gradient
 
+  // Strided gradients: a backward may return a view of its upstream gradient (the coupling hands F
+  // its stream of dy as a channel slice instead of a copy). The engine packs such a gradient
+  // (Tensor::contiguous) before it reaches a node that has not declared, with this call, that its
+  // backward reads channel slices in place (batch norm's), and before adding it to another.
+  void accept_strided_gradients() { accepts_strided_gradients_ = true; }
+  bool accepts_strided_gradients() const { return accepts_strided_gradients_; }
+
  private:
   std::string name_;
   std::vector<Variable> inputs_;
   int num_outputs_;
   BackwardFn backward_;
   std::vector<std::int64_t> channel_piece_;  // per input, -1 for none; empty when no input has one
+  bool accepts_strided_gradients_ = false;
 };
 
 // True when ops record a graph on this thread (default true).

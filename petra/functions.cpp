@@ -19,9 +19,12 @@ Tensor zeros_like(const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype(), 
 // the same-shape case runs exactly the ops it always did).
 Variable add(const Variable& a, const Variable& b) {
   const Shape a_shape = a.shape(), b_shape = b.shape();
-  return record_one(ops::add(a.data(), b.data()), "add", {a, b}, [a_shape, b_shape](std::span<const Tensor> g) {
+  Variable y = record_one(ops::add(a.data(), b.data()), "add", {a, b}, [a_shape, b_shape](std::span<const Tensor> g) {
     return std::vector<Tensor>{ops::sum_to(g[0], a_shape), ops::sum_to(g[0], b_shape)};
   });
+  // Without broadcasting the backward hands its gradient on untouched, so a view may pass through.
+  if (y.grad_fn() && a_shape == b_shape) y.grad_fn()->accept_strided_gradients();
+  return y;
 }
 
 Variable sub(const Variable& a, const Variable& b) {
@@ -97,12 +100,14 @@ Variable batch_norm(const Variable& x, const Variable& gamma, const Variable& be
   PETRA_CHECK(o.training, ValueError, "batch_norm: backward through evaluation mode is not supported; use NoGradGuard");
   const Tensor keep_x = x.data(), keep_gamma = gamma.data();
   const bool need_bias = wants(input_bias);
-  return record_one(std::move(y), "batch_norm", {x, gamma, beta, input_bias}, [=](std::span<const Tensor> g) {
+  Variable out = record_one(std::move(y), "batch_norm", {x, gamma, beta, input_bias}, [=](std::span<const Tensor> g) {
     Tensor dgamma = zeros_like(keep_gamma), dbeta = zeros_like(keep_gamma);
     Tensor dbias = need_bias ? zeros_like(keep_gamma) : Tensor();
     Tensor dx = ops::batchnorm_backward(keep_x, g[0], keep_gamma, saved, dgamma, dbeta, dbias);
     return std::vector<Tensor>{std::move(dx), std::move(dgamma), std::move(dbeta), std::move(dbias)};
   });
+  if (out.grad_fn()) out.grad_fn()->accept_strided_gradients();  // ops::batchnorm_backward reads a channel slice of dy in place
+  return out;
 }
 
 Variable batch_norm_relu(const Variable& x, const Variable& gamma, const Variable& beta, const Tensor& running_mean,
@@ -116,12 +121,14 @@ Variable batch_norm_relu(const Variable& x, const Variable& gamma, const Variabl
   // which that layer keeps anyway, so the mask costs no memory (the unfused pair kept x and y too).
   const Tensor keep_x = x.data(), keep_gamma = gamma.data();
   const bool need_bias = wants(input_bias);
-  return record_one(y, "batch_norm_relu", {x, gamma, beta, input_bias}, [=](std::span<const Tensor> g) {
+  Variable out = record_one(y, "batch_norm_relu", {x, gamma, beta, input_bias}, [=](std::span<const Tensor> g) {
     Tensor dgamma = zeros_like(keep_gamma), dbeta = zeros_like(keep_gamma);
     Tensor dbias = need_bias ? zeros_like(keep_gamma) : Tensor();
     Tensor dx = ops::batchnorm_relu_backward(keep_x, y, g[0], keep_gamma, saved, dgamma, dbeta, dbias);
     return std::vector<Tensor>{std::move(dx), std::move(dgamma), std::move(dbeta), std::move(dbias)};
   });
+  if (out.grad_fn()) out.grad_fn()->accept_strided_gradients();  // as batch_norm's
+  return out;
 }
 
 Variable sum(const Variable& x, std::span<const int> dims) {
@@ -239,8 +246,8 @@ Variable concat_channels(std::span<const Variable> parts) {
                     [sizes](std::span<const Tensor> g) {
                       std::vector<Tensor> grads;
                       std::int64_t first = 0;
-                      for (std::int64_t count : sizes) {
-                        grads.push_back(ops::channel_slice(g[0], first, count));
+                      for (std::int64_t count : sizes) {  // views: see coupling below
+                        grads.push_back(g[0].slice(1, first, first + count));
                         first += count;
                       }
                       return grads;
@@ -279,7 +286,9 @@ Variable coupling(const Variable& x, const Variable& f) {
     // y1 = x2 + f, y2 = x1  =>  dx1 = dy2, dx2 = dy1, df = dy1. The generic path adds no vjp of F
     // into dx1 here (autograd does, through F's graph): coupling_backward with a zero vjp, which
     // is the streams swapped (no tensor of zeros is made or read).
-    return std::vector<Tensor>{ops::swap_streams(g[0]), need_f ? ops::channel_slice(g[0], 0, streams) : Tensor()};
+    // df is a view of dy's first stream, not a copy: F's last op is batch norm, which reads it in
+    // place (the engine packs it for any other, Node::accept_strided_gradients).
+    return std::vector<Tensor>{ops::swap_streams(g[0]), need_f ? g[0].slice(1, 0, streams) : Tensor()};
   });
 }
 

@@ -408,19 +408,34 @@ kernels::BatchNormShape check_batchnorm_forward(const Tensor& x, const Tensor& g
   return k;
 }
 
-// The backward's checks (y: the fused op's output, checked when given).
-kernels::BatchNormShape check_batchnorm_backward(const Tensor& x, const Tensor& y, const Tensor& dy,
-                                                 const Tensor& gamma, const BatchNormSaved& saved,
-                                                 const Tensor& dgamma, const Tensor& dbeta, const Tensor& dx_sum,
-                                                 const char* op) {
+// dy as the backward's kernels read it: contiguous, or a channel slice of a wider tensor (the
+// coupling's gradient for F), read in place on the CPU (k.dy_image_stride) and packed on a GPU.
+Tensor bn_gradient(const Tensor& dy, kernels::BatchNormShape& k, const char* op) {
+  if (dy.is_contiguous()) return dy;
+  PETRA_CHECK(is_channel_slice(dy), ShapeError, op, ": dy ", dy.str(), " must be contiguous or a channel slice");
+  if (!dy.device().is_cpu()) return dy.contiguous();
+  k.dy_image_stride = dy.stride(0);
+  return dy;
+}
+
+// The backward's checks (y: the fused op's output, checked when given), and dy as the kernels read it.
+std::pair<kernels::BatchNormShape, Tensor> check_batchnorm_backward(const Tensor& x, const Tensor& y,
+                                                                    const Tensor& dy_given, const Tensor& gamma,
+                                                                    const BatchNormSaved& saved, const Tensor& dgamma,
+                                                                    const Tensor& dbeta, const Tensor& dx_sum,
+                                                                    const char* op) {
   check_float(x, op, "x");
-  check_like(x, dy, op, "dy");
+  auto k = bn_shape(x, op);
+  check_float_dtype(dy_given, op, "dy");
+  const Tensor dy = bn_gradient(dy_given, k, op);
+  PETRA_CHECK(dy.dtype() == x.dtype(), ShapeError, op, ": dy is ", dy.str(), " but expected dtype ", name_of(x.dtype()));
+  PETRA_CHECK(dy.device() == x.device(), DeviceError, op, ": dy is on ", dy.device().str(), ", expected ",
+              x.device().str());
   require_same_shape(x, dy, op);
   if (y.defined()) {
     check_like(x, y, op, "y");
     require_same_shape(x, y, op);
   }
-  const auto k = bn_shape(x, op);
   const Shape per_channel{k.channels};
   for (const Tensor* t : {&gamma, &saved.mean, &saved.invstd, &dgamma, &dbeta}) {
     check_like(x, *t, op, "per-channel tensor");
@@ -430,7 +445,7 @@ kernels::BatchNormShape check_batchnorm_backward(const Tensor& x, const Tensor& 
     check_like(x, dx_sum, op, "dx_sum");
     check_shape(dx_sum, per_channel, op, "dx_sum");
   }
-  return k;
+  return {k, dy};
 }
 }  // namespace
 
@@ -451,9 +466,10 @@ Tensor batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& bet
   return y;
 }
 
-Tensor batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const BatchNormSaved& saved,
+Tensor batchnorm_backward(const Tensor& x, const Tensor& dy_given, const Tensor& gamma, const BatchNormSaved& saved,
                           const Tensor& dgamma, const Tensor& dbeta, const Tensor& dx_sum) {
-  const auto k = check_batchnorm_backward(x, Tensor(), dy, gamma, saved, dgamma, dbeta, dx_sum, "batch_norm_backward");
+  const auto [k, dy] =
+      check_batchnorm_backward(x, Tensor(), dy_given, gamma, saved, dgamma, dbeta, dx_sum, "batch_norm_backward");
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
   if (dx_sum.defined() && !use_cudnn(x)) {
@@ -485,12 +501,12 @@ Tensor batchnorm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor
   return y;
 }
 
-Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& gamma,
+Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& dy_given, const Tensor& gamma,
                                const BatchNormSaved& saved, const Tensor& dgamma, const Tensor& dbeta,
                                const Tensor& dx_sum) {
   const char* op = "batch_norm_relu_backward";
   PETRA_CHECK(y.defined(), ValueError, op, ": needs y, the fused forward's output (the ReLU mask)");
-  const auto k = check_batchnorm_backward(x, y, dy, gamma, saved, dgamma, dbeta, dx_sum, op);
+  const auto [k, dy] = check_batchnorm_backward(x, y, dy_given, gamma, saved, dgamma, dbeta, dx_sum, op);
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
   if (dx_sum.defined() && !use_cudnn(x)) {

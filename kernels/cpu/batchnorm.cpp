@@ -117,15 +117,15 @@ inline float incoming_gradient(const float* y, const float* dy, std::int64_t k) 
 }
 
 // sum[i] += dy and centered[i] += dy * (x - mean[i]) over G samples (dy masked with y when Relu;
-// y is unused otherwise).
+// y is unused otherwise). x and y step `pitch` floats from sample to sample, dy `dy_pitch`.
 template <int G, bool Relu>
-void add_gradient_sums(const float* x, const float* y, const float* dy, std::int64_t pitch,
+void add_gradient_sums(const float* x, const float* y, const float* dy, std::int64_t pitch, std::int64_t dy_pitch,
                        const float* mean, float* sum, float* centered, std::int64_t length) {
 #pragma omp simd
   for (std::int64_t i = 0; i < length; ++i) {
     float s = 0, c = 0;
     for (int g = 0; g < G; ++g) {
-      const float d = incoming_gradient<Relu>(y, dy, g * pitch + i);
+      const float d = Relu ? relu_masked(y[g * pitch + i], dy[g * dy_pitch + i]) : dy[g * dy_pitch + i];
       s += d;
       c += d * (x[g * pitch + i] - mean[i]);
     }
@@ -291,7 +291,7 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
     float a, b, k, mean;
   };
   std::vector<GradientMap> maps(shape.channels);
-  const std::int64_t plane = shape.plane(), pitch = shape.channels * plane;
+  const std::int64_t plane = shape.plane(), pitch = shape.channels * plane, dy_pitch = shape.dy_sample_stride();
   const double count = double(shape.values_per_channel());
 
   parallel_for(blocks, blocks, [&](std::int64_t p) {
@@ -304,8 +304,8 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
     std::fill(dy_centered_sum + first, dy_centered_sum + first + length, 0.f);
     for_sample_groups(shape, [&](std::int64_t n, auto group) {
       const std::int64_t at = n * pitch + first;
-      add_gradient_sums<decltype(group)::value, Relu>(x + at, Relu ? y + at : nullptr, dy + at,
-                                                      pitch, mean + first, dy_sum + first,
+      add_gradient_sums<decltype(group)::value, Relu>(x + at, Relu ? y + at : nullptr, dy + n * dy_pitch + first,
+                                                      pitch, dy_pitch, mean + first, dy_sum + first,
                                                       dy_centered_sum + first, length);
     });
 
@@ -332,7 +332,7 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
         const GradientMap m = maps[c];
         const float* xs = x + run_start(shape, n, c);
         const float* ys = Relu ? y + run_start(shape, n, c) : nullptr;
-        const float* dys = dy + run_start(shape, n, c);
+        const float* dys = dy + n * dy_pitch + c * plane;
         float* dxs = dx + run_start(shape, n, c);
         if (!dx_sum) {
 #pragma omp simd

@@ -12,6 +12,10 @@ namespace {
 std::int64_t at(const BatchNormShape& shape, std::int64_t n, std::int64_t c, std::int64_t i) {
   return (n * shape.channels + c) * shape.plane() + i;
 }
+// The same value's index in dy (BatchNormShape::dy_image_stride).
+std::int64_t at_dy(const BatchNormShape& shape, std::int64_t n, std::int64_t c, std::int64_t i) {
+  return n * shape.dy_sample_stride() + c * shape.plane() + i;
+}
 
 }  // namespace
 
@@ -70,15 +74,15 @@ void batchnorm_backward(const StreamHandle&, const BatchNormShape& shape, const 
     double sum_dy = 0, sum_dy_xhat = 0;
     for (std::int64_t n = 0; n < shape.batch; ++n)
       for (std::int64_t i = 0; i < shape.plane(); ++i) {
-        const std::int64_t k = at(shape, n, c, i);
-        sum_dy += dy[k];
-        sum_dy_xhat += dy[k] * (x[k] - mean) * invstd;
+        const std::int64_t k = at(shape, n, c, i), kd = at_dy(shape, n, c, i);
+        sum_dy += dy[kd];
+        sum_dy_xhat += dy[kd] * (x[k] - mean) * invstd;
       }
     for (std::int64_t n = 0; n < shape.batch; ++n)
       for (std::int64_t i = 0; i < shape.plane(); ++i) {
         const std::int64_t k = at(shape, n, c, i);
         const double xhat = (x[k] - mean) * invstd;
-        dx[k] = T(double(gamma[c]) * invstd * (dy[k] - sum_dy / count - xhat * sum_dy_xhat / count));
+        dx[k] = T(double(gamma[c]) * invstd * (dy[at_dy(shape, n, c, i)] - sum_dy / count - xhat * sum_dy_xhat / count));
       }
     dgamma[c] = T(dgamma[c] + sum_dy_xhat);
     dbeta[c] = T(dbeta[c] + sum_dy);
@@ -111,8 +115,15 @@ void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape,
                              const T* y, const T* dy, const T* gamma, const T* saved_mean,
                              const T* saved_invstd, T* dx, T* dgamma, T* dbeta) {
   std::vector<T> dy_masked(static_cast<std::size_t>(shape.size()));
-  for (std::int64_t k = 0; k < shape.size(); ++k) dy_masked[std::size_t(k)] = relu_masked(y[k], dy[k]);
-  batchnorm_backward(s, shape, x, dy_masked.data(), gamma, saved_mean, saved_invstd, dx, dgamma,
+  for (std::int64_t n = 0; n < shape.batch; ++n)
+    for (std::int64_t c = 0; c < shape.channels; ++c)
+      for (std::int64_t i = 0; i < shape.plane(); ++i) {
+        const std::int64_t k = at(shape, n, c, i);
+        dy_masked[std::size_t(k)] = relu_masked(y[k], dy[at_dy(shape, n, c, i)]);
+      }
+  BatchNormShape packed = shape;
+  packed.dy_image_stride = 0;
+  batchnorm_backward(s, packed, x, dy_masked.data(), gamma, saved_mean, saved_invstd, dx, dgamma,
                      dbeta);
 }
 
