@@ -591,3 +591,52 @@ TEST_CASE("batchnorm: the summed backwards write the same dx and add its per-cha
     }
 }
 
+
+TEST_CASE("batchnorm: the backwards read dy as a channel slice of a wider tensor, with the bits of the packed dy") {
+  pk::HeapWorkspace workspace;
+  pk::StreamHandle s;
+  s.num_threads = 2;
+  s.workspace = &workspace;
+  std::uint64_t seed = 1300;
+  for (const bool relu : {false, true})
+    for (const auto& shape : kShapes) {
+      INFO(describe(shape), " relu=", relu);
+      TrainCase<float> c(shape, seed);
+      seed += 5;
+      pk::ref::batchnorm_relu_forward_train<float>(s, shape, kEps, kMomentum, c.x.data(), c.gamma.data(),
+                                                   c.beta.data(), c.y.data(), c.mean.data(), c.invstd.data(),
+                                                   nullptr, nullptr);
+      // dy: channels [C, 2C) of a (batch, 3C, H, W) tensor; packed: the same values alone.
+      const std::int64_t per_sample = shape.channels * shape.plane();
+      const auto wide = random_values<float>(3 * shape.size(), seed++);
+      std::vector<float> packed(shape.size());
+      for (std::int64_t n = 0; n < shape.batch; ++n)
+        std::copy_n(wide.begin() + (3 * n + 1) * per_sample, per_sample, packed.begin() + n * per_sample);
+      pk::BatchNormShape strided = shape;
+      strided.dy_image_stride = 3 * per_sample;
+      const float* dy_view = wide.data() + per_sample;
+      for (const bool cpu : {true, false}) {
+        CAPTURE(cpu);
+        std::vector<float> dx_a(shape.size()), dx_b(shape.size()), dg_a(shape.channels, 0.f), dg_b = dg_a,
+            db_a = dg_a, db_b = dg_a;
+        auto run = [&](const pk::BatchNormShape& sh, const float* dy, float* dx, float* dg, float* db) {
+          if (cpu && relu)
+            pk::cpu::batchnorm_relu_backward(s, sh, c.x.data(), c.y.data(), dy, c.gamma.data(), c.mean.data(),
+                                             c.invstd.data(), dx, dg, db);
+          else if (cpu)
+            pk::cpu::batchnorm_backward(s, sh, c.x.data(), dy, c.gamma.data(), c.mean.data(), c.invstd.data(), dx, dg, db);
+          else if (relu)
+            pk::ref::batchnorm_relu_backward<float>(s, sh, c.x.data(), c.y.data(), dy, c.gamma.data(), c.mean.data(),
+                                                    c.invstd.data(), dx, dg, db);
+          else
+            pk::ref::batchnorm_backward<float>(s, sh, c.x.data(), dy, c.gamma.data(), c.mean.data(), c.invstd.data(),
+                                               dx, dg, db);
+        };
+        run(shape, packed.data(), dx_a.data(), dg_a.data(), db_a.data());
+        run(strided, dy_view, dx_b.data(), dg_b.data(), db_b.data());
+        CHECK(dx_b == dx_a);
+        CHECK(dg_b == dg_a);
+        CHECK(db_b == db_a);
+      }
+    }
+}
