@@ -125,7 +125,7 @@ void add_gradient_sums(const float* x, const float* y, const float* dy, std::int
   for (std::int64_t i = 0; i < length; ++i) {
     float s = 0, c = 0;
     for (int g = 0; g < G; ++g) {
-      const float d = Relu ? relu_masked(y[g * pitch + i], dy[g * dy_pitch + i]) : dy[g * dy_pitch + i];
+      const float d = incoming_gradient<Relu>(Relu ? y + g * pitch : nullptr, dy + g * dy_pitch, i);
       s += d;
       c += d * (x[g * pitch + i] - mean[i]);
     }

@@ -355,3 +355,19 @@ TEST_CASE("a gradient piece that does not fit its input is a clear error") {
   CHECK_THROWS_AS(petra::backward(outputs, seeds), ShapeError);
   CHECK_THROWS_AS(y.grad_fn()->set_channel_piece(0, 4), ValueError);
 }
+
+TEST_CASE("a view returned as a gradient is packed before a node that does not read views") {
+  // concat_channels' backward returns channel views of its gradient; a convolution's backward needs
+  // a contiguous gradient (a ShapeError otherwise), so the engine must pack the view before it
+  // (Node::accept_strided_gradients).
+  // Two samples: a channel slice of one sample would be contiguous.
+  const Variable a(Tensor::from_vector<float>({2, 1, 1, 2}, {1, -1, 0, 1}), true);
+  const Variable w(Tensor::from_vector<float>({1, 1, 1, 1}, {2}), true);
+  const Variable b(Tensor::from_vector<float>({2, 1, 1, 2}, {2, -2, 3, 4}), true);
+  const Variable parts[] = {conv2d(a, w, Variable(), Conv2dOptions{}), relu(b)};
+  const Variable y = concat_channels(parts);
+  y.backward(Tensor::from_vector<float>({2, 2, 1, 2}, {10, 20, 30, 40, 50, 60, 70, 80}));
+  CHECK(a.grad().to_vector<float>() == std::vector<float>{20, 40, 100, 120});
+  CHECK(w.grad().to_vector<float>() == std::vector<float>{10 - 20 + 60});
+  CHECK(b.grad().to_vector<float>() == std::vector<float>{30, 0, 70, 80});
+}
