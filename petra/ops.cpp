@@ -315,7 +315,7 @@ profile::DetailTimer conv_pass_timer(const kernels::Conv2dShape& k, const char* 
                         std::to_string(k.in_channels) + "->" + std::to_string(k.out_channels) + " @" +
                         std::to_string(k.in_h);
     if (k.stride_h != 1) label += " s" + std::to_string(k.stride_h);
-    return std::pair{label + " " + pass, double(k.flops())};
+    return profile::DetailCost{label + " " + pass, double(k.flops()), 0};
   });
 }
 }  // namespace
@@ -449,11 +449,26 @@ std::pair<kernels::BatchNormShape, Tensor> check_batchnorm_backward(const Tensor
 }
 }  // namespace
 
+namespace {
+// The detail row of one batch norm in petra-train --profile's second table ("bn+relu 16 @28 fwd"),
+// with the bytes its kernel's passes move: `streams` tensors of the batch norm's size read or written
+// (training forward: x twice and y; backward: x and dy twice and dx, and y twice with the ReLU).
+profile::DetailTimer batchnorm_timer(const kernels::BatchNormShape& k, const char* kind, const char* pass,
+                                     int streams) {
+  return profile::DetailTimer([&] {
+    const std::string label = std::string(kind) + " " + std::to_string(k.channels) + " @" + std::to_string(k.height) +
+                              " " + pass;
+    return profile::DetailCost{label, 0, double(streams) * double(k.size()) * sizeof(float)};
+  });
+}
+}  // namespace
+
 Tensor batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                          const Tensor& running_var, const BatchNormOptions& o, BatchNormSaved* saved) {
   const auto k = check_batchnorm_forward(x, gamma, beta, running_mean, running_var, o, saved, "batch_norm");
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
+  const auto timer = batchnorm_timer(k, "bn", o.training ? "fwd" : "eval", o.training ? 3 : 2);
   if (o.training) {
     PETRA_CALL_CONV_IMPL(BATCHNORM, x, batchnorm_forward_train, s, k, o.eps, o.momentum, x.data_ptr<T>(), gamma.data_ptr<T>(), beta.data_ptr<T>(),
                y.data_ptr<T>(), saved->mean.data_ptr<T>(), saved->invstd.data_ptr<T>(),
@@ -472,6 +487,7 @@ Tensor batchnorm_backward(const Tensor& x, const Tensor& dy_given, const Tensor&
       check_batchnorm_backward(x, Tensor(), dy_given, gamma, saved, dgamma, dbeta, dx_sum, "batch_norm_backward");
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
+  const auto timer = batchnorm_timer(k, "bn", "bwd", 5);
   if (dx_sum.defined() && !use_cudnn(x)) {
     PETRA_CALL(BATCHNORM, x, batchnorm_backward_summed, s, k, x.data_ptr<T>(), dy.data_ptr<T>(), gamma.data_ptr<T>(),
                saved.mean.data_ptr<T>(), saved.invstd.data_ptr<T>(), dx.data_ptr<T>(), dgamma.data_ptr<T>(),
@@ -489,6 +505,7 @@ Tensor batchnorm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor
   const auto k = check_batchnorm_forward(x, gamma, beta, running_mean, running_var, o, saved, "batch_norm_relu");
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
+  const auto timer = batchnorm_timer(k, "bn+relu", o.training ? "fwd" : "eval", o.training ? 3 : 2);
   if (o.training) {
     PETRA_CALL_CONV_IMPL(BATCHNORM, x, batchnorm_relu_forward_train, s, k, o.eps, o.momentum, x.data_ptr<T>(), gamma.data_ptr<T>(),
                          beta.data_ptr<T>(), y.data_ptr<T>(), saved->mean.data_ptr<T>(), saved->invstd.data_ptr<T>(),
@@ -509,6 +526,7 @@ Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& d
   const auto [k, dy] = check_batchnorm_backward(x, y, dy_given, gamma, saved, dgamma, dbeta, dx_sum, op);
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
+  const auto timer = batchnorm_timer(k, "bn+relu", "bwd", 7);
   if (dx_sum.defined() && !use_cudnn(x)) {
     PETRA_CALL(BATCHNORM, x, batchnorm_relu_backward_summed, s, k, x.data_ptr<T>(), y.data_ptr<T>(), dy.data_ptr<T>(),
                gamma.data_ptr<T>(), saved.mean.data_ptr<T>(), saved.invstd.data_ptr<T>(), dx.data_ptr<T>(),
@@ -998,6 +1016,8 @@ Tensor batchnorm_relu_coupling(kernels::CouplingDirection direction, const Tenso
   }
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   const auto& s = stream_for(z.device());
+  // z twice (training) or once, the other stream read and written, the moved stream copied
+  const auto timer = batchnorm_timer(k, "bn+relu+coupling", o.training ? "fwd" : "eval", o.training ? 6 : 5);
   if (o.training) {
     PETRA_CALL(BATCHNORM, z, batchnorm_relu_coupling_train, s, k, o.eps, o.momentum, direction, z.data_ptr<T>(),
                gamma.data_ptr<T>(), beta.data_ptr<T>(), a.data_ptr<T>(), out.data_ptr<T>(),

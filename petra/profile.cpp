@@ -27,6 +27,7 @@ void add_into(Totals& into, const Totals& from) {
     to.calls += d.calls;
     to.seconds += d.seconds;
     to.flops += d.flops;
+    to.bytes += d.bytes;
   }
 }
 
@@ -117,18 +118,18 @@ void OpTimer::end() {
 
 bool DetailTimer::in_phase() { return tls_current_phase != nullptr; }
 
-void DetailTimer::begin(std::string label, double flops) {
+void DetailTimer::begin(DetailCost cost) {
   active_ = true;
-  label_ = std::move(label);
-  flops_ = flops;
+  cost_ = std::move(cost);
   start_ = Clock::now();
 }
 
 void DetailTimer::end() {
-  Detail& d = mine().details[label_];
+  Detail& d = mine().details[cost_.label];
   d.seconds += seconds_since(start_);
   ++d.calls;
-  d.flops += flops_;
+  d.flops += cost_.flops;
+  d.bytes += cost_.bytes;
 }
 
 void PhaseTimer::begin() {
@@ -230,16 +231,25 @@ std::string format_table(const Totals& totals, double wall_seconds, std::int64_t
     for (int p = 0; p < kPhases; ++p) out += printed(" %14.3f", totals.stage_phase_seconds[s][p] * ms);
     out += "\n";
   }
-  if (totals.details.empty()) return out;
+  // Two tables, costliest row first: the convolutions with their GFLOP/s, the batch norms with the
+  // GB/s their passes move (a row is one or the other: DetailCost).
   std::vector<std::pair<std::string, Detail>> rows(totals.details.begin(), totals.details.end());
   std::stable_sort(rows.begin(), rows.end(),
                    [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
-  out += printed("  %-34s %10s %10s %10s %9s\n", "convolutions, costliest first", "calls/step", "ms/call", "ms/step",
-                 "GFLOP/s");
-  for (const auto& [label, d] : rows)
-    out += printed("  %-34s %10.1f %10.3f %10.3f %9.1f\n", label.c_str(), static_cast<double>(d.calls) / n,
-                   1e3 * d.seconds / static_cast<double>(std::max<std::int64_t>(d.calls, 1)), d.seconds * ms,
-                   d.flops / std::max(d.seconds, 1e-12) * 1e-9);
+  const auto table = [&](const char* title, const char* rate_name, bool memory_bound) {
+    bool titled = false;
+    for (const auto& [label, d] : rows) {
+      if ((d.bytes > 0) != memory_bound) continue;
+      if (!titled) out += printed("  %-34s %10s %10s %10s %9s\n", title, "calls/step", "ms/call", "ms/step", rate_name);
+      titled = true;
+      const double seconds = std::max(d.seconds, 1e-12);
+      out += printed("  %-34s %10.1f %10.3f %10.3f %9.1f\n", label.c_str(), static_cast<double>(d.calls) / n,
+                     1e3 * d.seconds / static_cast<double>(std::max<std::int64_t>(d.calls, 1)), d.seconds * ms,
+                     (memory_bound ? d.bytes : d.flops) / seconds * 1e-9);
+    }
+  };
+  table("convolutions, costliest first", "GFLOP/s", false);
+  table("batch norms, costliest first", "GB/s", true);
   return out;
 }
 

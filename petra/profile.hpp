@@ -136,22 +136,29 @@ class PhaseTimer {
 struct Detail {
   std::int64_t calls = 0;
   double seconds = 0;
-  double flops = 0;
+  double flops = 0;  // compute-bound rows (convolutions): the work of the calls
+  double bytes = 0;  // memory-bound rows (batch norms): the bytes their kernels' passes move
 };
 
-// Adds the wall time of its scope to the detail row named by describe(), which returns
-// std::pair<std::string, double>: the row's label and the call's flops. Used around each
-// convolution pass, labelled by its shape, so that a step's convolutions can be read layer by
-// layer and set against their time in isolation (bench-conv-shapes prints the same labels).
-// describe() runs only while profiling is on and the thread is in a phase: nothing is built
-// otherwise.
+// What DetailTimer's describe() returns: a row's label and one call's work.
+struct DetailCost {
+  std::string label;
+  double flops = 0;
+  double bytes = 0;
+};
+
+// Adds the wall time of its scope to the detail row named by describe(), which returns a
+// DetailCost: the row's label and the call's flops (convolutions) or bytes (batch norms). Used
+// around each convolution pass and batch norm, labelled by its shape, so that a step's layers can
+// be read one by one and set against their time in isolation (bench-conv-shapes prints the same
+// labels for the convolutions). describe() runs only while profiling is on and the thread is in a
+// phase: nothing is built otherwise.
 class DetailTimer {
  public:
   template <class Describe>
   explicit DetailTimer(Describe&& describe) {
     if (enabled() && in_phase()) {
-      auto [label, flops] = describe();
-      begin(std::move(label), flops);
+      begin(describe());
     }
   }
   ~DetailTimer() {
@@ -162,11 +169,10 @@ class DetailTimer {
 
  private:
   static bool in_phase();
-  void begin(std::string label, double flops);
+  void begin(DetailCost cost);
   void end();
   bool active_ = false;
-  std::string label_;
-  double flops_ = 0;
+  DetailCost cost_;
   Clock::time_point start_;
 };
 

@@ -92,23 +92,37 @@ TEST_CASE("--profile on a synchronous run: every family and phase, times consist
   // RevNet18: a stem, 8 blocks and the head, one stage each
   CHECK(r.totals.stage_phase_seconds.size() == 10);
   // The convolutions by pass and shape: every call of the three conv families is in one row, each
-  // row with its work, and a row's time includes its kernel's.
-  std::int64_t detail_calls = 0;
+  // row with its work, and a row's time includes its kernel's. The batch norms likewise, each row
+  // with the bytes its passes move.
+  std::int64_t detail_calls = 0, batchnorm_calls = 0;
   double detail_seconds = 0;
   for (const auto& [label, d] : r.totals.details) {
     INFO(label);
+    CHECK(d.calls > 0);
+    if (label.starts_with("bn")) {
+      const bool pass_named = label.ends_with(" fwd") || label.ends_with(" bwd");
+      CHECK(pass_named);
+      CHECK(d.bytes > 0);
+      CHECK(d.flops == 0);
+      batchnorm_calls += d.calls;
+      continue;
+    }
     const bool pass_named = label.ends_with(" fwd") || label.ends_with(" bwd-data") || label.ends_with(" bwd-weight");
     CHECK(pass_named);
-    CHECK(d.calls > 0);
     CHECK(d.flops > 0);
+    CHECK(d.bytes == 0);
     detail_calls += d.calls;
     detail_seconds += d.seconds;
   }
   CHECK(r.totals.details.contains("1x1 4->8 @32 s2 fwd"));  // the first transition's projection
+  CHECK(r.totals.details.contains("bn+relu 4 @32 bwd"));     // the first block's F
   CHECK(detail_calls == calls_of(r.totals, Family::conv2d_forward) + calls_of(r.totals, Family::conv2d_backward_data) +
                             calls_of(r.totals, Family::conv2d_backward_weight));
   CHECK(detail_seconds >= ops_of(r.totals, Family::conv2d_forward) + ops_of(r.totals, Family::conv2d_backward_data) +
                               ops_of(r.totals, Family::conv2d_backward_weight));
+  // every batch norm kernel call is in a row (the family also counts the parameter-free bn_gradient)
+  CHECK(batchnorm_calls > 0);
+  CHECK(batchnorm_calls <= calls_of(r.totals, Family::batchnorm));
   CHECK_FALSE(profile::enabled());  // switched off again when run() returns
 }
 
