@@ -285,6 +285,35 @@ void add_batchnorm_cases(std::vector<Case>& cases, const k::StreamHandle& s, std
                                                             big->dx.data(), big->dgamma.data(), big->dbeta.data(),
                                                             channel_sums->data());
                    }});
+  // The same summed backward with the mask from x and the forward's map (petra's default on the CPU):
+  // y is not read. Validated against the fused backward with y, whose bits it must have.
+  auto affine = std::make_shared<Buffer>(3 * full.channels);
+  k::cpu::batchnorm_relu_forward_train_mapped(s, full, 1e-5, 0.1, big->x.data(), big->gamma.data(), big->beta.data(),
+                                              big->y.data(), big->mean.data(), big->invstd.data(), nullptr, nullptr,
+                                              affine->data());
+  cases.push_back({"bn+relu mapped bwd summed " + shape, "memory", 0, 3 * n,
+                   [=] {
+                     auto a = make(small);
+                     Buffer map(3 * small.channels), sums(small.channels, 0.f), sums_y(small.channels, 0.f);
+                     k::cpu::batchnorm_relu_forward_train_mapped(s, small, 1e-5, 0.1, a->x.data(), a->gamma.data(),
+                                                                 a->beta.data(), a->y.data(), a->mean.data(),
+                                                                 a->invstd.data(), nullptr, nullptr, map.data());
+                     auto r = std::make_shared<Buffers>(*a);
+                     k::cpu::batchnorm_relu_backward_mapped(s, small, a->x.data(), map.data(), a->dy.data(),
+                                                            a->gamma.data(), a->mean.data(), a->invstd.data(),
+                                                            a->dx.data(), a->dgamma.data(), a->dbeta.data(), sums.data());
+                     k::cpu::batchnorm_relu_backward_summed(s, small, r->x.data(), r->y.data(), r->dy.data(),
+                                                            r->gamma.data(), r->mean.data(), r->invstd.data(),
+                                                            r->dx.data(), r->dgamma.data(), r->dbeta.data(),
+                                                            sums_y.data());
+                     return a->dx == r->dx ? 0.0 : 1.0;
+                   },
+                   [=] {
+                     k::cpu::batchnorm_relu_backward_mapped(s, full, big->x.data(), affine->data(), big->dy.data(),
+                                                            big->gamma.data(), big->mean.data(), big->invstd.data(),
+                                                            big->dx.data(), big->dgamma.data(), big->dbeta.data(),
+                                                            channel_sums->data());
+                   }});
   cases.push_back({"bn+relu fused bwd, then bias pass " + shape, "memory", 0, 4 * n,
                    [=] { return 0.0; },
                    [=] {

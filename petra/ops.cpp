@@ -113,6 +113,15 @@ void check_shape(const Tensor& t, const Shape& expected, const char* op, const c
 #define PETRA_CALL_INTO(result, FAMILY, tensor, NAME, ...) \
   PETRA_DISPATCH(result =, FAMILY, tensor, NAME, __VA_ARGS__)
 
+// A kernel that only kernels::cpu has, in float (the caller has checked the device and dtype),
+// timed as PETRA_CALL times every kernel.
+#define PETRA_CPU_FLOAT_CALL(FAMILY, NAME, ...)                                            \
+  do {                                                                                    \
+    static constexpr profile::Family kProfileFamily = profile::family_of(#FAMILY, #NAME); \
+    const profile::OpTimer profile_timer(kProfileFamily);                                 \
+    kernels::cpu::NAME(__VA_ARGS__);                                                      \
+  } while (0)
+
 // Conv2d and batch norm: on a GPU with set_conv_impl(ConvImpl::cudnn), kernels::cudnn::NAME (same
 // arguments as kernels::cuda::NAME); otherwise PETRA_CALL. cuDNN exists only in builds with it, and
 // set_conv_impl refuses cudnn elsewhere, so use_cudnn is then always false.
@@ -450,6 +459,11 @@ std::pair<kernels::BatchNormShape, Tensor> check_batchnorm_backward(const Tensor
 }  // namespace
 
 namespace {
+// Whether the fused batch norm + ReLU keeps its forward's map and takes the backward's mask from x
+// (kernels::cpu::batchnorm_relu_*_mapped): the CPU kernels in float. The GPUs and double (ref::)
+// read y.
+bool maps_relu_mask(const Tensor& x) { return x.device().is_cpu() && x.dtype() == DType::f32; }
+
 // The detail row of one batch norm in petra-train --profile's second table ("bn+relu 16 @28 fwd"),
 // with the bytes its kernel's passes move: `streams` tensors of the batch norm's size read or written
 // (training forward: x twice and y; backward: x and dy twice and dx, and y twice with the ReLU).
@@ -506,6 +520,14 @@ Tensor batchnorm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
   const auto timer = batchnorm_timer(k, "bn+relu", o.training ? "fwd" : "eval", o.training ? 3 : 2);
+  if (o.training && maps_relu_mask(x)) {
+    saved->affine = Tensor::empty({3 * k.channels}, x.dtype(), x.device());
+    PETRA_CPU_FLOAT_CALL(BATCHNORM, batchnorm_relu_forward_train_mapped, s, k, o.eps, o.momentum, x.data_ptr<float>(),
+               gamma.data_ptr<float>(), beta.data_ptr<float>(), y.data_ptr<float>(), saved->mean.data_ptr<float>(),
+               saved->invstd.data_ptr<float>(), running_mean.defined() ? running_mean.data_ptr<float>() : nullptr,
+               running_var.defined() ? running_var.data_ptr<float>() : nullptr, saved->affine.data_ptr<float>());
+    return y;
+  }
   if (o.training) {
     PETRA_CALL_CONV_IMPL(BATCHNORM, x, batchnorm_relu_forward_train, s, k, o.eps, o.momentum, x.data_ptr<T>(), gamma.data_ptr<T>(),
                          beta.data_ptr<T>(), y.data_ptr<T>(), saved->mean.data_ptr<T>(), saved->invstd.data_ptr<T>(),
@@ -526,6 +548,17 @@ Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& d
   const auto [k, dy] = check_batchnorm_backward(x, y, dy_given, gamma, saved, dgamma, dbeta, dx_sum, op);
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto& s = stream_for(x.device());
+  if (saved.affine.defined() && maps_relu_mask(x)) {
+    check_like(x, saved.affine, op, "saved.affine");
+    check_shape(saved.affine, {3 * k.channels}, op, "saved.affine");
+    const auto timer = batchnorm_timer(k, "bn+relu", "bwd", 5);  // y is not read
+    PETRA_CPU_FLOAT_CALL(BATCHNORM, batchnorm_relu_backward_mapped, s, k, x.data_ptr<float>(),
+               saved.affine.data_ptr<float>(), dy.data_ptr<float>(), gamma.data_ptr<float>(),
+               saved.mean.data_ptr<float>(), saved.invstd.data_ptr<float>(), dx.data_ptr<float>(),
+               dgamma.data_ptr<float>(), dbeta.data_ptr<float>(),
+               dx_sum.defined() ? dx_sum.data_ptr<float>() : nullptr);
+    return dx;
+  }
   const auto timer = batchnorm_timer(k, "bn+relu", "bwd", 7);
   if (dx_sum.defined() && !use_cudnn(x)) {
     PETRA_CALL(BATCHNORM, x, batchnorm_relu_backward_summed, s, k, x.data_ptr<T>(), y.data_ptr<T>(), dy.data_ptr<T>(),

@@ -85,6 +85,10 @@ void conv2d_backward_bias(const Tensor& dy, const Tensor& db);                  
 // batch norm 2d. Training: batch statistics, running statistics updated in place (if defined).
 struct BatchNormSaved {
   Tensor mean, invstd;  // per channel, for the backward
+  // The fused batch norm + ReLU's training forward on the CPU in float: the per-channel map it
+  // applied (3 floats a channel, kernels::cpu::batchnorm_relu_forward_train_mapped), from which its
+  // backward recomputes the ReLU's mask from x, bit for bit y > 0, instead of reading y.
+  Tensor affine;
 };
 Tensor batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                          const Tensor& running_var, const BatchNormOptions& o, BatchNormSaved* saved);
@@ -95,7 +99,8 @@ Tensor batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma
                           const Tensor& dgamma, const Tensor& dbeta, const Tensor& dx_sum = {});
 // batch norm then ReLU, fused (kernels/batchnorm.hpp): relu(batchnorm_forward(...)) in one op, with
 // the same arguments and running-statistics rule. The backward takes y, the fused forward's output,
-// for the ReLU mask (y > 0).
+// for the ReLU mask (y > 0); where the forward saved its map (saved.affine: CPU, float), the backward
+// takes the mask from x and the map instead and does not read y.
 Tensor batchnorm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                               const Tensor& running_var, const BatchNormOptions& o, BatchNormSaved* saved);
 Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& gamma,

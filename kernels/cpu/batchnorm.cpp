@@ -17,6 +17,11 @@
 // its forward applies the ReLU in pass 2 as it writes y; its backward reads y beside dy and masks
 // dy (y > 0) where passes 1 and 2 load it. No pass is added, and the unfused ReLU's passes (one
 // over the output forward, one over dy and y backward, each with a tensor of its own) are gone.
+// The mapped pair (batchnorm_relu_*_mapped, what ops uses on the CPU) goes one step further: the
+// forward also saves the per-channel map it applied (float mean, scale, bias), and the backward
+// applies it to x again instead of reading y: the same fma on the same floats, so the same mask
+// bit for bit, and two tensors read per value in each pass instead of three (in a training step,
+// where every input comes from DRAM, 12-24% of the backward: docs/results-cpu.md §1).
 // The coupling fused with F's last batch norm + ReLU (batchnorm_relu_coupling_*) is the forward
 // with another destination for pass 2 (CouplingOutput): the run of f it computes is added into,
 // or subtracted from, the run of the other stream, and the moved stream is copied beside it.
@@ -53,12 +58,15 @@ struct SampleArrays {
   float* first;
   float* second;
   float* third;
+  float* fourth;  // with count 5 only (the mapped backward's forward scale and bias)
+  float* fifth;
 };
 
-SampleArrays sample_arrays(const StreamHandle& s, const BatchNormShape& shape) {
+SampleArrays sample_arrays(const StreamHandle& s, const BatchNormShape& shape, int count = 3) {
   const std::int64_t pitch = shape.channels * shape.plane() + 256;
-  float* base = static_cast<float*>(s.scratch(sizeof(float) * 3 * pitch));
-  return {base, base + pitch, base + 2 * pitch};
+  float* base = static_cast<float*>(s.scratch(sizeof(float) * count * pitch));
+  return {base, base + pitch, base + 2 * pitch, count > 3 ? base + 3 * pitch : nullptr,
+          count > 4 ? base + 4 * pitch : nullptr};
 }
 
 // The first float of sample n, channel c.
@@ -109,25 +117,46 @@ void add_moments(const float* x, std::int64_t pitch, const float* shift, float* 
   }
 }
 
-// The gradient that reaches batch norm: dy, or with the fused ReLU dy masked by y > 0.
-template <bool Relu>
-inline float incoming_gradient(const float* y, const float* dy, std::int64_t k) {
-  if constexpr (Relu) return relu_masked(y[k], dy[k]);
-  else return dy[k];
+// Where a backward's ReLU mask comes from: none (plain batch norm); y > 0, the fused forward's
+// output; or the forward's map applied to x again (the mapped backward): the same fma on the same
+// floats, so the same bits and the same mask as y > 0, without reading y.
+enum class Mask { none, from_y, from_x };
+
+// The gradient that reaches batch norm at one value: dy, or with the fused ReLU dy where it passed.
+// y is read only from_y; x, mean, scale and bias (the forward's map) only from_x.
+template <Mask M>
+inline float incoming_gradient(float dy, float y, float x, float mean, float scale, float bias) {
+  if constexpr (M == Mask::from_y) return relu_masked(y, dy);
+  else if constexpr (M == Mask::from_x) return std::fma(x - mean, scale, bias) > 0.0f ? dy : 0.0f;
+  else return dy;
 }
 
-// sum[i] += dy and centered[i] += dy * (x - mean[i]) over G samples (dy masked with y when Relu;
-// y is unused otherwise). x and y step `pitch` floats from sample to sample, dy `dy_pitch`.
-template <int G, bool Relu>
+// Per-position arrays of one sample (block part) for pass 1: the mean, and from_x the forward's
+// scale and bias (its mean is `mean`: both are float(mean)).
+struct PositionMaps {
+  const float* mean;
+  const float* scale;
+  const float* bias;
+};
+
+// sum[i] += dy and centered[i] += dy * (x - mean[i]) over G samples, dy masked as M says (y is
+// unused unless from_y). x and y step `pitch` floats from sample to sample, dy `dy_pitch`.
+template <int G, Mask M>
 void add_gradient_sums(const float* x, const float* y, const float* dy, std::int64_t pitch, std::int64_t dy_pitch,
-                       const float* mean, float* sum, float* centered, std::int64_t length) {
+                       PositionMaps maps, float* sum, float* centered, std::int64_t length) {
+  const float* mean = maps.mean;
+  const float* scale = maps.scale;
+  const float* bias = maps.bias;
 #pragma omp simd
   for (std::int64_t i = 0; i < length; ++i) {
     float s = 0, c = 0;
     for (int g = 0; g < G; ++g) {
-      const float d = incoming_gradient<Relu>(Relu ? y + g * pitch : nullptr, dy + g * dy_pitch, i);
+      const float xv = x[g * pitch + i];
+      const float d = incoming_gradient<M>(dy[g * dy_pitch + i], M == Mask::from_y ? y[g * pitch + i] : 0.0f, xv,
+                                           mean[i], M == Mask::from_x ? scale[i] : 0.0f,
+                                           M == Mask::from_x ? bias[i] : 0.0f);
       s += d;
-      c += d * (x[g * pitch + i] - mean[i]);
+      c += d * (xv - mean[i]);
     }
     sum[i] += s;
     centered[i] += c;
@@ -146,8 +175,9 @@ AffineMap affine_map(double mean, double scale, double beta) {
   return {mean_f, float(scale), float(beta - (mean - double(mean_f)) * scale)};
 }
 
-// BN(x) at one value, as every forward's pass 2 computes it.
-inline float normalised(float x, const AffineMap& m) { return (x - m.mean) * m.scale + m.bias; }
+// BN(x) at one value, as every forward's pass 2 computes it: an explicit fma, so that the mapped
+// backward's mask (Mask::from_x) computes the same bits.
+inline float normalised(float x, const AffineMap& m) { return std::fma(x - m.mean, m.scale, m.bias); }
 
 // Where a forward's pass 2 writes sample n's channels [c0, c1) (`x`: the input, `maps`: per channel).
 // TensorOutput: y itself, BN(x) or with the fused ReLU relu(BN(x)).
@@ -215,7 +245,7 @@ template <class Output>
 void forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
                    double momentum, const float* x, const float* gamma, const float* beta,
                    const Output& output, float* saved_mean, float* saved_invstd,
-                   float* running_mean, float* running_var) {
+                   float* running_mean, float* running_var, float* saved_affine = nullptr) {
   use_threads(s);
   const int blocks = channel_blocks(s, shape);
   // Named pointers, not a structured binding: clang before 16 cannot capture one in a lambda.
@@ -247,6 +277,11 @@ void forward_train(const StreamHandle& s, const BatchNormShape& shape, double ep
       const double mean = x[c * plane] + mean_shifted;
       const double invstd = 1.0 / std::sqrt(var + eps);
       maps[c] = affine_map(mean, double(gamma[c]) * invstd, beta[c]);
+      if (saved_affine) {
+        saved_affine[3 * c] = maps[c].mean;
+        saved_affine[3 * c + 1] = maps[c].scale;
+        saved_affine[3 * c + 2] = maps[c].bias;
+      }
       saved_mean[c] = float(mean);
       saved_invstd[c] = float(invstd);
       const double unbiased_var = count > 1 ? var * count / (count - 1) : var;
@@ -273,22 +308,28 @@ void forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps
   });
 }
 
-// y is the fused forward's output when Relu (the mask), unused otherwise. dx_sum, when not null,
+// y is the fused forward's output when from_y (the mask), unused otherwise. dx_sum, when not null,
 // gets += the per-channel sum of dx, taken in pass 2 as dx is written (float sums over the batch
 // per position, then a double total per channel, as pass 1's sums).
-template <bool Relu>
+//
+// M says where the ReLU's mask comes from: y (from_y), or from_x the forward's maps in `affine`
+// (3 floats per channel, batchnorm_relu_forward_train_mapped); y is then not read.
+template <Mask M>
 void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x, const float* y,
               const float* dy, const float* gamma, const float* saved_mean,
               const float* saved_invstd, float* dx, float* dgamma, float* dbeta,
-              float* dx_sum = nullptr) {
+              float* dx_sum = nullptr, const float* affine = nullptr) {
   use_threads(s);
   const int blocks = channel_blocks(s, shape);
-  const SampleArrays arrays = sample_arrays(s, shape);  // named pointers: see batchnorm_forward_train
+  // named pointers: see batchnorm_forward_train
+  const SampleArrays arrays = sample_arrays(s, shape, M == Mask::from_x ? 5 : 3);
   float* const mean = arrays.first;
   float* const dy_sum = arrays.second;
   float* const dy_centered_sum = arrays.third;
+  float* const forward_scale = arrays.fourth;
+  float* const forward_bias = arrays.fifth;
   struct GradientMap {
-    float a, b, k, mean;
+    float a, b, k, mean, forward_scale, forward_bias;
   };
   std::vector<GradientMap> maps(shape.channels);
   const std::int64_t plane = shape.plane(), pitch = shape.channels * plane, dy_pitch = shape.dy_sample_stride();
@@ -298,15 +339,21 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
     const std::int64_t c0 = share(shape.channels, p, blocks), c1 = share(shape.channels, p + 1, blocks);
     const std::int64_t first = c0 * plane, length = (c1 - c0) * plane;
 
-    // Pass 1: sum(dy) and sum(dy * (x - mean)), dy masked when Relu.
+    // Pass 1: sum(dy) and sum(dy * (x - mean)), dy masked as M says.
     fill_per_channel(shape, c0, c1, mean, [&](std::int64_t c) { return saved_mean[c]; });
+    if constexpr (M == Mask::from_x) {
+      fill_per_channel(shape, c0, c1, forward_scale, [&](std::int64_t c) { return affine[3 * c + 1]; });
+      fill_per_channel(shape, c0, c1, forward_bias, [&](std::int64_t c) { return affine[3 * c + 2]; });
+    }
+    const PositionMaps position_maps{mean + first, M == Mask::from_x ? forward_scale + first : nullptr,
+                                     M == Mask::from_x ? forward_bias + first : nullptr};
     std::fill(dy_sum + first, dy_sum + first + length, 0.f);
     std::fill(dy_centered_sum + first, dy_centered_sum + first + length, 0.f);
     for_sample_groups(shape, [&](std::int64_t n, auto group) {
       const std::int64_t at = n * pitch + first;
-      add_gradient_sums<decltype(group)::value, Relu>(x + at, Relu ? y + at : nullptr, dy + n * dy_pitch + first,
-                                                      pitch, dy_pitch, mean + first, dy_sum + first,
-                                                      dy_centered_sum + first, length);
+      add_gradient_sums<decltype(group)::value, M>(x + at, M == Mask::from_y ? y + at : nullptr,
+                                                   dy + n * dy_pitch + first, pitch, dy_pitch, position_maps,
+                                                   dy_sum + first, dy_centered_sum + first, length);
     });
 
     // dx = gamma*invstd*(dy - sum_dy/n - xhat*sum_dy_xhat/n) with xhat = (x - mean)*invstd,
@@ -318,8 +365,9 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
       const double scale = double(gamma[c]) * invstd;
       dgamma[c] += float(sum_dy_xhat);
       dbeta[c] += float(sum_dy);
-      maps[c] = {float(scale), float(-scale * invstd * sum_dy_xhat / count),
-                 float(-scale * sum_dy / count), saved_mean[c]};
+      maps[c] = {float(scale), float(-scale * invstd * sum_dy_xhat / count), float(-scale * sum_dy / count),
+                 saved_mean[c], M == Mask::from_x ? affine[3 * c + 1] : 0.0f,
+                 M == Mask::from_x ? affine[3 * c + 2] : 0.0f};
     }
 
     // Pass 2, last sample first (those are still in cache). With dx_sum, each dx value is also
@@ -331,19 +379,23 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
       for (std::int64_t c = c0; c < c1; ++c) {
         const GradientMap m = maps[c];
         const float* xs = x + run_start(shape, n, c);
-        const float* ys = Relu ? y + run_start(shape, n, c) : nullptr;
+        const float* ys = M == Mask::from_y ? y + run_start(shape, n, c) : nullptr;
         const float* dys = dy + n * dy_pitch + c * plane;
         float* dxs = dx + run_start(shape, n, c);
         if (!dx_sum) {
 #pragma omp simd
           for (std::int64_t i = 0; i < plane; ++i)
-            dxs[i] = m.a * incoming_gradient<Relu>(ys, dys, i) + m.b * (xs[i] - m.mean) + m.k;
+            dxs[i] = m.a * incoming_gradient<M>(dys[i], M == Mask::from_y ? ys[i] : 0.0f, xs[i], m.mean,
+                                                m.forward_scale, m.forward_bias) +
+                     m.b * (xs[i] - m.mean) + m.k;
           continue;
         }
         float* acc = dx_acc + c * plane;
 #pragma omp simd
         for (std::int64_t i = 0; i < plane; ++i) {
-          const float d = m.a * incoming_gradient<Relu>(ys, dys, i) + m.b * (xs[i] - m.mean) + m.k;
+          const float d = m.a * incoming_gradient<M>(dys[i], M == Mask::from_y ? ys[i] : 0.0f, xs[i], m.mean,
+                                                     m.forward_scale, m.forward_bias) +
+                          m.b * (xs[i] - m.mean) + m.k;
           dxs[i] = d;
           acc[i] += d;
         }
@@ -372,7 +424,7 @@ void batchnorm_forward_eval(const StreamHandle& s, const BatchNormShape& shape, 
 void batchnorm_backward(const StreamHandle& s, const BatchNormShape& shape, const float* x,
                         const float* dy, const float* gamma, const float* saved_mean,
                         const float* saved_invstd, float* dx, float* dgamma, float* dbeta) {
-  backward<false>(s, shape, x, nullptr, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
+  backward<Mask::none>(s, shape, x, nullptr, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
 }
 
 void batchnorm_relu_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
@@ -393,14 +445,14 @@ void batchnorm_relu_backward(const StreamHandle& s, const BatchNormShape& shape,
                              const float* y, const float* dy, const float* gamma,
                              const float* saved_mean, const float* saved_invstd, float* dx,
                              float* dgamma, float* dbeta) {
-  backward<true>(s, shape, x, y, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
+  backward<Mask::from_y>(s, shape, x, y, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta);
 }
 
 void batchnorm_backward_summed(const StreamHandle& s, const BatchNormShape& shape, const float* x,
                                const float* dy, const float* gamma, const float* saved_mean,
                                const float* saved_invstd, float* dx, float* dgamma, float* dbeta,
                                float* dx_sum) {
-  backward<false>(s, shape, x, nullptr, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta, dx_sum);
+  backward<Mask::none>(s, shape, x, nullptr, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta, dx_sum);
 }
 
 void batchnorm_relu_backward_summed(const StreamHandle& s, const BatchNormShape& shape,
@@ -408,7 +460,23 @@ void batchnorm_relu_backward_summed(const StreamHandle& s, const BatchNormShape&
                                     const float* gamma, const float* saved_mean,
                                     const float* saved_invstd, float* dx, float* dgamma,
                                     float* dbeta, float* dx_sum) {
-  backward<true>(s, shape, x, y, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta, dx_sum);
+  backward<Mask::from_y>(s, shape, x, y, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta, dx_sum);
+}
+
+void batchnorm_relu_forward_train_mapped(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                         double momentum, const float* x, const float* gamma, const float* beta,
+                                         float* y, float* saved_mean, float* saved_invstd, float* running_mean,
+                                         float* running_var, float* affine) {
+  forward_train(s, shape, eps, momentum, x, gamma, beta, TensorOutput<true>{y}, saved_mean, saved_invstd,
+                running_mean, running_var, affine);
+}
+
+void batchnorm_relu_backward_mapped(const StreamHandle& s, const BatchNormShape& shape, const float* x,
+                                    const float* affine, const float* dy, const float* gamma,
+                                    const float* saved_mean, const float* saved_invstd, float* dx, float* dgamma,
+                                    float* dbeta, float* dx_sum) {
+  backward<Mask::from_x>(s, shape, x, nullptr, dy, gamma, saved_mean, saved_invstd, dx, dgamma, dbeta, dx_sum,
+                         affine);
 }
 
 void batchnorm_relu_coupling_train(const StreamHandle& s, const BatchNormShape& shape, double eps,

@@ -640,3 +640,78 @@ TEST_CASE("batchnorm: the backwards read dy as a channel slice of a wider tensor
       }
     }
 }
+
+TEST_CASE("batchnorm_relu: the mapped pair (the mask from x and the forward's map) has the fused pair's bits") {
+  pk::HeapWorkspace workspace;
+  pk::StreamHandle s;
+  s.workspace = &workspace;
+  std::uint64_t seed = 1500;
+  for (const int threads : {1, 2})
+    for (const auto& shape : kReluShapes)
+      for (double offset : {0.0, 1000.0}) {
+        INFO(describe(shape), " offset=", offset, " threads=", threads);
+        s.num_threads = threads;
+        TrainCase<float> c(shape, seed, offset - 1, offset + 1);
+        seed += 5;
+        // Channel 0 outputs exactly 0 everywhere (gamma = beta = 0): relu'(0) = 0 must hold for the
+        // recomputed mask too (a mask of v >= 0 would pass dy there).
+        c.gamma[0] = 0.f;
+        c.beta[0] = 0.f;
+        TrainCase<float> m = c;
+        std::vector<float> affine(3 * shape.channels, 777.f);
+        pk::cpu::batchnorm_relu_forward_train(s, shape, kEps, kMomentum, c.x.data(), c.gamma.data(), c.beta.data(),
+                                              c.y.data(), c.mean.data(), c.invstd.data(), c.running_mean.data(),
+                                              c.running_var.data());
+        pk::cpu::batchnorm_relu_forward_train_mapped(s, shape, kEps, kMomentum, m.x.data(), m.gamma.data(),
+                                                     m.beta.data(), m.y.data(), m.mean.data(), m.invstd.data(),
+                                                     m.running_mean.data(), m.running_var.data(), affine.data());
+        CHECK(m.y == c.y);
+        CHECK(m.mean == c.mean);
+        CHECK(m.invstd == c.invstd);
+        CHECK(m.running_mean == c.running_mean);
+        CHECK(m.running_var == c.running_var);
+        // The map is the one y was made with: the same fma gives y's mask at every value.
+        std::int64_t mismatches = 0, zeros = 0;
+        for (std::int64_t i = 0; i < shape.size(); ++i) {
+          const std::int64_t ch = i / shape.plane() % shape.channels;
+          const float v = std::fma(m.x[i] - affine[3 * ch], affine[3 * ch + 1], affine[3 * ch + 2]);
+          mismatches += (v > 0.f) != (c.y[i] > 0.f);
+          zeros += c.y[i] == 0.f;
+        }
+        CHECK(mismatches == 0);
+        CHECK(zeros >= shape.values_per_channel());  // channel 0 at least
+
+        // dy packed, then as a channel slice of a wider tensor; without and with dx_sum.
+        const std::int64_t per_sample = shape.channels * shape.plane();
+        const auto wide = random_values<float>(2 * shape.size(), seed++);
+        std::vector<float> packed(shape.size());
+        for (std::int64_t n = 0; n < shape.batch; ++n)
+          std::copy_n(wide.begin() + (2 * n + 1) * per_sample, per_sample, packed.begin() + n * per_sample);
+        pk::BatchNormShape strided = shape;
+        strided.dy_image_stride = 2 * per_sample;
+        const auto prior = random_values<float>(shape.channels, seed++);
+        for (const bool summed : {false, true})
+          for (const bool slice : {false, true}) {
+            CAPTURE(summed);
+            CAPTURE(slice);
+            const pk::BatchNormShape& sh = slice ? strided : shape;
+            const float* dy = slice ? wide.data() + per_sample : packed.data();
+            std::vector<float> dx_y(shape.size(), 777.f), dx_x(shape.size(), -777.f);
+            std::vector<float> dg_y = prior, db_y = prior, sum_y = prior, dg_x = prior, db_x = prior, sum_x = prior;
+            if (summed)
+              pk::cpu::batchnorm_relu_backward_summed(s, sh, c.x.data(), c.y.data(), dy, c.gamma.data(), c.mean.data(),
+                                                      c.invstd.data(), dx_y.data(), dg_y.data(), db_y.data(),
+                                                      sum_y.data());
+            else
+              pk::cpu::batchnorm_relu_backward(s, sh, c.x.data(), c.y.data(), dy, c.gamma.data(), c.mean.data(),
+                                               c.invstd.data(), dx_y.data(), dg_y.data(), db_y.data());
+            pk::cpu::batchnorm_relu_backward_mapped(s, sh, m.x.data(), affine.data(), dy, m.gamma.data(),
+                                                    m.mean.data(), m.invstd.data(), dx_x.data(), dg_x.data(),
+                                                    db_x.data(), summed ? sum_x.data() : nullptr);
+            CHECK(dx_x == dx_y);
+            CHECK(dg_x == dg_y);
+            CHECK(db_x == db_y);
+            CHECK(sum_x == sum_y);  // untouched without dx_sum, the same sums with it
+          }
+      }
+}
