@@ -117,14 +117,17 @@ Variable batch_norm_relu(const Variable& x, const Variable& gamma, const Variabl
   if (!should_record({&x, &gamma, &beta, &input_bias})) return Variable(y);
   PETRA_CHECK(o.training, ValueError,
               "batch_norm_relu: backward through evaluation mode is not supported; use NoGradGuard");
-  // Keeps x (batch norm's backward reads it) and y, for the ReLU mask: y is the next layer's input,
-  // which that layer keeps anyway, so the mask costs no memory (the unfused pair kept x and y too).
+  // Keeps x (batch norm's backward reads it) and, for the ReLU mask, y; on the CPU (saved.affine
+  // defined) the backward recomputes the mask from x and the forward's map, so y is not kept: where
+  // it is nobody else's input (F's last batch norm, whose output the coupling only adds), it is freed
+  // as soon as it has been used.
   const Tensor keep_x = x.data(), keep_gamma = gamma.data();
+  const Tensor keep_y = saved.affine.defined() ? Tensor() : y;
   const bool need_bias = wants(input_bias);
   Variable out = record_one(y, "batch_norm_relu", {x, gamma, beta, input_bias}, [=](std::span<const Tensor> g) {
     Tensor dgamma = zeros_like(keep_gamma), dbeta = zeros_like(keep_gamma);
     Tensor dbias = need_bias ? zeros_like(keep_gamma) : Tensor();
-    Tensor dx = ops::batchnorm_relu_backward(keep_x, y, g[0], keep_gamma, saved, dgamma, dbeta, dbias);
+    Tensor dx = ops::batchnorm_relu_backward(keep_x, keep_y, g[0], keep_gamma, saved, dgamma, dbeta, dbias);
     return std::vector<Tensor>{std::move(dx), std::move(dgamma), std::move(dbeta), std::move(dbias)};
   });
   if (out.grad_fn()) out.grad_fn()->accept_strided_gradients();  // as batch_norm's

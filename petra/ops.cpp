@@ -544,7 +544,8 @@ Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& d
                                const BatchNormSaved& saved, const Tensor& dgamma, const Tensor& dbeta,
                                const Tensor& dx_sum) {
   const char* op = "batch_norm_relu_backward";
-  PETRA_CHECK(y.defined(), ValueError, op, ": needs y, the fused forward's output (the ReLU mask)");
+  PETRA_CHECK(y.defined() || (saved.affine.defined() && maps_relu_mask(x)), ValueError, op,
+              ": needs y, the fused forward's output (the ReLU mask), or the CPU forward's saved.affine");
   const auto [k, dy] = check_batchnorm_backward(x, y, dy_given, gamma, saved, dgamma, dbeta, dx_sum, op);
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto& s = stream_for(x.device());

@@ -100,7 +100,7 @@ Tensor batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma
 // batch norm then ReLU, fused (kernels/batchnorm.hpp): relu(batchnorm_forward(...)) in one op, with
 // the same arguments and running-statistics rule. The backward takes y, the fused forward's output,
 // for the ReLU mask (y > 0); where the forward saved its map (saved.affine: CPU, float), the backward
-// takes the mask from x and the map instead and does not read y.
+// takes the mask from x and the map instead and does not read y, which may then be undefined.
 Tensor batchnorm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                               const Tensor& running_var, const BatchNormOptions& o, BatchNormSaved* saved);
 Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& gamma,

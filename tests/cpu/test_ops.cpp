@@ -258,7 +258,14 @@ TEST_CASE("bad operands raise petra::Error naming the op") {
   CHECK_THROWS_AS(ops::batchnorm_relu_forward(x, g, g, Tensor(), Tensor(), {false}, &saved), ValueError);
   {
     const Tensor y = ops::batchnorm_relu_forward(x, g, g, Tensor(), Tensor(), {}, &saved);
-    CHECK_THROWS_AS(ops::batchnorm_relu_backward(x, Tensor(), x, g, saved, g, g), ValueError);  // no mask
+    ops::BatchNormSaved without_map = saved;
+    without_map.affine = Tensor();
+    CHECK_THROWS_AS(ops::batchnorm_relu_backward(x, Tensor(), x, g, without_map, g, g), ValueError);  // no mask
+    // The CPU forward saved its map: the mask comes from x, and y may be left out.
+    REQUIRE(saved.affine.defined());
+    // (test_batchnorm.cpp checks that both masks give the same bits.)
+    CHECK(ops::batchnorm_relu_backward(x, Tensor(), x, g, saved, Tensor::zeros({3}), Tensor::zeros({3})).shape() ==
+          x.shape());
     CHECK_THROWS_AS(ops::batchnorm_relu_backward(x, y.reshape({2, 3, 64}), x, g, saved, g, g), ShapeError);
   }
 
