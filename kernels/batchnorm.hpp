@@ -201,7 +201,9 @@ void batchnorm_backward_summed(const StreamHandle& s, const BatchNormShape& shap
 // the float mean, scale and bias with y = relu(fma(x - mean, scale, bias)); the backward takes it
 // in place of y and applies it to x again, which gives the forward's bits and so its mask, and
 // reads two tensors per value instead of three in each of its two passes. dx_sum may be nullptr
-// (as batchnorm_relu_backward) or not (as batchnorm_relu_backward_summed).
+// (as batchnorm_relu_backward) or not (as batchnorm_relu_backward_summed). The backward takes 5
+// samples' worth of s.workspace (the mean, scale and bias per position beside its two sums), the
+// forward 3 as the others.
 void batchnorm_relu_forward_train_mapped(const StreamHandle& s, const BatchNormShape& shape, double eps,
                                          double momentum, const float* x, const float* gamma, const float* beta,
                                          float* y, float* saved_mean, float* saved_invstd, float* running_mean,
@@ -272,21 +274,6 @@ void batchnorm_backward_summed(const StreamHandle& s, const BatchNormShape& shap
                                const float* dy, const float* gamma, const float* saved_mean,
                                const float* saved_invstd, float* dx, float* dgamma, float* dbeta,
                                float* dx_sum);
-
-// The fused batch norm + ReLU with its ReLU mask taken from x instead of y (cpu:: only). The
-// training forward also writes the per-channel map it applied, affine[3c], [3c + 1], [3c + 2] =
-// the float mean, scale and bias with y = relu(fma(x - mean, scale, bias)); the backward takes it
-// in place of y and applies it to x again, which gives the forward's bits and so its mask, and
-// reads two tensors per value instead of three in each of its two passes. dx_sum may be nullptr
-// (as batchnorm_relu_backward) or not (as batchnorm_relu_backward_summed).
-void batchnorm_relu_forward_train_mapped(const StreamHandle& s, const BatchNormShape& shape, double eps,
-                                         double momentum, const float* x, const float* gamma, const float* beta,
-                                         float* y, float* saved_mean, float* saved_invstd, float* running_mean,
-                                         float* running_var, float* affine);
-void batchnorm_relu_backward_mapped(const StreamHandle& s, const BatchNormShape& shape, const float* x,
-                                    const float* affine, const float* dy, const float* gamma,
-                                    const float* saved_mean, const float* saved_invstd, float* dx, float* dgamma,
-                                    float* dbeta, float* dx_sum);
 void batchnorm_relu_backward_summed(const StreamHandle& s, const BatchNormShape& shape,
                                     const float* x, const float* y, const float* dy,
                                     const float* gamma, const float* saved_mean,
