@@ -305,15 +305,21 @@ bool is_channel_slice(const Tensor& x) {
          x.stride(0) >= x.size(1) * x.stride(1);
 }
 
-// x as a convolution's forward and backward-weight passes read it: contiguous, or a channel slice,
-// read in place on the CPU (k.in_image_stride, kernels/conv2d.hpp) so that a stream is not copied
-// out of its block's tensor first, and packed on a GPU. Any other layout is a ShapeError.
+// t as a CPU kernel that takes an image stride reads it: contiguous (image_stride stays 0), or a
+// channel slice of a wider tensor, read in place (image_stride = its stride from image to image) so
+// that a stream is not copied out of its block's tensor first; packed on a GPU. Any other layout is
+// a ShapeError naming `op` and `name`.
+Tensor readable_in_place(const Tensor& t, std::int64_t& image_stride, const char* op, const char* name) {
+  if (t.is_contiguous()) return t;
+  PETRA_CHECK(is_channel_slice(t), ShapeError, op, ": ", name, " ", t.str(), " must be contiguous or a channel slice");
+  if (!t.device().is_cpu()) return t.contiguous();
+  image_stride = t.stride(0);
+  return t;
+}
+
+// x as a convolution's forward and backward-weight passes read it (k.in_image_stride, kernels/conv2d.hpp).
 Tensor conv_input(const Tensor& x, kernels::Conv2dShape& k, const char* op) {
-  if (x.is_contiguous()) return x;
-  PETRA_CHECK(is_channel_slice(x), ShapeError, op, ": x ", x.str(), " must be contiguous or a channel slice");
-  if (!x.device().is_cpu()) return x.contiguous();
-  k.in_image_stride = x.stride(0);
-  return x;
+  return readable_in_place(x, k.in_image_stride, op, "x");
 }
 
 // The detail row of one convolution pass in petra-train --profile's table, labelled as
@@ -417,14 +423,10 @@ kernels::BatchNormShape check_batchnorm_forward(const Tensor& x, const Tensor& g
   return k;
 }
 
-// dy as the backward's kernels read it: contiguous, or a channel slice of a wider tensor (the
-// coupling's gradient for F), read in place on the CPU (k.dy_image_stride) and packed on a GPU.
+// dy as batch norm's backward kernels read it (k.dy_image_stride): the coupling hands F its stream of
+// the gradient as a channel slice.
 Tensor bn_gradient(const Tensor& dy, kernels::BatchNormShape& k, const char* op) {
-  if (dy.is_contiguous()) return dy;
-  PETRA_CHECK(is_channel_slice(dy), ShapeError, op, ": dy ", dy.str(), " must be contiguous or a channel slice");
-  if (!dy.device().is_cpu()) return dy.contiguous();
-  k.dy_image_stride = dy.stride(0);
-  return dy;
+  return readable_in_place(dy, k.dy_image_stride, op, "dy");
 }
 
 // The backward's checks (y: the fused op's output, checked when given), and dy as the kernels read it.
@@ -1051,7 +1053,9 @@ Tensor batchnorm_relu_coupling(kernels::CouplingDirection direction, const Tenso
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   const auto& s = stream_for(z.device());
   // z twice (training) or once, the other stream read and written, the moved stream copied
-  const auto timer = batchnorm_timer(k, "bn+relu+coupling", o.training ? "fwd" : "eval", o.training ? 6 : 5);
+  const char* kind =
+      direction == kernels::CouplingDirection::forward ? "bn+relu+coupling" : "bn+relu+coupling-inverse";
+  const auto timer = batchnorm_timer(k, kind, o.training ? "fwd" : "eval", o.training ? 6 : 5);
   if (o.training) {
     PETRA_CALL(BATCHNORM, z, batchnorm_relu_coupling_train, s, k, o.eps, o.momentum, direction, z.data_ptr<T>(),
                gamma.data_ptr<T>(), beta.data_ptr<T>(), a.data_ptr<T>(), out.data_ptr<T>(),
