@@ -40,6 +40,10 @@ void forward_pass(const StreamHandle& s, const Conv2dShape& shape, const T* x, c
                   const T* bias, T* y) {
 #if PETRA_CONV_DIRECT
   if constexpr (std::is_same_v<T, float>) {
+    if (conv2d::winograd::applies(shape)) {
+      conv2d::winograd::forward(s, shape, x, w, bias, y);
+      return;
+    }
     if (conv2d::direct::small::applies(shape, conv2d::Pass::forward)) {
       conv2d::direct::small::forward(s, shape, x, w, bias, y);
       return;
@@ -64,6 +68,10 @@ void backward_data(const StreamHandle& s, const Conv2dShape& shape, const T* dy,
   if constexpr (std::is_same_v<T, float>) {
     if (shape.stride_h == 1 && shape.stride_w == 1) {
       const Conv2dShape transposed = conv2d::transposed_stride1(shape);
+      if (conv2d::winograd::applies(transposed)) {
+        conv2d::winograd::backward_data(s, shape, dy, w, dx);
+        return;
+      }
       if (conv2d::direct::small::applies(transposed, conv2d::Pass::forward)) {
         conv2d::direct::small::backward_data(s, shape, dy, w, dx);
         return;
@@ -130,6 +138,7 @@ int64_t direct_workspace_floats(const Conv2dShape& s, int threads) {
   namespace direct = conv2d::direct;
   using conv2d::Pass;
   auto forward_floats = [&](const Conv2dShape& f) -> int64_t {
+    if (conv2d::winograd::applies(f)) return conv2d::winograd::scratch_floats(f, threads);
     if (direct::small::applies(f, Pass::forward)) return direct::small::forward_scratch_floats(f, threads);
     if (direct::lanes::applies(f, Pass::forward)) return direct::lanes::forward_scratch_floats(f, threads);
     if (direct::grid::applies(f, Pass::forward)) return direct::grid::forward_scratch_floats(f, threads);

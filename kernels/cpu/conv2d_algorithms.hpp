@@ -9,6 +9,8 @@
 //                                                          output channels on the lanes
 //   direct::channels kernels/cpu/conv2d_direct_channels.cpp AVX-512, float: backward-weight of
 //                                                          3-column kernels, 16k input channels
+//   winograd         kernels/cpu/conv2d_winograd.cpp      AVX-512, float: 3x3 stride 1 pad 1,
+//                                                          forward and backward-data, F(2x2, 3x3)
 //
 // Each algorithm's passes have the contracts of kernels/conv2d.hpp (y =, dx =, dw +=) and take
 // their scratch from the stream's workspace through reserve_scratch; *_scratch_floats(shape,
@@ -157,6 +159,16 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
                      float* dw);
 int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads);
 }  // namespace direct::channels
+
+namespace winograd {  // kernels/cpu/conv2d_winograd.cpp: 3x3, stride 1, padding 1: F(2x2, 3x3)
+bool applies(const Conv2dShape& s);  // of the forward pass; backward-data: of transposed_stride1(s)
+void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w,
+             const float* bias, float* y);
+void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy, const float* w,
+                   float* dx);
+// Scratch floats of forward(s) (and backward_data(s): of transposed_stride1(s)).
+int64_t scratch_floats(const Conv2dShape& s, int threads);
+}  // namespace winograd
 #endif  // PETRA_CONV_DIRECT
 
 }  // namespace petra::kernels::cpu::conv2d

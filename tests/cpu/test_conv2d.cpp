@@ -116,6 +116,13 @@ std::vector<Conv2dShape> comparison_shapes() {
   shapes.push_back(conv2d_shape(2, 16, 9, 12, 8, 3, 1, 0));
   shapes.push_back({2, 16, 10, 9, 8, 5, 3, 1, 1, 2, 1});
   shapes.push_back({3, 16, 9, 9, 24, 3, 3, 2, 1, 1, 1});
+  // winograd (3x3, stride 1, padding 1, rows of 13 to 30, 16 channels or more): odd sizes (a
+  // last tile half outside, rows of 15 reaching the second vector of a padded row), 17 output
+  // channels (a partial panel of 4), rows of 30 (15 tiles: the last lane of every permute), 7
+  // images of 20 -> 24 channels (blocks of 3 images, the last one short).
+  shapes.push_back(conv2d_shape(2, 16, 13, 15, 17, 3, 1, 1));
+  shapes.push_back(conv2d_shape(1, 16, 5, 30, 16, 3, 1, 1));
+  shapes.push_back(conv2d_shape(7, 20, 14, 14, 24, 3, 1, 1));
   return shapes;
 }
 
@@ -226,6 +233,37 @@ TEST_CASE("conv2d: cpu results are bit-identical from run to run") {
       for (float v : first) norm += double(v) * v;
       CHECK(norm > 0);  // the pass wrote something
     }
+}
+
+// Winograd's forward and backward-data (kernels/cpu/conv2d_winograd.cpp) take whole blocks of
+// images per thread: the same bits at any thread count, on the benchmark network's shapes and
+// odd ones.
+TEST_CASE("conv2d: the Winograd passes give the same bits at 1, 2 and 3 threads") {
+  for (const Conv2dShape& shape : {conv2d_shape(5, 16, 28, 28, 16, 3, 1, 1), conv2d_shape(6, 32, 14, 14, 32, 3, 1, 1),
+                                   conv2d_shape(7, 20, 13, 15, 17, 3, 1, 1)}) {
+    CAPTURE(describe(shape));
+    const auto x = random_values<float>(size_of(shape.input_size()), 1);
+    const auto w = random_values<float>(size_of(shape.weight_size()), 2);
+    const auto bias = random_values<float>(size_of(shape.out_channels), 3);
+    const auto dy = random_values<float>(size_of(shape.output_size()), 4);
+    std::vector<float> y1, dx1;
+    for (int threads : {1, 2, 3}) {
+      CAPTURE(threads);
+      HeapWorkspace workspace;
+      StreamHandle s;
+      s.num_threads = threads;
+      s.workspace = &workspace;
+      std::vector<float> y(size_of(shape.output_size())), dx(size_of(shape.input_size()));
+      cpu::conv2d_forward(s, shape, x.data(), w.data(), bias.data(), y.data());
+      cpu::conv2d_backward_data(s, shape, dy.data(), w.data(), dx.data());
+      if (threads == 1) {
+        y1 = y;
+        dx1 = dx;
+      }
+      CHECK(y == y1);
+      CHECK(dx == dx1);
+    }
+  }
 }
 
 // x as a channel slice of a larger tensor (Conv2dShape::in_image_stride): channels [first, first +

@@ -1,0 +1,344 @@
+// kernels/cpu/conv2d_winograd.cpp: the 3x3 convolution at stride 1 and padding 1 (float, AVX-512)
+// by Winograd's minimal filtering F(2x2, 3x3), for the forward pass and for backward-data (which
+// is the same convolution with the weight flipped and transposed: transposed_stride1).
+//
+// The math (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", 2016). Cut the
+// output into 2x2 tiles; each reads a 4x4 patch d of the padded input. With
+//   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1],  G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1],
+//   A^T = [1 1 1 0; 0 1 -1 -1],
+// a tile of output channel o is  Y = A^T [ sum_c (G g[o,c] G^T) .* (B^T d[c] B) ] A: for each of
+// the 16 positions p of the 4x4 transformed tile, one matrix product over the input channels,
+// M[p] = U[p] V[p] with U[p] (out x in) the transformed weight and V[p] (in x tiles) the
+// transformed input. 16 products of in x out multiply-adds per tile of 4 outputs, where the
+// direct convolution spends 4 x 9: 2.25x fewer. The transforms only add and subtract (and halve,
+// exactly, in G), so the result differs from the direct sum by a few roundings, not more.
+//
+// The code, per block of consecutive tile rows of the batch (as many as keep V and M near half of
+// L2), on one thread:
+//   1. V = B^T d B, vectorised over the tiles of one tile row: the four padded input rows of the
+//      tile row are two vectors each (2 * cols + 2 <= 32 floats, masked loads from x, so the
+//      padding is never written anywhere); B^T's row combinations are vector adds, B's column
+//      combinations pick the even and odd floats by two-source permutes. Stored as V[p][c][tile].
+//   2. M[p] = U[p] V[p]: the grid kernel's register tile, 4 output channels x up to 6 vectors of
+//      16 tiles, 4 broadcast weights and 6 aligned loads per 24 FMAs, the sum over c in order.
+//   3. Y = A^T M A per tile row, the two outputs of a tile interleaved back into image rows by
+//      permutes, + bias (odd sizes drop the last tile's extra row or column).
+// U is computed once per call from w (or from w flipped, for backward-data).
+//
+// Deterministic: every output is the same sequence of operations whatever the thread count
+// (threads take whole blocks). It differs from the direct kernels' bits, so a run's numbers change
+// when it is chosen (Fashion-MNIST after one epoch: 89.01% against 88.90% and 89.34%, two seeds;
+// docs/results-cpu.md). kernels/cpu/conv2d.cpp chooses it where `applies` says (with the
+// measurements). Compiled only with AVX-512 (PETRA_CONV_DIRECT).
+#include "petra/kernels/cpu/conv2d_algorithms.hpp"
+
+#if PETRA_CONV_DIRECT
+#include <algorithm>
+#include <cstdint>
+
+#include "petra/kernels/cpu/conv2d_direct.hpp"
+#include "petra/kernels/cpu/parallel.hpp"
+
+namespace petra::kernels::cpu::conv2d::winograd {
+namespace {
+
+using direct::kLanes;
+constexpr int64_t kPositions = 16;  // the 4x4 transformed tile
+constexpr int kChannels = 4;        // output channels per product micro-kernel
+constexpr int kVectors = 6;         // vectors of 16 tiles per product micro-kernel
+
+inline __mmask16 first_lanes(int64_t n) {
+  return static_cast<__mmask16>(n >= kLanes ? 0xFFFFu : (1u << std::max<int64_t>(n, 0)) - 1u);
+}
+
+// The tiles of the batch in tile rows ("rows" below: tile row a of image n is row n * rows + a),
+// and a block of consecutive rows, which one thread transforms, multiplies and transforms back
+// while its V and M stay in L2: tile t of a block is column t % cols of its row t / cols; V and M
+// keep one line of `stride` floats per (position, channel).
+struct Blocking {
+  int64_t rows, cols;   // tile rows and tile columns per image: ceil(out / 2)
+  int64_t all_rows;     // batch * rows
+  int64_t block_rows;   // tile rows per block
+  int64_t stride;       // floats per line of V and M: block_rows * cols rounded up to 16
+  int64_t out_rounded;  // output channels rounded up to kChannels
+  int64_t in_channels;
+  int64_t v_position;   // floats from one position of V to the next: in_channels * stride, padded
+  int64_t m_position;   // the same for M: out_rounded * stride, padded
+  int64_t v_floats() const { return kPositions * v_position; }
+  int64_t m_floats() const { return kPositions * m_position; }
+  int64_t blocks() const { return (all_rows + block_rows - 1) / block_rows; }
+
+  explicit Blocking(const Conv2dShape& s)
+      : rows((s.out_h() + 1) / 2),
+        cols((s.out_w() + 1) / 2),
+        all_rows(s.batch * rows),
+        out_rounded(round_up(s.out_channels, kChannels)),
+        in_channels(s.in_channels) {
+    // V and M of a block near 512 KB, half of a Zen 5 core's L2 (the rest for U, the input
+    // rows and the output rows): 18 tile rows of 28x28 images at 16 channels, 18 of 14x14 at
+    // 32, 16 of 7x7 at 64. (256 KB measured the same; 128 KB, 1.1-1.3x slower.)
+    const int64_t budget_tiles = (512 << 10) / (4 * kPositions * (in_channels + out_rounded));
+    block_rows = std::clamp<int64_t>(budget_tiles / cols, 1, all_rows);
+    stride = round_up(block_rows * cols, kLanes);
+    v_position = odd_lines(in_channels * stride);
+    m_position = odd_lines(out_rounded * stride);
+  }
+  // Floats (a multiple of 16) rounded up to an odd number of 64-byte lines. The transforms read
+  // or write the 16 positions of a tile at once, one position apart: at a multiple of 4 KB apart
+  // (64 channels x 64 tiles) all 16 lines fall in one set of the 12-way L1 and evict each other
+  // (64 -> 64 @7: 1.95 ms per forward; 1.10 ms with odd lines); an odd number of lines puts them
+  // in 16 different sets.
+  static int64_t odd_lines(int64_t floats) {
+    return floats / kLanes % 2 == 1 ? floats : floats + kLanes;
+  }
+};
+
+// U[p][o / 4][c][o % 4] = (G g G^T)[p] with g(o, c, i, j) the 3x3 kernel of output channel o and
+// input channel c (zero for o >= out), so that the product reads the 4 weights of a channel as one
+// stream, as pack_weight's panels.
+template <class Kernel>
+void transform_weight(const StreamHandle& st, int64_t out, int64_t in, int64_t out_rounded,
+                      Kernel&& g, float* u) {
+  const int64_t blocks = out_rounded / kChannels;
+  run_threads(st, [&](int t, int threads) {
+    for (int64_t o = share(out_rounded, t, threads); o < share(out_rounded, t + 1, threads); ++o)
+      for (int64_t c = 0; c < in; ++c) {
+        float gg[4][3];  // G g
+        for (int j = 0; j < 3; ++j) {
+          const float a = o < out ? g(o, c, 0, j) : 0.0f, b = o < out ? g(o, c, 1, j) : 0.0f,
+                      e = o < out ? g(o, c, 2, j) : 0.0f;
+          gg[0][j] = a;
+          gg[1][j] = 0.5f * (a + b + e);
+          gg[2][j] = 0.5f * (a - b + e);
+          gg[3][j] = e;
+        }
+        for (int r = 0; r < 4; ++r) {
+          const float a = gg[r][0], b = gg[r][1], e = gg[r][2];
+          const float row[4] = {a, 0.5f * (a + b + e), 0.5f * (a - b + e), e};
+          for (int q = 0; q < 4; ++q)
+            u[((r * 4 + q) * blocks + o / kChannels) * in * kChannels + c * kChannels + o % kChannels] = row[q];
+        }
+      }
+  });
+}
+
+// Permute indices: t[2b + k] for k = 0..3 from the two vectors of a padded row of 32 floats.
+struct Picks {
+  __m512i even, odd, even2, odd2;
+  Picks()
+      : even(_mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0)),
+        odd(_mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1)),
+        even2(_mm512_set_epi32(31, 30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2)),
+        odd2(_mm512_set_epi32(31, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3)) {}
+};
+// Lane l of the first result is a[l / 2] for even l, b[l / 2] for odd l; the second, the same
+// from lane 8 on: two rows of tile outputs back into one image row.
+struct Interleave {
+  __m512i low, high;
+  Interleave()
+      : low(_mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0)),
+        high(_mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8)) {}
+};
+
+// V[p][c][first + b] for the tiles b of tile row `a` of one image channel `x` (h x w), the lanes
+// of `store` (the row's tiles).
+void transform_input_row(const float* x, int64_t h, int64_t w, int64_t a, const Picks& picks, float* v, int64_t position_stride, __mmask16 store) {
+  // padded rows 2a .. 2a + 3 are x rows 2a - 1 .. 2a + 2; padded column k is x column k - 1
+  const __mmask16 low = static_cast<__mmask16>(first_lanes(w + 1) & 0xFFFEu), high = first_lanes(w - 15);
+  __m512 lo[4], hi[4];
+  for (int r = 0; r < 4; ++r) {
+    const int64_t ih = 2 * a - 1 + r;
+    if (ih < 0 || ih >= h) {
+      lo[r] = hi[r] = _mm512_setzero_ps();
+      continue;
+    }
+    const float* row = x + ih * w;
+    lo[r] = _mm512_maskz_loadu_ps(low, row - 1);
+    hi[r] = _mm512_maskz_loadu_ps(high, row + 15);
+  }
+  // B^T d: rows d0 - d2, d1 + d2, d2 - d1, d1 - d3
+  const __m512 tlo[4] = {_mm512_sub_ps(lo[0], lo[2]), _mm512_add_ps(lo[1], lo[2]),
+                         _mm512_sub_ps(lo[2], lo[1]), _mm512_sub_ps(lo[1], lo[3])};
+  const __m512 thi[4] = {_mm512_sub_ps(hi[0], hi[2]), _mm512_add_ps(hi[1], hi[2]),
+                         _mm512_sub_ps(hi[2], hi[1]), _mm512_sub_ps(hi[1], hi[3])};
+  for (int r = 0; r < 4; ++r) {
+    // (B^T d) B: columns e0 - e2, e1 + e2, e2 - e1, e1 - e3 of each tile's 4 columns
+    const __m512 e0 = _mm512_permutex2var_ps(tlo[r], picks.even, thi[r]);
+    const __m512 e1 = _mm512_permutex2var_ps(tlo[r], picks.odd, thi[r]);
+    const __m512 e2 = _mm512_permutex2var_ps(tlo[r], picks.even2, thi[r]);
+    const __m512 e3 = _mm512_permutex2var_ps(tlo[r], picks.odd2, thi[r]);
+    float* to = v + r * 4 * position_stride;
+    _mm512_mask_storeu_ps(to, store, _mm512_sub_ps(e0, e2));
+    _mm512_mask_storeu_ps(to + position_stride, store, _mm512_add_ps(e1, e2));
+    _mm512_mask_storeu_ps(to + 2 * position_stride, store, _mm512_sub_ps(e2, e1));
+    _mm512_mask_storeu_ps(to + 3 * position_stride, store, _mm512_sub_ps(e1, e3));
+  }
+}
+
+// m[b][v] = sum_c panel[c][b] * v[c][16 v ..]: output channels [o, o + 4) of Vectors vectors of
+// tiles, at one position.
+template <int Vectors>
+void multiply_block(const float* panel, const float* v, int64_t v_stride, int64_t channels,
+                    float* m, int64_t m_stride) {
+  __m512 acc[kChannels][Vectors];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm512_setzero_ps();
+  for (int64_t c = 0; c < channels; ++c) {
+    const float* w = panel + c * kChannels;
+    __m512 wb[kChannels];
+    for (int b = 0; b < kChannels; ++b) wb[b] = _mm512_set1_ps(w[b]);
+    for (int j = 0; j < Vectors; ++j) {
+      const __m512 xv = _mm512_load_ps(v + c * v_stride + j * kLanes);
+      for (int b = 0; b < kChannels; ++b) acc[b][j] = _mm512_fmadd_ps(wb[b], xv, acc[b][j]);
+    }
+  }
+  for (int b = 0; b < kChannels; ++b)
+    for (int j = 0; j < Vectors; ++j) _mm512_store_ps(m + b * m_stride + j * kLanes, acc[b][j]);
+}
+
+template <int Vectors = kVectors>
+void multiply_blocks(int vectors, const float* panel, const float* v, int64_t v_stride,
+                     int64_t channels, float* m, int64_t m_stride) {
+  if constexpr (Vectors > 1) {
+    if (vectors < Vectors) {
+      multiply_blocks<Vectors - 1>(vectors, panel, v, v_stride, channels, m, m_stride);
+      return;
+    }
+  }
+  multiply_block<Vectors>(panel, v, v_stride, channels, m, m_stride);
+}
+
+// Image rows 2a and 2a + 1 of one output channel (h x w, at y) from M[p][first ..] of tile row a.
+void transform_output_row(const float* m, int64_t position_stride, int64_t h, int64_t w,
+                          int64_t a, int64_t cols, float bias, const Interleave& il, float* y) {
+  const __mmask16 tiles = first_lanes(cols);
+  __m512 f[2][4];  // A^T M: rows m0 + m1 + m2 and m1 - m2 - m3, per column q
+  for (int q = 0; q < 4; ++q) {
+    const __m512 m0 = _mm512_maskz_loadu_ps(tiles, m + q * position_stride);
+    const __m512 m1 = _mm512_maskz_loadu_ps(tiles, m + (4 + q) * position_stride);
+    const __m512 m2 = _mm512_maskz_loadu_ps(tiles, m + (8 + q) * position_stride);
+    const __m512 m3 = _mm512_maskz_loadu_ps(tiles, m + (12 + q) * position_stride);
+    f[0][q] = _mm512_add_ps(_mm512_add_ps(m0, m1), m2);
+    f[1][q] = _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3);
+  }
+  const __m512 b = _mm512_set1_ps(bias);
+  const __mmask16 low = first_lanes(w), high = first_lanes(w - kLanes);
+  for (int r = 0; r < 2 && 2 * a + r < h; ++r) {
+    // (A^T M) A: columns f0 + f1 + f2 and f1 - f2 - f3; the bias last, as the direct kernels
+    // start from it (the order differs anyway)
+    const __m512 left = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(f[r][0], f[r][1]), f[r][2]), b);
+    const __m512 right = _mm512_add_ps(_mm512_sub_ps(_mm512_sub_ps(f[r][1], f[r][2]), f[r][3]), b);
+    float* row = y + (2 * a + r) * w;
+    const __m512 first = _mm512_permutex2var_ps(left, il.low, right);
+    const __m512 second = _mm512_permutex2var_ps(left, il.high, right);
+    if (r == 0 && 2 * a + 1 < h && (high != 0 ? 2 : 1) * kLanes <= 2 * w) {
+      // whole vectors where what lies past the row lands on the next one, stored next
+      _mm512_storeu_ps(row, first);
+      if (high != 0) _mm512_storeu_ps(row + kLanes, second);
+    } else {
+      _mm512_mask_storeu_ps(row, low, first);
+      if (high != 0) _mm512_mask_storeu_ps(row + kLanes, high, second);
+    }
+  }
+}
+
+// y = conv(x, w) + bias for a 3x3 kernel at stride 1, padding 1, with U already in `u`.
+void forward_transformed(const StreamHandle& st, const Conv2dShape& s, const Blocking& k,
+                         const float* u, const Scratch<float>& scratch, const float* x,
+                         const float* bias, float* y) {
+  const int64_t h = s.out_h(), w = s.out_w(), in = s.in_channels, out = s.out_channels;
+  const int64_t in_image = s.x_image_stride(), out_image = out * h * w;
+  const int64_t blocks = k.blocks(), panels = k.out_rounded / kChannels;
+  run_threads(st, [&](int t, int threads) {
+    float* v = scratch.of_thread(t);
+    float* m = v + k.v_floats();
+    const Picks picks;
+    const Interleave il;
+    for (int64_t block = share(blocks, t, threads); block < share(blocks, t + 1, threads); ++block) {
+      const int64_t first = block * k.block_rows, rows = std::min(k.block_rows, k.all_rows - first);
+      const int64_t tiles = rows * k.cols, vectors = (tiles + kLanes - 1) / kLanes;
+      // 1. V. A tile row's 16 lanes are stored whole (no mask) where they stay inside the block's
+      // tiles: the lanes past the row's tiles land on later rows of the same channel, stored
+      // after it. The lanes past the last tile are zeroed, so that M's there are finite (never
+      // read).
+      for (int64_t c = 0; c < in; ++c)
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t image = (first + r) / k.rows, a = (first + r) % k.rows;
+          transform_input_row(x + image * in_image + c * h * w, h, w, a, picks,
+                              v + c * k.stride + r * k.cols, k.v_position, first_lanes(tiles - r * k.cols));
+        }
+      if (tiles < vectors * kLanes)
+        for (int64_t line = 0; line < kPositions * in; ++line)
+          direct::zero_row(vectors * kLanes - tiles, v + line / in * k.v_position + line % in * k.stride + tiles);
+      // 2. M[p] = U[p] V[p], vector blocks of near-equal sizes up to kVectors
+      const int64_t vector_blocks = (vectors + kVectors - 1) / kVectors;
+      for (int64_t p = 0; p < kPositions; ++p)
+        for (int64_t panel = 0; panel < panels; ++panel)
+          for (int64_t vb = 0; vb < vector_blocks; ++vb) {
+            const int64_t v0 = share(vectors, vb, vector_blocks), v1 = share(vectors, vb + 1, vector_blocks);
+            multiply_blocks(static_cast<int>(v1 - v0), u + (p * panels + panel) * in * kChannels,
+                            v + p * k.v_position + v0 * kLanes, k.stride, in,
+                            m + p * k.m_position + panel * kChannels * k.stride + v0 * kLanes, k.stride);
+          }
+      // 3. Y
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t image = (first + r) / k.rows, a = (first + r) % k.rows;
+        for (int64_t o = 0; o < out; ++o)
+          transform_output_row(m + o * k.stride + r * k.cols, k.m_position, h, w, a, k.cols,
+                               bias != nullptr ? bias[o] : 0.0f, il, y + image * out_image + o * h * w);
+      }
+    }
+  });
+}
+
+Scratch<float> reserve(const StreamHandle& st, const Blocking& k) {
+  return reserve_scratch<float>(st, kPositions * k.out_rounded * k.in_channels, k.v_floats() + k.m_floats());
+}
+
+}  // namespace
+
+// Where it beats the direct kernels (bench-conv-shapes, 1 thread, RevNet18 width 16, batch 64,
+// forward and backward-data; docs/results-cpu.md): 16 -> 16 @28 1.50 -> 0.97 ms, 32 -> 32 @14
+// 1.49 -> 0.94 ms, 64 -> 64 @7 1.47 -> 1.10 ms; not 128 -> 128 @4 (1.43-1.64 -> 1.67 ms), whose
+// U (16 x 128 x 128 floats, 1 MB) no longer stays in L2 beside V and M. So: a 3x3 kernel at stride
+// 1 with padding 1 (the output as large as the input), rows of 7 to 30 pixels (at least 4 tiles to
+// a row; a padded row is at most two vectors), at least 16 channels in and out (the transforms
+// cost per tile and channel what the product costs per channel pair: they need channels to
+// amortise), and a U of at most 256 KB (in x out <= 4096).
+bool applies(const Conv2dShape& s) {
+  return s.kernel_h == 3 && s.kernel_w == 3 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 1 &&
+         s.pad_w == 1 && s.in_w >= 7 && s.in_w <= 30 && s.in_h >= 1 && s.in_channels >= 16 &&
+         s.out_channels >= 16 && s.in_channels * s.out_channels <= 4096;
+}
+
+void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w,
+             const float* bias, float* y) {
+  const Blocking k(s);
+  const Scratch<float> scratch = reserve(st, k);
+  const int64_t in = s.in_channels;
+  transform_weight(st, s.out_channels, in, k.out_rounded,
+                   [&](int64_t o, int64_t c, int64_t i, int64_t j) { return w[((o * in + c) * 3 + i) * 3 + j]; },
+                   scratch.shared);
+  forward_transformed(st, s, k, scratch.shared, scratch, x, bias, y);
+}
+
+void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy, const float* w,
+                   float* dx) {
+  const Conv2dShape t = transposed_stride1(s);
+  const Blocking k(t);
+  const Scratch<float> scratch = reserve(st, k);
+  const int64_t in = s.in_channels;
+  // the transposed convolution's output channel c, input channel o: w[o][c] flipped
+  transform_weight(st, t.out_channels, t.in_channels, k.out_rounded,
+                   [&](int64_t c, int64_t o, int64_t i, int64_t j) { return w[((o * in + c) * 3 + 2 - i) * 3 + 2 - j]; },
+                   scratch.shared);
+  forward_transformed(st, t, k, scratch.shared, scratch, dy, nullptr, dx);
+}
+
+int64_t scratch_floats(const Conv2dShape& s, int threads) {
+  const Blocking k(s);
+  return conv2d::scratch_floats(kPositions * k.out_rounded * k.in_channels, k.v_floats() + k.m_floats(), threads);
+}
+
+}  // namespace petra::kernels::cpu::conv2d::winograd
+#endif  // PETRA_CONV_DIRECT
