@@ -11,8 +11,10 @@
 // Each case is checked first (cpu against ref on the batch-2 version of the shape; a relative
 // error above 1e-4 stops the program), then timed: two warm-ups, then the median of --repeats runs
 // (--json also gives the fastest run).
-// GFLOP/s count 2 * multiply-adds; "% peak" is against --peak-gflops per thread (220: the FP32 FMA
-// peak of one core of this machine, docs/results-cpu.md).
+// GFLOP/s count 2 * multiply-adds of the direct convolution; "% peak" is against --peak-gflops per
+// thread (220: the FP32 FMA peak of one core of this machine, docs/results-cpu.md). Passes run by
+// Winograd (kernels/cpu/conv2d_winograd.cpp: 2.25x fewer multiply-adds) are counted the same, so
+// they can exceed 100%: an effective rate, comparable across algorithms.
 //
 //   build/bench-conv-shapes --threads 1            # table
 //   build/bench-conv-shapes --threads 2 --json     # one JSON object per line (benchmarks/

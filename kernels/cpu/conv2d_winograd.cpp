@@ -242,12 +242,31 @@ void transform_output_row(const float* m, int64_t position_stride, int64_t h, in
   }
 }
 
+// V of the tile rows [first, first + rows) of the batch. A tile row's 16 lanes are stored whole (no
+// mask) where they stay inside the block's tiles: the lanes past the row's tiles land on later
+// rows of the same channel, stored after it. The lanes past the last tile are zeroed, so that
+// the products there are finite (never read).
+void transform_input_block(const Conv2dShape& s, const Blocking& k, const float* x, int64_t first,
+                           int64_t rows, const Picks& picks, float* v) {
+  const int64_t h = s.out_h(), w = s.out_w(), in = s.in_channels, in_image = s.x_image_stride();
+  const int64_t tiles = rows * k.cols, lanes = round_up(tiles, kLanes);
+  for (int64_t c = 0; c < in; ++c)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t image = (first + r) / k.rows, a = (first + r) % k.rows;
+      transform_input_row(x + image * in_image + c * h * w, h, w, a, picks, v + c * k.stride + r * k.cols,
+                          k.v_position, first_lanes(tiles - r * k.cols));
+    }
+  if (tiles < lanes)
+    for (int64_t line = 0; line < kPositions * in; ++line)
+      direct::zero_row(lanes - tiles, v + line / in * k.v_position + line % in * k.stride + tiles);
+}
+
 // y = conv(x, w) + bias for a 3x3 kernel at stride 1, padding 1, with U already in `u`.
 void forward_transformed(const StreamHandle& st, const Conv2dShape& s, const Blocking& k,
                          const float* u, const Scratch<float>& scratch, const float* x,
                          const float* bias, float* y) {
   const int64_t h = s.out_h(), w = s.out_w(), in = s.in_channels, out = s.out_channels;
-  const int64_t in_image = s.x_image_stride(), out_image = out * h * w;
+  const int64_t out_image = out * h * w;
   const int64_t blocks = k.blocks(), panels = k.out_rounded / kChannels;
   run_threads(st, [&](int t, int threads) {
     float* v = scratch.of_thread(t);
@@ -256,20 +275,8 @@ void forward_transformed(const StreamHandle& st, const Conv2dShape& s, const Blo
     const Interleave il;
     for (int64_t block = share(blocks, t, threads); block < share(blocks, t + 1, threads); ++block) {
       const int64_t first = block * k.block_rows, rows = std::min(k.block_rows, k.all_rows - first);
-      const int64_t tiles = rows * k.cols, vectors = (tiles + kLanes - 1) / kLanes;
-      // 1. V. A tile row's 16 lanes are stored whole (no mask) where they stay inside the block's
-      // tiles: the lanes past the row's tiles land on later rows of the same channel, stored
-      // after it. The lanes past the last tile are zeroed, so that M's there are finite (never
-      // read).
-      for (int64_t c = 0; c < in; ++c)
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t image = (first + r) / k.rows, a = (first + r) % k.rows;
-          transform_input_row(x + image * in_image + c * h * w, h, w, a, picks,
-                              v + c * k.stride + r * k.cols, k.v_position, first_lanes(tiles - r * k.cols));
-        }
-      if (tiles < vectors * kLanes)
-        for (int64_t line = 0; line < kPositions * in; ++line)
-          direct::zero_row(vectors * kLanes - tiles, v + line / in * k.v_position + line % in * k.stride + tiles);
+      const int64_t vectors = (rows * k.cols + kLanes - 1) / kLanes;
+      transform_input_block(s, k, x, first, rows, picks, v);
       // 2. M[p] = U[p] V[p], vector blocks of near-equal sizes up to kVectors
       const int64_t vector_blocks = (vectors + kVectors - 1) / kVectors;
       for (int64_t p = 0; p < kPositions; ++p)
