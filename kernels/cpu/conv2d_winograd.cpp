@@ -142,7 +142,8 @@ struct Interleave {
 
 // V[p][c][first + b] for the tiles b of tile row `a` of one image channel `x` (h x w), the lanes
 // of `store` (the row's tiles).
-void transform_input_row(const float* x, int64_t h, int64_t w, int64_t a, const Picks& picks, float* v, int64_t position_stride, __mmask16 store) {
+void transform_input_row(const float* x, int64_t h, int64_t w, int64_t a, const Picks& picks,
+                         float* v, int64_t position_stride, __mmask16 store) {
   // padded rows 2a .. 2a + 3 are x rows 2a - 1 .. 2a + 2; padded column k is x column k - 1
   const __mmask16 low = static_cast<__mmask16>(first_lanes(w + 1) & 0xFFFEu), high = first_lanes(w - 15);
   __m512 lo[4], hi[4];

@@ -116,10 +116,11 @@ std::vector<Conv2dShape> comparison_shapes() {
   shapes.push_back(conv2d_shape(2, 16, 9, 12, 8, 3, 1, 0));
   shapes.push_back({2, 16, 10, 9, 8, 5, 3, 1, 1, 2, 1});
   shapes.push_back({3, 16, 9, 9, 24, 3, 3, 2, 1, 1, 1});
-  // winograd (3x3, stride 1, padding 1, rows of 13 to 30, 16 channels or more): odd sizes (a
+  // winograd (3x3, stride 1, padding 1, rows of 7 to 30, 16 channels or more): odd sizes (a
   // last tile half outside, rows of 15 reaching the second vector of a padded row), 17 output
   // channels (a partial panel of 4), rows of 30 (15 tiles: the last lane of every permute), 7
-  // images of 20 -> 24 channels (blocks of 3 images, the last one short).
+  // images of 20 -> 24 channels (blocks of 26 and 23 tile rows: a block ends inside an image).
+  // (3, 16, 28, 28, 16) above runs blocks of 18, 18 and 6 tile rows over 1 to 3 threads.
   shapes.push_back(conv2d_shape(2, 16, 13, 15, 17, 3, 1, 1));
   shapes.push_back(conv2d_shape(1, 16, 5, 30, 16, 3, 1, 1));
   shapes.push_back(conv2d_shape(7, 20, 14, 14, 24, 3, 1, 1));
@@ -235,9 +236,9 @@ TEST_CASE("conv2d: cpu results are bit-identical from run to run") {
     }
 }
 
-// Winograd's forward and backward-data (kernels/cpu/conv2d_winograd.cpp) take whole blocks of
-// images per thread: the same bits at any thread count, on the benchmark network's shapes and
-// odd ones.
+// Winograd's forward and backward-data (kernels/cpu/conv2d_winograd.cpp) give each thread whole
+// blocks of tile rows: the same bits at any thread count, on the benchmark network's shapes and
+// odd ones (a thread's first block may start inside an image).
 TEST_CASE("conv2d: the Winograd passes give the same bits at 1, 2 and 3 threads") {
   for (const Conv2dShape& shape : {conv2d_shape(5, 16, 28, 28, 16, 3, 1, 1), conv2d_shape(6, 32, 14, 14, 32, 3, 1, 1),
                                    conv2d_shape(7, 20, 13, 15, 17, 3, 1, 1)}) {
