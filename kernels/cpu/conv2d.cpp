@@ -9,7 +9,8 @@
 //     where;
 //     backward-data runs them as the forward pass of transposed_stride1(shape), at stride 1 only,
 //     and direct::lanes' own backward-data at stride 2 where `applies_backward_data` says so;
-//   - float backward-weight, AVX-512: first direct::channels (16 input channels per vector,
+//   - float backward-weight, AVX-512: first Winograd where `applies_weight` (rows of 7 to 16),
+//     then direct::channels (16 input channels per vector,
 //     3-column kernels, outputs at least 7 wide: conv2d_direct_channels.cpp), then as above;
 //   - otherwise (all of double, the other shapes) im2col + Eigen GEMM (conv2d_im2col.cpp), whose
 //     backward-data is itself a forward convolution at stride 1 with at least 16 input channels
@@ -101,6 +102,10 @@ void backward_weight(const StreamHandle& s, const Conv2dShape& shape, const T* x
                      T* dw) {
 #if PETRA_CONV_DIRECT
   if constexpr (std::is_same_v<T, float>) {
+    if (conv2d::winograd::applies_weight(shape)) {
+      conv2d::winograd::backward_weight(s, shape, x, dy, dw);
+      return;
+    }
     if (conv2d::direct::channels::applies(shape, conv2d::Pass::weight)) {
       conv2d::direct::channels::backward_weight(s, shape, x, dy, dw);
       return;
@@ -151,7 +156,9 @@ int64_t direct_workspace_floats(const Conv2dShape& s, int threads) {
     floats = std::max(floats, forward_floats(conv2d::transposed_stride1(s)));
   if (direct::lanes::applies_backward_data(s))
     floats = std::max(floats, direct::lanes::backward_data_scratch_floats(s, threads));
-  if (direct::channels::applies(s, Pass::weight))
+  if (conv2d::winograd::applies_weight(s))
+    floats = std::max(floats, conv2d::winograd::backward_weight_scratch_floats(s, threads));
+  else if (direct::channels::applies(s, Pass::weight))
     floats = std::max(floats, direct::channels::backward_weight_scratch_floats(s, threads));
   else if (direct::small::applies(s, Pass::weight))
     floats = std::max(floats, direct::small::backward_weight_scratch_floats(s, threads));

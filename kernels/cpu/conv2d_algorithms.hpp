@@ -10,7 +10,8 @@
 //   direct::channels kernels/cpu/conv2d_direct_channels.cpp AVX-512, float: backward-weight of
 //                                                          3-column kernels, 16k input channels
 //   winograd         kernels/cpu/conv2d_winograd.cpp      AVX-512, float: 3x3 stride 1 pad 1,
-//                                                          forward and backward-data, F(2x2, 3x3)
+//                                                          F(2x2, 3x3): forward, backward-data,
+//                                                          backward-weight (rows up to 16)
 //
 // Each algorithm's passes have the contracts of kernels/conv2d.hpp (y =, dx =, dw +=) and take
 // their scratch from the stream's workspace through reserve_scratch; *_scratch_floats(shape,
@@ -168,6 +169,11 @@ void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy
                    float* dx);
 // Scratch floats of forward(s) (and backward_data(s): of transposed_stride1(s)).
 int64_t scratch_floats(const Conv2dShape& s, int threads);
+// Backward-weight, where applies_weight(s).
+bool applies_weight(const Conv2dShape& s);
+void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* dy,
+                     float* dw);
+int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads);
 }  // namespace winograd
 #endif  // PETRA_CONV_DIRECT
 

@@ -1,8 +1,8 @@
-// kernels/cpu/conv2d_direct.hpp: what the two direct AVX-512 convolutions
-// (kernels/cpu/conv2d_direct_grid.cpp and kernels/cpu/conv2d_direct_small.cpp) share: the
-// micro-kernels' block sizes, short row copies, the reduction of 16-lane partial sums, and the
-// weight packed in panels of 4 output channels. Internal, not installed; include it only where
-// PETRA_CONV_DIRECT is 1 (AVX-512 compiled in).
+// kernels/cpu/conv2d_direct.hpp: what the direct AVX-512 convolutions (kernels/cpu/conv2d_direct_*.cpp)
+// and Winograd's (conv2d_winograd.cpp) share: the micro-kernels' block sizes, short row copies, a
+// 16 x 16 transpose, the reduction of 16-lane partial sums, and the weight packed in panels of 4
+// output channels. Internal, not installed; include it only where PETRA_CONV_DIRECT is 1 (AVX-512
+// compiled in).
 #pragma once
 
 #include <immintrin.h>
@@ -67,6 +67,30 @@ inline void copy_strided_images(const float* from, int64_t stride, int64_t image
     return;
   }
   for (int64_t n = 0; n < images; ++n) copy_row(from + n * stride, image_floats, to + n * image_floats);
+}
+
+// r[i][j] becomes r[j][i]: the four shuffle stages of a 16 x 16 transpose.
+inline void transpose16(__m512 (&r)[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 4; ++i) {
+      t[8 * h + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + 4 + i], 0x88);
+      t[8 * h + 4 + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + 4 + i], 0xDD);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+    r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xDD);
+  }
 }
 
 // Lane i of the result = the sum of the 16 lanes of v[i] (a transposing tree: 45 instructions for

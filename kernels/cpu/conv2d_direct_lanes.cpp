@@ -88,30 +88,6 @@ int64_t thread_floats(const Conv2dShape& s) {
   return s.in_channels * padded_input(s).plane() + s.out_h() * s.out_w() * block_count<Tile>(s) * Tile::channels;
 }
 
-// r[i][j] becomes r[j][i]: the four shuffle stages of a 16 x 16 transpose.
-inline void transpose16(__m512 (&r)[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-  }
-  for (int h = 0; h < 2; ++h)
-    for (int i = 0; i < 4; ++i) {
-      t[8 * h + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + 4 + i], 0x88);
-      t[8 * h + 4 + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + 4 + i], 0xDD);
-    }
-  for (int i = 0; i < 8; ++i) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
-    r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xDD);
-  }
-}
-
 inline __mmask16 first_lanes(int64_t n) { return static_cast<__mmask16>(n >= kLanes ? 0xFFFFu : (1u << n) - 1); }
 
 // y[o][p] = by_pixel[p][o] for p < pixels, o < channels (by_pixel's rows are `width` floats):

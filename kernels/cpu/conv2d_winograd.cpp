@@ -1,6 +1,7 @@
 // kernels/cpu/conv2d_winograd.cpp: the 3x3 convolution at stride 1 and padding 1 (float, AVX-512)
-// by Winograd's minimal filtering F(2x2, 3x3), for the forward pass and for backward-data (which
-// is the same convolution with the weight flipped and transposed: transposed_stride1).
+// by Winograd's minimal filtering F(2x2, 3x3), for the forward pass, for backward-data (which is
+// the same convolution with the weight flipped and transposed: transposed_stride1) and for
+// backward-weight (below `backward_weight`: the same transforms, the product's gradient).
 //
 // The math (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", 2016). Cut the
 // output into 2x2 tiles; each reads a 4x4 patch d of the padded input. With
@@ -49,6 +50,16 @@ constexpr int kVectors = 6;         // vectors of 16 tiles per product micro-ker
 
 inline __mmask16 first_lanes(int64_t n) {
   return static_cast<__mmask16>(n >= kLanes ? 0xFFFFu : (1u << std::max<int64_t>(n, 0)) - 1u);
+}
+
+// Stores the lanes of `mask`; a whole vector by a plain store: on this CPU (Zen 5) a masked store
+// costs more even with all 16 lanes set (the input transform of a tile row of 28 pixels: 18.7 ns
+// with masked stores, 13.7 with plain ones; docs/results-cpu.md §1).
+inline void store_lanes(float* to, __mmask16 mask, __m512 values) {
+  if (mask == 0xFFFF)
+    _mm512_storeu_ps(to, values);
+  else
+    _mm512_mask_storeu_ps(to, mask, values);
 }
 
 // The tiles of the batch in tile rows ("rows" below: tile row a of image n is row n * rows + a),
@@ -142,8 +153,10 @@ struct Interleave {
 
 // V[p][c][first + b] for the tiles b of tile row `a` of one image channel `x` (h x w), the lanes
 // of `store` (the row's tiles).
-void transform_input_row(const float* x, int64_t h, int64_t w, int64_t a, const Picks& picks,
-                         float* v, int64_t position_stride, __mmask16 store) {
+// (Inlined into its caller's loop: as a call, its eight row vectors went through the stack.)
+[[gnu::always_inline]] inline void transform_input_row(const float* x, int64_t h, int64_t w, int64_t a,
+                                                       const Picks& picks, float* v, int64_t position_stride,
+                                                       __mmask16 store) {
   // padded rows 2a .. 2a + 3 are x rows 2a - 1 .. 2a + 2; padded column k is x column k - 1
   const __mmask16 low = static_cast<__mmask16>(first_lanes(w + 1) & 0xFFFEu), high = first_lanes(w - 15);
   __m512 lo[4], hi[4];
@@ -169,10 +182,10 @@ void transform_input_row(const float* x, int64_t h, int64_t w, int64_t a, const 
     const __m512 e2 = _mm512_permutex2var_ps(tlo[r], picks.even2, thi[r]);
     const __m512 e3 = _mm512_permutex2var_ps(tlo[r], picks.odd2, thi[r]);
     float* to = v + r * 4 * position_stride;
-    _mm512_mask_storeu_ps(to, store, _mm512_sub_ps(e0, e2));
-    _mm512_mask_storeu_ps(to + position_stride, store, _mm512_add_ps(e1, e2));
-    _mm512_mask_storeu_ps(to + 2 * position_stride, store, _mm512_sub_ps(e2, e1));
-    _mm512_mask_storeu_ps(to + 3 * position_stride, store, _mm512_sub_ps(e1, e3));
+    store_lanes(to, store, _mm512_sub_ps(e0, e2));
+    store_lanes(to + position_stride, store, _mm512_add_ps(e1, e2));
+    store_lanes(to + 2 * position_stride, store, _mm512_sub_ps(e2, e1));
+    store_lanes(to + 3 * position_stride, store, _mm512_sub_ps(e1, e3));
   }
 }
 
@@ -299,6 +312,117 @@ void forward_transformed(const StreamHandle& st, const Conv2dShape& s, const Blo
   });
 }
 
+// ---- Backward-weight. With M = sum_c U[c] .* V[c] and Y = A^T M A per tile, the gradient of U
+// is dU[p][o][c] = sum over tiles t of dM[p][o][t] V[p][c][t], with dM = A dY A^T (a 2x2 tile of
+// dy spread over 4x4), and the kernel's gradient is dg = G^T dU G. The sum runs over all the tiles
+// of the batch: done with the tiles on the lanes (as V is stored), every output would end in a
+// sum across the lanes, once per block, and those reductions cost as much as the products (tried:
+// 1.1-2x slower than the direct kernel). So dM is built with the output channels on the lanes,
+// dM'[p][t][o], and each tile adds a rank-1 update to registers that hold dU[p][c][o..o+16]:
+// broadcast V[p][c][t] (any layout serves a broadcast), times dM'[p][t][o-vector]. The registers
+// go to memory once per block (hundreds of tiles), not once per 16 tiles.
+
+// Layout of the weight pass's per-thread scratch, after V (Blocking's): dM'[p][t][o] with `outs`
+// (out rounded up to 16) floats per tile, the rows of one tile row of dy with the channels on the
+// lanes, and the thread's sums dU[p][c][o].
+struct WeightLayout {
+  int64_t outs, dm_position, sums_floats;
+  static constexpr int64_t kRowFloats = 2 * 2 * kLanes * kLanes;  // 2 dy rows x 32 pixels x 16
+  explicit WeightLayout(const Blocking& k)
+      : outs(round_up(k.out_rounded, kLanes)),
+        dm_position(Blocking::odd_lines(k.stride * outs)),
+        sums_floats(kPositions * k.in_channels * outs) {}
+  int64_t dm_floats() const { return kPositions * dm_position; }
+  int64_t thread_floats(const Blocking& k) const {
+    return k.v_floats() + dm_floats() + kRowFloats + sums_floats;
+  }
+};
+
+// dM'[p][first + b][o0 .. o0 + 16) of the tiles b of tile row `a` of dy's channels o0 .. o0 + 15
+// (`channels` of them; an h x w image each, `plane` floats apart), through `rows` (kRowFloats).
+void transform_gradient_row(const float* dy, int64_t plane, int64_t channels, int64_t h, int64_t w,
+                            int64_t a, int64_t cols, float* rows, float* dm, int64_t outs,
+                            int64_t position_stride) {
+  // rows[r][x] = dy[o0 ..][2a + r][x] (zero past h, past w and past the channels)
+  for (int r = 0; r < 2; ++r)
+    for (int64_t x0 = 0; x0 < 2 * kLanes; x0 += kLanes) {
+      float* to = rows + (r * 2 * kLanes + x0) * kLanes;
+      __m512 v[16];
+      const __mmask16 pixels = first_lanes(w - x0);
+      for (int c = 0; c < 16; ++c)
+        v[c] = c < channels && 2 * a + r < h && pixels != 0
+                   ? _mm512_maskz_loadu_ps(pixels, dy + c * plane + (2 * a + r) * w + x0)
+                   : _mm512_setzero_ps();
+      direct::transpose16(v);  // to 16 pixels' 16 channels
+      for (int i = 0; i < 16; ++i) _mm512_store_ps(to + i * kLanes, v[i]);
+    }
+  for (int64_t b = 0; b < cols; ++b) {
+    __m512 col[2][4];  // per dy row: dy A^T, columns d0, d0 + d1, d0 - d1, -d1
+    for (int r = 0; r < 2; ++r) {
+      const float* row = rows + r * 2 * kLanes * kLanes;
+      const __m512 d0 = _mm512_load_ps(row + 2 * b * kLanes), d1 = _mm512_load_ps(row + (2 * b + 1) * kLanes);
+      col[r][0] = d0;
+      col[r][1] = _mm512_add_ps(d0, d1);
+      col[r][2] = _mm512_sub_ps(d0, d1);
+      col[r][3] = _mm512_sub_ps(_mm512_setzero_ps(), d1);
+    }
+    float* to = dm + b * outs;
+    for (int q = 0; q < 4; ++q) {  // A (dy A^T): rows r0, r0 + r1, r0 - r1, -r1
+      _mm512_store_ps(to + q * position_stride, col[0][q]);
+      _mm512_store_ps(to + (4 + q) * position_stride, _mm512_add_ps(col[0][q], col[1][q]));
+      _mm512_store_ps(to + (8 + q) * position_stride, _mm512_sub_ps(col[0][q], col[1][q]));
+      _mm512_store_ps(to + (12 + q) * position_stride, _mm512_sub_ps(_mm512_setzero_ps(), col[1][q]));
+    }
+  }
+}
+
+// sums[c][16 j ..] += sum over `tiles` tiles t of v[c][t] * dm[t][16 j ..], for Channels input
+// channels (lines of V `v_stride` apart) and Vectors vectors of output channels, at one position.
+template <int Channels, int Vectors>
+void weight_tile(const float* v, int64_t v_stride, const float* dm, int64_t outs, int64_t tiles,
+                 float* sums) {
+  __m512 acc[Channels][Vectors];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm512_setzero_ps();
+  for (int64_t t = 0; t < tiles; ++t) {
+    __m512 d[Vectors];
+    for (int j = 0; j < Vectors; ++j) d[j] = _mm512_load_ps(dm + t * outs + j * kLanes);
+    for (int c = 0; c < Channels; ++c) {
+      const __m512 xv = _mm512_set1_ps(v[c * v_stride + t]);
+      for (int j = 0; j < Vectors; ++j) acc[c][j] = _mm512_fmadd_ps(xv, d[j], acc[c][j]);
+    }
+  }
+  for (int c = 0; c < Channels; ++c)
+    for (int j = 0; j < Vectors; ++j) {
+      float* to = sums + c * outs + j * kLanes;
+      _mm512_store_ps(to, _mm512_add_ps(_mm512_load_ps(to), acc[c][j]));
+    }
+}
+
+// The same for `channels` <= Channels input channels (fewer registers for a last partial group).
+template <int Vectors, int Channels>
+void weight_tiles(int channels, const float* v, int64_t v_stride, const float* dm, int64_t outs,
+                  int64_t tiles, float* sums) {
+  if constexpr (Channels > 1) {
+    if (channels < Channels) {
+      weight_tiles<Vectors, Channels - 1>(channels, v, v_stride, dm, outs, tiles, sums);
+      return;
+    }
+  }
+  weight_tile<Channels, Vectors>(v, v_stride, dm, outs, tiles, sums);
+}
+
+// One position's products of a block: every input channel against output vectors [j0, j0 +
+// Vectors), in groups of 24 / Vectors channels (24 accumulators, 8 registers for the loads).
+template <int Vectors>
+void weight_position(int64_t in, const float* v, int64_t v_stride, const float* dm, int64_t outs,
+                     int64_t tiles, float* sums) {
+  constexpr int kGroup = Vectors == 1 ? 16 : 24 / Vectors;
+  for (int64_t c0 = 0; c0 < in; c0 += kGroup)
+    weight_tiles<Vectors, kGroup>(static_cast<int>(std::min<int64_t>(kGroup, in - c0)), v + c0 * v_stride,
+                                  v_stride, dm, outs, tiles, sums + c0 * outs);
+}
+
 Scratch<float> reserve(const StreamHandle& st, const Blocking& k) {
   return reserve_scratch<float>(st, kPositions * k.out_rounded * k.in_channels, k.v_floats() + k.m_floats());
 }
@@ -318,6 +442,13 @@ bool applies(const Conv2dShape& s) {
          s.pad_w == 1 && s.in_w >= 7 && s.in_w <= 30 && s.in_h >= 1 && s.in_channels >= 16 &&
          s.out_channels >= 16 && s.in_channels * s.out_channels <= 4096;
 }
+
+// Backward-weight where the forward applies and rows are at most 16 pixels. In a training step
+// (`petra-train --profile`, 1 thread, ms per call, direct -> Winograd): 32 -> 32 @14 1.47-1.56 ->
+// 1.27-1.39, 64 -> 64 @7 1.50-1.59 -> 1.33-1.41; not 16 -> 16 @28, 1.35-1.47 -> 1.65-1.69 (isolated
+// it is 1.17 -> 1.11: in a step its x and dy come from memory, and the direct kernel hides that
+// better).
+bool applies_weight(const Conv2dShape& s) { return applies(s) && s.in_w <= 16; }
 
 void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w,
              const float* bias, float* y) {
@@ -341,6 +472,81 @@ void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy
                    [&](int64_t c, int64_t o, int64_t i, int64_t j) { return w[((o * in + c) * 3 + 2 - i) * 3 + 2 - j]; },
                    scratch.shared);
   forward_transformed(st, t, k, scratch.shared, scratch, dy, nullptr, dx);
+}
+
+// dw += the weight gradient: each thread sums its blocks' dU (rank-1 updates per tile, see above),
+// the threads' sums are added in thread order (so the bits depend on the thread count, as the
+// direct weight kernels'), and dw[o][c] += G^T dU G.
+void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* dy,
+                     float* dw) {
+  const Blocking k(s);
+  const WeightLayout layout(k);
+  const Scratch<float> scratch = reserve_scratch<float>(st, 0, layout.thread_floats(k));
+  const int64_t h = s.out_h(), w = s.out_w(), in = s.in_channels, out = s.out_channels;
+  const int64_t plane = h * w, outs = layout.outs;
+  auto sums_of = [&](int t) { return scratch.of_thread(t) + k.v_floats() + layout.dm_floats() + WeightLayout::kRowFloats; };
+  int used_threads = 1;
+  run_threads(st, [&](int t, int threads) {
+    if (t == 0) used_threads = threads;
+    float* v = scratch.of_thread(t);
+    float* dm = v + k.v_floats();
+    float* rows = dm + layout.dm_floats();
+    float* sums = sums_of(t);
+    std::fill(sums, sums + layout.sums_floats, 0.0f);
+    const Picks picks;
+    for (int64_t block = share(k.blocks(), t, threads); block < share(k.blocks(), t + 1, threads); ++block) {
+      const int64_t first = block * k.block_rows, rows_here = std::min(k.block_rows, k.all_rows - first);
+      const int64_t tiles = rows_here * k.cols;
+      transform_input_block(s, k, x, first, rows_here, picks, v);
+      for (int64_t r = 0; r < rows_here; ++r) {
+        const int64_t image = (first + r) / k.rows, a = (first + r) % k.rows;
+        for (int64_t o0 = 0; o0 < outs; o0 += kLanes)
+          transform_gradient_row(dy + (image * out + o0) * plane, plane, std::min<int64_t>(kLanes, out - o0), h, w,
+                                 a, k.cols, rows, dm + r * k.cols * outs + o0, outs, layout.dm_position);
+      }
+      for (int64_t p = 0; p < kPositions; ++p)
+        for (int64_t j0 = 0; j0 < outs / kLanes; j0 += 4) {
+          const float* vp = v + p * k.v_position;
+          const float* dmp = dm + p * layout.dm_position + j0 * kLanes;
+          float* sp = sums + p * in * outs + j0 * kLanes;
+          switch (std::min<int64_t>(4, outs / kLanes - j0)) {
+            case 1: weight_position<1>(in, vp, k.stride, dmp, outs, tiles, sp); break;
+            case 2: weight_position<2>(in, vp, k.stride, dmp, outs, tiles, sp); break;
+            case 3: weight_position<3>(in, vp, k.stride, dmp, outs, tiles, sp); break;
+            default: weight_position<4>(in, vp, k.stride, dmp, outs, tiles, sp); break;
+          }
+        }
+    }
+  });
+  // dw[o][c] += G^T dU G, dU summed over the threads in order
+  run_threads(st, [&](int t, int threads) {
+    for (int64_t oc = share(out * in, t, threads); oc < share(out * in, t + 1, threads); ++oc) {
+      const int64_t o = oc / in, c = oc % in;
+      double du[4][4];
+      for (int p = 0; p < kPositions; ++p) {
+        float sum = 0.0f;
+        for (int u = 0; u < used_threads; ++u) sum += sums_of(u)[(p * in + c) * outs + o];
+        du[p / 4][p % 4] = sum;
+      }
+      double right[4][3];  // dU G
+      for (int r = 0; r < 4; ++r) {
+        right[r][0] = du[r][0] + 0.5 * (du[r][1] + du[r][2]);
+        right[r][1] = 0.5 * (du[r][1] - du[r][2]);
+        right[r][2] = 0.5 * (du[r][1] + du[r][2]) + du[r][3];
+      }
+      float* to = dw + oc * 9;
+      for (int j = 0; j < 3; ++j) {  // G^T (dU G)
+        to[j] = static_cast<float>(to[j] + right[0][j] + 0.5 * (right[1][j] + right[2][j]));
+        to[3 + j] = static_cast<float>(to[3 + j] + 0.5 * (right[1][j] - right[2][j]));
+        to[6 + j] = static_cast<float>(to[6 + j] + 0.5 * (right[1][j] + right[2][j]) + right[3][j]);
+      }
+    }
+  });
+}
+
+int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads) {
+  const Blocking k(s);
+  return conv2d::scratch_floats(0, WeightLayout(k).thread_floats(k), threads);
 }
 
 int64_t scratch_floats(const Conv2dShape& s, int threads) {
