@@ -2,7 +2,8 @@
 // each pass (kernels/cpu/conv2d_algorithms.hpp lists them):
 //   - float, AVX-512 compiled in: first Winograd's F(2x2, 3x3) for the forward and
 //     backward-data of 3x3 stride-1 padding-1 layers of 16 to 64 channels on rows of 7 to 30
-//     (conv2d_winograd.cpp, `applies`); then the direct kernels where they measured faster than
+//     (conv2d_winograd.cpp, `applies`), and on 4x4 images (conv2d_winograd_small.cpp); then the
+//     direct kernels where they measured faster than
 //     im2col + GEMM, first direct::small (images of 16 pixels, conv2d_direct_small.cpp), then for the
 //     forward direct::lanes (stride 2, channels on the lanes: conv2d_direct_lanes.cpp), then
 //     direct::grid (narrow 3x3-like layers, conv2d_direct_grid.cpp); each one's `applies` says
@@ -47,6 +48,10 @@ void forward_pass(const StreamHandle& s, const Conv2dShape& shape, const T* x, c
       conv2d::winograd::forward(s, shape, x, w, bias, y);
       return;
     }
+    if (conv2d::winograd_small::applies(shape)) {
+      conv2d::winograd_small::forward(s, shape, x, w, bias, y);
+      return;
+    }
     if (conv2d::direct::small::applies(shape, conv2d::Pass::forward)) {
       conv2d::direct::small::forward(s, shape, x, w, bias, y);
       return;
@@ -73,6 +78,10 @@ void backward_data(const StreamHandle& s, const Conv2dShape& shape, const T* dy,
       const Conv2dShape transposed = conv2d::transposed_stride1(shape);
       if (conv2d::winograd::applies(transposed)) {
         conv2d::winograd::backward_data(s, shape, dy, w, dx);
+        return;
+      }
+      if (conv2d::winograd_small::applies(transposed)) {
+        conv2d::winograd_small::backward_data(s, shape, dy, w, dx);
         return;
       }
       if (conv2d::direct::small::applies(transposed, conv2d::Pass::forward)) {
@@ -146,6 +155,7 @@ int64_t direct_workspace_floats(const Conv2dShape& s, int threads) {
   using conv2d::Pass;
   auto forward_floats = [&](const Conv2dShape& f) -> int64_t {
     if (conv2d::winograd::applies(f)) return conv2d::winograd::scratch_floats(f, threads);
+    if (conv2d::winograd_small::applies(f)) return conv2d::winograd_small::scratch_floats(f, threads);
     if (direct::small::applies(f, Pass::forward)) return direct::small::forward_scratch_floats(f, threads);
     if (direct::lanes::applies(f, Pass::forward)) return direct::lanes::forward_scratch_floats(f, threads);
     if (direct::grid::applies(f, Pass::forward)) return direct::grid::forward_scratch_floats(f, threads);

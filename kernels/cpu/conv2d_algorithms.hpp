@@ -12,6 +12,8 @@
 //   winograd         kernels/cpu/conv2d_winograd.cpp      AVX-512, float: 3x3 stride 1 pad 1,
 //                                                          F(2x2, 3x3): forward, backward-data,
 //                                                          backward-weight (rows up to 16)
+//   winograd_small   kernels/cpu/conv2d_winograd_small.cpp AVX-512, float: the same on 4x4 images,
+//                                                          one image channel per vector
 //
 // Each algorithm's passes have the contracts of kernels/conv2d.hpp (y =, dx =, dw +=) and take
 // their scratch from the stream's workspace through reserve_scratch; *_scratch_floats(shape,
@@ -175,6 +177,16 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
                      float* dw);
 int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads);
 }  // namespace winograd
+
+namespace winograd_small {  // kernels/cpu/conv2d_winograd_small.cpp: F(2x2, 3x3) on 4x4 images
+bool applies(const Conv2dShape& s);  // of the forward pass; backward-data: of transposed_stride1(s)
+void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w,
+             const float* bias, float* y);
+void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy, const float* w,
+                   float* dx);
+// Scratch floats of forward(s) (and backward_data(s): of transposed_stride1(s)).
+int64_t scratch_floats(const Conv2dShape& s, int threads);
+}  // namespace winograd_small
 #endif  // PETRA_CONV_DIRECT
 
 }  // namespace petra::kernels::cpu::conv2d

@@ -129,6 +129,11 @@ std::vector<Conv2dShape> comparison_shapes() {
   // 24 input channels (16 and a partial group of 8); 17 and 24 outputs above: a padded vector.
   shapes.push_back(conv2d_shape(3, 16, 9, 8, 48, 3, 1, 1));
   shapes.push_back(conv2d_shape(2, 24, 7, 11, 80, 3, 1, 1));
+  // winograd_small (4x4 images, 16 channels or more): 13 images of 128 channels (blocks of 12 and
+  // 1 image), 18 outputs (a partial panel of 4); backward-data of the same (18 inputs: one block,
+  // groups of 6, 6 and 1 image); 5 images of 16 channels. (9, 64, 4, 4, 64) above runs it too.
+  shapes.push_back(conv2d_shape(13, 128, 4, 4, 18, 3, 1, 1));
+  shapes.push_back(conv2d_shape(5, 16, 4, 4, 16, 3, 1, 1));
   return shapes;
 }
 
@@ -243,10 +248,11 @@ TEST_CASE("conv2d: cpu results are bit-identical from run to run") {
 
 // Winograd's forward and backward-data (kernels/cpu/conv2d_winograd.cpp) give each thread whole
 // blocks of tile rows: the same bits at any thread count, on the benchmark network's shapes and
-// odd ones (a thread's first block may start inside an image).
+// odd ones (a thread's first block may start inside an image). The same for 4x4 images
+// (conv2d_winograd_small.cpp: 25 images in blocks of 12, 12 and 1).
 TEST_CASE("conv2d: the Winograd passes give the same bits at 1, 2 and 3 threads") {
   for (const Conv2dShape& shape : {conv2d_shape(5, 16, 28, 28, 16, 3, 1, 1), conv2d_shape(6, 32, 14, 14, 32, 3, 1, 1),
-                                   conv2d_shape(7, 20, 13, 15, 17, 3, 1, 1)}) {
+                                   conv2d_shape(7, 20, 13, 15, 17, 3, 1, 1), conv2d_shape(25, 128, 4, 4, 18, 3, 1, 1)}) {
     CAPTURE(describe(shape));
     const auto x = random_values<float>(size_of(shape.input_size()), 1);
     const auto w = random_values<float>(size_of(shape.weight_size()), 2);
