@@ -115,6 +115,10 @@ void backward_weight(const StreamHandle& s, const Conv2dShape& shape, const T* x
       conv2d::winograd::backward_weight(s, shape, x, dy, dw);
       return;
     }
+    if (conv2d::winograd_small::applies_weight(shape)) {
+      conv2d::winograd_small::backward_weight(s, shape, x, dy, dw);
+      return;
+    }
     if (conv2d::direct::channels::applies(shape, conv2d::Pass::weight)) {
       conv2d::direct::channels::backward_weight(s, shape, x, dy, dw);
       return;
@@ -168,6 +172,8 @@ int64_t direct_workspace_floats(const Conv2dShape& s, int threads) {
     floats = std::max(floats, direct::lanes::backward_data_scratch_floats(s, threads));
   if (conv2d::winograd::applies_weight(s))
     floats = std::max(floats, conv2d::winograd::backward_weight_scratch_floats(s, threads));
+  else if (conv2d::winograd_small::applies_weight(s))
+    floats = std::max(floats, conv2d::winograd_small::backward_weight_scratch_floats(s, threads));
   else if (direct::channels::applies(s, Pass::weight))
     floats = std::max(floats, direct::channels::backward_weight_scratch_floats(s, threads));
   else if (direct::small::applies(s, Pass::weight))

@@ -13,7 +13,8 @@
 //                                                          F(2x2, 3x3): forward, backward-data,
 //                                                          backward-weight (rows up to 16)
 //   winograd_small   kernels/cpu/conv2d_winograd_small.cpp AVX-512, float: the same on 4x4 images,
-//                                                          one image channel per vector
+//                                                          one image channel per vector (all three
+//                                                          passes)
 //
 // Each algorithm's passes have the contracts of kernels/conv2d.hpp (y =, dx =, dw +=) and take
 // their scratch from the stream's workspace through reserve_scratch; *_scratch_floats(shape,
@@ -79,6 +80,22 @@ constexpr int64_t scratch_floats(int64_t shared, int64_t per_thread, int threads
 inline Conv2dShape transposed_stride1(const Conv2dShape& s) {
   return {s.batch, s.out_channels, s.out_h(), s.out_w(), s.in_channels, s.kernel_h, s.kernel_w,
           1, 1, s.kernel_h - 1 - s.pad_h, s.kernel_w - 1 - s.pad_w};
+}
+
+// Winograd F(2x2, 3x3)'s weight gradient from the gradient of one transformed kernel (its 4x4
+// positions dU): to[0..9) += G^T dU G, G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] (conv2d_winograd.cpp).
+inline void add_winograd_weight_gradient(const double (&du)[4][4], float* to) {
+  double right[4][3];  // dU G
+  for (int r = 0; r < 4; ++r) {
+    right[r][0] = du[r][0] + 0.5 * (du[r][1] + du[r][2]);
+    right[r][1] = 0.5 * (du[r][1] - du[r][2]);
+    right[r][2] = 0.5 * (du[r][1] + du[r][2]) + du[r][3];
+  }
+  for (int j = 0; j < 3; ++j) {  // G^T (dU G)
+    to[j] = static_cast<float>(to[j] + right[0][j] + 0.5 * (right[1][j] + right[2][j]));
+    to[3 + j] = static_cast<float>(to[3 + j] + 0.5 * (right[1][j] - right[2][j]));
+    to[6 + j] = static_cast<float>(to[6 + j] + 0.5 * (right[1][j] + right[2][j]) + right[3][j]);
+  }
 }
 
 }  // namespace
@@ -186,6 +203,11 @@ void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy
                    float* dx);
 // Scratch floats of forward(s) (and backward_data(s): of transposed_stride1(s)).
 int64_t scratch_floats(const Conv2dShape& s, int threads);
+// Backward-weight, where applies_weight(s).
+bool applies_weight(const Conv2dShape& s);
+void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* dy,
+                     float* dw);
+int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads);
 }  // namespace winograd_small
 #endif  // PETRA_CONV_DIRECT
 

@@ -528,18 +528,7 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
         for (int u = 0; u < used_threads; ++u) sum += sums_of(u)[(p * in + c) * outs + o];
         du[p / 4][p % 4] = sum;
       }
-      double right[4][3];  // dU G
-      for (int r = 0; r < 4; ++r) {
-        right[r][0] = du[r][0] + 0.5 * (du[r][1] + du[r][2]);
-        right[r][1] = 0.5 * (du[r][1] - du[r][2]);
-        right[r][2] = 0.5 * (du[r][1] + du[r][2]) + du[r][3];
-      }
-      float* to = dw + oc * 9;
-      for (int j = 0; j < 3; ++j) {  // G^T (dU G)
-        to[j] = static_cast<float>(to[j] + right[0][j] + 0.5 * (right[1][j] + right[2][j]));
-        to[3 + j] = static_cast<float>(to[3 + j] + 0.5 * (right[1][j] - right[2][j]));
-        to[6 + j] = static_cast<float>(to[6 + j] + 0.5 * (right[1][j] + right[2][j]) + right[3][j]);
-      }
+      add_winograd_weight_gradient(du, dw + oc * 9);
     }
   });
 }

@@ -132,8 +132,11 @@ std::vector<Conv2dShape> comparison_shapes() {
   // winograd_small (4x4 images, 16 channels or more): 13 images of 128 channels (blocks of 12 and
   // 1 image), 18 outputs (a partial panel of 4); backward-data of the same (18 inputs: one block,
   // groups of 6, 6 and 1 image); 5 images of 16 channels. (9, 64, 4, 4, 64) above runs it too.
+  // Its backward-weight (channels in multiples of 4): 14 images of 128 channels (blocks of 12 and
+  // 2 images), 36 outputs (chunks of 32 and 4 output channels).
   shapes.push_back(conv2d_shape(13, 128, 4, 4, 18, 3, 1, 1));
   shapes.push_back(conv2d_shape(5, 16, 4, 4, 16, 3, 1, 1));
+  shapes.push_back(conv2d_shape(14, 128, 4, 4, 36, 3, 1, 1));
   return shapes;
 }
 
@@ -249,31 +252,38 @@ TEST_CASE("conv2d: cpu results are bit-identical from run to run") {
 // Winograd's forward and backward-data (kernels/cpu/conv2d_winograd.cpp) give each thread whole
 // blocks of tile rows: the same bits at any thread count, on the benchmark network's shapes and
 // odd ones (a thread's first block may start inside an image). The same for 4x4 images
-// (conv2d_winograd_small.cpp: 25 images in blocks of 12, 12 and 1).
+// (conv2d_winograd_small.cpp: 25 images in blocks of 12, 12 and 1), whose backward-weight gives
+// each thread whole chunks of output channels: its bits too (72 outputs: chunks of 32, 32 and 8).
 TEST_CASE("conv2d: the Winograd passes give the same bits at 1, 2 and 3 threads") {
   for (const Conv2dShape& shape : {conv2d_shape(5, 16, 28, 28, 16, 3, 1, 1), conv2d_shape(6, 32, 14, 14, 32, 3, 1, 1),
-                                   conv2d_shape(7, 20, 13, 15, 17, 3, 1, 1), conv2d_shape(25, 128, 4, 4, 18, 3, 1, 1)}) {
+                                   conv2d_shape(7, 20, 13, 15, 17, 3, 1, 1), conv2d_shape(25, 128, 4, 4, 18, 3, 1, 1),
+                                   conv2d_shape(25, 64, 4, 4, 72, 3, 1, 1)}) {
     CAPTURE(describe(shape));
     const auto x = random_values<float>(size_of(shape.input_size()), 1);
     const auto w = random_values<float>(size_of(shape.weight_size()), 2);
     const auto bias = random_values<float>(size_of(shape.out_channels), 3);
     const auto dy = random_values<float>(size_of(shape.output_size()), 4);
-    std::vector<float> y1, dx1;
+    const bool weight_too = shape.in_h == 4 && shape.out_channels % 4 == 0;
+    std::vector<float> y1, dx1, dw1;
     for (int threads : {1, 2, 3}) {
       CAPTURE(threads);
       HeapWorkspace workspace;
       StreamHandle s;
       s.num_threads = threads;
       s.workspace = &workspace;
-      std::vector<float> y(size_of(shape.output_size())), dx(size_of(shape.input_size()));
+      std::vector<float> y(size_of(shape.output_size())), dx(size_of(shape.input_size())),
+          dw(size_of(shape.weight_size()), 0.0f);
       cpu::conv2d_forward(s, shape, x.data(), w.data(), bias.data(), y.data());
       cpu::conv2d_backward_data(s, shape, dy.data(), w.data(), dx.data());
+      if (weight_too) cpu::conv2d_backward_weight(s, shape, x.data(), dy.data(), dw.data());
       if (threads == 1) {
         y1 = y;
         dx1 = dx;
+        dw1 = dw;
       }
       CHECK(y == y1);
       CHECK(dx == dx1);
+      CHECK(dw == dw1);
     }
   }
 }
