@@ -27,7 +27,8 @@
 // U is computed once per call from w (or from w flipped, for backward-data).
 //
 // Deterministic: every output is the same sequence of operations whatever the thread count
-// (threads take whole blocks). It differs from the direct kernels' bits, so a run's numbers change
+// (threads take whole blocks). The weight gradient sums per thread: its bits depend on the thread
+// count only. It differs from the direct kernels' bits, so a run's numbers change
 // when it is chosen (Fashion-MNIST after one epoch: 89.01% against 88.90% and 89.34%, two seeds;
 // docs/results-cpu.md). kernels/cpu/conv2d.cpp chooses it where `applies` says (with the
 // measurements). Compiled only with AVX-512 (PETRA_CONV_DIRECT).

@@ -252,8 +252,9 @@ TEST_CASE("conv2d: cpu results are bit-identical from run to run") {
 // Winograd's forward and backward-data (kernels/cpu/conv2d_winograd.cpp) give each thread whole
 // blocks of tile rows: the same bits at any thread count, on the benchmark network's shapes and
 // odd ones (a thread's first block may start inside an image). The same for 4x4 images
-// (conv2d_winograd_small.cpp: 25 images in blocks of 12, 12 and 1), whose backward-weight gives
-// each thread whole chunks of output channels: its bits too (72 outputs: chunks of 32, 32 and 8).
+// (conv2d_winograd_small.cpp: each thread an equal share of the 25 images, in blocks of up to 12),
+// whose backward-weight gives each thread whole chunks of output channels: its bits too (72
+// outputs: chunks of 32, 32 and 8).
 TEST_CASE("conv2d: the Winograd passes give the same bits at 1, 2 and 3 threads") {
   for (const Conv2dShape& shape : {conv2d_shape(5, 16, 28, 28, 16, 3, 1, 1), conv2d_shape(6, 32, 14, 14, 32, 3, 1, 1),
                                    conv2d_shape(7, 20, 13, 15, 17, 3, 1, 1), conv2d_shape(25, 128, 4, 4, 18, 3, 1, 1),
