@@ -18,6 +18,7 @@
 #if PETRA_CONV_DIRECT
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "petra/kernels/cpu/conv2d_direct.hpp"
@@ -206,20 +207,31 @@ int64_t weight_shared(const Conv2dShape& s) { return Taps(s).copy_size(s.batch);
 // input channel: 18 accumulators, 2 vector loads and 9 broadcasts per pixel for 18 FMAs, and no
 // sum across lanes. The sums run over 8 images (128 products) in the registers, then are added to
 // the block's totals, which keeps their rounding error near the pixel-lane kernel's.
+// The same serves a 7x7 input at stride 2 (also 4x4 outputs: ResNet-18's last transition here),
+// with 9x9 copies: pixel (h, w)'s window starts at (2h, 2w) of the copy instead of (h, w).
 namespace lanes {
 
-constexpr int kSide = 4, kPadded = kSide + 2, kPlane = kPadded * kPadded;  // 4x4 images, 6x6 copies
-constexpr int kTaps = 9;                                                   // 3x3
+constexpr int kSide = 4;   // 4x4 outputs
+constexpr int kTaps = 9;   // 3x3
 constexpr int kImagesPerSum = 8;
 
+// The copies of x: 6x6 planes of a 4x4 input (stride 1), 9x9 of a 7x7 input (stride 2).
+template <int Stride>
+struct Copy {
+  static constexpr int padded = Stride == 1 ? kSide + 2 : 2 * kSide + 1, plane = padded * padded;
+};
+
 bool applies(const Conv2dShape& s) {
-  return s.in_h == kSide && s.in_w == kSide && s.kernel_h == 3 && s.kernel_w == 3 && s.pad_h == 1 &&
-         s.pad_w == 1 && s.stride_h == 1 && s.stride_w == 1 && s.out_channels >= kLanes;
+  const bool stride1 = s.in_h == kSide && s.in_w == kSide && s.stride_h == 1 && s.stride_w == 1;
+  const bool stride2 = s.in_h == 2 * kSide - 1 && s.in_w == 2 * kSide - 1 && s.stride_h == 2 && s.stride_w == 2;
+  return (stride1 || stride2) && s.kernel_h == 3 && s.kernel_w == 3 && s.pad_h == 1 && s.pad_w == 1 &&
+         s.out_channels >= kLanes;
 }
+int plane_floats(const Conv2dShape& s) { return s.stride_h == 1 ? Copy<1>::plane : Copy<2>::plane; }
 
 int64_t padded_channels(const Conv2dShape& s) { return round_up(s.out_channels, kLanes); }
 int64_t dyt_floats(const Conv2dShape& s) { return s.batch * kLanes * padded_channels(s); }
-int64_t shared_floats(const Conv2dShape& s) { return dyt_floats(s) + s.in_channels * s.batch * kPlane + kLanes; }
+int64_t shared_floats(const Conv2dShape& s) { return dyt_floats(s) + s.in_channels * s.batch * plane_floats(s) + kLanes; }
 
 // dyt[p][o] = dy[o][p] for one image: 16 channels at a time, gathered (o >= out_channels: zero).
 void transpose_image(const float* dy, int64_t channels, int64_t padded, float* dyt) {
@@ -242,7 +254,7 @@ struct PadTable {
   constexpr PadTable() {
     for (int h = 0; h < kSide; ++h)
       for (int w = 0; w < kSide; ++w) {
-        const int q = (h + 1) * kPadded + w + 1;
+        const int q = (h + 1) * Copy<1>::padded + w + 1;
         index[q] = h * kSide + w;
         inside |= std::uint64_t(1) << q;
       }
@@ -251,7 +263,7 @@ struct PadTable {
 constexpr PadTable kPadTable;
 
 // The 6x6 copy with a zero border of one 4x4 channel: three permutes of its one vector.
-void pad_plane(const float* x, float* to) {
+void pad_plane(const float* x, float* to, std::integral_constant<int, 1>) {
   const __m512 v = _mm512_loadu_ps(x);
   for (int part = 0; part < 3; ++part) {
     const auto m = static_cast<__mmask16>(kPadTable.inside >> (16 * part));
@@ -261,22 +273,32 @@ void pad_plane(const float* x, float* to) {
   }
 }
 
+// The 9x9 copy with a zero border of one 7x7 channel: zeros, then its seven rows.
+void pad_plane(const float* x, float* to, std::integral_constant<int, 2>) {
+  constexpr int padded = Copy<2>::padded;
+  for (int q = 0; q + kLanes <= Copy<2>::plane; q += kLanes) _mm512_storeu_ps(to + q, _mm512_setzero_ps());
+  to[Copy<2>::plane - 1] = 0.0f;  // 81 = 5 x 16 + 1
+  for (int h = 0; h < padded - 2; ++h)
+    _mm256_mask_storeu_ps(to + (h + 1) * padded + 1, 0x7F, _mm256_maskz_loadu_ps(0x7F, x + h * (padded - 2)));
+}
+
 // acc[v][t] += sum over `images` images and the 16 pixels of dyt (output channels 16v..16v + 15 of
 // the block) times tap t of x's plane; dyt: image 0, first channel of the block; xc: image 0's plane.
-template <int V>
+template <int Stride, int V>
 inline void add_products(const float* dyt, int64_t padded, const float* xc, int64_t images,
                          __m512 (&acc)[V][kTaps]) {
+  constexpr int side = Copy<Stride>::padded;
   for (int64_t n = 0; n < images; ++n) {
     const float* d = dyt + n * kLanes * padded;
-    const float* x = xc + n * kPlane;
+    const float* x = xc + n * Copy<Stride>::plane;
 #pragma GCC unroll 1
     for (int p = 0; p < kLanes; ++p) {
-      const float* window = x + (p / kSide) * kPadded + p % kSide;  // tap (0, 0) of pixel p
+      const float* window = x + Stride * ((p / kSide) * side + p % kSide);  // tap (0, 0) of pixel p
       __m512 dv[V];
       for (int v = 0; v < V; ++v) dv[v] = _mm512_loadu_ps(d + p * padded + v * kLanes);
       for (int i = 0; i < 3; ++i)
         for (int j = 0; j < 3; ++j) {
-          const __m512 xb = _mm512_set1_ps(window[i * kPadded + j]);
+          const __m512 xb = _mm512_set1_ps(window[i * side + j]);
           for (int v = 0; v < V; ++v) acc[v][i * 3 + j] = _mm512_fmadd_ps(dv[v], xb, acc[v][i * 3 + j]);
         }
     }
@@ -284,10 +306,11 @@ inline void add_products(const float* dyt, int64_t padded, const float* xc, int6
 }
 
 // dw[o0 + o][c][t] += the block's sums, for the channels o < out_channels - o0.
-template <int V>
+template <int Stride, int V>
 void block(const Conv2dShape& s, const float* dyt, const float* xp, int64_t c, int64_t o0, float* dw) {
+  constexpr int plane = Copy<Stride>::plane;
   const int64_t padded = padded_channels(s);
-  const float* xc = xp + c * s.batch * kPlane;
+  const float* xc = xp + c * s.batch * plane;
   __m512 total[V][kTaps];
   for (int v = 0; v < V; ++v)
     for (int t = 0; t < kTaps; ++t) total[v][t] = _mm512_setzero_ps();
@@ -295,7 +318,7 @@ void block(const Conv2dShape& s, const float* dyt, const float* xp, int64_t c, i
     __m512 acc[V][kTaps];
     for (int v = 0; v < V; ++v)
       for (int t = 0; t < kTaps; ++t) acc[v][t] = _mm512_setzero_ps();
-    add_products<V>(dyt + n * kLanes * padded + o0, padded, xc + n * kPlane,
+    add_products<Stride, V>(dyt + n * kLanes * padded + o0, padded, xc + n * plane,
                     std::min<int64_t>(kImagesPerSum, s.batch - n), acc);
     for (int v = 0; v < V; ++v)
       for (int t = 0; t < kTaps; ++t) total[v][t] = _mm512_add_ps(total[v][t], acc[v][t]);
@@ -312,7 +335,9 @@ void block(const Conv2dShape& s, const float* dyt, const float* xp, int64_t c, i
 
 // The threads share dyt and xp and split the input channels: each dw value is one thread's sum,
 // in the same order whatever the thread count.
+template <int Stride>
 void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* dy, float* dw) {
+  constexpr int plane = Copy<Stride>::plane;
   const Scratch<float> scratch = reserve_scratch<float>(st, shared_floats(s), 0);
   float* dyt = scratch.shared;
   float* xp = dyt + dyt_floats(s);
@@ -321,17 +346,25 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
     for (int64_t n = share(s.batch, t, threads); n < share(s.batch, t + 1, threads); ++n) {
       transpose_image(dy + n * out_image, s.out_channels, padded, dyt + n * kLanes * padded);
       for (int64_t c = 0; c < s.in_channels; ++c)
-        pad_plane(x + n * s.x_image_stride() + c * kLanes, xp + (c * s.batch + n) * kPlane);
+        pad_plane(x + n * s.x_image_stride() + c * s.in_h * s.in_w, xp + (c * s.batch + n) * plane,
+                  std::integral_constant<int, Stride>{});
     }
   });
   run_threads(st, [&](int t, int threads) {
     const int64_t first = share(s.in_channels, t, threads), end = share(s.in_channels, t + 1, threads);
     int64_t o0 = 0;
     for (; o0 + 2 * kLanes <= padded; o0 += 2 * kLanes)
-      for (int64_t c = first; c < end; ++c) block<2>(s, dyt, xp, c, o0, dw);
+      for (int64_t c = first; c < end; ++c) block<Stride, 2>(s, dyt, xp, c, o0, dw);
     if (o0 < padded)
-      for (int64_t c = first; c < end; ++c) block<1>(s, dyt, xp, c, o0, dw);
+      for (int64_t c = first; c < end; ++c) block<Stride, 1>(s, dyt, xp, c, o0, dw);
   });
+}
+
+void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* dy, float* dw) {
+  if (s.stride_h == 1)
+    backward_weight<1>(st, s, x, dy, dw);
+  else
+    backward_weight<2>(st, s, x, dy, dw);
 }
 
 }  // namespace lanes
