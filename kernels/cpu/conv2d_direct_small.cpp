@@ -2,8 +2,9 @@
 // pixels (4x4, as in ResNet-18's last stage on CIFAR), stride 1, output as large as the input.
 // kernels/cpu/conv2d.cpp chooses it before the other algorithms wherever `applies` (below, with the
 // measurements) says so: at least 4 output channels (forward, backward-data); backward-weight of
-// 3x3 kernels with at least 16 output channels (`lanes`, below), of the others with at most 512 KB
-// of input in the batch. Compiled only with AVX-512 (PETRA_CONV_DIRECT).
+// 3x3 kernels with at least 16 output channels (`lanes`, below; also a 7x7 input at stride 2, whose
+// output is 4x4 too), of the others with at most 512 KB of input in the batch. Compiled only with
+// AVX-512 (PETRA_CONV_DIRECT).
 //
 // One channel of an image is then one vector, and tap (i, j) of all its output pixels is that
 // vector shifted by (i - pad_h) * in_w + j - pad_w: one load, with the lanes that would read
@@ -378,6 +379,8 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
 // output channels on the lanes (2026-12-02, bench-conv-shapes / bench-kernels, 1 thread): 128
 // channels at batch 64 2.62-2.79 -> 1.70-1.75 ms (this file's pixel-lane kernel before), at batch
 // 128 5.19 -> 3.88 ms (im2col before), 512 channels at batch 64 35-41 -> 29-31 ms (im2col).
+// At stride 2 from 7x7 (2026-12-03): 64 -> 128 channels at batch 64, 1.14 -> 0.82 ms isolated
+// (before: the grid kernel), 1.30-1.34 -> 1.09 in a training step (`--profile`, 1 thread).
 bool applies(const Conv2dShape& s, Pass pass) {
   if (pass == Pass::weight && lanes::applies(s)) return true;
   return s.stride_h == 1 && s.stride_w == 1 && s.pad_h >= 0 && s.pad_w >= 0 &&
