@@ -380,7 +380,7 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
 // channels at batch 64 2.62-2.79 -> 1.70-1.75 ms (this file's pixel-lane kernel before), at batch
 // 128 5.19 -> 3.88 ms (im2col before), 512 channels at batch 64 35-41 -> 29-31 ms (im2col).
 // At stride 2 from 7x7 (2026-12-03): 64 -> 128 channels at batch 64, 1.14 -> 0.82 ms isolated
-// (before: the grid kernel), 1.30-1.34 -> 1.09 in a training step (`--profile`, 1 thread).
+// (im2col + GEMM before), 1.30-1.34 -> 1.09 in a training step (`--profile`, 1 thread).
 bool applies(const Conv2dShape& s, Pass pass) {
   if (pass == Pass::weight && lanes::applies(s)) return true;
   return s.stride_h == 1 && s.stride_w == 1 && s.pad_h >= 0 && s.pad_w >= 0 &&
