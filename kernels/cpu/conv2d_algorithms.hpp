@@ -82,6 +82,42 @@ inline Conv2dShape transposed_stride1(const Conv2dShape& s) {
           1, 1, s.kernel_h - 1 - s.pad_h, s.kernel_w - 1 - s.pad_w};
 }
 
+// Tap (i, j) from input channel c to output channel o of a 3x3 weight w[out][in][3][3]; and of the
+// transposed_stride1 convolution's weight (output channel c, input channel o: w[o][c] flipped).
+struct Taps3x3 {
+  const float* w;
+  int64_t in;
+  float operator()(int64_t o, int64_t c, int64_t i, int64_t j) const { return w[((o * in + c) * 3 + i) * 3 + j]; }
+};
+struct FlippedTaps3x3 {
+  const float* w;
+  int64_t in;  // of the original convolution
+  float operator()(int64_t c, int64_t o, int64_t i, int64_t j) const {
+    return w[((o * in + c) * 3 + 2 - i) * 3 + 2 - j];
+  }
+};
+
+// Winograd F(2x2, 3x3)'s transformed kernel u = G g G^T of one 3x3 kernel, g(i, j) its taps,
+// G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] (conv2d_winograd.cpp): halves and sums only.
+template <class Taps>
+inline void winograd_transform_kernel(Taps&& g, float (&u)[4][4]) {
+  float gg[4][3];  // G g
+  for (int j = 0; j < 3; ++j) {
+    const float a = g(0, j), b = g(1, j), e = g(2, j);
+    gg[0][j] = a;
+    gg[1][j] = 0.5f * (a + b + e);
+    gg[2][j] = 0.5f * (a - b + e);
+    gg[3][j] = e;
+  }
+  for (int i = 0; i < 4; ++i) {  // (G g) G^T
+    const float a = gg[i][0], b = gg[i][1], e = gg[i][2];
+    u[i][0] = a;
+    u[i][1] = 0.5f * (a + b + e);
+    u[i][2] = 0.5f * (a - b + e);
+    u[i][3] = e;
+  }
+}
+
 // Winograd F(2x2, 3x3)'s weight gradient from the gradient of one transformed kernel (its 4x4
 // positions dU): to[0..9) += G^T dU G, G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] (conv2d_winograd.cpp).
 inline void add_winograd_weight_gradient(const double (&du)[4][4], float* to) {

@@ -115,21 +115,11 @@ void transform_weight(const StreamHandle& st, int64_t out, int64_t in, int64_t o
   run_threads(st, [&](int t, int threads) {
     for (int64_t o = share(out_rounded, t, threads); o < share(out_rounded, t + 1, threads); ++o)
       for (int64_t c = 0; c < in; ++c) {
-        float gg[4][3];  // G g
-        for (int j = 0; j < 3; ++j) {
-          const float a = o < out ? g(o, c, 0, j) : 0.0f, b = o < out ? g(o, c, 1, j) : 0.0f,
-                      e = o < out ? g(o, c, 2, j) : 0.0f;
-          gg[0][j] = a;
-          gg[1][j] = 0.5f * (a + b + e);
-          gg[2][j] = 0.5f * (a - b + e);
-          gg[3][j] = e;
-        }
-        for (int r = 0; r < 4; ++r) {
-          const float a = gg[r][0], b = gg[r][1], e = gg[r][2];
-          const float row[4] = {a, 0.5f * (a + b + e), 0.5f * (a - b + e), e};
+        float uk[4][4];
+        winograd_transform_kernel([&](int i, int j) { return o < out ? g(o, c, i, j) : 0.0f; }, uk);
+        for (int r = 0; r < 4; ++r)
           for (int q = 0; q < 4; ++q)
-            u[((r * 4 + q) * blocks + o / kChannels) * in * kChannels + c * kChannels + o % kChannels] = row[q];
-        }
+            u[((r * 4 + q) * blocks + o / kChannels) * in * kChannels + c * kChannels + o % kChannels] = uk[r][q];
       }
   });
 }
@@ -455,10 +445,7 @@ void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const
              const float* bias, float* y) {
   const Blocking k(s);
   const Scratch<float> scratch = reserve(st, k);
-  const int64_t in = s.in_channels;
-  transform_weight(st, s.out_channels, in, k.out_rounded,
-                   [&](int64_t o, int64_t c, int64_t i, int64_t j) { return w[((o * in + c) * 3 + i) * 3 + j]; },
-                   scratch.shared);
+  transform_weight(st, s.out_channels, s.in_channels, k.out_rounded, Taps3x3{w, s.in_channels}, scratch.shared);
   forward_transformed(st, s, k, scratch.shared, scratch, x, bias, y);
 }
 
@@ -467,11 +454,7 @@ void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy
   const Conv2dShape t = transposed_stride1(s);
   const Blocking k(t);
   const Scratch<float> scratch = reserve(st, k);
-  const int64_t in = s.in_channels;
-  // the transposed convolution's output channel c, input channel o: w[o][c] flipped
-  transform_weight(st, t.out_channels, t.in_channels, k.out_rounded,
-                   [&](int64_t c, int64_t o, int64_t i, int64_t j) { return w[((o * in + c) * 3 + 2 - i) * 3 + 2 - j]; },
-                   scratch.shared);
+  transform_weight(st, t.out_channels, t.in_channels, k.out_rounded, FlippedTaps3x3{w, s.in_channels}, scratch.shared);
   forward_transformed(st, t, k, scratch.shared, scratch, dy, nullptr, dx);
 }
 
