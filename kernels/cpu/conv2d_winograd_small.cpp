@@ -45,7 +45,7 @@ int64_t block_images(const Conv2dShape& s) {
   return std::clamp<int64_t>(fit / kImageGroup * kImageGroup, kImageGroup, round_up(s.batch, kImageGroup));
 }
 
-// The permutes of the transforms, built once per call.
+// The permutes of the transforms and their masks, built by each thread once per call.
 struct Tables {
   // Input: for patch row r, R_r = A_r - or + B_r with A_r, B_r picks of the image vector, zero
   // outside the image: lane 4 * tile + j of R_r = sum_s B^T[j][s] d[r][s].
