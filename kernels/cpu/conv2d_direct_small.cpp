@@ -232,7 +232,9 @@ int plane_floats(const Conv2dShape& s) { return s.stride_h == 1 ? Copy<1>::plane
 
 int64_t padded_channels(const Conv2dShape& s) { return round_up(s.out_channels, kLanes); }
 int64_t dyt_floats(const Conv2dShape& s) { return s.batch * kLanes * padded_channels(s); }
-int64_t shared_floats(const Conv2dShape& s) { return dyt_floats(s) + s.in_channels * s.batch * plane_floats(s) + kLanes; }
+int64_t shared_floats(const Conv2dShape& s) {
+  return dyt_floats(s) + s.in_channels * s.batch * plane_floats(s) + kLanes;
+}
 
 // dyt[p][o] = dy[o][p] for one image: 16 channels at a time, gathered (o >= out_channels: zero).
 void transpose_image(const float* dy, int64_t channels, int64_t padded, float* dyt) {

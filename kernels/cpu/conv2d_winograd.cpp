@@ -404,7 +404,8 @@ void weight_tiles(int channels, const float* v, int64_t v_stride, const float* d
 }
 
 // One position's products of a block: every input channel against output vectors [j0, j0 +
-// Vectors), in groups of 24 / Vectors channels (24 accumulators, 8 registers for the loads).
+// Vectors), in groups of 16 channels for one vector, 24 / Vectors for more (16 or 24
+// accumulators, the other registers for the loads).
 template <int Vectors>
 void weight_position(int64_t in, const float* v, int64_t v_stride, const float* dm, int64_t outs,
                      int64_t tiles, float* sums) {
@@ -468,7 +469,9 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
   const Scratch<float> scratch = reserve_scratch<float>(st, 0, layout.thread_floats(k));
   const int64_t h = s.out_h(), w = s.out_w(), in = s.in_channels, out = s.out_channels;
   const int64_t plane = h * w, outs = layout.outs;
-  auto sums_of = [&](int t) { return scratch.of_thread(t) + k.v_floats() + layout.dm_floats() + WeightLayout::kRowFloats; };
+  auto sums_of = [&](int t) {
+    return scratch.of_thread(t) + k.v_floats() + layout.dm_floats() + WeightLayout::kRowFloats;
+  };
   int used_threads = 1;
   run_threads(st, [&](int t, int threads) {
     if (t == 0) used_threads = threads;

@@ -178,7 +178,8 @@ void transform_weight(const StreamHandle& st, int64_t out, int64_t in, int64_t p
         float uk[4][4];
         winograd_transform_kernel([&](int i, int j) { return o < out ? g(o, c, i, j) : 0.0f; }, uk);
         for (int i = 0; i < 4; ++i)
-          for (int j = 0; j < 4; ++j) u[((i * panels + o / kChannels) * in + c) * 16 + (o % kChannels) * 4 + j] = uk[i][j];
+          for (int j = 0; j < 4; ++j)
+            u[((i * panels + o / kChannels) * in + c) * 16 + (o % kChannels) * 4 + j] = uk[i][j];
       }
   });
 }
@@ -219,7 +220,8 @@ void forward_transformed(const StreamHandle& st, const Conv2dShape& s, const Lay
           const int64_t o = panel * kChannels + b;
           for (int64_t n = 0; n < images; ++n)
             _mm512_storeu_ps(y + ((first + n) * out + o) * kLanes,
-                             transform_output(tables, m + (b * k.images + n) * kTile, bias != nullptr ? bias[o] : 0.0f));
+                             transform_output(tables, m + (b * k.images + n) * kTile,
+                                              bias != nullptr ? bias[o] : 0.0f));
         }
       }
     }
@@ -346,7 +348,8 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
         const int64_t images = std::min(k.images, s.batch - first);
         for (int64_t c = 0; c < in; ++c)
           for (int64_t n = 0; n < images; ++n)
-            transform_input(tables, _mm512_loadu_ps(x + (first + n) * in_image + c * kLanes), v + c * stride + n * kTile);
+            transform_input(tables, _mm512_loadu_ps(x + (first + n) * in_image + c * kLanes),
+                            v + c * stride + n * kTile);
         for (int64_t b = 0; b < outs; ++b)
           for (int64_t n = 0; n < images; ++n)
             transform_gradient(tables, _mm512_loadu_ps(dy + ((first + n) * out + o0 + b) * kLanes),
