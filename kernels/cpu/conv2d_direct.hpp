@@ -41,6 +41,16 @@ inline void zero_row(int64_t n, float* to) {
     _mm512_mask_storeu_ps(to + i, static_cast<__mmask16>((1u << (n - i)) - 1), _mm512_setzero_ps());
 }
 
+// Stores the lanes of `mask`; a whole vector by a plain store: on this CPU (Zen 5) a masked store
+// costs more even with all 16 lanes set (Winograd's input transform of a tile row of 28 pixels:
+// 18.7 ns with masked stores, 13.7 with plain ones; docs/results-cpu.md §1).
+inline void store_lanes(float* to, __mmask16 mask, __m512 values) {
+  if (mask == 0xFFFF)
+    _mm512_storeu_ps(to, values);
+  else
+    _mm512_mask_storeu_ps(to, mask, values);
+}
+
 // to[t] = from[2t] for t in [0, n): the even floats of from[0, 2n - 1), de-interleaved 16 at a time
 // by two loads and a permute (a stride-2 convolution's phase planes). The tail's loads are masked,
 // so nothing beyond from[2n - 2] is read.
@@ -56,7 +66,7 @@ inline void copy_even(const float* from, int64_t n, float* to) {
   const auto high = static_cast<__mmask16>(floats > kLanes ? (1u << (floats - kLanes)) - 1 : 0u);
   const __m512 values = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(low, from + 2 * t), even,
                                                _mm512_maskz_loadu_ps(high, from + 2 * t + kLanes));
-  _mm512_mask_storeu_ps(to + t, static_cast<__mmask16>(left >= kLanes ? 0xFFFFu : (1u << left) - 1), values);
+  store_lanes(to + t, static_cast<__mmask16>(left >= kLanes ? 0xFFFFu : (1u << left) - 1), values);
 }
 
 // Packs `images` images of `image_floats` floats, `stride` floats apart from `from` (a channel

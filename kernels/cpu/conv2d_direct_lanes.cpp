@@ -101,7 +101,7 @@ void to_planes(const float* by_pixel, int64_t pixels, int64_t width, int64_t cha
         r[i] = i < rows ? _mm512_loadu_ps(by_pixel + (p0 + i) * width + o0) : _mm512_setzero_ps();
       transpose16(r);
       const int64_t columns = std::min<int64_t>(kLanes, channels - o0);
-      for (int j = 0; j < columns; ++j) _mm512_mask_storeu_ps(y + (o0 + j) * pixels + p0, first_lanes(rows), r[j]);
+      for (int j = 0; j < columns; ++j) store_lanes(y + (o0 + j) * pixels + p0, first_lanes(rows), r[j]);
     }
   }
 }

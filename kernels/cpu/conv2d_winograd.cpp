@@ -53,16 +53,6 @@ inline __mmask16 first_lanes(int64_t n) {
   return static_cast<__mmask16>(n >= kLanes ? 0xFFFFu : (1u << std::max<int64_t>(n, 0)) - 1u);
 }
 
-// Stores the lanes of `mask`; a whole vector by a plain store: on this CPU (Zen 5) a masked store
-// costs more even with all 16 lanes set (the input transform of a tile row of 28 pixels: 18.7 ns
-// with masked stores, 13.7 with plain ones; docs/results-cpu.md §1).
-inline void store_lanes(float* to, __mmask16 mask, __m512 values) {
-  if (mask == 0xFFFF)
-    _mm512_storeu_ps(to, values);
-  else
-    _mm512_mask_storeu_ps(to, mask, values);
-}
-
 // The tiles of the batch in tile rows ("rows" below: tile row a of image n is row n * rows + a),
 // and a block of consecutive rows, which one thread transforms, multiplies and transforms back
 // while its V and M stay in L2: tile t of a block is column t % cols of its row t / cols; V and M
@@ -173,10 +163,10 @@ struct Interleave {
     const __m512 e2 = _mm512_permutex2var_ps(tlo[r], picks.even2, thi[r]);
     const __m512 e3 = _mm512_permutex2var_ps(tlo[r], picks.odd2, thi[r]);
     float* to = v + r * 4 * position_stride;
-    store_lanes(to, store, _mm512_sub_ps(e0, e2));
-    store_lanes(to + position_stride, store, _mm512_add_ps(e1, e2));
-    store_lanes(to + 2 * position_stride, store, _mm512_sub_ps(e2, e1));
-    store_lanes(to + 3 * position_stride, store, _mm512_sub_ps(e1, e3));
+    direct::store_lanes(to, store, _mm512_sub_ps(e0, e2));
+    direct::store_lanes(to + position_stride, store, _mm512_add_ps(e1, e2));
+    direct::store_lanes(to + 2 * position_stride, store, _mm512_sub_ps(e2, e1));
+    direct::store_lanes(to + 3 * position_stride, store, _mm512_sub_ps(e1, e3));
   }
 }
 

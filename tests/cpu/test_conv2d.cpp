@@ -125,8 +125,9 @@ std::vector<Conv2dShape> comparison_shapes() {
   shapes.push_back(conv2d_shape(1, 16, 5, 30, 16, 3, 1, 1));
   shapes.push_back(conv2d_shape(7, 20, 14, 14, 24, 3, 1, 1));
   // Winograd's backward-weight (rows of 16 or fewer): 48 output channels (three vectors of the
-  // output channels, 8 input channels per group), 80 (a group of four vectors and one of one) with
-  // 24 input channels (16 and a partial group of 8); 17 and 24 outputs above: a padded vector.
+  // output channels, 8 input channels per group), 80 (a group of four vectors, 24 input channels
+  // in groups of 6, and one of one vector, 16 and a partial group of 8); 17 and 24 outputs above:
+  // a padded vector.
   shapes.push_back(conv2d_shape(3, 16, 9, 8, 48, 3, 1, 1));
   shapes.push_back(conv2d_shape(2, 24, 7, 11, 80, 3, 1, 1));
   // winograd_small (4x4 images, 16 channels or more): 13 images of 128 channels (blocks of 12 and
