@@ -1,14 +1,22 @@
 // kernels/cpu/batchnorm.cpp: fast batch normalisation (see kernels/batchnorm.hpp).
 //
 // Batch norm is memory-bound: a few flops per value, so what matters is how memory is walked.
-// Each thread takes a block of whole channels, so threads never combine partial sums. In one
-// sample, a block's values are contiguous (block channels x height*width floats), so:
-//   pass 1 walks the samples in order and adds each one, position by position, into
-//          accumulators the size of the block's part of one sample. No horizontal sums per
-//          height*width run (a 4x4 plane is one 16-float vector), and 4 samples are added per
-//          accumulator update, so the accumulators cost little next to the input stream.
-//          Each accumulator sums `batch` values in float; per-channel totals are taken in double.
-//   pass 2 applies the per-channel formula (y in the forward, dx in the backward).
+// Each thread takes a contiguous run of whole samples (a "part"): its reads and, above all, its
+// writes stay in one block of memory. (Splitting by channels instead, each thread writing its
+// channels' run of every sample, ran no faster on 2 threads than on 1 here, slower on the small
+// planes: two cores writing interleaved blocks of one tensor contend, even 64 KB blocks apart;
+// contiguous halves run at twice the speed. docs/results-cpu.md §1.) Three phases:
+//   pass 1 walks the part's samples in order and adds each one, position by position, into
+//          accumulators the size of one sample. No horizontal sums per height*width run (a 4x4
+//          plane is one 16-float vector), and 4 samples are added per accumulator update, so the
+//          accumulators cost little next to the input stream. Each accumulator sums its part's
+//          values in float;
+//   totals per channel, in double: the parts' accumulators summed in part order, the channels
+//          shared out over the threads (a barrier before and after);
+//   pass 2 applies the per-channel formula to the part's samples (y in the forward, dx in the
+//          backward).
+// One part (one thread) gives the bits of the plain sequential sum; with more parts the float
+// sums, and so the last bits, depend on the thread count (as the convolutions' weight gradients).
 // Visiting a channel's runs one after another would be simpler, but the runs are only
 // height*width floats long and lie channels*height*width apart; jumping between pages that way
 // defeats the hardware prefetcher (a few GB/s instead of 25-35 GB/s per core here).
@@ -25,8 +33,8 @@
 // The coupling fused with F's last batch norm + ReLU (batchnorm_relu_coupling_*) is the forward
 // with another destination for pass 2 (CouplingOutput): the run of f it computes is added into,
 // or subtracted from, the run of the other stream, and the moved stream is copied beside it.
-// Training forward and backward take 3 * channels*height*width floats (+ padding) of scratch
-// from s.workspace, which must be set.
+// Training forward and backward take 3 (the mapped backward 5) arrays of channels*height*width
+// floats (+ padding) of scratch per thread from s.workspace, which must be set.
 #include "petra/kernels/batchnorm.hpp"
 
 #include <algorithm>
@@ -44,30 +52,29 @@ namespace {
 // Samples added per accumulator update in pass 1.
 constexpr int kGroup = 4;
 
-// Threads for `shape`: each takes one block of whole channels (share(), kernels/cpu/parallel.hpp)
-// of at least kMinValuesPerThread values.
-int channel_blocks(const StreamHandle& s, const BatchNormShape& shape) {
-  const std::int64_t most = std::min<std::int64_t>(threads_with_share(s, shape.size()), shape.channels);
-  return int(std::max<std::int64_t>(most, 1));
+// Threads for `shape`, one part of the samples each: as many as get kMinValuesPerThread values
+// (threads_with_share, kernels/cpu/parallel.hpp), at most one per sample.
+int sample_parts(const StreamHandle& s, const BatchNormShape& shape) {
+  return int(std::max<std::int64_t>(1, std::min<std::int64_t>(threads_with_share(s, shape.size()), shape.batch)));
 }
 
-// Three per-position arrays of one sample in scratch. They are offset from one another by 1 KB
-// beyond the sample size: arrays whose addresses agree modulo 4 KB make the CPU stall loads
-// behind unrelated stores ("4K aliasing"), and sample sizes are often multiples of 4 KB.
-struct SampleArrays {
-  float* first;
-  float* second;
-  float* third;
-  float* fourth;  // with count 5 only (the mapped backward's forward scale and bias)
-  float* fifth;
+// `count` per-position arrays of one sample for each of `parts` parts, in scratch: at(part, k).
+// They are offset from one another by 1 KB beyond the sample size: arrays whose addresses agree
+// modulo 4 KB make the CPU stall loads behind unrelated stores ("4K aliasing"), and sample sizes
+// are often multiples of 4 KB.
+class PartArrays {
+ public:
+  PartArrays(const StreamHandle& s, const BatchNormShape& shape, int count, int parts)
+      : pitch_(shape.channels * shape.plane() + 256),
+        count_(count),
+        base_(static_cast<float*>(s.scratch(sizeof(float) * std::size_t(count) * std::size_t(parts) * pitch_))) {}
+  float* at(int part, int k) const { return base_ + (std::int64_t(part) * count_ + k) * pitch_; }
+
+ private:
+  std::int64_t pitch_;
+  int count_;
+  float* base_;
 };
-
-SampleArrays sample_arrays(const StreamHandle& s, const BatchNormShape& shape, int count = 3) {
-  const std::int64_t pitch = shape.channels * shape.plane() + 256;
-  float* base = static_cast<float*>(s.scratch(sizeof(float) * count * pitch));
-  return {base, base + pitch, base + 2 * pitch, count > 3 ? base + 3 * pitch : nullptr,
-          count > 4 ? base + 4 * pitch : nullptr};
-}
 
 // The first float of sample n, channel c.
 std::int64_t run_start(const BatchNormShape& shape, std::int64_t n, std::int64_t c) {
@@ -82,22 +89,37 @@ void fill_per_channel(const BatchNormShape& shape, std::int64_t c0, std::int64_t
     std::fill(a + c * shape.plane(), a + (c + 1) * shape.plane(), value_of_channel(c));
 }
 
-// Sum over the positions of channel c of a per-position array, in double.
+// Sum over the positions of channel c of a per-position array, in double: eight running sums (one
+// vector of doubles) added in a fixed order, so that the bits do not depend on whether, or how, the
+// compiler vectorises the loop where it is inlined (a plain reduction left scalar is a chain of
+// dependent additions: 4 cycles a value).
 double channel_total(const BatchNormShape& shape, const float* a, std::int64_t c) {
-  double total = 0;
-  const float* run = a + c * shape.plane();
-#pragma omp simd reduction(+ : total)
-  for (std::int64_t i = 0; i < shape.plane(); ++i) total += run[i];
+  const std::int64_t plane = shape.plane();
+  const float* run = a + c * plane;
+  double lane[8] = {};
+  std::int64_t i = 0;
+  for (; i + 8 <= plane; i += 8)
+    for (int j = 0; j < 8; ++j) lane[j] += run[i + j];
+  double total = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  for (; i < plane; ++i) total += run[i];
   return total;
 }
 
-// Calls add(samples, group) for the samples in groups of kGroup, then one by one: `samples`
-// points to the first of `group` consecutive samples.
+// Channel c's total of array k over all parts, the parts summed in order (so the bits depend
+// only on the number of parts).
+double parts_total(const BatchNormShape& shape, const PartArrays& arrays, int parts, int k, std::int64_t c) {
+  double total = 0;
+  for (int part = 0; part < parts; ++part) total += channel_total(shape, arrays.at(part, k), c);
+  return total;
+}
+
+// Calls add(n, group) for samples [n0, n1) in groups of kGroup, then one by one: n is the first
+// of `group` consecutive samples.
 template <class Add>
-void for_sample_groups(const BatchNormShape& shape, Add&& add) {
-  std::int64_t n = 0;
-  for (; n + kGroup <= shape.batch; n += kGroup) add(n, std::integral_constant<int, kGroup>{});
-  for (; n < shape.batch; ++n) add(n, std::integral_constant<int, 1>{});
+[[gnu::always_inline]] inline void for_sample_groups(std::int64_t n0, std::int64_t n1, Add&& add) {
+  std::int64_t n = n0;
+  for (; n + kGroup <= n1; n += kGroup) add(n, std::integral_constant<int, kGroup>{});
+  for (; n < n1; ++n) add(n, std::integral_constant<int, 1>{});
 }
 
 // sum[i] += d and square[i] += d^2 over G samples, with d = x_g[i] - shift[i]; x_g = x + g*pitch.
@@ -233,12 +255,21 @@ struct CouplingOutput {
   }
 };
 
-// Pass 2 of the forwards for channels [c0, c1). The samples go last to first: after pass 1 the
-// last samples are the ones still in cache.
+// Pass 2 of the forwards for samples [n0, n1), every channel. The samples go last to first: after
+// pass 1 the last samples are the ones still in cache.
 template <class Output>
-void apply_affine(const BatchNormShape& shape, std::int64_t c0, std::int64_t c1, const float* x,
+void apply_affine(const BatchNormShape& shape, std::int64_t n0, std::int64_t n1, const float* x,
                   const AffineMap* maps, const Output& output) {
-  for (std::int64_t n = shape.batch - 1; n >= 0; --n) output.write(shape, n, c0, c1, x, maps);
+  for (std::int64_t n = n1 - 1; n >= n0; --n) output.write(shape, n, 0, shape.channels, x, maps);
+}
+
+// Part `part` of `parts`: its samples [n0, n1) and its share [c0, c1) of the channels.
+struct PartRange {
+  std::int64_t n0, n1, c0, c1;
+};
+PartRange part_range(const BatchNormShape& shape, int part, int parts) {
+  return {share(shape.batch, part, parts), share(shape.batch, part + 1, parts), share(shape.channels, part, parts),
+          share(shape.channels, part + 1, parts)};
 }
 
 template <class Output>
@@ -247,33 +278,33 @@ void forward_train(const StreamHandle& s, const BatchNormShape& shape, double ep
                    const Output& output, float* saved_mean, float* saved_invstd,
                    float* running_mean, float* running_var, float* saved_affine = nullptr) {
   use_threads(s);
-  const int blocks = channel_blocks(s, shape);
-  // Named pointers, not a structured binding: clang before 16 cannot capture one in a lambda.
-  const SampleArrays arrays = sample_arrays(s, shape);
-  float* const shift = arrays.first;
-  float* const sum = arrays.second;
-  float* const square = arrays.third;
+  const int threads = sample_parts(s, shape);
+  enum { kShift, kSum, kSquare };
+  const PartArrays arrays(s, shape, 3, threads);
   std::vector<AffineMap> maps(shape.channels);
   const std::int64_t plane = shape.plane(), pitch = shape.channels * plane;
   const double count = double(shape.values_per_channel());
 
-  parallel_for(blocks, blocks, [&](std::int64_t p) {
-    const std::int64_t c0 = share(shape.channels, p, blocks), c1 = share(shape.channels, p + 1, blocks);
-    const std::int64_t first = c0 * plane, length = (c1 - c0) * plane;
+  run_parts(threads, [&](int part, int parts) {
+    const PartRange r = part_range(shape, part, parts);
+    float* const shift = arrays.at(part, kShift);
+    float* const sum = arrays.at(part, kSum);
+    float* const square = arrays.at(part, kSquare);
 
     // Pass 1: sums of d = x - shift and d^2, where shift is the channel's first value, so that
     // sum(d^2)/n - (sum(d)/n)^2 does not cancel when |mean| >> std.
-    fill_per_channel(shape, c0, c1, shift, [&](std::int64_t c) { return x[c * plane]; });
-    std::fill(sum + first, sum + first + length, 0.f);
-    std::fill(square + first, square + first + length, 0.f);
-    for_sample_groups(shape, [&](std::int64_t n, auto group) {
-      add_moments<decltype(group)::value>(x + n * pitch + first, pitch, shift + first,
-                                          sum + first, square + first, length);
+    fill_per_channel(shape, 0, shape.channels, shift, [&](std::int64_t c) { return x[c * plane]; });
+    std::fill(sum, sum + pitch, 0.f);
+    std::fill(square, square + pitch, 0.f);
+    for_sample_groups(r.n0, r.n1, [&](std::int64_t n, auto group) {
+      add_moments<decltype(group)::value>(x + n * pitch, pitch, shift, sum, square, pitch);
     });
+    sync_parts();
 
-    for (std::int64_t c = c0; c < c1; ++c) {
-      const double mean_shifted = channel_total(shape, sum, c) / count;
-      const double var = std::max(channel_total(shape, square, c) / count - mean_shifted * mean_shifted, 0.0);
+    for (std::int64_t c = r.c0; c < r.c1; ++c) {
+      const double mean_shifted = parts_total(shape, arrays, parts, kSum, c) / count;
+      const double var =
+          std::max(parts_total(shape, arrays, parts, kSquare, c) / count - mean_shifted * mean_shifted, 0.0);
       const double mean = x[c * plane] + mean_shifted;
       const double invstd = 1.0 / std::sqrt(var + eps);
       maps[c] = affine_map(mean, double(gamma[c]) * invstd, beta[c]);
@@ -288,8 +319,9 @@ void forward_train(const StreamHandle& s, const BatchNormShape& shape, double ep
       if (running_mean) running_mean[c] = float((1 - momentum) * running_mean[c] + momentum * mean);
       if (running_var) running_var[c] = float((1 - momentum) * running_var[c] + momentum * unbiased_var);
     }
+    sync_parts();
 
-    apply_affine(shape, c0, c1, x, maps.data(), output);
+    apply_affine(shape, r.n0, r.n1, x, maps.data(), output);
   });
 }
 
@@ -298,19 +330,19 @@ void forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps
                   const float* gamma, const float* beta, const float* running_mean,
                   const float* running_var, const Output& output) {
   use_threads(s);
-  const int blocks = channel_blocks(s, shape);
   std::vector<AffineMap> maps(shape.channels);
   for (std::int64_t c = 0; c < shape.channels; ++c)
     maps[c] = affine_map(running_mean[c],
                          double(gamma[c]) / std::sqrt(double(running_var[c]) + eps), beta[c]);
-  parallel_for(blocks, blocks, [&](std::int64_t p) {
-    apply_affine(shape, share(shape.channels, p, blocks), share(shape.channels, p + 1, blocks), x, maps.data(), output);
+  run_parts(sample_parts(s, shape), [&](int part, int parts) {
+    const PartRange r = part_range(shape, part, parts);
+    apply_affine(shape, r.n0, r.n1, x, maps.data(), output);
   });
 }
 
 // y is the fused forward's output when from_y (the mask), unused otherwise. dx_sum, when not null,
-// gets += the per-channel sum of dx, taken in pass 2 as dx is written (float sums over the batch
-// per position, then a double total per channel, as pass 1's sums).
+// gets += the per-channel sum of dx, taken in pass 2 as dx is written (float sums over the part's
+// samples per position, then a double total per channel over the parts, as pass 1's sums).
 //
 // M says where the ReLU's mask comes from: y (from_y), or from_x the forward's maps in `affine`
 // (3 floats per channel, batchnorm_relu_forward_train_mapped); y is then not read.
@@ -320,14 +352,9 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
               const float* saved_invstd, float* dx, float* dgamma, float* dbeta,
               float* dx_sum = nullptr, const float* affine = nullptr) {
   use_threads(s);
-  const int blocks = channel_blocks(s, shape);
-  // named pointers: see batchnorm_forward_train
-  const SampleArrays arrays = sample_arrays(s, shape, M == Mask::from_x ? 5 : 3);
-  float* const mean = arrays.first;
-  float* const dy_sum = arrays.second;
-  float* const dy_centered_sum = arrays.third;
-  float* const forward_scale = arrays.fourth;
-  float* const forward_bias = arrays.fifth;
+  const int threads = sample_parts(s, shape);
+  enum { kMean, kDySum, kDyCentered, kForwardScale, kForwardBias };
+  const PartArrays arrays(s, shape, M == Mask::from_x ? 5 : 3, threads);
   struct GradientMap {
     float a, b, k, mean, forward_scale, forward_bias;
   };
@@ -335,33 +362,37 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
   const std::int64_t plane = shape.plane(), pitch = shape.channels * plane, dy_pitch = shape.dy_sample_stride();
   const double count = double(shape.values_per_channel());
 
-  parallel_for(blocks, blocks, [&](std::int64_t p) {
-    const std::int64_t c0 = share(shape.channels, p, blocks), c1 = share(shape.channels, p + 1, blocks);
-    const std::int64_t first = c0 * plane, length = (c1 - c0) * plane;
+  run_parts(threads, [&](int part, int parts) {
+    const PartRange r = part_range(shape, part, parts);
+    float* const mean = arrays.at(part, kMean);
+    float* const dy_sum = arrays.at(part, kDySum);
+    float* const dy_centered_sum = arrays.at(part, kDyCentered);
 
     // Pass 1: sum(dy) and sum(dy * (x - mean)), dy masked as M says.
-    fill_per_channel(shape, c0, c1, mean, [&](std::int64_t c) { return saved_mean[c]; });
+    fill_per_channel(shape, 0, shape.channels, mean, [&](std::int64_t c) { return saved_mean[c]; });
+    PositionMaps position_maps{mean, nullptr, nullptr};
     if constexpr (M == Mask::from_x) {
-      fill_per_channel(shape, c0, c1, forward_scale, [&](std::int64_t c) { return affine[3 * c + 1]; });
-      fill_per_channel(shape, c0, c1, forward_bias, [&](std::int64_t c) { return affine[3 * c + 2]; });
+      float* const forward_scale = arrays.at(part, kForwardScale);
+      float* const forward_bias = arrays.at(part, kForwardBias);
+      fill_per_channel(shape, 0, shape.channels, forward_scale, [&](std::int64_t c) { return affine[3 * c + 1]; });
+      fill_per_channel(shape, 0, shape.channels, forward_bias, [&](std::int64_t c) { return affine[3 * c + 2]; });
+      position_maps = {mean, forward_scale, forward_bias};
     }
-    const PositionMaps position_maps{mean + first, M == Mask::from_x ? forward_scale + first : nullptr,
-                                     M == Mask::from_x ? forward_bias + first : nullptr};
-    std::fill(dy_sum + first, dy_sum + first + length, 0.f);
-    std::fill(dy_centered_sum + first, dy_centered_sum + first + length, 0.f);
-    for_sample_groups(shape, [&](std::int64_t n, auto group) {
-      const std::int64_t at = n * pitch + first;
-      add_gradient_sums<decltype(group)::value, M>(x + at, M == Mask::from_y ? y + at : nullptr,
-                                                   dy + n * dy_pitch + first, pitch, dy_pitch, position_maps,
-                                                   dy_sum + first, dy_centered_sum + first, length);
+    std::fill(dy_sum, dy_sum + pitch, 0.f);
+    std::fill(dy_centered_sum, dy_centered_sum + pitch, 0.f);
+    for_sample_groups(r.n0, r.n1, [&](std::int64_t n, auto group) {
+      add_gradient_sums<decltype(group)::value, M>(x + n * pitch, M == Mask::from_y ? y + n * pitch : nullptr,
+                                                   dy + n * dy_pitch, pitch, dy_pitch, position_maps, dy_sum,
+                                                   dy_centered_sum, pitch);
     });
+    sync_parts();
 
     // dx = gamma*invstd*(dy - sum_dy/n - xhat*sum_dy_xhat/n) with xhat = (x - mean)*invstd,
     // that is dx = a*dy + b*(x - mean) + k per channel.
-    for (std::int64_t c = c0; c < c1; ++c) {
+    for (std::int64_t c = r.c0; c < r.c1; ++c) {
       const double invstd = saved_invstd[c];
-      const double sum_dy = channel_total(shape, dy_sum, c);
-      const double sum_dy_xhat = channel_total(shape, dy_centered_sum, c) * invstd;
+      const double sum_dy = parts_total(shape, arrays, parts, kDySum, c);
+      const double sum_dy_xhat = parts_total(shape, arrays, parts, kDyCentered, c) * invstd;
       const double scale = double(gamma[c]) * invstd;
       dgamma[c] += float(sum_dy_xhat);
       dbeta[c] += float(sum_dy);
@@ -369,14 +400,15 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
                  saved_mean[c], M == Mask::from_x ? affine[3 * c + 1] : 0.0f,
                  M == Mask::from_x ? affine[3 * c + 2] : 0.0f};
     }
+    sync_parts();  // every part has read every part's sums: dy_sum's array is free again
 
     // Pass 2, last sample first (those are still in cache). With dx_sum, each dx value is also
-    // added into a per-position accumulator (dy_sum's array, whose totals were taken above), as
-    // pass 1 sums: no sum across lanes per run, which on 4x4 planes would cost more than the run.
+    // added into a per-position accumulator (dy_sum's array), as pass 1 sums: no sum across lanes
+    // per run, which on 4x4 planes would cost more than the run.
     float* const dx_acc = dy_sum;
-    if (dx_sum) std::fill(dx_acc + first, dx_acc + first + length, 0.f);
-    for (std::int64_t n = shape.batch - 1; n >= 0; --n)
-      for (std::int64_t c = c0; c < c1; ++c) {
+    if (dx_sum) std::fill(dx_acc, dx_acc + pitch, 0.f);
+    for (std::int64_t n = r.n1 - 1; n >= r.n0; --n)
+      for (std::int64_t c = 0; c < shape.channels; ++c) {
         const GradientMap m = maps[c];
         const float* xs = x + run_start(shape, n, c);
         const float* ys = M == Mask::from_y ? y + run_start(shape, n, c) : nullptr;
@@ -400,8 +432,11 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
           acc[i] += d;
         }
       }
-    if (dx_sum)
-      for (std::int64_t c = c0; c < c1; ++c) dx_sum[c] = float(dx_sum[c] + channel_total(shape, dx_acc, c));
+    if (dx_sum) {
+      sync_parts();
+      for (std::int64_t c = r.c0; c < r.c1; ++c)
+        dx_sum[c] = float(dx_sum[c] + parts_total(shape, arrays, parts, kDySum, c));
+    }
   });
 }
 

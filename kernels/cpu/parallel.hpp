@@ -8,6 +8,7 @@
 //   for_each_range(threads, n, f)     f(begin, end): one contiguous range of [0, n) per thread
 //   for_each_row_run(parts, r, l, f)  f(row, begin, end): the same over r rows of l items
 //   run_threads(s, f)                 f(thread, threads) once on each of the stream's threads
+//   run_parts(parts, f), sync_parts() f(part, parts) on `parts` threads at once, with barriers
 //   deterministic_sum(threads, n, f)  a sum over [0, n) whose bits do not depend on the threads
 // Static splitting keeps each thread's share, and so any per-thread partial sums, the same from
 // run to run: results are deterministic for a given thread count, and deterministic_sum's for
@@ -120,6 +121,30 @@ void run_threads(const StreamHandle& s, Body&& body) {
   }
 #endif
   body(0, 1);
+}
+
+// Runs body(part, parts) once on each of `parts` OpenMP threads at the same time (inline, as
+// body(0, 1), when parts is 1), so that body may call sync_parts() between the phases of its
+// work. `parts` in body is the number of threads actually started: split the work by it.
+template <class Body>
+void run_parts(int parts, Body&& body) {
+#ifdef _OPENMP
+  if (parts > 1) {
+#pragma omp parallel num_threads(parts)
+    body(omp_get_thread_num(), omp_get_num_threads());
+    return;
+  }
+#endif
+  (void)parts;
+  body(0, 1);
+}
+
+// Inside run_parts' body: waits until every part has reached this point (nothing when it runs
+// inline).
+inline void sync_parts() {
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
 }
 
 // The sum over [0, n) of piece_sum(begin, count), a double, for fixed pieces [begin, begin +
