@@ -715,3 +715,49 @@ TEST_CASE("batchnorm_relu: the mapped pair (the mask from x and the forward's ma
           }
       }
 }
+
+TEST_CASE("batchnorm: one, two and three sample parts (threads) give the ref's numbers, forward and summed backward") {
+  // 7 samples x 5 channels of 40x40: big enough for 3 parts (each >= 16K values), whose shares of
+  // the samples (2, 2, 3) and of the channels (1, 2, 2) are uneven; an offset mean as above.
+  const pk::BatchNormShape shape{7, 5, 40, 40};
+  pk::HeapWorkspace workspace;
+  pk::StreamHandle s;
+  s.workspace = &workspace;
+  const std::uint64_t seed = 1700;
+  TrainCase<double> exact(shape, seed, 99, 101);
+  const auto dy = random_values<double>(shape.size(), seed + 10);
+  std::vector<double> dx(shape.size()), dgamma(shape.channels, 0.0), dbeta(shape.channels, 0.0),
+      dx_sum(shape.channels, 0.0);
+  pk::ref::batchnorm_relu_forward_train<double>(s, shape, kEps, kMomentum, exact.x.data(), exact.gamma.data(),
+                                                exact.beta.data(), exact.y.data(), exact.mean.data(),
+                                                exact.invstd.data(), exact.running_mean.data(),
+                                                exact.running_var.data());
+  pk::ref::batchnorm_relu_backward_summed<double>(s, shape, exact.x.data(), exact.y.data(), dy.data(),
+                                                  exact.gamma.data(), exact.mean.data(), exact.invstd.data(),
+                                                  dx.data(), dgamma.data(), dbeta.data(), dx_sum.data());
+  const std::vector<float> dy_f(dy.begin(), dy.end());
+  for (const int threads : {1, 2, 3}) {
+    CAPTURE(threads);
+    s.num_threads = threads;
+    TrainCase<float> c(shape, seed, 99, 101);  // the same values, in float
+    std::vector<float> affine(3 * shape.channels);
+    pk::cpu::batchnorm_relu_forward_train_mapped(s, shape, kEps, kMomentum, c.x.data(), c.gamma.data(), c.beta.data(),
+                                                 c.y.data(), c.mean.data(), c.invstd.data(), c.running_mean.data(),
+                                                 c.running_var.data(), affine.data());
+    CHECK(relative_error(c.y, exact.y) < 1e-5);
+    CHECK(relative_error(c.mean, exact.mean) < 1e-7);
+    CHECK(relative_error(c.invstd, exact.invstd) < 1e-5);
+    CHECK(relative_error(c.running_var, exact.running_var) < 1e-5);
+    std::vector<float> dx_f(shape.size(), 777.f), dgamma_f(shape.channels, 0.f), dbeta_f(shape.channels, 0.f),
+        dx_sum_f(shape.channels, 0.f);
+    pk::cpu::batchnorm_relu_backward_mapped(s, shape, c.x.data(), affine.data(), dy_f.data(), c.gamma.data(),
+                                            c.mean.data(), c.invstd.data(), dx_f.data(), dgamma_f.data(),
+                                            dbeta_f.data(), dx_sum_f.data());
+    CHECK(relative_error(dx_f, dx) < 1e-4);
+    CHECK(relative_error(dgamma_f, dgamma) < 1e-4);
+    CHECK(relative_error(dbeta_f, dbeta) < 1e-5);
+    // dx sums to almost zero per channel: compare against the scale of dx's values instead.
+    for (std::int64_t ch = 0; ch < shape.channels; ++ch)
+      CHECK(std::abs(dx_sum_f[ch] - dx_sum[ch]) < 1e-3);
+  }
+}
