@@ -84,10 +84,15 @@ inline Conv2dShape transposed_stride1(const Conv2dShape& s) {
 
 // Tap (i, j) from input channel c to output channel o of a 3x3 weight w[out][in][3][3]; and of the
 // transposed_stride1 convolution's weight (output channel c, input channel o: w[o][c] flipped).
+// Both are affine in their arguments: tap (i, j) of (first, second) is w[first * first_stride() +
+// second * second_stride() + offset(i, j)], which the vector transforms gather by.
 struct Taps3x3 {
   const float* w;
   int64_t in;
   float operator()(int64_t o, int64_t c, int64_t i, int64_t j) const { return w[((o * in + c) * 3 + i) * 3 + j]; }
+  int64_t first_stride() const { return in * 9; }
+  int64_t second_stride() const { return 9; }
+  static int64_t offset(int i, int j) { return i * 3 + j; }
 };
 struct FlippedTaps3x3 {
   const float* w;
@@ -95,6 +100,9 @@ struct FlippedTaps3x3 {
   float operator()(int64_t c, int64_t o, int64_t i, int64_t j) const {
     return w[((o * in + c) * 3 + 2 - i) * 3 + 2 - j];
   }
+  int64_t first_stride() const { return 9; }
+  int64_t second_stride() const { return in * 9; }
+  static int64_t offset(int i, int j) { return (2 - i) * 3 + 2 - j; }
 };
 
 // Winograd F(2x2, 3x3)'s transformed kernel u = G g G^T of one 3x3 kernel, g(i, j) its taps,

@@ -201,5 +201,43 @@ int64_t forward_shared(const Conv2dShape& s) {
   return s.in_channels * s.kernel_h * s.kernel_w * rounded_channels<Block>(s);
 }
 
+// Winograd's weight transform u = G g G^T (winograd_transform_kernel) of 16 kernels at once:
+// lane l of the 4 x 4 kernels in a vector is 4 first-argument values (o) by 4 second-argument
+// values (c) of the Taps: l = 4 (c - c0) + (o - o0). Each lane does the scalar arithmetic, so the
+// bits are the scalar transform's. Lanes with o >= o_end or c >= c_end get zeros. u[4 r + q] is
+// position (r, q).
+template <class Taps>
+void transform_kernels_4x4(const Taps& g, int64_t o0, int64_t o_end, int64_t c0, int64_t c_end, __m512 (&u)[16]) {
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i o = _mm512_and_si512(lane, _mm512_set1_epi32(3)), c = _mm512_srli_epi32(lane, 2);
+  const __mmask16 valid = _mm512_cmplt_epi32_mask(o, _mm512_set1_epi32(int(std::min<int64_t>(o_end - o0, 4)))) &
+                          _mm512_cmplt_epi32_mask(c, _mm512_set1_epi32(int(std::min<int64_t>(c_end - c0, 4))));
+  const __m512i index = _mm512_add_epi32(_mm512_mullo_epi32(o, _mm512_set1_epi32(int(g.first_stride()))),
+                                         _mm512_mullo_epi32(c, _mm512_set1_epi32(int(g.second_stride()))));
+  const float* base = g.w + o0 * g.first_stride() + c0 * g.second_stride();
+  auto tap = [&](int i, int j) {
+    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, index, base + Taps::offset(i, j), 4);
+  };
+  const __m512 half = _mm512_set1_ps(0.5f);
+  // 0.5 (a + b + e) and 0.5 (a - b + e), evaluated as the scalar code does
+  auto plus = [&](__m512 a, __m512 b, __m512 e) { return _mm512_mul_ps(half, _mm512_add_ps(_mm512_add_ps(a, b), e)); };
+  auto minus = [&](__m512 a, __m512 b, __m512 e) { return _mm512_mul_ps(half, _mm512_add_ps(_mm512_sub_ps(a, b), e)); };
+  __m512 gg[4][3];  // G g
+  for (int j = 0; j < 3; ++j) {
+    const __m512 a = tap(0, j), b = tap(1, j), e = tap(2, j);
+    gg[0][j] = a;
+    gg[1][j] = plus(a, b, e);
+    gg[2][j] = minus(a, b, e);
+    gg[3][j] = e;
+  }
+  for (int i = 0; i < 4; ++i) {  // (G g) G^T
+    const __m512 a = gg[i][0], b = gg[i][1], e = gg[i][2];
+    u[4 * i] = a;
+    u[4 * i + 1] = plus(a, b, e);
+    u[4 * i + 2] = minus(a, b, e);
+    u[4 * i + 3] = e;
+  }
+}
+
 }  // namespace
 }  // namespace petra::kernels::cpu::conv2d::direct

@@ -97,20 +97,21 @@ struct Blocking {
 
 // U[p][o / 4][c][o % 4] = (G g G^T)[p] with g(o, c, i, j) the 3x3 kernel of output channel o and
 // input channel c (zero for o >= out), so that the product reads the 4 weights of a channel as one
-// stream, as pack_weight's panels.
+// stream, as pack_weight's panels. 4 input channels x the 4 output channels of a block make one
+// vector of each position (transform_kernels_4x4, conv2d_direct.hpp).
 template <class Kernel>
 void transform_weight(const StreamHandle& st, int64_t out, int64_t in, int64_t out_rounded,
-                      Kernel&& g, float* u) {
-  const int64_t blocks = out_rounded / kChannels;
+                      const Kernel& g, float* u) {
+  const int64_t blocks = out_rounded / kChannels, groups = ceil_div(in, 4);
   run_threads(st, [&](int t, int threads) {
-    for (int64_t o = share(out_rounded, t, threads); o < share(out_rounded, t + 1, threads); ++o)
-      for (int64_t c = 0; c < in; ++c) {
-        float uk[4][4];
-        winograd_transform_kernel([&](int i, int j) { return o < out ? g(o, c, i, j) : 0.0f; }, uk);
-        for (int r = 0; r < 4; ++r)
-          for (int q = 0; q < 4; ++q)
-            u[((r * 4 + q) * blocks + o / kChannels) * in * kChannels + c * kChannels + o % kChannels] = uk[r][q];
-      }
+    for (int64_t item = share(blocks * groups, t, threads); item < share(blocks * groups, t + 1, threads); ++item) {
+      const int64_t block = item / groups, c0 = item % groups * 4;
+      __m512 uk[16];
+      direct::transform_kernels_4x4(g, block * kChannels, out, c0, in, uk);
+      const auto lanes = static_cast<__mmask16>(in - c0 >= 4 ? 0xFFFFu : (1u << (4 * (in - c0))) - 1);
+      for (int p = 0; p < 16; ++p)
+        direct::store_lanes(u + (p * blocks + block) * in * kChannels + c0 * kChannels, lanes, uk[p]);
+    }
   });
 }
 
