@@ -20,8 +20,9 @@
 // dbeta, running_mean, running_var, saved_mean, saved_invstd hold one value per channel.
 // The callers pass eps = 1e-5 and momentum = 0.1 (PyTorch's defaults); training needs n > 1.
 //
-// cpu:: gives each thread a block of channels and walks memory in order, two passes (sums, then
-// the output); its training forward and backward need s.workspace (3 samples' worth of floats).
+// cpu:: gives each thread a contiguous run of samples and walks memory in order, two passes (sums,
+// then the output); its training forward and backward need s.workspace (3 samples' worth of floats
+// per thread).
 //
 // Batch norm fused with the ReLU that follows it (every BN of the RevNet/ResNet blocks but the
 // last one of a bottleneck/basic residual branch, nn/blocks.cpp): y = max(0, BN(x)), same
@@ -202,8 +203,8 @@ void batchnorm_backward_summed(const StreamHandle& s, const BatchNormShape& shap
 // in place of y and applies it to x again, which gives the forward's bits and so its mask, and
 // reads two tensors per value instead of three in each of its two passes. dx_sum may be nullptr
 // (as batchnorm_relu_backward) or not (as batchnorm_relu_backward_summed). The backward takes 5
-// samples' worth of s.workspace (the mean, scale and bias per position beside its two sums), the
-// forward 3 as the others.
+// samples' worth of s.workspace per thread (the mean, scale and bias per position beside its two
+// sums), the forward 3 as the others.
 void batchnorm_relu_forward_train_mapped(const StreamHandle& s, const BatchNormShape& shape, double eps,
                                          double momentum, const float* x, const float* gamma, const float* beta,
                                          float* y, float* saved_mean, float* saved_invstd, float* running_mean,
