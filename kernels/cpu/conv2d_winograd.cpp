@@ -19,7 +19,9 @@
 //   1. V = B^T d B, vectorised over the tiles of one tile row: the four padded input rows of the
 //      tile row are two vectors each (2 * cols + 2 <= 32 floats, masked loads from x, so the
 //      padding is never written anywhere); B^T's row combinations are vector adds, B's column
-//      combinations pick the even and odd floats by two-source permutes. Stored as V[p][c][tile].
+//      combinations pick the even and odd floats by two-source permutes. Stored as V[p][c][tile],
+//      a tile row of 9 to 15 tiles on a vector of its own, of 5 to 7 on half of one (aligned
+//      stores: Blocking::tile_pitch).
 //   2. M[p] = U[p] V[p]: the grid kernel's register tile, 4 output channels x up to 6 vectors of
 //      16 tiles, 4 broadcast weights and 6 aligned loads per 24 FMAs, the sum over c in order.
 //   3. Y = A^T M A per tile row, the two outputs of a tile interleaved back into image rows by
@@ -55,13 +57,14 @@ inline __mmask16 first_lanes(int64_t n) {
 
 // The tiles of the batch in tile rows ("rows" below: tile row a of image n is row n * rows + a),
 // and a block of consecutive rows, which one thread transforms, multiplies and transforms back
-// while its V and M stay in L2: tile t of a block is column t % cols of its row t / cols; V and M
+// while its V and M stay in L2: tile t of a block is column t % pitch of its row t / pitch; V and M
 // keep one line of `stride` floats per (position, channel).
 struct Blocking {
   int64_t rows, cols;   // tile rows and tile columns per image: ceil(out / 2)
+  int64_t pitch;        // lanes per tile row in V and M (see tile_pitch)
   int64_t all_rows;     // batch * rows
   int64_t block_rows;   // tile rows per block
-  int64_t stride;       // floats per line of V and M: block_rows * cols rounded up to 16
+  int64_t stride;       // floats per line of V and M: block_rows * pitch rounded up to 16
   int64_t out_rounded;  // output channels rounded up to kChannels
   int64_t in_channels;
   int64_t v_position;   // floats from one position of V to the next: in_channels * stride, padded
@@ -70,9 +73,10 @@ struct Blocking {
   int64_t m_floats() const { return kPositions * m_position; }
   int64_t blocks() const { return (all_rows + block_rows - 1) / block_rows; }
 
-  explicit Blocking(const Conv2dShape& s)
+  explicit Blocking(const Conv2dShape& s, bool packed = false)
       : rows((s.out_h() + 1) / 2),
         cols((s.out_w() + 1) / 2),
+        pitch(packed ? cols : tile_pitch(cols)),
         all_rows(s.batch * rows),
         out_rounded(round_up(s.out_channels, kChannels)),
         in_channels(s.in_channels) {
@@ -80,10 +84,27 @@ struct Blocking {
     // rows and the output rows): 18 tile rows of 28x28 images at 16 channels, 18 of 14x14 at
     // 32, 16 of 7x7 at 64. (256 KB measured the same; 128 KB, 1.1-1.3x slower.)
     const int64_t budget_tiles = (512 << 10) / (4 * kPositions * (in_channels + out_rounded));
-    block_rows = std::clamp<int64_t>(budget_tiles / cols, 1, all_rows);
-    stride = round_up(block_rows * cols, kLanes);
+    block_rows = std::clamp<int64_t>(budget_tiles / pitch, 1, all_rows);
+    stride = round_up(block_rows * pitch, kLanes);
     v_position = odd_lines(in_channels * stride);
     m_position = odd_lines(out_rounded * stride);
+  }
+  // Lanes per tile row in V and M: rows of 9 to 15 tiles take a whole vector, rows of 5 to 7 half
+  // of one (the last lanes computed from padding, never used), so that each row's stores, one per
+  // position, start on a 64- or 32-byte boundary and stay inside one cache line. Packed, rows of 14
+  // tiles (28x28 images) put 7 stores in 8 across two lines, each costing two stores: 16 -> 16 @28
+  // forward 1.58 -> 1.37 ms, 32 -> 32 @14 1.29-1.37 -> 1.18-1.24 ms, though the padding adds 14%
+  // to the products (docs/results-cpu.md §1). Others stay packed (4 tiles: no gain measured).
+  static int64_t tile_pitch(int64_t cols) {
+    if (cols > kLanes / 2 && cols < kLanes) return kLanes;
+    if (cols > kLanes / 4 && cols < kLanes / 2) return kLanes / 2;
+    return cols;
+  }
+  // The lanes to store of a row whose first tile is `left` tiles before the block's end: the
+  // row's own where a row has its own lanes (pitch 16 / n), else the whole vector (lanes past the
+  // row land on the next rows, which are stored after it).
+  __mmask16 row_lanes(int64_t left) const {
+    return first_lanes(kLanes % pitch == 0 ? std::min(left, pitch) : left);
   }
   // Floats (a multiple of 16) rounded up to an odd number of 64-byte lines. The transforms read
   // or write the 16 positions of a tile at once, one position apart: at a multiple of 4 KB apart
@@ -238,19 +259,18 @@ void transform_output_row(const float* m, int64_t position_stride, int64_t h, in
   }
 }
 
-// V of the tile rows [first, first + rows) of the batch. A tile row's 16 lanes are stored whole (no
-// mask) where they stay inside the block's tiles: the lanes past the row's tiles land on later
-// rows of the same channel, stored after it. The lanes past the last tile are zeroed, so that
-// the products there are finite (never read).
+// V of the tile rows [first, first + rows) of the batch, row r at lane r * pitch (Blocking::
+// row_lanes says which lanes are stored). The lanes past the last tile are zeroed, so that the
+// products there are finite (never read).
 void transform_input_block(const Conv2dShape& s, const Blocking& k, const float* x, int64_t first,
                            int64_t rows, const Picks& picks, float* v) {
   const int64_t h = s.out_h(), w = s.out_w(), in = s.in_channels, in_image = s.x_image_stride();
-  const int64_t tiles = rows * k.cols, lanes = round_up(tiles, kLanes);
+  const int64_t tiles = rows * k.pitch, lanes = round_up(tiles, kLanes);
   for (int64_t c = 0; c < in; ++c)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t image = (first + r) / k.rows, a = (first + r) % k.rows;
-      transform_input_row(x + image * in_image + c * h * w, h, w, a, picks, v + c * k.stride + r * k.cols,
-                          k.v_position, first_lanes(tiles - r * k.cols));
+      transform_input_row(x + image * in_image + c * h * w, h, w, a, picks, v + c * k.stride + r * k.pitch,
+                          k.v_position, k.row_lanes(tiles - r * k.pitch));
     }
   if (tiles < lanes)
     for (int64_t line = 0; line < kPositions * in; ++line)
@@ -271,7 +291,7 @@ void forward_transformed(const StreamHandle& st, const Conv2dShape& s, const Blo
     const Interleave il;
     for (int64_t block = share(blocks, t, threads); block < share(blocks, t + 1, threads); ++block) {
       const int64_t first = block * k.block_rows, rows = std::min(k.block_rows, k.all_rows - first);
-      const int64_t vectors = (rows * k.cols + kLanes - 1) / kLanes;
+      const int64_t vectors = (rows * k.pitch + kLanes - 1) / kLanes;
       transform_input_block(s, k, x, first, rows, picks, v);
       // 2. M[p] = U[p] V[p], vector blocks of near-equal sizes up to kVectors
       const int64_t vector_blocks = (vectors + kVectors - 1) / kVectors;
@@ -287,7 +307,7 @@ void forward_transformed(const StreamHandle& st, const Conv2dShape& s, const Blo
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t image = (first + r) / k.rows, a = (first + r) % k.rows;
         for (int64_t o = 0; o < out; ++o)
-          transform_output_row(m + o * k.stride + r * k.cols, k.m_position, h, w, a, k.cols,
+          transform_output_row(m + o * k.stride + r * k.pitch, k.m_position, h, w, a, k.cols,
                                bias != nullptr ? bias[o] : 0.0f, il, y + image * out_image + o * h * w);
       }
     }
@@ -455,7 +475,7 @@ void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy
 // direct weight kernels'), and dw[o][c] += G^T dU G.
 void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* dy,
                      float* dw) {
-  const Blocking k(s);
+  const Blocking k(s, /*packed=*/true);
   const WeightLayout layout(k);
   const Scratch<float> scratch = reserve_scratch<float>(st, 0, layout.thread_floats(k));
   const int64_t h = s.out_h(), w = s.out_w(), in = s.in_channels, out = s.out_channels;
