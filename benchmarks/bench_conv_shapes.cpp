@@ -10,7 +10,10 @@
 //
 // Each case is checked first (cpu against ref on the batch-2 version of the shape; a relative
 // error above 1e-4 stops the program), then timed: two warm-ups, then the median of --repeats runs
-// (--json also gives the fastest run).
+// (--json also gives the fastest run). --cold writes a 64 MB buffer before each timed run (not
+// timed), so that every run starts as a training step's does: its tensors out of the caches (a
+// step's working set is several times the L2 and the VM's share of L3), which costs the 28x28
+// layers 20-30% (docs/profiling.md).
 // GFLOP/s count 2 * multiply-adds of the direct convolution; "% peak" is against --peak-gflops per
 // thread (220: the FP32 FMA peak of one core of this machine, docs/results-cpu.md). Passes run by
 // Winograd (kernels/cpu/conv2d_winograd.cpp: 2.25x fewer multiply-adds) are counted the same, so
@@ -84,11 +87,21 @@ struct Timing {
 // Two warm-up runs, then `repeats` timed runs: their median and their fastest. (On a machine
 // shared with other jobs the fastest run is the one least disturbed; the median is what a step
 // sees.)
-Timing time_runs(const std::function<void()>& run, int repeats) {
+// Evicts the caches by writing a buffer larger than they hold (each run a different value, so
+// that the writes are not skipped).
+void evict_caches() {
+  static std::vector<float> sweep(std::size_t(16) << 20);
+  static float value = 0;
+  value += 1;
+  std::fill(sweep.begin(), sweep.end(), value);
+}
+
+Timing time_runs(const std::function<void()>& run, int repeats, bool cold) {
   run();
   run();
   std::vector<double> times;
   for (int r = 0; r < repeats; ++r) {
+    if (cold) evict_caches();
     const auto t0 = Clock::now();
     run();
     times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -137,7 +150,7 @@ int main(int argc, char** argv) {
   int threads = 1, repeats = 21;
   std::int64_t batch = 64;
   double peak_per_thread = 220.0;
-  bool json = false;
+  bool json = false, cold = false;
   std::string filter;
   app.add_option("--threads", threads, "threads per kernel (the stream's thread count)")->check(CLI::Range(1, 256));
   app.add_option("--repeats", repeats, "timed runs per case (the median is reported)")->check(CLI::Range(1, 10000));
@@ -145,6 +158,7 @@ int main(int argc, char** argv) {
   app.add_option("--peak-gflops", peak_per_thread, "FP32 peak of one core, GFLOP/s, for the % column");
   app.add_option("--filter", filter, "only the layers whose name contains this");
   app.add_flag("--json", json, "one JSON object per case and line instead of the table");
+  app.add_flag("--cold", cold, "evict the caches before each timed run, as in a training step");
   CLI11_PARSE(app, argc, argv);
 
 #ifdef _OPENMP
@@ -173,7 +187,7 @@ int main(int argc, char** argv) {
                      layer.name.c_str(), pass_name(p), err);
         return 1;
       }
-      const Timing timing = time_runs([&] { run_cpu(stream, layer.shape, t, p); }, repeats);
+      const Timing timing = time_runs([&] { run_cpu(stream, layer.shape, t, p); }, repeats, cold);
       const double seconds = timing.median;
       const double gflops = double(layer.shape.flops()) / seconds / 1e9;
       step_ms += layer.calls * seconds * 1e3;
