@@ -77,6 +77,7 @@ Timing environment (printed with the results, as issue 15 sets PyTorch up)
 from __future__ import annotations
 
 import argparse
+import glob
 import gzip
 import json
 import math
@@ -933,6 +934,19 @@ def environment_lines(args, torch_result: dict | None) -> list[str]:
             model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "?")
     except OSError:
         model = "?"
+    # the cache sizes tell hosts of one model name apart (the VM has moved between CPUs)
+    caches = []
+    for index in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
+        try:
+            with open(os.path.join(index, "level")) as f_level, open(os.path.join(index, "type")) as f_type, \
+                    open(os.path.join(index, "size")) as f_size:
+                level, kind, size = f_level.read().strip(), f_type.read().strip(), f_size.read().strip()
+        except OSError:
+            continue
+        if kind != "Instruction":
+            caches.append(f"L{level} {size}")
+    if caches:
+        model += " (" + ", ".join(caches) + ")"
     lines.append(f"machine: {model}, {os.cpu_count()} CPU(s), load average {os.getloadavg()[0]:.2f} at the end; "
                  f"python {sys.version.split()[0]} (parent), torch child {args.python}")
     if torch_result:
