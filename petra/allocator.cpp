@@ -81,6 +81,16 @@ struct Counter {
 
 using FreeBlocks = std::multimap<std::size_t, void*>;  // capacity -> free block
 
+// Caches a free block in front of the others of its capacity, so that take() hands out the one
+// freed last (a multimap's plain emplace puts it behind them: the one freed first, long since
+// evicted from the caches). A training step's tensors come and go in the same sizes; the block
+// freed last is the likeliest still in L2 or L3, and writing a tensor into lines that are not in
+// any cache first reads them from DRAM (docs/results-cpu.md §1, "The allocator hands out the
+// block freed last").
+void cache_block(FreeBlocks& blocks, std::size_t capacity, void* p) {
+  blocks.emplace_hint(blocks.lower_bound(capacity), capacity, p);
+}
+
 // A GPU block freed while other streams may still use it: it waits for their events.
 struct PendingBlock {
   void* ptr;
@@ -182,7 +192,7 @@ struct Allocator::Impl {
       for (const auto& [e, device] : b.events)
         if (!cuda_backend::event_query(e)) return false;
       for (const auto& [e, device] : b.events) spare_events[device].push_back(e);
-      cache_of(s, b.home).emplace(b.capacity, b.ptr);
+      cache_block(cache_of(s, b.home), b.capacity, b.ptr);
       return true;
     });
   }
@@ -211,7 +221,7 @@ struct Allocator::Impl {
   void free_gpu_block(DeviceState& s, const Allocation& a) noexcept {
     const auto uses = s.other_streams.find(a.ptr);
     if (uses == s.other_streams.end()) {
-      cache_of(s, a.stream).emplace(a.capacity, a.ptr);
+      cache_block(cache_of(s, a.stream), a.capacity, a.ptr);
       return;
     }
     PendingBlock pending{a.ptr, a.capacity, a.stream, {}};
@@ -303,7 +313,7 @@ void Allocator::deallocate(const Allocation& a) noexcept {
   if (a.device.is_cuda())
     impl_->free_gpu_block(s, a);
   else
-    s.cache.emplace(a.capacity, a.ptr);
+    cache_block(s.cache, a.capacity, a.ptr);
 }
 
 Allocation Allocator::allocate_pinned(std::size_t bytes, MemoryTag tag, int owner) {

@@ -63,6 +63,27 @@ TEST_CASE("freed blocks are reused instead of asking the system again") {
   CHECK(alloc().cached_bytes(kCpu) >= (4 << 20));
 }
 
+TEST_CASE("of cached blocks of one size, the one freed last is handed out first") {
+  // The block freed last is the likeliest still in the CPU's caches (petra/allocator.cpp).
+  // A size no other test uses, so that the cache holds only these three blocks of it.
+  const std::int64_t n = 777777;
+  std::vector<const void*> freed;
+  {
+    std::vector<Tensor> blocks;
+    for (int i = 0; i < 3; ++i) blocks.push_back(Tensor::empty({n}, DType::f32));
+    for (int i : {1, 0, 2}) {  // freed in this order: 2 last, then 0, then 1
+      freed.push_back(blocks[std::size_t(i)].raw_data());
+      blocks[std::size_t(i)] = Tensor();
+    }
+  }
+  const Tensor first = Tensor::empty({n}, DType::f32);
+  CHECK(first.raw_data() == freed[2]);
+  const Tensor second = Tensor::empty({n}, DType::f32);
+  CHECK(second.raw_data() == freed[1]);
+  const Tensor third = Tensor::empty({n}, DType::f32);
+  CHECK(third.raw_data() == freed[0]);
+}
+
 TEST_CASE("memory is 64-byte aligned and large blocks are released on request") {
   for (std::int64_t n : {1, 3, 100, 5000, 1 << 21}) {
     const Tensor t = Tensor::empty({n}, DType::u8);
