@@ -216,6 +216,40 @@ TEST_CASE("batch_norm_relu (training): gradients by finite differences; equals r
   CHECK(std::count(y.begin(), y.end(), 0.f) > 0);  // the mask is exercised
 }
 
+TEST_CASE("batch_norm_relu's backward writes dx over dy where it may, with the same bits") {
+  const Tensor x32 = random_tensor({3, 2, 5, 4}, 21).to(DType::f32), g32 = random_tensor({2}, 22).to(DType::f32),
+               b32 = random_tensor({2}, 23).to(DType::f32), seed = random_tensor({3, 2, 5, 4}, 24).to(DType::f32);
+  // Through autograd: behind `scale`, batch norm's upstream gradient is the engine's alone, so the
+  // fused backward takes its storage for dx; the unfused pair gives the bits to expect.
+  std::vector<float> grads[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    const Variable x(x32.clone(), true), gamma(g32.clone(), true), beta(b32.clone(), true);
+    const Variable y = fused ? batch_norm_relu(x, gamma, beta, Tensor(), Tensor(), {})
+                             : relu(batch_norm(x, gamma, beta, Tensor(), Tensor(), {}));
+    const Variable outputs[] = {scale(y, 3.0)};
+    const Tensor seeds[] = {seed};
+    petra::backward(outputs, seeds);
+    grads[fused] = x.grad().to_vector<float>();
+  }
+  CHECK(grads[1] == grads[0]);
+
+  // In ops: dx is written into `reuse` when it fits, else into a tensor of its own.
+  ops::BatchNormSaved saved;
+  ops::batchnorm_relu_forward(x32, g32, b32, Tensor(), Tensor(), {}, &saved);
+  REQUIRE(saved.affine.defined());
+  const Tensor zeros = Tensor::zeros({2}, DType::f32);
+  const Tensor apart = ops::batchnorm_relu_backward(x32, Tensor(), seed, g32, saved, zeros.clone(), zeros.clone());
+  const Tensor dy = seed.clone();
+  const Tensor over = ops::batchnorm_relu_backward(x32, Tensor(), dy, g32, saved, zeros.clone(), zeros.clone(), {}, dy);
+  CHECK(over.raw_data() == dy.raw_data());
+  CHECK(over.to_vector<float>() == apart.to_vector<float>());
+  const Tensor wrong_shape = Tensor::zeros({3, 2, 20}, DType::f32);
+  const Tensor elsewhere =
+      ops::batchnorm_relu_backward(x32, Tensor(), seed, g32, saved, zeros.clone(), zeros.clone(), {}, wrong_shape);
+  CHECK(elsewhere.raw_data() != wrong_shape.raw_data());
+  CHECK(elsewhere.to_vector<float>() == apart.to_vector<float>());
+}
+
 TEST_CASE("cross_entropy: gradient by finite differences, value by hand") {
   const Tensor labels = Tensor::from_vector<std::int64_t>({3}, {2, 0, 1});
   check_op_gradients([&](const auto& v) { return cross_entropy(v[0], labels); }, {random_tensor({3, 4}, 7)});
