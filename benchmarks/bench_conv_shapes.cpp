@@ -13,7 +13,7 @@
 // (--json also gives the fastest run). --cold writes a 64 MB buffer before each timed run (not
 // timed), so that every run starts as a training step's does: its tensors out of the caches (a
 // step's working set is several times the L2 and the VM's share of L3), which costs the 28x28
-// layers 20-30% (docs/profiling.md).
+// layers 20-40% (docs/profiling.md).
 // GFLOP/s count 2 * multiply-adds of the direct convolution; "% peak" is against --peak-gflops per
 // thread (220: the FP32 FMA peak of one core of this machine, docs/results-cpu.md). Passes run by
 // Winograd (kernels/cpu/conv2d_winograd.cpp: 2.25x fewer multiply-adds) are counted the same, so

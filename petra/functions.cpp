@@ -127,11 +127,11 @@ Variable batch_norm_relu(const Variable& x, const Variable& gamma, const Variabl
   Variable out = record_one(y, "batch_norm_relu", {x, gamma, beta, input_bias}, [=](std::span<const Tensor> g) {
     Tensor dgamma = zeros_like(keep_gamma), dbeta = zeros_like(keep_gamma);
     Tensor dbias = need_bias ? zeros_like(keep_gamma) : Tensor();
-    // dx may take dy's storage where nothing but the engine holds it (it drops dy once this returns)
-    const Tensor& dy = g[0];
-    const bool dy_given_up = dy.storage().use_count() == 1 && dy.raw_data() == dy.storage()->data();
-    Tensor dx = ops::batchnorm_relu_backward(keep_x, keep_y, dy, keep_gamma, saved, dgamma, dbeta, dbias,
-                                             dy_given_up ? dy : Tensor());
+    // dx may be written over dy where nothing but the engine holds dy's storage (it drops dy once
+    // this returns; a caller's seed, a captured gradient or another view hold a reference too)
+    const bool dy_given_up = g[0].storage().use_count() == 1;
+    Tensor dx = ops::batchnorm_relu_backward(keep_x, keep_y, g[0], keep_gamma, saved, dgamma, dbeta, dbias,
+                                             dy_given_up);
     return std::vector<Tensor>{std::move(dx), std::move(dgamma), std::move(dbeta), std::move(dbias)};
   });
   if (out.grad_fn()) out.grad_fn()->accept_strided_gradients();  // as batch_norm's

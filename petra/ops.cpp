@@ -544,7 +544,7 @@ Tensor batchnorm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor
 
 Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& dy_given, const Tensor& gamma,
                                const BatchNormSaved& saved, const Tensor& dgamma, const Tensor& dbeta,
-                               const Tensor& dx_sum, const Tensor& reuse) {
+                               const Tensor& dx_sum, bool dy_given_up) {
   const char* op = "batch_norm_relu_backward";
   PETRA_CHECK(y.defined() || (saved.affine.defined() && maps_relu_mask(x)), ValueError, op,
               ": needs y, the fused forward's output (the ReLU mask), or the CPU forward's saved.affine");
@@ -553,10 +553,10 @@ Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& d
   if (saved.affine.defined() && maps_relu_mask(x)) {
     check_like(x, saved.affine, op, "saved.affine");
     check_shape(saved.affine, {3 * k.channels}, op, "saved.affine");
-    // The mapped kernel reads dy[i] before it writes dx[i] and never again after: dx may be dy.
-    const bool in_place = reuse.defined() && reuse.is_contiguous() && reuse.shape() == x.shape() &&
-                          reuse.dtype() == x.dtype() && reuse.device() == x.device();
-    Tensor dx = in_place ? reuse : Tensor::empty(x.shape(), x.dtype(), x.device());
+    // The mapped kernel reads dy[i] before it writes dx[i] and never again after: dx may be dy
+    // (dy: what the kernel reads, dy_given itself where that is contiguous).
+    const bool over_dy = dy_given_up && dy_given.is_contiguous() && dy.raw_data() == dy_given.raw_data();
+    Tensor dx = over_dy ? dy_given : Tensor::empty(x.shape(), x.dtype(), x.device());
     const auto timer = batchnorm_timer(k, "bn+relu", "bwd", 5);  // y is not read
     PETRA_CPU_FLOAT_CALL(BATCHNORM, batchnorm_relu_backward_mapped, s, k, x.data_ptr<float>(),
                saved.affine.data_ptr<float>(), dy.data_ptr<float>(), gamma.data_ptr<float>(),

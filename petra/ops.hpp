@@ -101,15 +101,15 @@ Tensor batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma
 // the same arguments and running-statistics rule. The backward takes y, the fused forward's output,
 // for the ReLU mask (y > 0); where the forward saved its map (saved.affine: CPU, float), the backward
 // takes the mask from x and the map instead and does not read y, which may then be undefined.
-// `reuse`, when given, is a tensor the caller gives up (the autograd node's upstream gradient, dy
-// itself, which nothing else holds): that backward writes dx into its storage when it is contiguous
-// and of x's shape, dtype and device, so that dx's lines are the ones it has just read, not lines
-// of a fresh block that must first come from DRAM. Elsewhere it is ignored.
+// `dy_given_up`: the caller reads dy no more after this call (the autograd node's upstream
+// gradient, which nothing else holds); that backward then writes dx over dy where dy is contiguous,
+// so that dx's lines are the ones it has just read, not lines of a fresh block that must first come
+// from DRAM. Elsewhere dx is a tensor of its own.
 Tensor batchnorm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                               const Tensor& running_var, const BatchNormOptions& o, BatchNormSaved* saved);
 Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& gamma,
                                const BatchNormSaved& saved, const Tensor& dgamma, const Tensor& dbeta,
-                               const Tensor& dx_sum = {}, const Tensor& reuse = {});
+                               const Tensor& dx_sum = {}, bool dy_given_up = false);
 
 // pooling
 Tensor max_pool2d_forward(const Tensor& x, const Pool2dOptions& o, Tensor* argmax);

@@ -233,21 +233,25 @@ TEST_CASE("batch_norm_relu's backward writes dx over dy where it may, with the s
   }
   CHECK(grads[1] == grads[0]);
 
-  // In ops: dx is written into `reuse` when it fits, else into a tensor of its own.
+  // In ops: dx is written over dy when the caller gives dy up and dy is contiguous, else into a
+  // tensor of its own.
   ops::BatchNormSaved saved;
   ops::batchnorm_relu_forward(x32, g32, b32, Tensor(), Tensor(), {}, &saved);
   REQUIRE(saved.affine.defined());
   const Tensor zeros = Tensor::zeros({2}, DType::f32);
   const Tensor apart = ops::batchnorm_relu_backward(x32, Tensor(), seed, g32, saved, zeros.clone(), zeros.clone());
   const Tensor dy = seed.clone();
-  const Tensor over = ops::batchnorm_relu_backward(x32, Tensor(), dy, g32, saved, zeros.clone(), zeros.clone(), {}, dy);
+  const Tensor over = ops::batchnorm_relu_backward(x32, Tensor(), dy, g32, saved, zeros.clone(), zeros.clone(), {}, true);
   CHECK(over.raw_data() == dy.raw_data());
   CHECK(over.to_vector<float>() == apart.to_vector<float>());
-  const Tensor wrong_shape = Tensor::zeros({3, 2, 20}, DType::f32);
+  const Tensor wide = Tensor::zeros({3, 4, 5, 4}, DType::f32);
+  ops::channel_accumulate_into(wide, seed, 1);  // the seed as channels 1-2 of a wider tensor: a strided view
+  const Tensor strided = wide.slice(1, 1, 3);
   const Tensor elsewhere =
-      ops::batchnorm_relu_backward(x32, Tensor(), seed, g32, saved, zeros.clone(), zeros.clone(), {}, wrong_shape);
-  CHECK(elsewhere.raw_data() != wrong_shape.raw_data());
+      ops::batchnorm_relu_backward(x32, Tensor(), strided, g32, saved, zeros.clone(), zeros.clone(), {}, true);
+  CHECK(elsewhere.raw_data() != strided.raw_data());
   CHECK(elsewhere.to_vector<float>() == apart.to_vector<float>());
+  CHECK(strided.contiguous().to_vector<float>() == seed.to_vector<float>());  // not written over
 }
 
 TEST_CASE("cross_entropy: gradient by finite differences, value by hand") {
