@@ -62,9 +62,20 @@ Variable BatchNorm2d::forward_relu(const Variable& x, const Variable& input_bias
 
 Variable conv_batch_norm(const Conv2d& conv, const BatchNorm2d& bn, const Variable& x, bool relu) {
   const Variable& bias = conv.bias();
+  if (relu)
+    if (Variable y = bn.forward_conv_relu_recomputed(conv, x); y.defined()) return y;
   // The convolution adds the bias's values; only batch norm records the bias as an input.
   const Variable z = conv2d(x, conv.weight(), bias.defined() ? Variable(bias.data()) : Variable(), conv.options());
   return relu ? bn.forward_relu(z, bias) : bn.forward(z, bias);
+}
+
+Variable BatchNorm2d::forward_conv_relu_recomputed(const Conv2d& conv, const Variable& x) const {
+  const BatchNormOptions o = options();
+  if (!o.training || (x.requires_grad() && grad_enabled()) ||
+      !ops::conv_batchnorm_relu_fits(x.data(), conv.weight().data(), conv.options()))
+    return {};
+  const auto [mean, var] = running_statistics(o);
+  return conv_batch_norm_relu(x, conv.weight(), conv.bias(), gamma_, beta_, mean, var, conv.options(), o);
 }
 
 Tensor BatchNorm2d::coupling_relu_forward(const Tensor& x, const Tensor& z) const {

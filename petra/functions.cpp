@@ -138,6 +138,31 @@ Variable batch_norm_relu(const Variable& x, const Variable& gamma, const Variabl
   return out;
 }
 
+Variable conv_batch_norm_relu(const Variable& x, const Variable& w, const Variable& bias, const Variable& gamma,
+                              const Variable& beta, const Tensor& running_mean, const Tensor& running_var,
+                              const Conv2dOptions& co, const BatchNormOptions& o) {
+  PETRA_CHECK(!wants(x) || !grad_enabled(), ValueError,
+              "conv_batch_norm_relu: gives no gradient for x, which requires one (use conv2d and batch_norm_relu)");
+  ops::BatchNormSaved saved;
+  Tensor y = ops::conv_batchnorm_relu_forward(x.data(), w.data(), bias.defined() ? bias.data() : Tensor(),
+                                              gamma.data(), beta.data(), running_mean, running_var, co, o, &saved);
+  if (!should_record({&w, &bias, &gamma, &beta})) return Variable(y);
+  // Keeps x (the few-channel image: the backward recomputes the convolution from it) and the
+  // parameters' values, not the convolution's output, which was never stored.
+  const Tensor keep_x = x.data(), keep_w = w.data(), keep_bias = bias.defined() ? bias.data() : Tensor();
+  const Tensor keep_gamma = gamma.data();
+  const bool need_w = wants(w), need_bias = wants(bias), need_gamma = wants(gamma), need_beta = wants(beta);
+  return record_one(std::move(y), "conv_batch_norm_relu", {w, bias, gamma, beta}, [=](std::span<const Tensor> g) {
+    // The kernel produces all four; the ones nobody wants are dropped.
+    Tensor dw = zeros_like(keep_w), dgamma = zeros_like(keep_gamma), dbeta = zeros_like(keep_gamma);
+    Tensor dbias = keep_bias.defined() ? zeros_like(keep_bias) : Tensor();
+    ops::conv_batchnorm_relu_backward(keep_x, keep_w, keep_bias, g[0], keep_gamma, saved, co, dw, dbias, dgamma,
+                                      dbeta);
+    return std::vector<Tensor>{need_w ? dw : Tensor(), need_bias ? dbias : Tensor(), need_gamma ? dgamma : Tensor(),
+                               need_beta ? dbeta : Tensor()};
+  });
+}
+
 Variable sum(const Variable& x, std::span<const int> dims) {
   const Shape x_shape = x.shape();
   return record_one(ops::sum(x.data(), dims), "sum", {x}, [x_shape](std::span<const Tensor> g) {

@@ -8,11 +8,13 @@
 #include <atomic>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "petra/kernels/batchnorm.hpp"
 #include "petra/kernels/channel.hpp"
 #include "petra/kernels/conv2d.hpp"
+#include "petra/kernels/conv_batchnorm.hpp"
 #include "petra/kernels/coupling.hpp"
 #include "petra/kernels/cuda_libraries.hpp"
 #include "petra/kernels/elementwise.hpp"
@@ -578,6 +580,98 @@ Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& d
                        dgamma.data_ptr<T>(), dbeta.data_ptr<T>());
   if (dx_sum.defined()) conv2d_backward_bias(dx, dx_sum);  // cuDNN: the sum in a pass of its own
   return dx;
+}
+
+// ---------------------------------------------------------------- conv2d + batch norm + ReLU
+// kernels/conv_batchnorm.hpp: the stem's convolution fused with its batch norm and ReLU, the
+// convolution's output recomputed in each pass instead of stored. CPU, float, training only.
+namespace {
+// The convolution's shape, after conv_shape's checks, where the fused op takes it; nullopt elsewhere.
+std::optional<kernels::Conv2dShape> fused_stem_shape(const Tensor& x, const Tensor& w, const Conv2dOptions& o) {
+  if (!x.defined() || !w.defined() || !x.device().is_cpu() || x.dtype() != DType::f32 || w.dtype() != DType::f32 ||
+      !w.device().is_cpu() || !w.is_contiguous() || x.ndim() != 4 || w.ndim() != 4 || x.size(1) != w.size(1) ||
+      !(x.is_contiguous() || is_channel_slice(x)) || o.stride < 1 || o.padding < 0)
+    return std::nullopt;
+  kernels::Conv2dShape k{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), o.stride, o.stride,
+                         o.padding, o.padding};
+  if (!kernels::cpu::conv_batchnorm_relu_fits(k)) return std::nullopt;
+  return k;
+}
+
+// The per-channel tensors of the fused op: shape {C} and like x.
+void check_stem_per_channel(const Tensor& x, std::int64_t channels, std::initializer_list<const Tensor*> tensors,
+                            const char* op) {
+  for (const Tensor* t : tensors)
+    if (t->defined()) {
+      check_like(x, *t, op, "per-channel tensor");
+      check_shape(*t, {channels}, op, "per-channel tensor");
+    }
+}
+}  // namespace
+
+bool conv_batchnorm_relu_fits(const Tensor& x, const Tensor& w, const Conv2dOptions& o) {
+  return fused_stem_shape(x, w, o).has_value();
+}
+
+Tensor conv_batchnorm_relu_forward(const Tensor& input, const Tensor& w, const Tensor& bias, const Tensor& gamma,
+                                   const Tensor& beta, const Tensor& running_mean, const Tensor& running_var,
+                                   const Conv2dOptions& co, const BatchNormOptions& o, BatchNormSaved* saved) {
+  const char* op = "conv_batch_norm_relu";
+  auto fits = fused_stem_shape(input, w, co);
+  PETRA_CHECK(fits.has_value(), ShapeError, op, ": x ", input.str(), " and w ", w.str(), " (stride ", co.stride,
+              ", padding ", co.padding, ") are not a CPU float convolution it takes (ops::conv_batchnorm_relu_fits)");
+  PETRA_CHECK(o.training, ValueError, op, ": training mode only (evaluation runs conv2d and batch_norm_relu)");
+  PETRA_CHECK(saved != nullptr, ValueError, op, ": needs somewhere to save the statistics");
+  kernels::Conv2dShape k = *fits;
+  const Tensor x = conv_input(input, k, op);
+  PETRA_CHECK(running_mean.defined() == running_var.defined(), ValueError, op,
+              ": give both running statistics or neither");
+  check_stem_per_channel(x, k.out_channels, {&bias, &gamma, &beta, &running_mean, &running_var}, op);
+  PETRA_CHECK(gamma.defined() && beta.defined(), ValueError, op, ": needs gamma and beta");
+  PETRA_CHECK(k.batch * k.in_h * k.in_w > 1, ShapeError, op, ": training needs more than one value per channel, got ",
+              input.str());
+  const Shape per_channel{k.out_channels};
+  saved->mean = Tensor::empty(per_channel, x.dtype(), x.device());
+  saved->invstd = Tensor::empty(per_channel, x.dtype(), x.device());
+  saved->affine = Tensor::empty({3 * k.out_channels}, x.dtype(), x.device());
+  Tensor y = Tensor::empty(conv_out_shape(k), x.dtype(), x.device());
+  const auto& s = stream_for(x.device());
+  const auto timer = batchnorm_timer(bn_shape(y, op), "conv+bn+relu", "fwd", 1);  // y: its only tensor pass
+  PETRA_CPU_FLOAT_CALL(BATCHNORM, conv_batchnorm_relu_forward_train, s, k, o.eps, o.momentum, x.data_ptr<float>(),
+                       w.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr, gamma.data_ptr<float>(),
+                       beta.data_ptr<float>(), y.data_ptr<float>(), saved->mean.data_ptr<float>(),
+                       saved->invstd.data_ptr<float>(), running_mean.defined() ? running_mean.data_ptr<float>() : nullptr,
+                       running_var.defined() ? running_var.data_ptr<float>() : nullptr, saved->affine.data_ptr<float>());
+  return y;
+}
+
+void conv_batchnorm_relu_backward(const Tensor& input, const Tensor& w, const Tensor& bias, const Tensor& dy_given,
+                                  const Tensor& gamma, const BatchNormSaved& saved, const Conv2dOptions& co,
+                                  const Tensor& dw, const Tensor& dbias, const Tensor& dgamma, const Tensor& dbeta) {
+  const char* op = "conv_batch_norm_relu_backward";
+  auto fits = fused_stem_shape(input, w, co);
+  PETRA_CHECK(fits.has_value(), ShapeError, op, ": x ", input.str(), " and w ", w.str(),
+              " are not a convolution the fused op takes");
+  kernels::Conv2dShape k = *fits;
+  const Tensor x = conv_input(input, k, op);
+  check_float_dtype(dy_given, op, "dy");
+  check_like(x, dy_given, op, "dy");
+  check_shape(dy_given, conv_out_shape(k), op, "dy");
+  const Tensor dy = dy_given.contiguous();
+  check_like(x, dw, op, "dw");
+  check_shape(dw, w.shape(), op, "dw");
+  check_stem_per_channel(x, k.out_channels, {&bias, &dbias, &gamma, &saved.mean, &saved.invstd, &dgamma, &dbeta}, op);
+  PETRA_CHECK(saved.affine.defined(), ValueError, op, ": needs the forward's saved.affine");
+  check_like(x, saved.affine, op, "saved.affine");
+  check_shape(saved.affine, {3 * k.out_channels}, op, "saved.affine");
+  const auto& s = stream_for(x.device());
+  const auto timer = batchnorm_timer(bn_shape(dy, op), "conv+bn+relu", "bwd", 2);  // dy, read twice
+  PETRA_CPU_FLOAT_CALL(BATCHNORM, conv_batchnorm_relu_backward, s, k, x.data_ptr<float>(), w.data_ptr<float>(),
+                       bias.defined() ? bias.data_ptr<float>() : nullptr, saved.affine.data_ptr<float>(),
+                       dy.data_ptr<float>(), gamma.data_ptr<float>(), saved.mean.data_ptr<float>(),
+                       saved.invstd.data_ptr<float>(), dw.data_ptr<float>(),
+                       dbias.defined() ? dbias.data_ptr<float>() : nullptr, dgamma.data_ptr<float>(),
+                       dbeta.data_ptr<float>());
 }
 
 // ---------------------------------------------------------------- reductions

@@ -43,6 +43,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "petra/kernels/cpu/batchnorm_maps.hpp"
 #include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu {
@@ -185,21 +186,8 @@ void add_gradient_sums(const float* x, const float* y, const float* dy, std::int
   }
 }
 
-// y = (x - mean) * scale + bias for one channel. When |mean| >> std, float(mean) alone would
-// lose digits: mean is split into a float part, subtracted from x (nearly exactly), and a
-// remainder folded into the bias in double.
-struct AffineMap {
-  float mean, scale, bias;
-};
-
-AffineMap affine_map(double mean, double scale, double beta) {
-  const float mean_f = float(mean);
-  return {mean_f, float(scale), float(beta - (mean - double(mean_f)) * scale)};
-}
-
-// BN(x) at one value, as every forward's pass 2 computes it: an explicit fma, so that the mapped
-// backward's mask (Mask::from_x) computes the same bits.
-inline float normalised(float x, const AffineMap& m) { return std::fma(x - m.mean, m.scale, m.bias); }
+using bn::AffineMap;
+using bn::normalised;
 
 // Where a forward's pass 2 writes sample n's channels [c0, c1) (`x`: the input, `maps`: per channel).
 // TensorOutput: y itself, BN(x) or with the fused ReLU relu(BN(x)).
@@ -301,24 +289,11 @@ void forward_train(const StreamHandle& s, const BatchNormShape& shape, double ep
     });
     sync_parts();
 
-    for (std::int64_t c = r.c0; c < r.c1; ++c) {
-      const double mean_shifted = parts_total(shape, arrays, parts, kSum, c) / count;
-      const double var =
-          std::max(parts_total(shape, arrays, parts, kSquare, c) / count - mean_shifted * mean_shifted, 0.0);
-      const double mean = x[c * plane] + mean_shifted;
-      const double invstd = 1.0 / std::sqrt(var + eps);
-      maps[c] = affine_map(mean, double(gamma[c]) * invstd, beta[c]);
-      if (saved_affine) {
-        saved_affine[3 * c] = maps[c].mean;
-        saved_affine[3 * c + 1] = maps[c].scale;
-        saved_affine[3 * c + 2] = maps[c].bias;
-      }
-      saved_mean[c] = float(mean);
-      saved_invstd[c] = float(invstd);
-      const double unbiased_var = count > 1 ? var * count / (count - 1) : var;
-      if (running_mean) running_mean[c] = float((1 - momentum) * running_mean[c] + momentum * mean);
-      if (running_var) running_var[c] = float((1 - momentum) * running_var[c] + momentum * unbiased_var);
-    }
+    const bn::StatisticsOut out{saved_mean, saved_invstd, running_mean, running_var, saved_affine};
+    for (std::int64_t c = r.c0; c < r.c1; ++c)
+      maps[c] = bn::finish_statistics(c, parts_total(shape, arrays, parts, kSum, c),
+                                      parts_total(shape, arrays, parts, kSquare, c), x[c * plane], count, eps,
+                                      momentum, gamma, beta, out);
     sync_parts();
 
     apply_affine(shape, r.n0, r.n1, x, maps.data(), output);
@@ -332,8 +307,8 @@ void forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps
   use_threads(s);
   std::vector<AffineMap> maps(shape.channels);
   for (std::int64_t c = 0; c < shape.channels; ++c)
-    maps[c] = affine_map(running_mean[c],
-                         double(gamma[c]) / std::sqrt(double(running_var[c]) + eps), beta[c]);
+    maps[c] = bn::affine_map(running_mean[c],
+                             double(gamma[c]) / std::sqrt(double(running_var[c]) + eps), beta[c]);
   run_parts(sample_parts(s, shape), [&](int part, int parts) {
     const PartRange r = part_range(shape, part, parts);
     apply_affine(shape, r.n0, r.n1, x, maps.data(), output);
@@ -387,17 +362,12 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
     });
     sync_parts();
 
-    // dx = gamma*invstd*(dy - sum_dy/n - xhat*sum_dy_xhat/n) with xhat = (x - mean)*invstd,
-    // that is dx = a*dy + b*(x - mean) + k per channel.
     for (std::int64_t c = r.c0; c < r.c1; ++c) {
-      const double invstd = saved_invstd[c];
-      const double sum_dy = parts_total(shape, arrays, parts, kDySum, c);
-      const double sum_dy_xhat = parts_total(shape, arrays, parts, kDyCentered, c) * invstd;
-      const double scale = double(gamma[c]) * invstd;
-      dgamma[c] += float(sum_dy_xhat);
-      dbeta[c] += float(sum_dy);
-      maps[c] = {float(scale), float(-scale * invstd * sum_dy_xhat / count), float(-scale * sum_dy / count),
-                 saved_mean[c], M == Mask::from_x ? affine[3 * c + 1] : 0.0f,
+      const bn::GradientCoefficients g =
+          bn::gradient_coefficients(c, parts_total(shape, arrays, parts, kDySum, c),
+                                    parts_total(shape, arrays, parts, kDyCentered, c), saved_invstd, gamma, count,
+                                    dgamma, dbeta);
+      maps[c] = {g.a, g.b, g.k, saved_mean[c], M == Mask::from_x ? affine[3 * c + 1] : 0.0f,
                  M == Mask::from_x ? affine[3 * c + 2] : 0.0f};
     }
     sync_parts();  // every part has read every part's sums: dy_sum's array is free again
