@@ -51,12 +51,12 @@ struct Geometry {
 
 // Per-part scratch, in floats: the padded image, then `sums` double totals per channel (the
 // forward's two; the backward's two, then the bias's and the 9 taps' of the weight gradient).
-// Parts lie `pitch` floats apart.
+// Parts lie `pitch` floats apart (a multiple of 16: each part starts on a 64-byte line).
 constexpr int kSums = 2 + 1 + kTaps;
 struct PartLayout {
   std::int64_t padded_floats, pitch;
   explicit PartLayout(const Geometry& g)
-      : padded_floats(round_up(g.hp * g.wp + kLanes, kLanes)),  // + a block: positions past the plane read there
+      : padded_floats(round_up(g.hp * g.wp, kLanes)),
         pitch(padded_floats + 2 * kSums * g.channels + 256) {}
 };
 
@@ -81,8 +81,7 @@ int sample_parts(const StreamHandle& s, const Geometry& g) {
 #if PETRA_CONV_DIRECT
 using conv2d::direct::transpose16;
 
-// Copies image n of x into `padded`, zeros around it (the padding of 1, and the block past the
-// plane that the last block's missing positions read).
+// Copies image n of x into `padded`, zeros around it (the padding of 1).
 void pad_image(const Geometry& g, const float* x, std::int64_t n, float* padded, std::int64_t padded_floats) {
   std::fill(padded, padded + padded_floats, 0.0f);
   for (std::int64_t iy = 0; iy < g.h; ++iy)
