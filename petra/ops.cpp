@@ -586,7 +586,8 @@ Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& d
 // kernels/conv_batchnorm.hpp: the stem's convolution fused with its batch norm and ReLU, the
 // convolution's output recomputed in each pass instead of stored. CPU, float, training only.
 namespace {
-// The convolution's shape, after conv_shape's checks, where the fused op takes it; nullopt elsewhere.
+// The convolution's shape where the fused op takes x and w (CPU float tensors of a shape that
+// kernels::cpu::conv_batchnorm_relu_fits accepts); nullopt elsewhere.
 std::optional<kernels::Conv2dShape> fused_stem_shape(const Tensor& x, const Tensor& w, const Conv2dOptions& o) {
   if (!x.defined() || !w.defined() || !x.device().is_cpu() || x.dtype() != DType::f32 || w.dtype() != DType::f32 ||
       !w.device().is_cpu() || !w.is_contiguous() || x.ndim() != 4 || w.ndim() != 4 || x.size(1) != w.size(1) ||
@@ -658,6 +659,8 @@ void conv_batchnorm_relu_backward(const Tensor& input, const Tensor& w, const Te
   check_like(x, dy_given, op, "dy");
   check_shape(dy_given, conv_out_shape(k), op, "dy");
   const Tensor dy = dy_given.contiguous();
+  PETRA_CHECK(dw.defined() && gamma.defined() && dgamma.defined() && dbeta.defined(), ValueError, op,
+              ": needs gamma and somewhere to add dw, dgamma and dbeta (dbias alone may be undefined)");
   check_like(x, dw, op, "dw");
   check_shape(dw, w.shape(), op, "dw");
   check_stem_per_channel(x, k.out_channels, {&bias, &dbias, &gamma, &saved.mean, &saved.invstd, &dgamma, &dbeta}, op);

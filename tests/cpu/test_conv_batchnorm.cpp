@@ -232,6 +232,15 @@ TEST_CASE("ops::conv_batchnorm_relu_forward refuses what it does not take") {
   CHECK_THROWS_AS(ops::conv_batchnorm_relu_forward(Tensor::zeros({2, 1, 6, 6}), Tensor::zeros({16, 1, 3, 3}),
                                                    Tensor(), gamma, beta, Tensor(), Tensor(), {1, 1}, eval, &saved),
                   ValueError);
+  // A backward with nowhere to add dgamma.
+  ops::BatchNormSaved forward_saved;
+  const Tensor x = Tensor::uniform({2, 1, 6, 6}, 9), w = Tensor::uniform({16, 1, 3, 3}, 10);
+  const Tensor y = ops::conv_batchnorm_relu_forward(x, w, Tensor(), gamma, beta, Tensor(), Tensor(), {1, 1}, {},
+                                                    &forward_saved);
+  CHECK_THROWS_AS(ops::conv_batchnorm_relu_backward(x, w, Tensor(), y, gamma, forward_saved, {1, 1},
+                                                    Tensor::zeros({16, 1, 3, 3}), Tensor(), Tensor(),
+                                                    Tensor::zeros({16})),
+                  ValueError);
   // gamma of the wrong size.
   CHECK_THROWS_AS(ops::conv_batchnorm_relu_forward(Tensor::zeros({2, 1, 6, 6}), Tensor::zeros({16, 1, 3, 3}),
                                                    Tensor(), Tensor::full({8}, 1.0), beta, Tensor(), Tensor(), {1, 1},
