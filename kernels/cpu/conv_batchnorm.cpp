@@ -165,6 +165,13 @@ void for_each_image(const Geometry& g, const PartLayout& l, float* padded, std::
   }
 }
 
+// The gradient that reaches batch norm: dy where the forward's y > 0, that is where its map
+// fma(z - mean, scale, shift) > 0 (zc = z - mean): the forward's exact bits, so its exact mask.
+[[gnu::always_inline]] inline __m512 passed_gradient(__m512 zc, __m512 scale, __m512 shift, __m512 dy) {
+  const __mmask16 passed = _mm512_cmp_ps_mask(_mm512_fmadd_ps(zc, scale, shift), _mm512_setzero_ps(), _CMP_GT_OQ);
+  return _mm512_maskz_mov_ps(passed, dy);
+}
+
 // Loads dy at (sample n, channels [16 cv, +16), positions of block b) with the channels on the
 // lanes: rows[j] = position 16 b + j's gradient (positions past the plane: 0).
 void load_gradient_block(const Geometry& g, const float* dy, std::int64_t n, std::int64_t cv, std::int64_t b,
@@ -201,6 +208,28 @@ PartScratch part_scratch(void* scratch, const PartLayout& l, int part) {
   float* p = reinterpret_cast<float*>(base) + part * l.pitch;
   return {p, reinterpret_cast<double*>(p + l.padded_floats)};
 }
+
+// What both passes of both directions set up: the stream's threads, the sizes, one scratch block
+// for every part, and the positions' offsets in the padded image.
+struct Setup {
+  Geometry g;
+  PartLayout layout;
+  int threads;
+  void* scratch;
+  std::vector<std::int32_t> offsets;
+  Setup(const StreamHandle& s, const Conv2dShape& conv)
+      : g(conv), layout(g), threads(sample_parts(s, g)),
+        scratch(s.scratch(conv_batchnorm_relu_workspace_bytes(conv, threads))), offsets(position_offsets(g)) {
+    use_threads(s);
+  }
+};
+
+// Channel c's total of the parts' double array k (totals + k * channels), the parts added in order.
+double parts_total(const Setup& run, int parts, int k, std::int64_t c) {
+  double total = 0;
+  for (int q = 0; q < parts; ++q) total += part_scratch(run.scratch, run.layout, q).totals[k * run.g.channels + c];
+  return total;
+}
 }  // namespace
 #endif
 
@@ -209,19 +238,15 @@ void conv_batchnorm_relu_forward_train(const StreamHandle& s, const Conv2dShape&
                                        const float* beta, float* y, float* saved_mean, float* saved_invstd,
                                        float* running_mean, float* running_var, float* affine) {
 #if PETRA_CONV_DIRECT
-  use_threads(s);
-  const Geometry g(conv);
-  const PartLayout layout(g);
-  const int threads = sample_parts(s, g);
-  void* const scratch = s.scratch(conv_batchnorm_relu_workspace_bytes(conv, threads));
-  const std::vector<std::int32_t> off = position_offsets(g);
+  const Setup run(s, conv);
+  const Geometry& g = run.g;
   std::vector<float> shift(g.channels);
   for (std::int64_t c = 0; c < g.channels; ++c) shift[c] = float(first_value(g, x, w, bias, c));
   std::vector<float> map_mean(g.channels), map_scale(g.channels), map_bias(g.channels);  // pass 2's map
-  const double count = double(g.batch * g.plane);
+  const double count = double(g.batch) * double(g.plane);
 
-  run_parts(threads, [&](int part, int parts) {
-    const PartScratch p = part_scratch(scratch, layout, part);
+  run_parts(run.threads, [&](int part, int parts) {
+    const PartScratch p = part_scratch(run.scratch, run.layout, part);
     double* const sums = p.totals;
     double* const squares = p.totals + g.channels;
     std::fill(sums, sums + 2 * g.channels, 0.0);
@@ -229,7 +254,8 @@ void conv_batchnorm_relu_forward_train(const StreamHandle& s, const Conv2dShape&
 
     // Pass 1: per channel, the sums of d = z - shift and d^2, in float over one image (two
     // accumulators each, alternating positions), then in double.
-    for_each_image(g, layout, p.padded, n0, n1, x, w, bias, off, [&](std::int64_t, std::int64_t cv, auto&& z_of) {
+    for_each_image(g, run.layout, p.padded, n0, n1, x, w, bias, run.offsets,
+                   [&](std::int64_t, std::int64_t cv, auto&& z_of) {
       const __m512 sh = _mm512_loadu_ps(shift.data() + cv * kLanes);
       __m512 sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, square[2] = {sum[0], sum[1]};
       for (std::int64_t b = 0; b < g.blocks; ++b) {
@@ -250,14 +276,9 @@ void conv_batchnorm_relu_forward_train(const StreamHandle& s, const Conv2dShape&
 
     const bn::StatisticsOut out{saved_mean, saved_invstd, running_mean, running_var, affine};
     for (std::int64_t c = share(g.channels, part, parts); c < share(g.channels, part + 1, parts); ++c) {
-      double sum_total = 0, square_total = 0;
-      for (int q = 0; q < parts; ++q) {
-        const PartScratch other = part_scratch(scratch, layout, q);
-        sum_total += other.totals[c];
-        square_total += other.totals[g.channels + c];
-      }
-      const bn::AffineMap m =
-          bn::finish_statistics(c, sum_total, square_total, shift[c], count, eps, momentum, gamma, beta, out);
+      const bn::AffineMap m = bn::finish_statistics(c, parts_total(run,  parts, 0, c),
+                                                    parts_total(run,  parts, 1, c), shift[c], count,
+                                                    eps, momentum, gamma, beta, out);
       map_mean[c] = m.mean;
       map_scale[c] = m.scale;
       map_bias[c] = m.bias;
@@ -266,7 +287,8 @@ void conv_batchnorm_relu_forward_train(const StreamHandle& s, const Conv2dShape&
 
     // Pass 2: y = relu(BN(z)), transposed back to planes: the op's only write.
     const __m512 zero = _mm512_setzero_ps();
-    for_each_image(g, layout, p.padded, n0, n1, x, w, bias, off, [&](std::int64_t n, std::int64_t cv, auto&& z_of) {
+    for_each_image(g, run.layout, p.padded, n0, n1, x, w, bias, run.offsets,
+                   [&](std::int64_t n, std::int64_t cv, auto&& z_of) {
       const __m512 mean = channel_vector(map_mean, cv);
       const __m512 scale = channel_vector(map_scale, cv);
       const __m512 shift_v = channel_vector(map_bias, cv);
@@ -293,14 +315,10 @@ void conv_batchnorm_relu_backward(const StreamHandle& s, const Conv2dShape& conv
                                   const float* saved_mean, const float* saved_invstd, float* dw, float* dbias,
                                   float* dgamma, float* dbeta) {
 #if PETRA_CONV_DIRECT
-  use_threads(s);
-  const Geometry g(conv);
-  const PartLayout layout(g);
-  const int threads = sample_parts(s, g);
-  void* const scratch = s.scratch(conv_batchnorm_relu_workspace_bytes(conv, threads));
-  const std::vector<std::int32_t> off = position_offsets(g);
+  const Setup run(s, conv);
+  const Geometry& g = run.g;
   std::vector<float> coefficient_a(g.channels), coefficient_b(g.channels), coefficient_k(g.channels);
-  const double count = double(g.batch * g.plane);
+  const double count = double(g.batch) * double(g.plane);
   // The forward's map per channel (affine: mean, scale, bias), whose fma on z gives y's exact bits
   // and so its mask. (saved_mean is the same float as the map's mean.)
   (void)saved_mean;
@@ -317,8 +335,8 @@ void conv_batchnorm_relu_backward(const StreamHandle& s, const Conv2dShape& conv
   };
   const __m512 zero = _mm512_setzero_ps();
 
-  run_parts(threads, [&](int part, int parts) {
-    const PartScratch p = part_scratch(scratch, layout, part);
+  run_parts(run.threads, [&](int part, int parts) {
+    const PartScratch p = part_scratch(run.scratch, run.layout, part);
     double* const totals = p.totals;
     std::fill(totals, totals + kSums * g.channels, 0.0);
     const std::int64_t n0 = share(g.batch, part, parts), n1 = share(g.batch, part + 1, parts);
@@ -326,7 +344,8 @@ void conv_batchnorm_relu_backward(const StreamHandle& s, const Conv2dShape& conv
     double* const centered_sums = totals + g.channels;
 
     // Pass 1: per channel, sum(g) and sum(g * (z - mean)), g = dy where y > 0.
-    for_each_image(g, layout, p.padded, n0, n1, x, w, bias, off, [&](std::int64_t n, std::int64_t cv, auto&& z_of) {
+    for_each_image(g, run.layout, p.padded, n0, n1, x, w, bias, run.offsets,
+                   [&](std::int64_t n, std::int64_t cv, auto&& z_of) {
       __m512 mean, scale, shift;
       forward_vectors(cv, mean, scale, shift);
       __m512 sum[2] = {zero, zero}, centered[2] = {zero, zero};
@@ -338,8 +357,7 @@ void conv_batchnorm_relu_backward(const StreamHandle& s, const Conv2dShape& conv
         for (int j = 0; j < kLanes; ++j) {
           if (j >= valid) break;
           const __m512 zc = _mm512_sub_ps(z[j], mean);
-          const __mmask16 passed = _mm512_cmp_ps_mask(_mm512_fmadd_ps(zc, scale, shift), zero, _CMP_GT_OQ);
-          const __m512 gv = _mm512_maskz_mov_ps(passed, grad[j]);
+          const __m512 gv = passed_gradient(zc, scale, shift, grad[j]);
           sum[j & 1] = _mm512_add_ps(sum[j & 1], gv);
           centered[j & 1] = _mm512_fmadd_ps(gv, zc, centered[j & 1]);
         }
@@ -350,14 +368,10 @@ void conv_batchnorm_relu_backward(const StreamHandle& s, const Conv2dShape& conv
     sync_parts();
 
     for (std::int64_t c = share(g.channels, part, parts); c < share(g.channels, part + 1, parts); ++c) {
-      double sum_total = 0, centered_total = 0;
-      for (int q = 0; q < parts; ++q) {
-        const PartScratch other = part_scratch(scratch, layout, q);
-        sum_total += other.totals[c];
-        centered_total += other.totals[g.channels + c];
-      }
       const bn::GradientCoefficients k =
-          bn::gradient_coefficients(c, sum_total, centered_total, saved_invstd, gamma, count, dgamma, dbeta);
+          bn::gradient_coefficients(c, parts_total(run,  parts, 0, c),
+                                    parts_total(run,  parts, 1, c), saved_invstd, gamma, count, dgamma,
+                                    dbeta);
       coefficient_a[c] = k.a;
       coefficient_b[c] = k.b;
       coefficient_k[c] = k.k;
@@ -368,7 +382,8 @@ void conv_batchnorm_relu_backward(const StreamHandle& s, const Conv2dShape& conv
     // taps' sums (dz times the image under the tap): dz is never stored.
     double* const bias_sums = totals + 2 * g.channels;
     double* const tap_sums = totals + 3 * g.channels;  // [tap][channel]
-    for_each_image(g, layout, p.padded, n0, n1, x, w, bias, off, [&](std::int64_t n, std::int64_t cv, auto&& z_of) {
+    for_each_image(g, run.layout, p.padded, n0, n1, x, w, bias, run.offsets,
+                   [&](std::int64_t n, std::int64_t cv, auto&& z_of) {
       __m512 mean, scale, shift;
       forward_vectors(cv, mean, scale, shift);
       const __m512 a = channel_vector(coefficient_a, cv);
@@ -380,13 +395,12 @@ void conv_batchnorm_relu_backward(const StreamHandle& s, const Conv2dShape& conv
         __m512 z[kLanes], grad[kLanes];
         z_of(b, z);
         load_gradient_block(g, dy, n, cv, b, grad);
-        const std::int32_t* position = off.data() + b * kLanes;
+        const std::int32_t* position = run.offsets.data() + b * kLanes;
         const std::int64_t valid = valid_positions(g, b);
         for (int j = 0; j < kLanes; ++j) {
           if (j >= valid) break;
           const __m512 zc = _mm512_sub_ps(z[j], mean);
-          const __mmask16 passed = _mm512_cmp_ps_mask(_mm512_fmadd_ps(zc, scale, shift), zero, _CMP_GT_OQ);
-          const __m512 gv = _mm512_maskz_mov_ps(passed, grad[j]);
+          const __m512 gv = passed_gradient(zc, scale, shift, grad[j]);
           const __m512 dz = _mm512_fmadd_ps(a, gv, _mm512_fmadd_ps(bb, zc, k));
           bias_acc = _mm512_add_ps(bias_acc, dz);
           const float* row0 = p.padded + position[j];
@@ -405,14 +419,9 @@ void conv_batchnorm_relu_backward(const StreamHandle& s, const Conv2dShape& conv
     sync_parts();
 
     for (std::int64_t c = share(g.channels, part, parts); c < share(g.channels, part + 1, parts); ++c) {
-      double bias_total = 0, tap_total[kTaps] = {};
-      for (int q = 0; q < parts; ++q) {
-        const double* other = part_scratch(scratch, layout, q).totals;
-        bias_total += other[2 * g.channels + c];
-        for (int t = 0; t < kTaps; ++t) tap_total[t] += other[(3 + t) * g.channels + c];
-      }
-      if (dbias) dbias[c] = float(dbias[c] + bias_total);
-      for (int t = 0; t < kTaps; ++t) dw[c * kTaps + t] = float(dw[c * kTaps + t] + tap_total[t]);
+      if (dbias) dbias[c] = float(dbias[c] + parts_total(run,  parts, 2, c));
+      for (int t = 0; t < kTaps; ++t)
+        dw[c * kTaps + t] = float(dw[c * kTaps + t] + parts_total(run,  parts, 3 + t, c));
     }
   });
 #else
