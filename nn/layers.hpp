@@ -63,7 +63,7 @@ class BatchNorm2d : public Module {
 
   // relu(forward(conv.forward(x))) in training mode as one op that never stores the convolution's
   // output (conv_batch_norm_relu, petra/functions.hpp: the stem on images recomputes its cheap
-  // few-channel convolution in each pass), where that op takes conv and x and x needs no gradient;
+  // one-channel convolution in each pass), where that op takes conv and x and x needs no gradient;
   // an undefined Variable where it does not (evaluation mode, another shape), for conv_batch_norm
   // to run the unfused pair instead.
   Variable forward_conv_relu_recomputed(const Conv2d& conv, const Variable& x) const;
@@ -86,7 +86,7 @@ class BatchNorm2d : public Module {
 // bn.forward(conv.forward(x)), or bn.forward_relu(...) when relu: the same numbers, but the
 // convolution's bias gradient is taken by batch norm's backward as it writes its dx (the bias is
 // batch norm's input_bias, not the convolution's recorded input), which saves a pass over that
-// gradient. conv's output must go to bn only, as in every block here. With relu, a few-channel x
+// gradient. conv's output must go to bn only, as in every block here. With relu, a one-channel image x
 // that needs no gradient (the stem) goes to bn.forward_conv_relu_recomputed: the same numbers up to
 // float rounding, without the convolution's output in memory.
 Variable conv_batch_norm(const Conv2d& conv, const BatchNorm2d& bn, const Variable& x, bool relu);

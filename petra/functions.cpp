@@ -147,7 +147,7 @@ Variable conv_batch_norm_relu(const Variable& x, const Variable& w, const Variab
   Tensor y = ops::conv_batchnorm_relu_forward(x.data(), w.data(), bias.defined() ? bias.data() : Tensor(),
                                               gamma.data(), beta.data(), running_mean, running_var, co, o, &saved);
   if (!should_record({&w, &bias, &gamma, &beta})) return Variable(y);
-  // Keeps x (the few-channel image: the backward recomputes the convolution from it) and the
+  // Keeps x (the one-channel image: the backward recomputes the convolution from it) and the
   // parameters' values, not the convolution's output, which was never stored.
   const Tensor keep_x = x.data(), keep_w = w.data(), keep_bias = bias.defined() ? bias.data() : Tensor();
   const Tensor keep_gamma = gamma.data();

@@ -42,9 +42,9 @@ Variable batch_norm(const Variable& x, const Variable& gamma, const Variable& be
 Variable batch_norm_relu(const Variable& x, const Variable& gamma, const Variable& beta, const Tensor& running_mean,
                          const Tensor& running_var, const BatchNormOptions& o, const Variable& input_bias = {});
 // relu(batch_norm(conv2d(x, w, bias), ...)) in training mode as one op that never stores the
-// convolution's output (ops::conv_batchnorm_relu_forward: the stem, whose input has a few
-// channels, recomputes the convolution in each pass). Only where ops::conv_batchnorm_relu_fits, and
-// only for an x that needs no gradient: the op gives none for x (a PETRA_CHECK says so otherwise).
+// convolution's output (ops::conv_batchnorm_relu_forward: the stem on a one-channel image
+// recomputes its 3x3 convolution in each pass). Only where ops::conv_batchnorm_relu_fits, and only
+// for an x that needs no gradient: the op gives none for x (a ValueError says so otherwise).
 Variable conv_batch_norm_relu(const Variable& x, const Variable& w, const Variable& bias, const Variable& gamma,
                               const Variable& beta, const Tensor& running_mean, const Tensor& running_var,
                               const Conv2dOptions& co, const BatchNormOptions& o);

@@ -112,11 +112,11 @@ Tensor batchnorm_relu_backward(const Tensor& x, const Tensor& y, const Tensor& d
                                const Tensor& dx_sum = {}, bool dy_given_up = false);
 
 // conv2d -> batch norm (training) -> ReLU in one op that never stores the convolution's output
-// (kernels/conv_batchnorm.hpp: the stem on images, recomputing the cheap few-channel convolution in
-// each pass). Only where conv_batchnorm_relu_fits: CPU, float, stride 1, padding k/2, odd k <= 7,
-// at most 4 input channels. The forward fills saved as batchnorm_relu_forward's CPU path (affine
-// included); the backward gives no gradient for x, and dw, dbias (may be undefined), dgamma, dbeta
-// get +=.
+// (kernels/conv_batchnorm.hpp: the stem on grey images, recomputing its cheap one-channel convolution
+// in each pass). Only where conv_batchnorm_relu_fits: CPU, float, AVX-512 compiled in, one input
+// channel, 3x3, stride 1, padding 1, a multiple of 16 output channels; a ShapeError elsewhere. The
+// forward fills saved as batchnorm_relu_forward's CPU path (affine included); the backward gives
+// no gradient for x, and dw, dbias (may be undefined), dgamma, dbeta get +=.
 bool conv_batchnorm_relu_fits(const Tensor& x, const Tensor& w, const Conv2dOptions& o);
 Tensor conv_batchnorm_relu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& gamma,
                                    const Tensor& beta, const Tensor& running_mean, const Tensor& running_var,
