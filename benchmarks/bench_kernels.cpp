@@ -28,6 +28,7 @@
 
 #include "petra/kernels/batchnorm.hpp"
 #include "petra/kernels/conv2d.hpp"
+#include "petra/kernels/conv_batchnorm.hpp"
 #include "petra/kernels/coupling.hpp"
 #include "petra/kernels/elementwise.hpp"
 #include "petra/kernels/linear.hpp"
@@ -458,6 +459,92 @@ void add_linear_cases(std::vector<Case>& cases, const k::StreamHandle& s) {
                    [=, &s] { k::cpu::linear_forward(s, full, big->x.data(), big->w.data(), big->b.data(), big->y.data()); }});
 }
 
+// The stem of the benchmark network (3x3, 1 -> `channels` @pixels): the op that recomputes its
+// convolution (kernels/conv_batchnorm.hpp) against the unfused pair petra runs elsewhere (conv2d,
+// then the mapped batch norm + ReLU; backward: its backward with the bias sum, then the weight
+// gradient). GB/s count the fused op's traffic for both (forward: y; backward: dy twice), so they
+// compare as speeds. Only where the fused op is compiled in (AVX-512).
+void add_stem_cases(std::vector<Case>& cases, const k::StreamHandle& s, std::int64_t batch, std::int64_t channels,
+                    std::int64_t pixels) {
+  const auto full = k::conv2d_shape(batch, 1, pixels, pixels, channels, 3, 1, 1);
+  const auto small = k::conv2d_shape(2, 1, pixels, pixels, channels, 3, 1, 1);
+  if (!k::cpu::conv_batchnorm_relu_fits(full)) return;
+  struct Buffers {
+    Buffer x, w, bias, gamma, beta, z, y, dy, dz, mean, invstd, affine, rmean, rvar, dw, dbias, dgamma, dbeta;
+  };
+  auto make = [](const k::Conv2dShape& sh) {
+    auto b = std::make_shared<Buffers>();
+    b->x = random_buffer(sh.input_size(), 1);
+    b->w = random_buffer(sh.weight_size(), 2);
+    b->bias = random_buffer(sh.out_channels, 3);
+    b->gamma = random_buffer(sh.out_channels, 4);
+    b->beta = random_buffer(sh.out_channels, 5);
+    b->dy = random_buffer(sh.output_size(), 6);
+    for (Buffer* v : {&b->z, &b->y, &b->dz}) v->resize(sh.output_size());
+    for (Buffer* v : {&b->mean, &b->invstd, &b->rmean, &b->dbias, &b->dgamma, &b->dbeta}) v->assign(sh.out_channels, 0);
+    b->rvar.assign(sh.out_channels, 1.0f);
+    b->affine.resize(3 * sh.out_channels);
+    b->dw.assign(sh.weight_size(), 0.0f);
+    return b;
+  };
+  auto bn = [](const k::Conv2dShape& sh) { return k::BatchNormShape{sh.batch, sh.out_channels, sh.in_h, sh.in_w}; };
+  auto fused_forward = [&s](const k::Conv2dShape& sh, Buffers& b) {
+    k::cpu::conv_batchnorm_relu_forward_train(s, sh, 1e-5, 0.1, b.x.data(), b.w.data(), b.bias.data(), b.gamma.data(),
+                                              b.beta.data(), b.y.data(), b.mean.data(), b.invstd.data(),
+                                              b.rmean.data(), b.rvar.data(), b.affine.data());
+  };
+  auto fused_backward = [&s](const k::Conv2dShape& sh, Buffers& b) {
+    k::cpu::conv_batchnorm_relu_backward(s, sh, b.x.data(), b.w.data(), b.bias.data(), b.affine.data(), b.dy.data(),
+                                         b.gamma.data(), b.mean.data(), b.invstd.data(), b.dw.data(), b.dbias.data(),
+                                         b.dgamma.data(), b.dbeta.data());
+  };
+  auto unfused_forward = [&s, bn](const k::Conv2dShape& sh, Buffers& b) {
+    k::cpu::conv2d_forward(s, sh, b.x.data(), b.w.data(), b.bias.data(), b.z.data());
+    k::cpu::batchnorm_relu_forward_train_mapped(s, bn(sh), 1e-5, 0.1, b.z.data(), b.gamma.data(), b.beta.data(),
+                                                b.y.data(), b.mean.data(), b.invstd.data(), b.rmean.data(),
+                                                b.rvar.data(), b.affine.data());
+  };
+  auto unfused_backward = [&s, bn](const k::Conv2dShape& sh, Buffers& b) {
+    k::cpu::batchnorm_relu_backward_mapped(s, bn(sh), b.z.data(), b.affine.data(), b.dy.data(), b.gamma.data(),
+                                           b.mean.data(), b.invstd.data(), b.dz.data(), b.dgamma.data(),
+                                           b.dbeta.data(), b.dbias.data());
+    k::cpu::conv2d_backward_weight(s, sh, b.x.data(), b.dz.data(), b.dw.data());
+  };
+  // The reference: ref::conv2d, then ref:: batch norm + ReLU, and their backwards.
+  auto reference = [&s, bn](const k::Conv2dShape& sh, Buffers& b) {
+    k::ref::conv2d_forward<float>(s, sh, b.x.data(), b.w.data(), b.bias.data(), b.z.data());
+    k::ref::batchnorm_relu_forward_train<float>(s, bn(sh), 1e-5, 0.1, b.z.data(), b.gamma.data(), b.beta.data(),
+                                                b.y.data(), b.mean.data(), b.invstd.data(), b.rmean.data(),
+                                                b.rvar.data());
+    k::ref::batchnorm_relu_backward<float>(s, bn(sh), b.z.data(), b.y.data(), b.dy.data(), b.gamma.data(),
+                                           b.mean.data(), b.invstd.data(), b.dz.data(), b.dgamma.data(),
+                                           b.dbeta.data());
+    k::ref::conv2d_backward_weight<float>(s, sh, b.x.data(), b.dz.data(), b.dw.data());
+  };
+  auto big = make(full);
+  fused_forward(full, *big);  // the backward cases read the forward's statistics and map
+  const double n = double(full.output_size()) * 4.0;
+  const std::string shape = "c1->" + std::to_string(channels) + " @" + std::to_string(pixels);
+  auto validate = [=](bool unfused, bool backward_pass) {
+    return [=] {
+      auto a = make(small), r = make(small);
+      reference(small, *r);
+      if (unfused) unfused_forward(small, *a); else fused_forward(small, *a);
+      if (!backward_pass) return relative_error(a->y, r->y);
+      if (unfused) unfused_backward(small, *a); else fused_backward(small, *a);
+      return relative_error(a->dw, r->dw);
+    };
+  };
+  cases.push_back({"stem fused fwd " + shape, "memory", 0, n, validate(false, false),
+                   [=] { fused_forward(full, *big); }});
+  cases.push_back({"stem unfused fwd " + shape, "memory", 0, n, validate(true, false),
+                   [=] { unfused_forward(full, *big); }});
+  cases.push_back({"stem fused bwd " + shape, "memory", 0, 2 * n, validate(false, true),
+                   [=] { fused_backward(full, *big); }});
+  cases.push_back({"stem unfused bwd " + shape, "memory", 0, 2 * n, validate(true, true),
+                   [=] { unfused_backward(full, *big); }});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -496,6 +583,7 @@ int main(int argc, char** argv) {
   // The batch norms of the benchmark network (RevNet18 width 16 on Fashion-MNIST's 28x28 images,
   // issue 15), whose rows petra-train --profile prints with the same shapes.
   for (auto [c, p] : {std::pair{16, 28}, {32, 14}, {64, 7}, {128, 4}}) add_batchnorm_cases(cases, stream, batch, c, p);
+  add_stem_cases(cases, stream, batch, 32, 28);  // its stem
   add_elementwise_cases(cases, stream);
   add_linear_cases(cases, stream);
 

@@ -60,6 +60,9 @@ struct PartLayout {
         pitch(padded_floats + 2 * kSums * g.channels + 256) {}
 };
 
+#if PETRA_CONV_DIRECT
+using conv2d::direct::transpose16;
+
 // z at sample 0, channel c, position (0, 0), straight from x: the forward's shift for channel c
 // (any value near the channel's values keeps sum(d^2)/n - (sum(d)/n)^2 from cancelling).
 double first_value(const Geometry& g, const float* x, const float* w, const float* bias, std::int64_t c) {
@@ -77,9 +80,6 @@ int sample_parts(const StreamHandle& s, const Geometry& g) {
   const std::int64_t outputs = g.batch * g.channels * g.plane;
   return int(std::max<std::int64_t>(1, std::min<std::int64_t>(threads_with_share(s, outputs), g.batch)));
 }
-
-#if PETRA_CONV_DIRECT
-using conv2d::direct::transpose16;
 
 // Copies image n of x into `padded`, zeros around it (the padding of 1).
 void pad_image(const Geometry& g, const float* x, std::int64_t n, float* padded, std::int64_t padded_floats) {
