@@ -1,8 +1,9 @@
 // kernels/cpu/conv2d.cpp: the cpu:: entry points of kernels/conv2d.hpp, and which algorithm runs
 // each pass (kernels/cpu/conv2d_algorithms.hpp lists them):
-//   - float, AVX-512 compiled in: first Winograd's F(2x2, 3x3) for the forward and
-//     backward-data of 3x3 stride-1 padding-1 layers of 16 to 64 channels on rows of 7 to 30
-//     (conv2d_winograd.cpp, `applies`), and on 4x4 images (conv2d_winograd_small.cpp); then the
+//   - float, AVX-512 compiled in: first Winograd's F(4x4, 3x3) for the forward and backward-data
+//     of 3x3 stride-1 padding-1 layers of 16 channels or more on rows of up to 16
+//     (conv2d_winograd_f4.cpp, `applies`), then F(2x2, 3x3) for those of 16 to 64 channels on rows
+//     of 7 to 30 (conv2d_winograd.cpp) and on 4x4 images (conv2d_winograd_small.cpp); then the
 //     direct kernels where they measured faster than
 //     im2col + GEMM, first direct::small (images of 16 pixels, conv2d_direct_small.cpp), then for the
 //     forward direct::lanes (stride 2, channels on the lanes: conv2d_direct_lanes.cpp), then
@@ -44,6 +45,10 @@ void forward_pass(const StreamHandle& s, const Conv2dShape& shape, const T* x, c
                   const T* bias, T* y) {
 #if PETRA_CONV_DIRECT
   if constexpr (std::is_same_v<T, float>) {
+    if (conv2d::winograd_f4::applies(shape)) {
+      conv2d::winograd_f4::forward(s, shape, x, w, bias, y);
+      return;
+    }
     if (conv2d::winograd::applies(shape)) {
       conv2d::winograd::forward(s, shape, x, w, bias, y);
       return;
@@ -76,6 +81,10 @@ void backward_data(const StreamHandle& s, const Conv2dShape& shape, const T* dy,
   if constexpr (std::is_same_v<T, float>) {
     if (shape.stride_h == 1 && shape.stride_w == 1) {
       const Conv2dShape transposed = conv2d::transposed_stride1(shape);
+      if (conv2d::winograd_f4::applies(transposed)) {
+        conv2d::winograd_f4::backward_data(s, shape, dy, w, dx);
+        return;
+      }
       if (conv2d::winograd::applies(transposed)) {
         conv2d::winograd::backward_data(s, shape, dy, w, dx);
         return;
@@ -158,6 +167,7 @@ int64_t direct_workspace_floats(const Conv2dShape& s, int threads) {
   namespace direct = conv2d::direct;
   using conv2d::Pass;
   auto forward_floats = [&](const Conv2dShape& f) -> int64_t {
+    if (conv2d::winograd_f4::applies(f)) return conv2d::winograd_f4::scratch_floats(f, threads);
     if (conv2d::winograd::applies(f)) return conv2d::winograd::scratch_floats(f, threads);
     if (conv2d::winograd_small::applies(f)) return conv2d::winograd_small::scratch_floats(f, threads);
     if (direct::small::applies(f, Pass::forward)) return direct::small::forward_scratch_floats(f, threads);

@@ -15,6 +15,9 @@
 //   winograd_small   kernels/cpu/conv2d_winograd_small.cpp AVX-512, float: the same on 4x4 images,
 //                                                          one image channel per vector (all three
 //                                                          passes)
+//   winograd_f4      kernels/cpu/conv2d_winograd_f4.cpp   AVX-512, float: F(4x4, 3x3) on rows of up
+//                                                          to 16, 16 images on the lanes: forward
+//                                                          and backward-data
 //
 // Each algorithm's passes have the contracts of kernels/conv2d.hpp (y =, dx =, dw +=) and take
 // their scratch from the stream's workspace through reserve_scratch; *_scratch_floats(shape,
@@ -253,6 +256,16 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
                      float* dw);
 int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads);
 }  // namespace winograd_small
+
+namespace winograd_f4 {  // kernels/cpu/conv2d_winograd_f4.cpp: F(4x4, 3x3) on images up to 8x8
+bool applies(const Conv2dShape& s);  // of the forward pass; backward-data: of transposed_stride1(s)
+void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w,
+             const float* bias, float* y);
+void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy, const float* w,
+                   float* dx);
+// Scratch floats of forward(s) (and backward_data(s): of transposed_stride1(s)).
+int64_t scratch_floats(const Conv2dShape& s, int threads);
+}  // namespace winograd_f4
 #endif  // PETRA_CONV_DIRECT
 
 }  // namespace petra::kernels::cpu::conv2d

@@ -136,8 +136,21 @@ std::vector<Conv2dShape> comparison_shapes() {
   // Its backward-weight (channels in multiples of 4): 14 images of 128 channels (blocks of 12 and
   // 2 images), 36 outputs (chunks of 32 and 4 output channels).
   shapes.push_back(conv2d_shape(13, 128, 4, 4, 18, 3, 1, 1));
-  shapes.push_back(conv2d_shape(5, 16, 4, 4, 16, 3, 1, 1));
+  shapes.push_back(conv2d_shape(5, 16, 4, 4, 18, 3, 1, 1));
   shapes.push_back(conv2d_shape(14, 128, 4, 4, 36, 3, 1, 1));
+  // winograd_f4 (rows of up to 16 pixels, 16 channels or more, outputs in multiples of 4; 16
+  // images on the lanes): 17 images (a second group of one), 33 images of 7x7 (2x2 tiles, the
+  // last tile three quarters outside; groups of 16, 16 and 1), 12 outputs (a panel of 8 and 4 of
+  // zeros), 40 images of 8x3 (2x1 tiles: chunks of 3 units), 1x1 images, 5x8 (a second tile row
+  // of one), 13x15 with 20 outputs (4x4 tiles, the last row and column partial). 9 x 64 -> 64 at
+  // 4x4, 7 x 20 -> 24 at 14x14 and the backward-weight shapes above run it too.
+  shapes.push_back(conv2d_shape(17, 16, 4, 4, 16, 3, 1, 1));
+  shapes.push_back(conv2d_shape(33, 20, 7, 7, 24, 3, 1, 1));
+  shapes.push_back(conv2d_shape(3, 16, 6, 6, 12, 3, 1, 1));
+  shapes.push_back(conv2d_shape(40, 16, 8, 3, 20, 3, 1, 1));
+  shapes.push_back(conv2d_shape(2, 24, 1, 1, 16, 3, 1, 1));
+  shapes.push_back(conv2d_shape(3, 16, 5, 8, 32, 3, 1, 1));
+  shapes.push_back(conv2d_shape(2, 16, 13, 15, 20, 3, 1, 1));
   return shapes;
 }
 
@@ -255,11 +268,13 @@ TEST_CASE("conv2d: cpu results are bit-identical from run to run") {
 // odd ones (a thread's first block may start inside an image). The same for 4x4 images
 // (conv2d_winograd_small.cpp: each thread an equal share of the 25 images, in blocks of up to 12),
 // whose backward-weight gives each thread whole chunks of output channels: its bits too (72
-// outputs: chunks of 32, 32 and 8).
+// outputs: chunks of 32, 32 and 8). F(4x4, 3x3) on rows of up to 16 (conv2d_winograd_f4.cpp, the
+// 14x14, 4x4 with 64 and 72 channels, and 7x7 shapes here) gives each thread whole tile rows of 16
+// images (37 images: 3 groups, the last of 5).
 TEST_CASE("conv2d: the Winograd passes give the same bits at 1, 2 and 3 threads") {
   for (const Conv2dShape& shape : {conv2d_shape(5, 16, 28, 28, 16, 3, 1, 1), conv2d_shape(6, 32, 14, 14, 32, 3, 1, 1),
                                    conv2d_shape(7, 20, 13, 15, 17, 3, 1, 1), conv2d_shape(25, 128, 4, 4, 18, 3, 1, 1),
-                                   conv2d_shape(25, 64, 4, 4, 72, 3, 1, 1)}) {
+                                   conv2d_shape(25, 64, 4, 4, 72, 3, 1, 1), conv2d_shape(37, 16, 7, 7, 24, 3, 1, 1)}) {
     CAPTURE(describe(shape));
     const auto x = random_values<float>(size_of(shape.input_size()), 1);
     const auto w = random_values<float>(size_of(shape.weight_size()), 2);

@@ -1,0 +1,386 @@
+// kernels/cpu/conv2d_winograd_f4.cpp: Winograd's F(4x4, 3x3) (float, AVX-512) for images with
+// rows of up to 16 pixels (ResNet-18's last three stages on 28x28 or 32x32 inputs: 14x14, 7x7 and
+// 4x4), 3x3 kernel, stride 1, padding 1: the forward pass and backward-data (the forward of
+// transposed_stride1, the same shape). The weight gradient stays with F(2x2, 3x3)
+// (conv2d_winograd.cpp, conv2d_winograd_small.cpp).
+//
+// The math. A 4x4 tile of outputs needs a 6x6 patch d of the padded input; with
+//   B^T = [4 0 -5 0 1 0; 0 -4 -4 1 1 0; 0 4 -4 -1 1 0; 0 -2 -1 2 1 0; 0 2 -1 -2 1 0; 0 4 0 -5 0 1],
+//   G   = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6; 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1],
+//   A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1]
+// (Lavin and Gray 2016, points 0, +-1, +-2), a tile's outputs are
+//   Y = A^T [ sum over input channels c of U[c] .* V[c] ] A,  U = G g G^T,  V = B^T d B:
+// 36 products per tile and channel pair where the direct convolution takes 144 and F(2x2, 3x3)
+// 64 (four 2x2 tiles): 1.78x fewer. The price is larger transforms and rounding: B and A hold 4, 5
+// and 8, G sixths, so outputs carry a relative error of ~1e-6 where F(2x2) gives ~2e-7 (the
+// comparison with ref:: in double, bench-conv-shapes' rel.err column).
+//
+// The layout: 16 images on the lanes. A tile's 36 positions of one channel are 36 vectors, each
+// holding that position for 16 images, so every product is a plain vector FMA, for any image size
+// (F(2x2)'s kernels put tiles or positions on the lanes, and 36 positions fill no whole vectors).
+// A unit of work is one tile row of one group of 16 images:
+//   1. U[p][o / 8][c][o % 8] (36 x in x out floats, shared): G g G^T in float, 16 output channels
+//      at a time (their taps gathered).
+//   2. V[p][c][column] (a column: one tile of a unit; a chunk holds up to 6 columns of whole units,
+//      or one unit of 7 tiles): per input channel and unit, the 6 rows of the unit's patches go
+//      onto the lanes by 16 x 16 transposes into a buffer with a zero border (no bounds tested in
+//      the transform), then B^T d B per tile.
+//   3. M[p][o][column] = sum_c U[p][c][o] V[p][c][column], a position at a time (its V stays in
+//      L1 across all output channels): R x N accumulators (N <= 6 columns, R = 8 or 4 output
+//      channels, 16 to 24 registers), N loads of V and R broadcasts of U per input channel.
+//   4. Y = A^T M A + bias per output channel and tile, transposed back to the images' planes.
+// Each thread takes whole units, so every output is summed by one thread in one order: the same
+// bits at any thread count.
+#include "petra/kernels/cpu/conv2d_algorithms.hpp"
+
+#if PETRA_CONV_DIRECT
+#include <algorithm>
+#include <cstdint>
+
+#include "petra/kernels/cpu/conv2d_direct.hpp"
+#include "petra/kernels/cpu/parallel.hpp"
+
+namespace petra::kernels::cpu::conv2d::winograd_f4 {
+namespace {
+
+using direct::kLanes;
+constexpr int kPositions = 36;     // of a transformed 6x6 tile
+constexpr int64_t kMaxColumns = 6; // columns per product micro-kernel
+constexpr int64_t kMaxWidth = 16;  // image columns (see applies)
+
+inline __mmask16 first_lanes(int64_t n) {
+  return static_cast<__mmask16>(n >= kLanes ? 0xFFFFu : (n <= 0 ? 0u : (1u << n) - 1));
+}
+
+// The geometry of a call on `threads` threads. A unit of work is one tile row of one group of 16
+// images (up to 4 tiles); a chunk is up to kMaxColumns columns of whole units, each column one tile
+// of a unit, and no more units than a thread gets (its V and M are sized by the chunk).
+struct Geometry {
+  int64_t h, w, tiles_h, tiles_w, groups, units, chunk_units;
+  Geometry(const Conv2dShape& s, int threads)
+      : h(s.in_h), w(s.in_w), tiles_h((s.in_h + 3) / 4), tiles_w((s.in_w + 3) / 4),
+        groups((s.batch + kLanes - 1) / kLanes), units(groups * tiles_h),
+        chunk_units(std::clamp<int64_t>(kMaxColumns / tiles_w, 1, (units + threads - 1) / threads)) {}
+  int64_t max_columns() const { return chunk_units * tiles_w; }
+  // A unit's patches: 6 rows of the image with a border of zeros, `padded_w` pixels each.
+  int64_t padded_w() const { return 4 * tiles_w + 2; }
+  // Vectors for one unit's padded patch rows or its outputs (4 rows of w).
+  int64_t plane_vectors() const { return std::max(6 * padded_w(), 4 * w); }
+};
+
+// Output channels of one panel of U (out rounded up to it, zero weights beyond out).
+constexpr int64_t kPanel = 8;
+
+// Shared: U[p][panel][c][8]. Per thread: V and M of a chunk (every output channel), the pixels of
+// one unit (images on the lanes, in and out).
+struct Layout {
+  int64_t in, out_rounded, v_floats, m_floats, planes_floats;
+  Layout(const Conv2dShape& s, const Geometry& g)
+      : in(s.in_channels), out_rounded(round_up(s.out_channels, kPanel)),
+        v_floats(kPositions * s.in_channels * g.max_columns() * kLanes),
+        m_floats(kPositions * out_rounded * g.max_columns() * kLanes), planes_floats(g.plane_vectors() * kLanes) {}
+  int64_t u_floats() const { return kPositions * out_rounded * in; }
+  int64_t thread_floats() const { return v_floats + m_floats + planes_floats; }
+};
+
+// patch[b * padded_w + 1 + col] = pixel (4 ty - 1 + b, col) of channel plane `x` (h x w) of 16
+// images `image_stride` apart (lanes past `images` zero), for the 6 rows b of tile row ty's
+// patches, with zeros around them (the padding, and past the image's last row and column): the
+// images go onto the lanes through 16 x 16 transposes of the rows' pixels.
+void gather_patch_rows(const float* x, int64_t image_stride, int64_t images, int64_t h, int64_t w, int64_t ty,
+                       int64_t padded_w, __m512* patch) {
+  const __m512 zero = _mm512_setzero_ps();
+  const int64_t top = 4 * ty - 1, row0 = std::max<int64_t>(0, top), row1 = std::min(h, top + 6);
+  for (int64_t b = 0; b < 6; ++b) {
+    __m512* row = patch + b * padded_w;
+    if (top + b < 0 || top + b >= h) {
+      for (int64_t q = 0; q < padded_w; ++q) row[q] = zero;
+    } else {
+      row[0] = zero;
+      for (int64_t q = w + 1; q < padded_w; ++q) row[q] = zero;
+    }
+  }
+  const int64_t pixels = (row1 - row0) * w;
+  const float* from = x + row0 * w;
+  int64_t row = row0 - top, col = 0;  // where pixel k goes: patch row, image column
+  for (int64_t k0 = 0; k0 < pixels; k0 += kLanes) {
+    const __mmask16 valid = first_lanes(pixels - k0);
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i)
+      r[i] = i < images ? _mm512_maskz_loadu_ps(valid, from + i * image_stride + k0) : zero;
+    direct::transpose16(r);
+    for (int j = 0; j < 16 && k0 + j < pixels; ++j) {
+      patch[row * padded_w + 1 + col] = r[j];
+      if (++col == w) {
+        col = 0;
+        ++row;
+      }
+    }
+  }
+}
+
+// The planes of images first .. first + images - 1 (out_image floats apart) = planes[q], pixel q
+// of each image on its lane.
+void scatter_images(const __m512* planes, int64_t images, int64_t pixels, int64_t slabs, int64_t out_image,
+                    float* y) {
+  for (int64_t slab = 0; slab < slabs; ++slab) {
+    const int64_t count = std::min<int64_t>(kLanes, pixels - slab * kLanes);
+    __m512 r[16];
+    for (int j = 0; j < 16; ++j) r[j] = j < count ? planes[slab * kLanes + j] : _mm512_setzero_ps();
+    direct::transpose16(r);
+    const __mmask16 valid = first_lanes(count);
+    for (int i = 0; i < images; ++i) _mm512_mask_storeu_ps(y + i * out_image + slab * kLanes, valid, r[i]);
+  }
+}
+
+// r = B^T d for six values d (a column or a row of a patch).
+inline void input_transform6(const __m512 (&d)[6], __m512 (&r)[6]) {
+  const __m512 four = _mm512_set1_ps(4.0f), five = _mm512_set1_ps(5.0f), two = _mm512_set1_ps(2.0f);
+  r[0] = _mm512_fmadd_ps(four, d[0], _mm512_fnmadd_ps(five, d[2], d[4]));
+  r[1] = _mm512_fnmadd_ps(four, _mm512_add_ps(d[1], d[2]), _mm512_add_ps(d[3], d[4]));
+  r[2] = _mm512_fmadd_ps(four, _mm512_sub_ps(d[1], d[2]), _mm512_sub_ps(d[4], d[3]));
+  r[3] = _mm512_fmadd_ps(two, _mm512_sub_ps(d[3], d[1]), _mm512_sub_ps(d[4], d[2]));
+  r[4] = _mm512_fmadd_ps(two, _mm512_sub_ps(d[1], d[3]), _mm512_sub_ps(d[4], d[2]));
+  r[5] = _mm512_fmadd_ps(four, d[1], _mm512_fnmadd_ps(five, d[3], d[5]));
+}
+
+// y = A^T m for six values m.
+inline void output_transform6(const __m512 (&m)[6], __m512 (&y)[4]) {
+  const __m512 s12 = _mm512_add_ps(m[1], m[2]), d12 = _mm512_sub_ps(m[1], m[2]);
+  const __m512 s34 = _mm512_add_ps(m[3], m[4]), d34 = _mm512_sub_ps(m[3], m[4]);
+  y[0] = _mm512_add_ps(_mm512_add_ps(m[0], s12), s34);
+  y[1] = _mm512_fmadd_ps(_mm512_set1_ps(2.0f), d34, d12);
+  y[2] = _mm512_fmadd_ps(_mm512_set1_ps(4.0f), s34, s12);
+  y[3] = _mm512_add_ps(_mm512_fmadd_ps(_mm512_set1_ps(8.0f), d34, d12), m[5]);
+}
+
+// v[p * v_stride] (p = 6 i + j) = (B^T d B)[i][j] for tile tx of a unit, d its 6x6 patch: columns
+// 4 tx .. 4 tx + 5 of the padded patch rows (gather_patch_rows).
+void transform_tile(const __m512* patch, int64_t padded_w, int64_t tx, float* v, int64_t v_stride) {
+  __m512 t[6][6];  // t[i][q] = (B^T d)[i][q]
+  for (int q = 0; q < 6; ++q) {
+    __m512 d[6];
+    for (int r = 0; r < 6; ++r) d[r] = patch[r * padded_w + 4 * tx + q];
+    __m512 column[6];
+    input_transform6(d, column);
+    for (int i = 0; i < 6; ++i) t[i][q] = column[i];
+  }
+  for (int i = 0; i < 6; ++i) {
+    __m512 row[6];
+    input_transform6(t[i], row);
+    for (int j = 0; j < 6; ++j) _mm512_store_ps(v + (6 * i + j) * v_stride, row[j]);
+  }
+}
+
+// planes[a * w + 4 tx + b] = (A^T M A)[a][b] + bias for the output pixels (4 ty + a, 4 tx + b) inside
+// the h x w image, from the tile's 36 positions m[p * m_stride].
+void transform_output_tile(const float* m, int64_t m_stride, int64_t h, int64_t w, int64_t ty, int64_t tx,
+                           __m512 bias, __m512* planes) {
+  __m512 t[4][6];  // t[a][j] = (A^T M)[a][j]
+  for (int j = 0; j < 6; ++j) {
+    __m512 column[6];
+    for (int i = 0; i < 6; ++i) column[i] = _mm512_load_ps(m + (6 * i + j) * m_stride);
+    __m512 out[4];
+    output_transform6(column, out);
+    for (int a = 0; a < 4; ++a) t[a][j] = out[a];
+  }
+  for (int a = 0; a < 4 && 4 * ty + a < h; ++a) {
+    __m512 out[4];
+    output_transform6(t[a], out);
+    for (int b = 0; b < 4 && 4 * tx + b < w; ++b) planes[a * w + 4 * tx + b] = _mm512_add_ps(out[b], bias);
+  }
+}
+
+// m[r * m_row + n * 16] = sum over c < in of u[c * u_stride + r] * v[c * v_stride + n * 16], for R
+// output channels and N columns: R x N accumulators, N loads and R broadcasts per input channel.
+template <int R, int N>
+void multiply(const float* u, int64_t u_stride, const float* v, int64_t v_stride, int64_t in, float* m,
+              int64_t m_row) {
+  __m512 acc[R][N];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm512_setzero_ps();
+  for (int64_t c = 0; c < in; ++c, u += u_stride, v += v_stride) {
+    __m512 vv[N];
+    for (int n = 0; n < N; ++n) vv[n] = _mm512_load_ps(v + n * kLanes);
+    for (int r = 0; r < R; ++r) {
+      const __m512 ub = _mm512_set1_ps(u[r]);
+      for (int n = 0; n < N; ++n) acc[r][n] = _mm512_fmadd_ps(ub, vv[n], acc[r][n]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < N; ++n) _mm512_store_ps(m + r * m_row + n * kLanes, acc[r][n]);
+}
+
+// The products of one position for R output channels and `columns` columns (1 to kMaxColumns).
+template <int R>
+void multiply_columns(int64_t columns, const float* u, int64_t u_stride, const float* v, int64_t v_stride,
+                      int64_t in, float* m, int64_t m_row) {
+  switch (columns) {
+    case 1: multiply<R, 1>(u, u_stride, v, v_stride, in, m, m_row); break;
+    case 2: multiply<R, 2>(u, u_stride, v, v_stride, in, m, m_row); break;
+    case 3: multiply<R, 3>(u, u_stride, v, v_stride, in, m, m_row); break;
+    case 4: multiply<R, 4>(u, u_stride, v, v_stride, in, m, m_row); break;
+    case 5: multiply<R, 5>(u, u_stride, v, v_stride, in, m, m_row); break;
+    default: multiply<R, 6>(u, u_stride, v, v_stride, in, m, m_row); break;
+  }
+}
+
+// r = G g for the three taps g of a kernel column (or row of G g): 16 output channels on the lanes.
+inline void kernel_transform3(const __m512 (&g)[3], __m512 (&r)[6]) {
+  const __m512 sixth = _mm512_set1_ps(1.0f / 6), twelfth = _mm512_set1_ps(1.0f / 12);
+  const __m512 outer = _mm512_add_ps(g[0], g[2]);                           // g0 + g2
+  const __m512 quarter_g0 = _mm512_mul_ps(_mm512_set1_ps(0.25f), g[0]);
+  const __m512 even = _mm512_fmadd_ps(quarter_g0, _mm512_set1_ps(1.0f / 6), _mm512_mul_ps(g[2], sixth));  // g0/24 + g2/6
+  r[0] = quarter_g0;
+  r[1] = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), sixth), _mm512_add_ps(outer, g[1]));
+  r[2] = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), sixth), _mm512_sub_ps(outer, g[1]));
+  r[3] = _mm512_fmadd_ps(g[1], twelfth, even);
+  r[4] = _mm512_fnmadd_ps(g[1], twelfth, even);
+  r[5] = g[2];
+}
+
+// u[((p * panels + o / 8) * in + c) * 8 + o % 8] = (G g G^T)[p / 6][p % 6] of output channel o and
+// input channel c (zero for o >= out), 16 output channels at a time: their taps gathered through
+// Taps' strides, G applied to the columns, then to the rows, in float.
+template <class Taps>
+void transform_weight(const StreamHandle& st, int64_t out, int64_t out_rounded, int64_t in, const Taps& taps,
+                      float* u) {
+  const int64_t panels = out_rounded / kPanel, vectors = (out + kLanes - 1) / kLanes;
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  run_threads(st, [&](int t, int threads) {
+    for (int64_t vc = share(vectors * in, t, threads); vc < share(vectors * in, t + 1, threads); ++vc) {
+      const int64_t o0 = vc / in * kLanes, c = vc % in;
+      const __mmask16 valid = first_lanes(out - o0);
+      const __m512i index = _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(o0))),
+                                               _mm512_set1_epi32(static_cast<int>(taps.first_stride())));
+      const float* base = taps.w + c * taps.second_stride();
+      __m512 gg[6][3];  // (G g)[i][j]
+      for (int j = 0; j < 3; ++j) {
+        __m512 column[3];
+        for (int i = 0; i < 3; ++i)
+          column[i] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, index, base + Taps::offset(i, j), 4);
+        __m512 r[6];
+        kernel_transform3(column, r);
+        for (int i = 0; i < 6; ++i) gg[i][j] = r[i];
+      }
+      for (int i = 0; i < 6; ++i) {
+        __m512 r[6];
+        kernel_transform3(gg[i], r);  // (G g) G^T, row i
+        for (int j = 0; j < 6; ++j) {
+          float* to = u + ((6 * i + j) * panels + o0 / kPanel) * in * kPanel + c * kPanel;
+          _mm256_storeu_ps(to, _mm512_castps512_ps256(r[j]));
+          if (o0 + kPanel < out_rounded)
+            _mm256_storeu_ps(to + in * kPanel, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r[j]), 1)));
+        }
+      }
+    }
+  });
+}
+
+// Output channels per product micro-kernel: 8 (a whole panel) where the columns are few (up to 24
+// accumulators), else 4.
+int rows_per_product(int64_t columns) { return columns <= 3 ? 8 : 4; }
+
+// M[p][o][column] for every position and (rounded) output channel of a chunk, `columns` wide: a
+// position at a time (its V stays in L1 across the output channels), in runs of up to kMaxColumns
+// columns of near-equal sizes.
+void multiply_chunk(const Layout& k, const float* u, const float* v, int64_t columns, float* m) {
+  const int64_t in = k.in, panels = k.out_rounded / kPanel, m_stride = k.out_rounded * columns * kLanes;
+  const int64_t runs = (columns + kMaxColumns - 1) / kMaxColumns;
+  for (int p = 0; p < kPositions; ++p) {
+    const float* vp = v + p * in * columns * kLanes;
+    for (int64_t run = 0; run < runs; ++run) {
+      const int64_t n0 = share(columns, run, runs), n = share(columns, run + 1, runs) - n0;
+      const int rows = rows_per_product(n);
+      for (int64_t o0 = 0; o0 < k.out_rounded; o0 += rows) {
+        const float* up = u + (p * panels + o0 / kPanel) * in * kPanel + o0 % kPanel;
+        float* mp = m + p * m_stride + (o0 * columns + n0) * kLanes;
+        if (rows == 8) multiply_columns<8>(n, up, kPanel, vp + n0 * kLanes, columns * kLanes, in, mp, columns * kLanes);
+        else multiply_columns<4>(n, up, kPanel, vp + n0 * kLanes, columns * kLanes, in, mp, columns * kLanes);
+      }
+    }
+  }
+}
+
+void forward_transformed(const StreamHandle& st, const Conv2dShape& s, const Layout& k, const float* u,
+                         const Scratch<float>& scratch, const float* x, const float* bias, float* y) {
+  const Geometry g(s, std::max(1, st.num_threads));
+  const int64_t in = s.in_channels, out = s.out_channels, in_image = s.x_image_stride();
+  const int64_t plane = g.h * g.w, out_image = out * plane;
+  run_threads(st, [&](int t, int threads) {
+    float* v = scratch.of_thread(t);
+    float* m = v + k.v_floats;
+    auto* planes = reinterpret_cast<__m512*>(m + k.m_floats);
+    const int64_t unit_end = share(g.units, t + 1, threads);
+    for (int64_t unit0 = share(g.units, t, threads); unit0 < unit_end; unit0 += g.chunk_units) {
+      const int64_t units = std::min(g.chunk_units, unit_end - unit0), columns = units * g.tiles_w;
+      // V[p][c][column], column = unit * tiles_w + tx: per input channel and unit, the patches' rows
+      // of the unit's 16 images with the images on the lanes, then each tile's B^T d B
+      for (int64_t c = 0; c < in; ++c)
+        for (int64_t ui = 0; ui < units; ++ui) {
+          const int64_t group = (unit0 + ui) / g.tiles_h, ty = (unit0 + ui) % g.tiles_h;
+          const int64_t first = group * kLanes, images = std::min<int64_t>(kLanes, s.batch - first);
+          gather_patch_rows(x + first * in_image + c * plane, in_image, images, g.h, g.w, ty, g.padded_w(), planes);
+          for (int64_t tx = 0; tx < g.tiles_w; ++tx)
+            transform_tile(planes, g.padded_w(), tx, v + (c * columns + ui * g.tiles_w + tx) * kLanes,
+                           in * columns * kLanes);
+        }
+      multiply_chunk(k, u, v, columns, m);
+      // Y = A^T M A + bias, back to the images' planes, a unit's output rows at a time
+      const int64_t m_stride = k.out_rounded * columns * kLanes;
+      for (int64_t o = 0; o < out; ++o) {
+        const __m512 b = _mm512_set1_ps(bias != nullptr ? bias[o] : 0.0f);
+        for (int64_t ui = 0; ui < units; ++ui) {
+          const int64_t group = (unit0 + ui) / g.tiles_h, ty = (unit0 + ui) % g.tiles_h;
+          const int64_t first = group * kLanes, images = std::min<int64_t>(kLanes, s.batch - first);
+          for (int64_t tx = 0; tx < g.tiles_w; ++tx)
+            transform_output_tile(m + (o * columns + ui * g.tiles_w + tx) * kLanes, m_stride, g.h, g.w, ty, tx, b,
+                                  planes);
+          const int64_t pixels = (std::min(g.h, 4 * ty + 4) - 4 * ty) * g.w;
+          scatter_images(planes, images, pixels, (pixels + kLanes - 1) / kLanes, out_image,
+                         y + first * out_image + o * plane + 4 * ty * g.w);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// Where it replaces F(2x2, 3x3), measured with `bench-conv-shapes --cold` (1 thread, batch 64, ms
+// per call, forward / backward-data) and inside PETRA's step (`petra-train --profile`):
+// 128->128 @4 1.46 / 1.45 -> 1.00 / 1.12, 64->64 @7 1.54 / 1.53 -> 0.85 / 0.87, 32->32 @14 1.35 /
+// 1.37 -> 1.04 / 1.05. On rows of 28 (16->16 @28) it is faster alone (1.69 -> 1.43) but slower in
+// a step (forward 1.58 -> 1.87 ms): it reads 16 images at once, 6 rows of each, which the
+// hardware prefetchers follow worse than F(2x2)'s image-by-image rows; rows wider than 16 keep
+// F(2x2). Outputs in multiples of 4 (the products' row blocks).
+bool applies(const Conv2dShape& s) {
+  return s.kernel_h == 3 && s.kernel_w == 3 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 1 &&
+         s.pad_w == 1 && s.in_h >= 1 && s.in_w >= 1 && s.in_w <= kMaxWidth &&
+         s.in_channels >= 16 && s.out_channels >= 16 && s.out_channels % 4 == 0;
+}
+
+void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w, const float* bias,
+             float* y) {
+  const Layout k(s, Geometry(s, std::max(1, st.num_threads)));
+  const Scratch<float> scratch = reserve_scratch<float>(st, k.u_floats(), k.thread_floats());
+  transform_weight(st, s.out_channels, k.out_rounded, s.in_channels, Taps3x3{w, s.in_channels}, scratch.shared);
+  forward_transformed(st, s, k, scratch.shared, scratch, x, bias, y);
+}
+
+void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy, const float* w, float* dx) {
+  const Conv2dShape t = transposed_stride1(s);
+  const Layout k(t, Geometry(t, std::max(1, st.num_threads)));
+  const Scratch<float> scratch = reserve_scratch<float>(st, k.u_floats(), k.thread_floats());
+  transform_weight(st, t.out_channels, k.out_rounded, t.in_channels, FlippedTaps3x3{w, s.in_channels},
+                   scratch.shared);
+  forward_transformed(st, t, k, scratch.shared, scratch, dy, nullptr, dx);
+}
+
+int64_t scratch_floats(const Conv2dShape& s, int threads) {
+  const Layout k(s, Geometry(s, std::max(1, threads)));
+  return conv2d::scratch_floats(k.u_floats(), k.thread_floats(), threads);
+}
+
+}  // namespace petra::kernels::cpu::conv2d::winograd_f4
+#endif  // PETRA_CONV_DIRECT
