@@ -228,9 +228,9 @@ void multiply_columns(int64_t columns, const float* u, int64_t u_stride, const f
 // r = G g for the three taps g of a kernel column (or row of G g): 16 output channels on the lanes.
 inline void kernel_transform3(const __m512 (&g)[3], __m512 (&r)[6]) {
   const __m512 sixth = _mm512_set1_ps(1.0f / 6), twelfth = _mm512_set1_ps(1.0f / 12);
-  const __m512 outer = _mm512_add_ps(g[0], g[2]);                           // g0 + g2
+  const __m512 outer = _mm512_add_ps(g[0], g[2]);  // g0 + g2
   const __m512 quarter_g0 = _mm512_mul_ps(_mm512_set1_ps(0.25f), g[0]);
-  const __m512 even = _mm512_fmadd_ps(quarter_g0, _mm512_set1_ps(1.0f / 6), _mm512_mul_ps(g[2], sixth));  // g0/24 + g2/6
+  const __m512 even = _mm512_fmadd_ps(quarter_g0, sixth, _mm512_mul_ps(g[2], sixth));  // g0/24 + g2/6
   r[0] = quarter_g0;
   r[1] = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), sixth), _mm512_add_ps(outer, g[1]));
   r[2] = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), sixth), _mm512_sub_ps(outer, g[1]));
