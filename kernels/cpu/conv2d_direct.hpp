@@ -7,6 +7,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "petra/kernels/cpu/conv2d_algorithms.hpp"
@@ -39,6 +40,11 @@ inline void zero_row(int64_t n, float* to) {
   for (; i + kLanes <= n; i += kLanes) _mm512_storeu_ps(to + i, _mm512_setzero_ps());
   if (i < n)
     _mm512_mask_storeu_ps(to + i, static_cast<__mmask16>((1u << (n - i)) - 1), _mm512_setzero_ps());
+}
+
+// The mask of the first n lanes (none for n <= 0, all for n >= 16).
+inline __mmask16 first_lanes(int64_t n) {
+  return static_cast<__mmask16>(n >= kLanes ? 0xFFFFu : (1u << std::max<int64_t>(n, 0)) - 1u);
 }
 
 // Stores the lanes of `mask`; a whole vector by a plain store: on this CPU (Zen 5) a masked store

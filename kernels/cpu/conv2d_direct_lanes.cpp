@@ -88,8 +88,6 @@ int64_t thread_floats(const Conv2dShape& s) {
   return s.in_channels * padded_input(s).plane() + s.out_h() * s.out_w() * block_count<Tile>(s) * Tile::channels;
 }
 
-inline __mmask16 first_lanes(int64_t n) { return static_cast<__mmask16>(n >= kLanes ? 0xFFFFu : (1u << n) - 1); }
-
 // y[o][p] = by_pixel[p][o] for p < pixels, o < channels (by_pixel's rows are `width` floats):
 // 16 x 16 tiles, the partial ones through masks.
 void to_planes(const float* by_pixel, int64_t pixels, int64_t width, int64_t channels, float* y) {

@@ -46,14 +46,11 @@
 namespace petra::kernels::cpu::conv2d::winograd {
 namespace {
 
+using direct::first_lanes;
 using direct::kLanes;
 constexpr int64_t kPositions = 16;  // the 4x4 transformed tile
 constexpr int kChannels = 4;        // output channels per product micro-kernel
 constexpr int kVectors = 6;         // vectors of 16 tiles per product micro-kernel
-
-inline __mmask16 first_lanes(int64_t n) {
-  return static_cast<__mmask16>(n >= kLanes ? 0xFFFFu : (1u << std::max<int64_t>(n, 0)) - 1u);
-}
 
 // The tiles of the batch in tile rows ("rows" below: tile row a of image n is row n * rows + a),
 // and a block of consecutive rows, which one thread transforms, multiplies and transforms back

@@ -43,14 +43,11 @@
 namespace petra::kernels::cpu::conv2d::winograd_f4 {
 namespace {
 
+using direct::first_lanes;
 using direct::kLanes;
 constexpr int kPositions = 36;     // of a transformed 6x6 tile
 constexpr int64_t kMaxColumns = 6; // columns per product micro-kernel
 constexpr int64_t kMaxWidth = 16;  // image columns (see applies)
-
-inline __mmask16 first_lanes(int64_t n) {
-  return static_cast<__mmask16>(n >= kLanes ? 0xFFFFu : (n <= 0 ? 0u : (1u << n) - 1));
-}
 
 // The geometry of a call on `threads` threads. A unit of work is one tile row of one group of 16
 // images (up to 4 tiles); a chunk is up to kMaxColumns columns of whole units, each column one tile
@@ -71,12 +68,13 @@ struct Geometry {
 // Output channels of one panel of U (out rounded up to it, zero weights beyond out).
 constexpr int64_t kPanel = 8;
 
-// Shared: U[p][panel][c][8]. Per thread: V and M of a chunk (every output channel), the pixels of
-// one unit (images on the lanes, in and out).
+// The call's geometry and scratch. Shared: U[p][panel][c][8]. Per thread: V and M of a chunk (every
+// output channel), the pixels of one unit (images on the lanes, in and out).
 struct Layout {
+  Geometry g;
   int64_t in, out_rounded, v_floats, m_floats, planes_floats;
-  Layout(const Conv2dShape& s, const Geometry& g)
-      : in(s.in_channels), out_rounded(round_up(s.out_channels, kPanel)),
+  Layout(const Conv2dShape& s, int threads)
+      : g(s, std::max(1, threads)), in(s.in_channels), out_rounded(round_up(s.out_channels, kPanel)),
         v_floats(kPositions * s.in_channels * g.max_columns() * kLanes),
         m_floats(kPositions * out_rounded * g.max_columns() * kLanes), planes_floats(g.plane_vectors() * kLanes) {}
   int64_t u_floats() const { return kPositions * out_rounded * in; }
@@ -121,9 +119,8 @@ void gather_patch_rows(const float* x, int64_t image_stride, int64_t images, int
 
 // The planes of images first .. first + images - 1 (out_image floats apart) = planes[q], pixel q
 // of each image on its lane.
-void scatter_images(const __m512* planes, int64_t images, int64_t pixels, int64_t slabs, int64_t out_image,
-                    float* y) {
-  for (int64_t slab = 0; slab < slabs; ++slab) {
+void scatter_images(const __m512* planes, int64_t images, int64_t pixels, int64_t out_image, float* y) {
+  for (int64_t slab = 0; slab * kLanes < pixels; ++slab) {
     const int64_t count = std::min<int64_t>(kLanes, pixels - slab * kLanes);
     __m512 r[16];
     for (int j = 0; j < 16; ++j) r[j] = j < count ? planes[slab * kLanes + j] : _mm512_setzero_ps();
@@ -304,7 +301,7 @@ void multiply_chunk(const Layout& k, const float* u, const float* v, int64_t col
 
 void forward_transformed(const StreamHandle& st, const Conv2dShape& s, const Layout& k, const float* u,
                          const Scratch<float>& scratch, const float* x, const float* bias, float* y) {
-  const Geometry g(s, std::max(1, st.num_threads));
+  const Geometry& g = k.g;
   const int64_t in = s.in_channels, out = s.out_channels, in_image = s.x_image_stride();
   const int64_t plane = g.h * g.w, out_image = out * plane;
   run_threads(st, [&](int t, int threads) {
@@ -337,8 +334,7 @@ void forward_transformed(const StreamHandle& st, const Conv2dShape& s, const Lay
             transform_output_tile(m + (o * columns + ui * g.tiles_w + tx) * kLanes, m_stride, g.h, g.w, ty, tx, b,
                                   planes);
           const int64_t pixels = (std::min(g.h, 4 * ty + 4) - 4 * ty) * g.w;
-          scatter_images(planes, images, pixels, (pixels + kLanes - 1) / kLanes, out_image,
-                         y + first * out_image + o * plane + 4 * ty * g.w);
+          scatter_images(planes, images, pixels, out_image, y + first * out_image + o * plane + 4 * ty * g.w);
         }
       }
     }
@@ -362,7 +358,7 @@ bool applies(const Conv2dShape& s) {
 
 void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w, const float* bias,
              float* y) {
-  const Layout k(s, Geometry(s, std::max(1, st.num_threads)));
+  const Layout k(s, st.num_threads);
   const Scratch<float> scratch = reserve_scratch<float>(st, k.u_floats(), k.thread_floats());
   transform_weight(st, s.out_channels, k.out_rounded, s.in_channels, Taps3x3{w, s.in_channels}, scratch.shared);
   forward_transformed(st, s, k, scratch.shared, scratch, x, bias, y);
@@ -370,7 +366,7 @@ void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const
 
 void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy, const float* w, float* dx) {
   const Conv2dShape t = transposed_stride1(s);
-  const Layout k(t, Geometry(t, std::max(1, st.num_threads)));
+  const Layout k(t, st.num_threads);
   const Scratch<float> scratch = reserve_scratch<float>(st, k.u_floats(), k.thread_floats());
   transform_weight(st, t.out_channels, k.out_rounded, t.in_channels, FlippedTaps3x3{w, s.in_channels},
                    scratch.shared);
@@ -378,7 +374,7 @@ void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy
 }
 
 int64_t scratch_floats(const Conv2dShape& s, int threads) {
-  const Layout k(s, Geometry(s, std::max(1, threads)));
+  const Layout k(s, threads);
   return conv2d::scratch_floats(k.u_floats(), k.thread_floats(), threads);
 }
 
