@@ -233,7 +233,8 @@ std::vector<std::string> earlier_log_lines(const std::filesystem::path& log_json
   return kept;
 }
 
-// --profile's numbers for --log-json: per op family and per phase, ms per step; per stage and phase too.
+// --profile's numbers for --log-json: per op family and per phase, ms per step; per stage, its
+// phases and its kernels' time.
 nlohmann::json profile_json(const petra::pipeline::ProfileReport& r) {
   using namespace petra::profile;
   const double ms = 1e3 / static_cast<double>(std::max<std::int64_t>(r.steps, 1));
@@ -246,9 +247,10 @@ nlohmann::json profile_json(const petra::pipeline::ProfileReport& r) {
   nlohmann::json phases = nlohmann::json::object(), stages = nlohmann::json::array();
   const auto sums = r.totals.phase_sums();
   for (int p = 0; p < kPhases; ++p) phases[name_of(static_cast<Phase>(p))] = sums[p] * ms;
-  for (const auto& stage : r.totals.stage_phase_seconds) {
+  for (std::size_t s = 0; s < r.totals.stage_phase_seconds.size(); ++s) {
     nlohmann::json line = nlohmann::json::object();
-    for (int p = 0; p < kPhases; ++p) line[name_of(static_cast<Phase>(p))] = stage[p] * ms;
+    for (int p = 0; p < kPhases; ++p) line[name_of(static_cast<Phase>(p))] = r.totals.stage_phase_seconds[s][p] * ms;
+    line["kernels"] = s < r.totals.stage_op_seconds.size() ? r.totals.stage_op_seconds[s] * ms : 0.0;
     stages.push_back(line);
   }
   return {{"steps", r.steps}, {"wall_seconds", r.wall_seconds}, {"workers", r.workers},

@@ -22,6 +22,9 @@ void add_into(Totals& into, const Totals& from) {
     into.stage_phase_seconds.resize(from.stage_phase_seconds.size());
   for (std::size_t s = 0; s < from.stage_phase_seconds.size(); ++s)
     for (int p = 0; p < kPhases; ++p) into.stage_phase_seconds[s][p] += from.stage_phase_seconds[s][p];
+  if (into.stage_op_seconds.size() < from.stage_op_seconds.size())
+    into.stage_op_seconds.resize(from.stage_op_seconds.size());
+  for (std::size_t s = 0; s < from.stage_op_seconds.size(); ++s) into.stage_op_seconds[s] += from.stage_op_seconds[s];
   for (const auto& [label, d] : from.details) {
     Detail& to = into.details[label];
     to.calls += d.calls;
@@ -112,8 +115,12 @@ void OpTimer::begin() {
 
 void OpTimer::end() {
   Totals& t = mine();
-  t.op_seconds[static_cast<int>(family_)] += seconds_since(start_);
+  const double seconds = seconds_since(start_);
+  t.op_seconds[static_cast<int>(family_)] += seconds;
   ++t.op_calls[static_cast<int>(family_)];
+  if (t.stage_op_seconds.size() <= static_cast<std::size_t>(tls_current_stage))
+    t.stage_op_seconds.resize(tls_current_stage + 1);
+  t.stage_op_seconds[tls_current_stage] += seconds;
 }
 
 bool DetailTimer::in_phase() { return tls_current_phase != nullptr; }
@@ -213,9 +220,10 @@ std::string format_table(const Totals& totals, double wall_seconds, std::int64_t
                    share(totals.op_seconds[f]), static_cast<double>(totals.op_calls[f]) / n);
   }
   const double phases = totals.phase_total(), ops = totals.op_total();
+  const double busy = phases - totals.phase_sums()[static_cast<int>(Phase::waiting)];
   out += printed("  %-26s %10.3f %7.1f%%\n", "all kernels", ops * ms, share(ops));
   out += printed("  %-26s %10.3f %7.1f%%   (allocation, copies, zero-fill, autograd, messages)\n",
-                 "in phases, not in kernels", (phases - ops) * ms, share(phases - ops));
+                 "busy, not in kernels", (busy - ops) * ms, share(busy - ops));
   out += printed("  %-26s %10s %8s\n", "phase", "ms/step", "% step");
   const auto sums = totals.phase_sums();
   for (int p = 0; p < kPhases; ++p)
@@ -223,13 +231,20 @@ std::string format_table(const Totals& totals, double wall_seconds, std::int64_t
   const double outside = wall * workers - phases;
   out += printed("  %-26s %10.3f %7.1f%%   (wall x workers - phases: executor, thread start, idle)\n",
                  "outside phases", outside * ms, share(outside));
+  // Per stage, its phases, then how much of its busy phases (all but waiting) its kernels took and
+  // what the rest is: the autograd, allocation, copies and messages of that stage.
   out += printed("  %-26s", "per stage, ms/step:");
   for (int p = 0; p < kPhases; ++p) out += printed(" %14s", name_of(static_cast<Phase>(p)));
-  out += "\n";
+  out += printed(" %14s %14s\n", "kernels", "not kernels");
   for (std::size_t s = 0; s < totals.stage_phase_seconds.size(); ++s) {
     out += printed("  %-26s", printed("stage %zu", s).c_str());
-    for (int p = 0; p < kPhases; ++p) out += printed(" %14.3f", totals.stage_phase_seconds[s][p] * ms);
-    out += "\n";
+    double busy = 0;
+    for (int p = 0; p < kPhases; ++p) {
+      out += printed(" %14.3f", totals.stage_phase_seconds[s][p] * ms);
+      if (static_cast<Phase>(p) != Phase::waiting) busy += totals.stage_phase_seconds[s][p];
+    }
+    const double kernels = s < totals.stage_op_seconds.size() ? totals.stage_op_seconds[s] : 0.0;
+    out += printed(" %14.3f %14.3f\n", kernels * ms, (busy - kernels) * ms);
   }
   // Two tables, costliest row first: the convolutions with their GFLOP/s, the batch norms with the
   // GB/s their passes move (a row is one or the other: DetailCost).

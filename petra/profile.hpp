@@ -180,6 +180,7 @@ struct Totals {
   std::array<double, kFamilies> op_seconds{};
   std::array<std::int64_t, kFamilies> op_calls{};
   std::vector<std::array<double, kPhases>> stage_phase_seconds;  // [stage][phase], exclusive
+  std::vector<double> stage_op_seconds;                          // [stage]: its phases' kernels
   std::map<std::string, Detail> details;                         // by label (DetailTimer)
   double op_total() const;
   double phase_total() const;
