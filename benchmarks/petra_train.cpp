@@ -250,7 +250,7 @@ nlohmann::json profile_json(const petra::pipeline::ProfileReport& r) {
   for (std::size_t s = 0; s < r.totals.stage_phase_seconds.size(); ++s) {
     nlohmann::json line = nlohmann::json::object();
     for (int p = 0; p < kPhases; ++p) line[name_of(static_cast<Phase>(p))] = r.totals.stage_phase_seconds[s][p] * ms;
-    line["kernels"] = s < r.totals.stage_op_seconds.size() ? r.totals.stage_op_seconds[s] * ms : 0.0;
+    line["kernels"] = r.totals.stage_op_total(s) * ms;
     stages.push_back(line);
   }
   return {{"steps", r.steps}, {"wall_seconds", r.wall_seconds}, {"workers", r.workers},

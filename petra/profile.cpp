@@ -24,7 +24,8 @@ void add_into(Totals& into, const Totals& from) {
     for (int p = 0; p < kPhases; ++p) into.stage_phase_seconds[s][p] += from.stage_phase_seconds[s][p];
   if (into.stage_op_seconds.size() < from.stage_op_seconds.size())
     into.stage_op_seconds.resize(from.stage_op_seconds.size());
-  for (std::size_t s = 0; s < from.stage_op_seconds.size(); ++s) into.stage_op_seconds[s] += from.stage_op_seconds[s];
+  for (std::size_t s = 0; s < from.stage_op_seconds.size(); ++s)
+    for (int f = 0; f < kFamilies; ++f) into.stage_op_seconds[s][f] += from.stage_op_seconds[s][f];
   for (const auto& [label, d] : from.details) {
     Detail& to = into.details[label];
     to.calls += d.calls;
@@ -120,7 +121,7 @@ void OpTimer::end() {
   ++t.op_calls[static_cast<int>(family_)];
   if (t.stage_op_seconds.size() <= static_cast<std::size_t>(tls_current_stage))
     t.stage_op_seconds.resize(tls_current_stage + 1);
-  t.stage_op_seconds[tls_current_stage] += seconds;
+  t.stage_op_seconds[tls_current_stage][static_cast<int>(family_)] += seconds;
 }
 
 bool DetailTimer::in_phase() { return tls_current_phase != nullptr; }
@@ -163,6 +164,13 @@ void PhaseTimer::end() {
 double Totals::op_total() const {
   double s = 0;
   for (double v : op_seconds) s += v;
+  return s;
+}
+
+double Totals::stage_op_total(std::size_t stage) const {
+  double s = 0;
+  if (stage < stage_op_seconds.size())
+    for (double v : stage_op_seconds[stage]) s += v;
   return s;
 }
 
@@ -243,8 +251,21 @@ std::string format_table(const Totals& totals, double wall_seconds, std::int64_t
       out += printed(" %14.3f", totals.stage_phase_seconds[s][p] * ms);
       if (static_cast<Phase>(p) != Phase::waiting) busy += totals.stage_phase_seconds[s][p];
     }
-    const double kernels = s < totals.stage_op_seconds.size() ? totals.stage_op_seconds[s] : 0.0;
+    const double kernels = totals.stage_op_total(s);
     out += printed(" %14.3f %14.3f\n", kernels * ms, (busy - kernels) * ms);
+  }
+  // The kernels of each stage by family: which worker spends what where (one stage per worker).
+  const std::size_t stages = totals.stage_op_seconds.size();
+  if (stages > 1) {
+    out += printed("  %-26s", "kernels by stage, ms/step:");
+    for (std::size_t s = 0; s < stages; ++s) out += printed(" %8s", printed("stage %zu", s).c_str());
+    out += "\n";
+    for (int f = 0; f < kFamilies; ++f) {
+      if (totals.op_calls[f] == 0) continue;
+      out += printed("  %-26s", name_of(static_cast<Family>(f)));
+      for (std::size_t s = 0; s < stages; ++s) out += printed(" %8.3f", totals.stage_op_seconds[s][f] * ms);
+      out += "\n";
+    }
   }
   // Two tables, costliest row first: the convolutions with their GFLOP/s, the batch norms with the
   // GB/s their passes move (a row is one or the other: DetailCost).

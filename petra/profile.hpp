@@ -180,9 +180,10 @@ struct Totals {
   std::array<double, kFamilies> op_seconds{};
   std::array<std::int64_t, kFamilies> op_calls{};
   std::vector<std::array<double, kPhases>> stage_phase_seconds;  // [stage][phase], exclusive
-  std::vector<double> stage_op_seconds;                          // [stage]: its phases' kernels
+  std::vector<std::array<double, kFamilies>> stage_op_seconds;  // [stage][family]: its phases' kernels
   std::map<std::string, Detail> details;                         // by label (DetailTimer)
   double op_total() const;
+  double stage_op_total(std::size_t stage) const;  // 0 for a stage that ran no kernel
   double phase_total() const;
   std::array<double, kPhases> phase_sums() const;  // over the stages
 };

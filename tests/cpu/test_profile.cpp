@@ -59,13 +59,18 @@ void check_consistent(const ProfileReport& r, std::int64_t steps) {
   // every kernel ran inside one stage's busy phases (not while it waited), and is counted there once
   REQUIRE(r.totals.stage_op_seconds.size() <= r.totals.stage_phase_seconds.size());
   double stage_ops = 0;
+  std::array<double, profile::kFamilies> family_sums{};
   for (std::size_t s = 0; s < r.totals.stage_op_seconds.size(); ++s) {
     const auto& phase = r.totals.stage_phase_seconds[s];
     const double busy = std::accumulate(phase.begin(), phase.end(), 0.0) - phase[static_cast<int>(Phase::waiting)];
-    CHECK(r.totals.stage_op_seconds[s] <= busy * 1.0001 + 1e-6);
-    stage_ops += r.totals.stage_op_seconds[s];
+    CHECK(r.totals.stage_op_total(s) <= busy * 1.0001 + 1e-6);
+    stage_ops += r.totals.stage_op_total(s);
+    for (int f = 0; f < profile::kFamilies; ++f) family_sums[f] += r.totals.stage_op_seconds[s][f];
   }
   CHECK(stage_ops == doctest::Approx(ops).epsilon(1e-9));
+  // and the stages' split of each family adds up to the family
+  for (int f = 0; f < profile::kFamilies; ++f)
+    CHECK(family_sums[f] == doctest::Approx(r.totals.op_seconds[f]).epsilon(1e-9));
   CHECK(phases <= r.workers * r.wall_seconds * 1.0001 + 1e-6);
   if (petra::testing::kTimingIsMeaningful) {
     // One worker is inside a phase for nearly all of a step: the rest is the executor's loop.
