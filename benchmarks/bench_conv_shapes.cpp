@@ -13,7 +13,9 @@
 // (--json also gives the fastest run). --cold writes a 64 MB buffer before each timed run (not
 // timed), so that every run starts as a training step's does: its tensors out of the caches (a
 // step's working set is several times the L2 and the VM's share of L3), which costs the 28x28
-// layers 20-40% (docs/profiling.md).
+// layers 20-40% (docs/profiling.md). --slice reads x as a channel slice of a tensor with twice the
+// channels, as the first convolution of a reversible block's F reads its stream in place
+// (petra-train --profile labels those rows "slice").
 // GFLOP/s count 2 * multiply-adds of the direct convolution; "% peak" is against --peak-gflops per
 // thread (220: the FP32 FMA peak of one core of this machine, docs/results-cpu.md). Passes run by
 // Winograd (kernels/cpu/conv2d_winograd.cpp: 2.25x fewer multiply-adds) are counted the same, so
@@ -113,7 +115,7 @@ Timing time_runs(const std::function<void()>& run, int repeats, bool cold) {
 struct Tensors {
   Buffer x, w, y, dy, dx, dw;
   explicit Tensors(const k::Conv2dShape& s)
-      : x(random_buffer(s.input_size(), 1)), w(random_buffer(s.weight_size(), 2)), y(s.output_size()),
+      : x(random_buffer(s.batch * s.x_image_stride(), 1)), w(random_buffer(s.weight_size(), 2)), y(s.output_size()),
         dy(random_buffer(s.output_size(), 4)), dx(s.input_size()), dw(s.weight_size(), 0.0f) {}
 };
 
@@ -150,7 +152,7 @@ int main(int argc, char** argv) {
   int threads = 1, repeats = 21;
   std::int64_t batch = 64;
   double peak_per_thread = 220.0;
-  bool json = false, cold = false;
+  bool json = false, cold = false, slice = false;
   std::string filter;
   app.add_option("--threads", threads, "threads per kernel (the stream's thread count)")->check(CLI::Range(1, 256));
   app.add_option("--repeats", repeats, "timed runs per case (the median is reported)")->check(CLI::Range(1, 10000));
@@ -159,6 +161,9 @@ int main(int argc, char** argv) {
   app.add_option("--filter", filter, "only the layers whose name contains this");
   app.add_flag("--json", json, "one JSON object per case and line instead of the table");
   app.add_flag("--cold", cold, "evict the caches before each timed run, as in a training step");
+  app.add_flag("--slice", slice,
+               "read x as a channel slice of a tensor with twice the channels (images 2 x in x h x w floats apart), "
+               "as a reversible block's F reads its stream");
   CLI11_PARSE(app, argc, argv);
 
 #ifdef _OPENMP
@@ -178,16 +183,18 @@ int main(int argc, char** argv) {
   double step_ms = 0;
   for (const Layer& layer : revnet18_width16_layers(batch)) {
     if (!filter.empty() && layer.name.find(filter) == std::string::npos) continue;
-    Tensors t(layer.shape);
+    k::Conv2dShape shape = layer.shape;
+    if (slice) shape.in_image_stride = 2 * shape.in_channels * shape.in_h * shape.in_w;
+    Tensors t(shape);
     for (Pass p : {Pass::forward, Pass::data, Pass::weight}) {
       if (p == Pass::data && !layer.backward_data) continue;
-      const double err = check_against_ref(stream, layer.shape, p);
+      const double err = check_against_ref(stream, shape, p);
       if (!(err <= 1e-4)) {
         std::fprintf(stderr, "bench-conv-shapes: %s %s: cpu differs from ref by %.3g (relative); not timed\n",
                      layer.name.c_str(), pass_name(p), err);
         return 1;
       }
-      const Timing timing = time_runs([&] { run_cpu(stream, layer.shape, t, p); }, repeats, cold);
+      const Timing timing = time_runs([&] { run_cpu(stream, shape, t, p); }, repeats, cold);
       const double seconds = timing.median;
       const double gflops = double(layer.shape.flops()) / seconds / 1e9;
       step_ms += layer.calls * seconds * 1e3;

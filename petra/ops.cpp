@@ -325,13 +325,15 @@ Tensor conv_input(const Tensor& x, kernels::Conv2dShape& k, const char* op) {
 }
 
 // The detail row of one convolution pass in petra-train --profile's table, labelled as
-// bench-conv-shapes labels its cases ("3x3 16->32 @28 s2 fwd"), and the pass's flops.
+// bench-conv-shapes labels its cases ("3x3 16->32 @28 s2 fwd"; "slice" where x is read in place as
+// a channel slice of a wider tensor, as bench-conv-shapes --slice), and the pass's flops.
 profile::DetailTimer conv_pass_timer(const kernels::Conv2dShape& k, const char* pass) {
   return profile::DetailTimer([&] {
     std::string label = std::to_string(k.kernel_h) + "x" + std::to_string(k.kernel_w) + " " +
                         std::to_string(k.in_channels) + "->" + std::to_string(k.out_channels) + " @" +
                         std::to_string(k.in_h);
     if (k.stride_h != 1) label += " s" + std::to_string(k.stride_h);
+    if (k.in_image_stride != 0 && k.in_image_stride != k.in_channels * k.in_h * k.in_w) label += " slice";
     return profile::DetailCost{label + " " + pass, double(k.flops()), 0};
   });
 }

@@ -129,7 +129,10 @@ TEST_CASE("--profile on a synchronous run: every family and phase, times consist
     detail_calls += d.calls;
     detail_seconds += d.seconds;
   }
-  CHECK(r.totals.details.contains("1x1 4->8 @32 s2 fwd"));  // the first transition's projection
+  // the first transition's projection, which reads its stream in place (a channel slice), and its
+  // second convolution, which reads a tensor of its own
+  CHECK(r.totals.details.contains("1x1 4->8 @32 s2 slice fwd"));
+  CHECK(r.totals.details.contains("3x3 8->8 @16 fwd"));
   CHECK(r.totals.details.contains("bn+relu 4 @32 bwd"));     // the first block's F
   CHECK(detail_calls == calls_of(r.totals, Family::conv2d_forward) + calls_of(r.totals, Family::conv2d_backward_data) +
                             calls_of(r.totals, Family::conv2d_backward_weight));
