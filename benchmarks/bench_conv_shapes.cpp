@@ -16,6 +16,10 @@
 // layers 20-40% (docs/profiling.md). --slice reads x as a channel slice of a tensor with twice the
 // channels, as the first convolution of a reversible block's F reads its stream in place
 // (petra-train --profile labels those rows "slice").
+// Every buffer starts on a 64-byte boundary, as petra's allocator places tensors (until 2026-12-03
+// they were std::vectors at malloc's 16 bytes, where a kernel's 64-byte loads from them split two
+// lines; the step's convolution time at 1 thread, --cold, did not move: 56.6 / 59.0 / 58.1 ms
+// before, 56.4 / 59.3 / 58.8 after, interleaved).
 // GFLOP/s count 2 * multiply-adds of the direct convolution; "% peak" is against --peak-gflops per
 // thread (220: the FP32 FMA peak of one core of this machine, docs/results-cpu.md). Passes run by
 // Winograd (kernels/cpu/conv2d_winograd.cpp: 2.25x fewer multiply-adds) are counted the same, so
@@ -31,6 +35,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -48,7 +53,20 @@ namespace k = petra::kernels;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using Buffer = std::vector<float>;
+// Storage at 64-byte boundaries, as petra's allocator gives every tensor: a kernel's speed can depend
+// on where its operands start (cache-line splits; addresses that share their low 12 bits, which
+// the core's store-to-load check takes for a dependence).
+template <class T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <class U>
+  Aligned64(const Aligned64<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t(64)); }
+  friend bool operator==(const Aligned64&, const Aligned64&) { return true; }
+};
+using Buffer = std::vector<float, Aligned64<float>>;
 
 struct Layer {
   std::string name;
@@ -79,7 +97,10 @@ std::vector<Layer> revnet18_width16_layers(std::int64_t batch) {
 }
 
 // Reproducible inputs and the error measure of the tests (tests/support/testing.hpp).
-Buffer random_buffer(std::size_t n, unsigned seed) { return petra::testing::random_values<float>(n, seed); }
+Buffer random_buffer(std::size_t n, unsigned seed) {
+  const std::vector<float> values = petra::testing::random_values<float>(n, seed);
+  return Buffer(values.begin(), values.end());
+}
 using petra::testing::relative_error;
 
 struct Timing {
