@@ -35,7 +35,6 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
-#include <new>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -53,20 +52,7 @@ namespace k = petra::kernels;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-// Storage at 64-byte boundaries, as petra's allocator gives every tensor: a kernel's speed can depend
-// on where its operands start (cache-line splits; addresses that share their low 12 bits, which
-// the core's store-to-load check takes for a dependence).
-template <class T>
-struct Aligned64 {
-  using value_type = T;
-  Aligned64() = default;
-  template <class U>
-  Aligned64(const Aligned64<U>&) {}
-  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
-  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t(64)); }
-  friend bool operator==(const Aligned64&, const Aligned64&) { return true; }
-};
-using Buffer = std::vector<float, Aligned64<float>>;
+using Buffer = petra::testing::AlignedVector<float>;  // as petra's tensors: on 64-byte boundaries
 
 struct Layer {
   std::string name;

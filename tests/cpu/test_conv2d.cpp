@@ -15,22 +15,7 @@
 
 namespace {
 
-// Storage at 64-byte boundaries, as petra's allocator gives every tensor. Where a kernel hands a
-// small product to Eigen, which vectorises from the first aligned element, the rounding of an
-// output can depend on its address; two outputs compared bit for bit must then be equally aligned
-// (with malloc's 16 bytes, a comparison failed in about one run in ten).
-template <class T>
-struct Aligned64 {
-  using value_type = T;
-  Aligned64() = default;
-  template <class U>
-  Aligned64(const Aligned64<U>&) {}
-  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
-  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t(64)); }
-  friend bool operator==(const Aligned64&, const Aligned64&) { return true; }
-};
-template <class T>
-using AlignedVector = std::vector<T, Aligned64<T>>;
+using petra::testing::AlignedVector;  // outputs compared bit for bit: equally aligned (testing.hpp)
 
 using petra::kernels::Conv2dShape;
 using petra::kernels::conv2d_shape;
