@@ -193,7 +193,8 @@ Totals collect();
 void reset();
 
 // A readable table: per op family and per phase, ms per step and share of the step's wall time,
-// then per stage the ms per step of each phase, then the detail rows (the convolutions by pass and
+// then per stage the ms per step of each phase with its kernels' share, and each stage's kernels by
+// family, then the detail rows (the convolutions by pass and
 // shape) from the costliest down, with their rate in GFLOP/s. `wall_seconds` is the wall time of `steps` steps;
 // `workers` threads ran them (phases of several workers overlap: their sum may reach workers x wall).
 std::string format_table(const Totals& totals, double wall_seconds, std::int64_t steps, int workers);
