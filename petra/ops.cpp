@@ -333,7 +333,7 @@ profile::DetailTimer conv_pass_timer(const kernels::Conv2dShape& k, const char* 
                         std::to_string(k.in_channels) + "->" + std::to_string(k.out_channels) + " @" +
                         std::to_string(k.in_h);
     if (k.stride_h != 1) label += " s" + std::to_string(k.stride_h);
-    if (k.in_image_stride != 0 && k.in_image_stride != k.in_channels * k.in_h * k.in_w) label += " slice";
+    if (k.x_image_stride() != k.in_channels * k.in_h * k.in_w) label += " slice";
     return profile::DetailCost{label + " " + pass, double(k.flops()), 0};
   });
 }
