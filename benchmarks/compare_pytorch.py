@@ -186,15 +186,10 @@ def blas_description() -> str:
 
 
 # ====================================================================== the PyTorch side (runs in the child)
-def worker_main(config_path: str) -> None:
-    with open(config_path) as f:
-        cfg = json.load(f)
-    import numpy as np
-    import torch
-
-    threads = cfg["threads"]
-    torch.set_num_threads(threads)
-    torch.manual_seed(cfg["seed"])
+def torch_network(torch, pair: bool = True):
+    """The PyTorch twin of petra's networks (nn/models.cpp, nn/blocks.cpp): returns
+    make_model(arch, width, in_channels, classes, stem). Shared by this script's worker and by
+    benchmarks/pytorch_gpu.py (the GPU peer)."""
     nn, F = torch.nn, torch.nn.functional
 
     # ---------------------------------------------------------------- the network, as nn/blocks.cpp
@@ -203,14 +198,13 @@ def worker_main(config_path: str) -> None:
 
     # Module and parameter names follow petra's (stages.J.f.conv1.weight, ...), so that a state_dict
     # has exactly the names of petra-train --save-params (plus BatchNorm's num_batches_tracked).
-    # Two formulations of the same network (same parameters, same numbers), cfg["net"]:
+    # Two formulations of the same network (same parameters, same numbers), chosen by pair (cfg["net"]):
     #   "pair"   (default) as a good PyTorch user writes a RevNet, and as the official PETRA code does: the two
     #            streams travel between blocks as a pair of tensors (no slicing or concatenation per block), and
     #            each ReLU is in place (on batch norm's fresh output, which its backward does not need).
     #   "sliced" the formulation this script had until issue 15: one tensor of 2C channels, sliced into the
     #            streams and concatenated again in every block, out-of-place ReLUs. About 20% slower at 1
     #            thread; kept so that the old figures of docs/results-cpu.md can be reproduced.
-    pair = cfg.get("net", "pair") == "pair"
 
     def relu(x):
         return F.relu(x, inplace=True) if pair else F.relu(x)
@@ -365,6 +359,23 @@ def worker_main(config_path: str) -> None:
                     channels = out
             stages.append(Head(channels, classes))
         return Model(stages)
+
+    return make_model
+
+
+def worker_main(config_path: str) -> None:
+    with open(config_path) as f:
+        cfg = json.load(f)
+    import numpy as np
+    import torch
+
+    threads = cfg["threads"]
+    torch.set_num_threads(threads)
+    torch.manual_seed(cfg["seed"])
+    nn, F = torch.nn, torch.nn.functional
+
+    pair = cfg.get("net", "pair") == "pair"
+    make_model = torch_network(torch, pair)
 
     # ---------------------------------------------------------------- data
     def load_idx(path):

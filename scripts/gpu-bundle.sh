@@ -4,10 +4,12 @@
 #
 # The GPU machine has the CUDA runtime, cuBLAS, cuDNN and NCCL but none of Debian's build
 # dependencies, so the checks run binaries built here: the two libraries (libpetra-core.so.0.1,
-# libpetra.so.0.1, under their sonames), test-cuda, bench-cuda, petra-train and bench-pipeline (the
-# CPU pipeline benchmark, which that quiet 16-core host runs undisturbed), in two variants (this
-# machine's -march=native build, and a portable x86-64-v3 build for a processor without AVX-512),
-# plus the two shared libraries that machine may lack (fmt, OpenMP's libgomp).
+# libpetra.so.0.1, under their sonames), test-cuda, test-mpi, bench-cuda, petra-train and
+# bench-pipeline (the CPU pipeline benchmark, which that quiet 16-core host runs undisturbed), in
+# two variants (this machine's -march=native build, and a portable x86-64-v3 build for a processor
+# without AVX-512), the shared libraries that machine may lack (fmt, OpenMP's libgomp; Open MPI's
+# as a fallback), the PyTorch peer and the Fashion-MNIST files (about 50 MiB in all: a device
+# call carries at most 64).
 #
 #   scripts/gpu-bundle.sh [native-build-dir] [portable-build-dir]     # default: build build-portable
 #   (the portable build: meson setup build-portable -Dbuildtype=release -Dcpu_arch=x86-64-v3 &&
@@ -32,5 +34,21 @@ done
 for lib in libfmt.so.9 libgomp.so.1; do
   cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l { print $NF; exit }')" "$bundle/lib/"
 done
+# Every other Debian library the binaries load (Open MPI's, which libpetra links when built with
+# MPI, and theirs: hwloc, libevent, udev, zlib), except glibc, the C++ runtime and CUDA's: the GPU
+# machine's image may lack them. gpu-check.sh puts this folder on the library path only when a
+# binary would otherwise miss one, so that a machine's own Open MPI (and its mpirun) stays in charge.
+mkdir -p "$bundle/fallback"
+for program in "$bundle"/*/petra-train "$bundle"/*/test-mpi; do
+  ldd "$program" | awk '$3 ~ /^\/(usr\/)?lib\/x86_64-linux-gnu\// { print $1, $3 }' |
+    grep -vE '^(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libfmt|libgomp)\.so' |
+    while read -r name path; do cp -L "$path" "$bundle/fallback/$name"; done
+done
+# The PyTorch peer (benchmarks/pytorch_gpu.py and the network twin it imports), and the default
+# dataset for the README's main job on the GPU (the GPU machine has no Debian datasets).
+mkdir -p "$bundle/benchmarks"
+cp benchmarks/pytorch_gpu.py benchmarks/compare_pytorch.py "$bundle/benchmarks/"
+fashion=/usr/share/datasets/fashion-mnist
+[ -d "$fashion" ] && cp -r "$fashion" "$bundle/fashion-mnist"
 cp scripts/gpu-check.sh "$bundle/"
 du -sh "$bundle"

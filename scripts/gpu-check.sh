@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # scripts/gpu-check.sh: the GPU checks, run on a machine with an NVIDIA GPU from the bundle that
-# scripts/gpu-bundle.sh made (.gpu/): the cuda test suite, petra-train on the GPU (RevNet18 width 64
-# on synthetic CIFAR-shaped data, batch 128, 300 steps, with backprop, revbackprop and PETRA, then
-# revbackprop again with --conv-impl cudnn (cuDNN's convolution and batch norm: the anchor of petra's
-# kernels), then PETRA on two streams of the one GPU), the kernels against the copy bandwidth and
-# cuDNN (bench-cuda: ResNet-18 CIFAR convolutions at batch 128, FP32 and TF32), the cuda suite again
-# under compute-sanitizer's memcheck where the sanitizer works, and bench-pipeline on that machine's
-# idle CPUs. Everything it prints also goes to OUT/gpu-check.log, the benchmarks' numbers to
-# OUT/bench-cuda.json and OUT/bench-pipeline.json, each training run's log to OUT/train-<name>.log
+# scripts/gpu-bundle.sh made (.gpu/). In order of what a loan is for, correctness first:
+#   1. the cuda test suite (every op's kernels against ref::, cuBLAS, cuDNN);
+#   2. petra-train on the GPU: RevNet18 width 64 on synthetic CIFAR-shaped data, batch 128, 300
+#      steps, with backprop, revbackprop, revbackprop on cuDNN's convolution and batch norm
+#      (--conv-impl cudnn: the anchor of petra's kernels), PETRA, and PETRA on two streams of the
+#      one GPU (the concurrent executor), which must end bit-identical to PETRA on one;
+#   3. the PyTorch peer of those runs (benchmarks/pytorch_gpu.py, eager on cuDNN, FP32 and TF32),
+#      where the machine's python3 has PyTorch with CUDA;
+#   4. the kernels against cuDNN and the copy bandwidth (bench-cuda: ResNet-18 CIFAR convolutions
+#      at batch 128, FP32 and TF32, and batch norm);
+#   5. the default Fashion-MNIST run (petra-train's defaults) on cuda:0, for its accuracy and time;
+#   6. the cuda suite again under compute-sanitizer's memcheck, where the sanitizer works;
+#   7. --mpi on the GPU where mpirun exists; bench-pipeline on the idle CPUs only with
+#      BENCH_PIPELINE=1 (measured on 2026-11-30).
+# Everything it prints also goes to OUT/gpu-check.log, the benchmarks' numbers to
+# OUT/bench-cuda.json and OUT/pytorch-gpu.json, each training run's log to OUT/train-<name>.log
 # and .jsonl.
 #
 # It must end within 6 minutes on an H200 (a loan is 15 minutes, and a rerun must fit): every step
 # runs under a timeout, and a step is skipped, saying so, when the whole script has used its budget
-# (BUDGET seconds, default 330). The steps are ordered by what a loan is for: correctness first, then
-# training, then the kernel and CPU benchmarks.
+# (BUDGET seconds, default 330).
 #
 #   .gpu/gpu-check.sh [bundle-dir] [out-dir]         # defaults: .gpu and $OUT (else ./gpu-out)
 set -u
@@ -60,12 +67,17 @@ libdirs=$(find /usr/local /opt -maxdepth 10 \( -name 'libcudart.so.13' -o -name 
   -o -name 'libcublasLt.so.13' -o -name 'libcudnn.so.9' -o -name 'libnccl.so.2' \) 2>/dev/null |
   xargs -r -n1 dirname | sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH="$bin:$bundle/lib:$libdirs${LD_LIBRARY_PATH:-}"
+# The bundle's Debian libraries (Open MPI's and theirs) only where the machine lacks one.
+if ldd "$bin/petra-train" | grep -q 'not found'; then
+  echo "missing on this machine: $(ldd "$bin/petra-train" | awk '/not found/ { print $1 }' | tr '\n' ' ')(the bundle's are used)"
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$bundle/fallback"
+fi
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 for program in test-cuda petra-train bench-cuda bench-pipeline; do
   ldd "$bin/$program" | grep 'not found' && echo "MISSING LIBRARIES of $program (above)"
 done
 
-step "test-cuda" 90 "$bin/test-cuda" --duration=true
+step "test-cuda" 60 "$bin/test-cuda" --duration=true
 
 # Training on the GPU: RevNet18 (width 64, the paper's) on synthetic 3x32x32 images (CIFAR's shape),
 # batch 128, one epoch of 38400 images = 300 steps (PETRA adds the 18 steps that drain its pipeline),
@@ -74,7 +86,7 @@ step "test-cuda" 90 "$bin/test-cuda" --duration=true
 train() {
   local name=$1
   shift
-  STEP_LOG="$out/train-$name.log" step "petra-train $name" 75 "$bin/petra-train" --dataset synthetic \
+  STEP_LOG="$out/train-$name.log" step "petra-train $name" 50 "$bin/petra-train" --dataset synthetic \
     --synthetic-size 38400 --model revnet18 --width 64 --batch-size 128 --epochs 1 --no-augment --threads 8 \
     --report-memory --log-json "$out/train-$name.jsonl" "$@"
   [ -f "$out/train-$name.log" ] && tr '\r' '\n' < "$out/train-$name.log" | grep -E "^training on|^placement|^epoch |peak memory|^final|^petra-train: " |
@@ -96,8 +108,52 @@ print(f"== conv-impl petra vs cudnn: images/s {petra['images_per_second']:.0f} v
 PY
 fi
 train petra --method petra --devices cuda:0
-# PETRA's stages on two streams of the one GPU (two workers, the concurrent executor).
+# PETRA's stages on two streams of the one GPU (two workers, the concurrent executor): the same
+# numbers as the sequential executor's on the same GPU, bit for bit.
 train petra-2-streams --method petra --devices cuda:0,cuda:0
+if [ -s "$out/train-petra.jsonl" ] && [ -s "$out/train-petra-2-streams.jsonl" ]; then
+  python3 - "$out/train-petra.jsonl" "$out/train-petra-2-streams.jsonl" <<'PY'
+import json, sys
+one, two = (json.loads(open(p).readline()) for p in sys.argv[1:3])
+keys = ("train_loss", "test_loss", "test_accuracy")
+same = all(one[k] == two[k] for k in keys)
+print("== PETRA, 1 stream vs 2 streams: " + ", ".join(f"{k} {one[k]!r} vs {two[k]!r}" for k in keys)
+      + (": BIT-IDENTICAL" if same else ": DIFFERENT (the executors must agree bit for bit)"))
+PY
+fi
+
+# The PyTorch peer of the runs above (eager, cuDNN, FP32 then TF32), where python3 has CUDA PyTorch.
+if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
+  step "PyTorch peer (benchmarks/pytorch_gpu.py)" 60 python3 "$bundle/benchmarks/pytorch_gpu.py" \
+    --json "$out/pytorch-gpu.json"
+else
+  echo "== PyTorch peer: SKIPPED (python3 has no PyTorch with CUDA here)"
+fi
+
+# 11 layer shapes x 4 passes x 2 implementations x (3 + 10) launches, plus the batch-norm table.
+step "bench-cuda" 60 "$bin/bench-cuda" --json "$out/bench-cuda.json"
+
+# The README's main job on the GPU: petra-train's defaults (RevNet18 width 16, Fashion-MNIST,
+# 4 epochs, PETRA) on cuda:0, from the copy of the dataset in the bundle.
+if [ -d "$bundle/fashion-mnist" ]; then
+  STEP_LOG="$out/train-fashion-mnist.log" step "petra-train defaults on cuda:0 (Fashion-MNIST)" 90 \
+    "$bin/petra-train" --devices cuda:0 --data-dir "$bundle/fashion-mnist" --threads 8 \
+    --log-json "$out/train-fashion-mnist.jsonl"
+  [ -f "$out/train-fashion-mnist.log" ] && tr '\r' '\n' < "$out/train-fashion-mnist.log" |
+    grep -E "^training on|^epoch |^final|^petra-train: " | tail -n 8
+fi
+
+# --report-api-errors no: the suite asks for an impossible allocation on purpose (to check that it
+# becomes OutOfMemoryError), which memcheck would otherwise count as an error.
+for dir in /usr/local/cuda/bin /usr/local/cuda-13*/bin; do
+  command -v compute-sanitizer > /dev/null || { [ -x "$dir/compute-sanitizer" ] && export PATH="$PATH:$dir"; }
+done
+if command -v compute-sanitizer > /dev/null; then
+  step "test-cuda under compute-sanitizer memcheck (exit 9: errors found)" 60 \
+    compute-sanitizer --tool memcheck --leak-check full --report-api-errors no --error-exitcode 9 "$bin/test-cuda"
+else
+  echo "== compute-sanitizer is not on the PATH: memcheck skipped"
+fi
 
 # --mpi on the GPU (docs/distributed.md, "GPUs and NCCL"). NCCL refuses two ranks of a communicator
 # on one GPU, so one GPU allows NCCL with one process only: test-mpi's NCCL case (communicators
@@ -124,19 +180,11 @@ else
   echo "== --mpi on the GPU: SKIPPED (no mpirun on this machine, or no test-mpi in the bundle)"
 fi
 
-# 11 layer shapes x 4 passes x 2 implementations x (3 + 10) launches, plus the batch-norm table.
-step "bench-cuda" 60 "$bin/bench-cuda" --json "$out/bench-cuda.json"
-
-# --report-api-errors no: the suite asks for an impossible allocation on purpose (to check that it
-# becomes OutOfMemoryError), which memcheck would otherwise count as an error.
-if command -v compute-sanitizer > /dev/null; then
-  step "test-cuda under compute-sanitizer memcheck (exit 9: errors found)" 60 \
-    compute-sanitizer --tool memcheck --leak-check full --report-api-errors no --error-exitcode 9 "$bin/test-cuda"
+if [ "${BENCH_PIPELINE:-0}" = 1 ]; then
+  step "bench-pipeline (CPU: 2 workers x 1 thread on an otherwise idle host)" 40 \
+    env OMP_WAIT_POLICY=passive "$bin/bench-pipeline" --json "$out/bench-pipeline.json"
 else
-  echo "== compute-sanitizer is not on the PATH: memcheck skipped"
+  echo "== bench-pipeline: not run (BENCH_PIPELINE=1 runs it)"
 fi
-
-step "bench-pipeline (CPU: 2 workers x 1 thread on an otherwise idle host)" 40 \
-  env OMP_WAIT_POLICY=passive "$bin/bench-pipeline" --json "$out/bench-pipeline.json"
 
 echo "== done in ${SECONDS} s (budget ${budget} s)"
