@@ -9,7 +9,8 @@
 //   forward          y[o, (b,oh,ow)]  = sum_k w[o, k] * x(k=(c,i,j), (b,oh,ow)) + bias[o]
 //                    M = out_channels, N = batch*out_h*out_w, K = in_channels*kh*kw
 //   backward data    dx[c, (b,h,w)]   = sum_k w[o, c, i, j] * dy(k=(o,i,j), (b,h,w))
-//                    M = in_channels, N = batch*in_h*in_w, K = out_channels*kh*kw
+//                    M = in_channels, N = batch*in_h*in_w, K = out_channels*kh*kw (per stride
+//                    class, below: N and K of the class's pixels and taps)
 //   backward weight  dw[o, (c,i,j)]  += sum_k dy[o, k=(b,oh,ow)] * x((c,i,j), k)
 //                    M = out_channels, N = in_channels*kh*kw, K = batch*out_h*out_w
 //
@@ -24,15 +25,22 @@
 //     gather overwrites the tiles. Each gathered value is used 64 times, against once per
 //     multiply-add in the naive one-thread-per-output kernel;
 //   - a thread's A rows and its B column stay the same for the whole K loop, so their index
-//     decomposition (which sample, which output or input pixel, which channel) is done once; per
-//     step only the K index is decomposed;
+//     decomposition (which sample, which output or input pixel, which channel) is done once; the
+//     K index's decomposition (which channel and tap, or which pixel) is done once per step for
+//     the whole block: threads 0..15 write the step's 16 entries into a table in shared memory
+//     (Problem::k_entry, KEntry), and each gather is then adds and two bounds checks;
+//   - register double buffering: a step's values are fetched from global memory into registers
+//     while the block multiplies the previous step out of shared memory, then put into the tiles
+//     (k_loop);
 //   - the gather is a problem type (ForwardProblem, DataProblem, WeightProblem) with row(m),
-//     column(n), a(row, k), b(column, k), store(m, n, value, slice) and its K range per slice:
-//     the tiling is written once.
+//     column(n), k_entry(k), a(row, entry), b(column, entry), store(m, n, value, slice) and its K
+//     range per slice: the tiling is written once.
 // Backward data is the gather form of the transposed convolution: dx[b, c, h, w] sums over the
-// taps (o, i, j) whose output position oh = (h + pad - i) / stride is an integer inside the output
-// (output_coordinate). Every dx is written by exactly one thread: no atomics. For stride 2 three
-// taps in four find no output and are gathered as zeros (the cost of keeping one kernel).
+// taps (o, i, j) whose output position oh = (h + pad - i) / stride is an integer inside the output.
+// Every dx is written by exactly one thread: no atomics. For strides > 1 the input pixels are
+// grouped by stride class (conv2d_tiling::stride_class; grid.z = the class): the pixels of a class
+// all read through the same taps, so its K holds only those (a 3x3 stride-2 layer sums 4, 2, 2 or
+// 1 taps per pixel instead of 9 of which three in four were zeros, and needs no division).
 //
 // Backward weight sums over K = batch*out_h*out_w, long while M x N is small (64 x 576 for a
 // 64-channel 3x3 layer: nine tiles for a whole GPU). Split-K: K is cut into S fixed slices
@@ -56,10 +64,12 @@
 // grid or on scheduling. No floating-point atomics. Results agree with ref:: (double) to the float
 // rounding of a K-term sum (nvcc contracts the multiply-adds to FMAs; the emulation does not).
 //
-// Never run on a GPU yet: checked under the CUDA emulation only (emulated-conv2d), against ref::.
-// cuDNN would be faster; it is deliberately not used here (the emulation cannot run it, and its
-// fastest algorithms are not deterministic). Global loads are scalar (the gathers have no
-// alignment to vectorise on), so no pointer alignment is assumed.
+// Checked under the CUDA emulation (emulated-conv2d) and on an H200 (test-cuda), against ref::;
+// docs/results-gpu.md has its speed against cuDNN.
+// cuDNN's convolution is the alternative chosen at run time (--conv-impl cudnn,
+// kernels/cuda/cudnn_conv2d.cpp), not a part of this file (the emulation cannot run it). Global
+// loads are scalar (the gathers have no alignment to vectorise on), so no pointer alignment is
+// assumed.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -94,6 +104,24 @@ using tiling::kTileN;
 using tiling::Tap;
 
 // ---- the three problems: how A and B are gathered and C is stored ----------------------------
+//
+// Each problem splits its gather in two. k_entry(k) decomposes one index k of the summed dimension
+// (the divisions by taps, kernel width, plane and row length): the block computes it once per k
+// per step, 16 threads for the step's 16 k, into a table in shared memory (KStepTable). a(row, e)
+// and b(column, e) then gather one value with adds and two bounds checks; a thread's rows and
+// column are decomposed once, before the K loop. (Before the table each of the 256 threads
+// decomposed each of its 8 values' k again: integer work that outweighed the multiply-adds, so the
+// FP32 and TF32 kernels ran at the same ~11 TFLOP/s on an H200.)
+struct KEntry {
+  std::int64_t a, b;  // offsets, problem-specific (see each k_entry)
+  std::int32_t i, j;  // coordinates for the bounds checks, problem-specific
+};
+
+// 0 <= v < extent, in one comparison.
+__device__ inline bool inside(std::int64_t v, std::int64_t extent) {
+  return std::uint64_t(v) < std::uint64_t(extent);
+}
+
 
 // y = w . im2col(x) + bias. A = w as (out_channels) x (in_channels*kh*kw), row-major.
 struct ForwardProblem {
@@ -107,19 +135,28 @@ struct ForwardProblem {
     std::int64_t w_row;  // offset of the weight row
   };
   struct Column {
-    tiling::OutputPixel pixel;
+    std::int64_t x_corner;  // offset in x of the pixel's tap (0, 0) in channel 0 (may be padding)
+    std::int64_t h0, w0;    // that tap's input coordinates (negative in the padding)
   };
+  __device__ ForwardProblem in_slice(unsigned /*z*/) const { return *this; }
   __device__ std::int64_t rows() const { return g.out_channels; }
   __device__ std::int64_t columns() const { return g.batch * g.out_plane(); }
   __device__ std::int64_t depth() const { return g.in_channels * g.taps(); }
   __device__ std::int64_t k_begin(unsigned /*slice*/) const { return 0; }
   __device__ std::int64_t k_end(unsigned /*slice*/) const { return depth(); }
   __device__ Row row(std::int64_t m) const { return {m * depth()}; }
-  __device__ Column column(std::int64_t n) const { return {tiling::output_pixel(g, n)}; }
-  __device__ float a(const Row& r, std::int64_t k) const { return w[r.w_row + k]; }
-  __device__ float b(const Column& c, std::int64_t k) const {
-    const std::int64_t at = tiling::input_offset(g, c.pixel, tiling::split_tap(k, g.kernel_h, g.kernel_w));
-    return at >= 0 ? x[at] : 0.0f;
+  __device__ Column column(std::int64_t n) const {
+    const tiling::OutputPixel o = tiling::output_pixel(g, n);
+    return {o.x_sample + o.h0 * g.in_w + o.w0, o.h0, o.w0};
+  }
+  // k = (c, i, j): a = k, b = the tap's offset from the corner, i, j.
+  __device__ KEntry k_entry(std::int64_t k) const {
+    const Tap t = tiling::split_tap(k, g.kernel_h, g.kernel_w);
+    return {k, (t.c * g.in_h + t.i) * g.in_w + t.j, std::int32_t(t.i), std::int32_t(t.j)};
+  }
+  __device__ float a(const Row& r, const KEntry& e) const { return w[r.w_row + e.a]; }
+  __device__ float b(const Column& c, const KEntry& e) const {
+    return inside(c.h0 + e.i, g.in_h) && inside(c.w0 + e.j, g.in_w) ? x[c.x_corner + e.b] : 0.0f;
   }
   __device__ void store(std::int64_t m, std::int64_t n, float value, unsigned /*slice*/) const {
     const std::int64_t plane = g.out_plane();
@@ -128,39 +165,57 @@ struct ForwardProblem {
   }
 };
 
-// dx = w^T . gather(dy). A(c, (o,i,j)) = w[o, c, i, j].
+// dx = w^T . gather(dy) for the input pixels of one stride class (conv2d_tiling::stride_class),
+// class blockIdx.z = r_h * stride_w + r_w: N = batch x the class's rows x its columns, K =
+// out_channels x the class's tap rows x its tap columns, A(c, (o,i,j)) = w[o, c, i, j].
 struct DataProblem {
   ConvGeometry g;
   const float* dy;
   const float* w;
   float* dx;
+  tiling::StrideClass class_h{}, class_w{};  // set by in_slice
 
   struct Row {
     std::int64_t w_channel;  // c * kh * kw: the in-channel's offset inside a weight row
   };
   struct Column {
-    tiling::InputPixel pixel;
+    std::int64_t dy_sample;  // b * out_channels * out_h * out_w
+    std::int64_t oh0, ow0;   // the output pixel that reads this input pixel through the class's tap 0
   };
+  __device__ DataProblem in_slice(unsigned z) const {
+    DataProblem q = *this;
+    const std::int64_t r_h = tiling::quotient(z, g.stride_w), r_w = z - r_h * g.stride_w;
+    q.class_h = tiling::stride_class(r_h, g.stride_h, g.pad_h, g.in_h, g.kernel_h);
+    q.class_w = tiling::stride_class(r_w, g.stride_w, g.pad_w, g.in_w, g.kernel_w);
+    return q;
+  }
   __device__ std::int64_t rows() const { return g.in_channels; }
-  __device__ std::int64_t columns() const { return g.batch * g.in_plane(); }
-  __device__ std::int64_t depth() const { return g.out_channels * g.taps(); }
+  __device__ std::int64_t columns() const { return g.batch * class_h.count * class_w.count; }
+  __device__ std::int64_t depth() const { return g.out_channels * class_h.taps * class_w.taps; }
   __device__ std::int64_t k_begin(unsigned /*slice*/) const { return 0; }
   __device__ std::int64_t k_end(unsigned /*slice*/) const { return depth(); }
   __device__ Row row(std::int64_t m) const { return {m * g.taps()}; }
-  __device__ Column column(std::int64_t n) const { return {tiling::input_pixel(g, n)}; }
-  __device__ float a(const Row& r, std::int64_t k) const {
-    const std::int64_t taps = g.taps();
-    const std::int64_t o = tiling::quotient(k, taps);
-    return w[o * g.in_channels * taps + r.w_channel + (k - o * taps)];
+  __device__ Column column(std::int64_t n) const {
+    const tiling::Pixel p = tiling::split_pixel(n, class_h.count, class_w.count);
+    return {p.b * g.out_channels * g.out_plane(), class_h.out0 + p.y, class_w.out0 + p.x};
   }
-  __device__ float b(const Column& c, std::int64_t k) const {
-    const std::int64_t at = tiling::output_offset(g, c.pixel, tiling::split_tap(k, g.kernel_h, g.kernel_w));
-    return at >= 0 ? dy[at] : 0.0f;
+  // k = (o, v_i, v_j), tap (i, j) = (tap0_h + v_i * stride_h, tap0_w + v_j * stride_w): a = where
+  // w[o, 0, i, j] is, b = where dy's channel o starts in a sample, i, j = v_i, v_j.
+  __device__ KEntry k_entry(std::int64_t k) const {
+    const Tap t = tiling::split_tap(k, class_h.taps, class_w.taps);
+    const std::int64_t i = class_h.tap0 + t.i * g.stride_h, j = class_w.tap0 + t.j * g.stride_w;
+    return {(t.c * g.in_channels) * g.taps() + i * g.kernel_w + j, t.c * g.out_plane(), std::int32_t(t.i),
+            std::int32_t(t.j)};
+  }
+  __device__ float a(const Row& r, const KEntry& e) const { return w[e.a + r.w_channel]; }
+  __device__ float b(const Column& c, const KEntry& e) const {
+    const std::int64_t oh = c.oh0 - e.i, ow = c.ow0 - e.j;
+    return inside(oh, g.out_h) && inside(ow, g.out_w) ? dy[c.dy_sample + e.b + oh * g.out_w + ow] : 0.0f;
   }
   __device__ void store(std::int64_t m, std::int64_t n, float value, unsigned /*slice*/) const {
-    const std::int64_t plane = g.in_plane();
-    const std::int64_t b = tiling::quotient(n, plane);
-    dx[(b * g.in_channels + m) * plane + (n - b * plane)] = value;
+    const tiling::Pixel p = tiling::split_pixel(n, class_h.count, class_w.count);
+    const std::int64_t h = class_h.first + p.y * g.stride_h, w = class_w.first + p.x * g.stride_w;
+    dx[((p.b * g.in_channels + m) * g.in_h + h) * g.in_w + w] = value;
   }
 };
 
@@ -177,23 +232,32 @@ struct WeightProblem {
     std::int64_t dy_channel;  // o * out_h * out_w
   };
   struct Column {
-    Tap tap;
+    std::int64_t x_tap;  // the tap's offset from an output pixel's corner: (c * in_h + i) * in_w + j
+    std::int64_t i, j;
   };
+  __device__ WeightProblem in_slice(unsigned /*z*/) const { return *this; }  // z: the K slice
   __device__ std::int64_t rows() const { return g.out_channels; }
   __device__ std::int64_t columns() const { return g.in_channels * g.taps(); }
   // K = batch*out_h*out_w, the part of it in slice blockIdx.z.
   __device__ std::int64_t k_begin(unsigned slice) const { return split.begin(slice); }
   __device__ std::int64_t k_end(unsigned slice) const { return split.end(slice); }
   __device__ Row row(std::int64_t m) const { return {m * g.out_plane()}; }
-  __device__ Column column(std::int64_t n) const { return {tiling::split_tap(n, g.kernel_h, g.kernel_w)}; }
-  __device__ float a(const Row& r, std::int64_t k) const {
+  __device__ Column column(std::int64_t n) const {
+    const Tap t = tiling::split_tap(n, g.kernel_h, g.kernel_w);
+    return {(t.c * g.in_h + t.i) * g.in_w + t.j, t.i, t.j};
+  }
+  // k = output pixel (b, oh, ow): a = its offset in dy's channel 0, b = its tap (0, 0)'s offset in
+  // x's channel 0 (the corner, as ForwardProblem's), i, j = that tap's input coordinates.
+  __device__ KEntry k_entry(std::int64_t k) const {
     const std::int64_t plane = g.out_plane();
     const std::int64_t b = tiling::quotient(k, plane);
-    return dy[b * g.out_channels * plane + r.dy_channel + (k - b * plane)];
+    const tiling::OutputPixel o = tiling::output_pixel(g, k);
+    return {b * g.out_channels * plane + (k - b * plane), o.x_sample + o.h0 * g.in_w + o.w0, std::int32_t(o.h0),
+            std::int32_t(o.w0)};
   }
-  __device__ float b(const Column& c, std::int64_t k) const {
-    const std::int64_t at = tiling::input_offset(g, tiling::output_pixel(g, k), c.tap);
-    return at >= 0 ? x[at] : 0.0f;
+  __device__ float a(const Row& r, const KEntry& e) const { return dy[e.a + r.dy_channel]; }
+  __device__ float b(const Column& c, const KEntry& e) const {
+    return inside(e.i + c.i, g.in_h) && inside(e.j + c.j, g.in_w) ? x[e.b + c.x_tap] : 0.0f;
   }
   __device__ void store(std::int64_t m, std::int64_t n, float value, unsigned slice) const {
     const std::int64_t index = m * columns() + n;
@@ -206,14 +270,29 @@ struct WeightProblem {
 
 // ---- the tiled implicit GEMM ------------------------------------------------------------------
 
+// The decomposition of a K step's kTileK indices k0 .. k0 + 15 (Problem::k_entry), written by
+// threads 0..15 and read by all: entry[k - k0]. An index past k_end repeats the last valid one
+// (its values are never gathered: TileGather checks k < k_end).
+template <class Problem>
+__device__ void fill_k_step_table(const Problem& p, int t, std::int64_t k0, std::int64_t k_end, KEntry* entry) {
+  if (t < kTileK) {
+    const std::int64_t k = k0 + t;
+    entry[t] = p.k_entry(k < k_end ? k : k_end - 1);
+  }
+}
+
 // One thread's part of gathering the tiles: the 4 A rows and the B column it loads, decomposed
-// once (conv2d_tiling::a_load, b_load), and the load of one K step into the shared tiles.
+// once (conv2d_tiling::a_load, b_load); fetch() gathers its 4 + 4 values of one K step into
+// registers, put() stores them into the shared tiles. The two are apart so that the next step's
+// global loads are in flight while the block multiplies the current step out of shared memory
+// (register double buffering).
 template <class Problem>
 struct TileGather {
   typename Problem::Row rows[kLoads];
   bool row_valid[kLoads];
   typename Problem::Column column;
   bool column_valid;
+  float a_values[kLoads], b_values[kLoads];
 
   __device__ TileGather(const Problem& p, int t, std::int64_t m0, std::int64_t n0) {
 PETRA_UNROLL
@@ -227,54 +306,94 @@ PETRA_UNROLL
     column = p.column(column_valid ? n : 0);
   }
 
-  // a_tile[k][m] = A(m0 + m, k0 + k), b_tile[k][n] = B(k0 + k, n0 + n), 0 outside [.., k_end).
-  __device__ void load(const Problem& p, int t, std::int64_t k0, std::int64_t k_end,
-                       float (*a_tile)[tiling::kTileLd], float (*b_tile)[tiling::kTileLd]) const {
+  // A(m0 + m, k0 + k) and B(k0 + k, n0 + n) of this thread's tile elements, 0 outside [.., k_end),
+  // with `entry` the step's table (fill_k_step_table).
+  __device__ void fetch(const Problem& p, int t, std::int64_t k0, std::int64_t k_end, const KEntry* entry) {
 PETRA_UNROLL
     for (int q = 0; q < kLoads; ++q) {
       const tiling::TileCoordinate at = tiling::a_load(t, q);
-      const std::int64_t k = k0 + at.k;
-      a_tile[at.k][at.mn] = row_valid[q] && k < k_end ? p.a(rows[q], k) : 0.0f;
+      a_values[q] = row_valid[q] && k0 + at.k < k_end ? p.a(rows[q], entry[at.k]) : 0.0f;
     }
 PETRA_UNROLL
     for (int q = 0; q < kLoads; ++q) {
       const tiling::TileCoordinate at = tiling::b_load(t, q);
-      const std::int64_t k = k0 + at.k;
-      b_tile[at.k][at.mn] = column_valid && k < k_end ? p.b(column, k) : 0.0f;
+      b_values[q] = column_valid && k0 + at.k < k_end ? p.b(column, entry[at.k]) : 0.0f;
+    }
+  }
+
+  // a_tile[k][m] = A(m0 + m, k0 + k), b_tile[k][n] = B(k0 + k, n0 + n): the values fetch() got.
+  __device__ void put(int t, float (*a_tile)[tiling::kTileLd], float (*b_tile)[tiling::kTileLd]) const {
+PETRA_UNROLL
+    for (int q = 0; q < kLoads; ++q) {
+      const tiling::TileCoordinate at = tiling::a_load(t, q);
+      a_tile[at.k][at.mn] = a_values[q];
+    }
+PETRA_UNROLL
+    for (int q = 0; q < kLoads; ++q) {
+      const tiling::TileCoordinate at = tiling::b_load(t, q);
+      b_tile[at.k][at.mn] = b_values[q];
     }
   }
 };
 
+// The K loop both kernels share: for each step k0 of [k_begin, k_end), the shared tiles hold
+// A(m0.., k0..) and B(k0.., n0..) while multiply(a_tile, b_tile) runs. The order, per step:
+//   put the fetched values into the tiles; threads 0..15 decompose the next step's k into the
+//   other table; barrier; fetch the next step's values (global loads in flight) while
+//   multiply(...) reads the tiles; barrier.
+// Hazards: a tile is written only after the previous step's multiply passed the second barrier;
+// a table is rewritten two steps after its fetch, across two barriers.
+template <class Problem, class Multiply>
+__device__ void k_loop(const Problem& p, int t, std::int64_t m0, std::int64_t n0, std::int64_t k_begin,
+                       std::int64_t k_end, float (*a_tile)[tiling::kTileLd], float (*b_tile)[tiling::kTileLd],
+                       KEntry (*table)[kTileK], Multiply multiply) {
+  if (k_begin >= k_end) return;
+  TileGather<Problem> gather(p, t, m0, n0);
+  fill_k_step_table(p, t, k_begin, k_end, table[0]);
+  __syncthreads();
+  gather.fetch(p, t, k_begin, k_end, table[0]);
+  int next = 1;
+  for (std::int64_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
+    gather.put(t, a_tile, b_tile);
+    const std::int64_t k_next = k0 + kTileK;
+    if (k_next < k_end) fill_k_step_table(p, t, k_next, k_end, table[next]);
+    __syncthreads();
+    if (k_next < k_end) gather.fetch(p, t, k_next, k_end, table[next]);
+    multiply(a_tile, b_tile);
+    __syncthreads();
+    next ^= 1;
+  }
+}
+
 // C tile (blockIdx.y, blockIdx.x) of `p`, over K slice blockIdx.z. Block: kThreads threads (1-d).
 template <class Problem>
-__global__ void __launch_bounds__(kThreads) implicit_gemm(Problem p) {
+__global__ void __launch_bounds__(kThreads) implicit_gemm(Problem whole) {
   // a_tile[k][m] (A transposed) and b_tile[k][n]: in the inner loop a half-warp reads two a_tile
   // values (broadcast) and 16 consecutive b_tile values. Rows padded to kTileLd.
   __shared__ __align__(32) float a_tile[kTileK][tiling::kTileLd];
   __shared__ __align__(32) float b_tile[kTileK][tiling::kTileLd];
+  __shared__ KEntry table[2][kTileK];
   const int t = int(threadIdx.x);
   const std::int64_t m0 = std::int64_t(blockIdx.y) * kTileM, n0 = std::int64_t(blockIdx.x) * kTileN;
-  const std::int64_t k_begin = p.k_begin(blockIdx.z), k_end = p.k_end(blockIdx.z);
-  const TileGather<Problem> gather(p, t, m0, n0);
+  const Problem p = whole.in_slice(blockIdx.z);
+  if (n0 >= p.columns()) return;  // a smaller stride class than the grid's widest (the whole block)
 
   float acc[kMicro][kMicro] = {};
-  for (std::int64_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
-    gather.load(p, t, k0, k_end, a_tile, b_tile);
-    __syncthreads();
+  k_loop(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
+         [&](const float (*as)[tiling::kTileLd], const float (*bs)[tiling::kTileLd]) {
 PETRA_UNROLL
-    for (int k = 0; k < kTileK; ++k) {
-      float av[kMicro], bv[kMicro];
+           for (int k = 0; k < kTileK; ++k) {
+             float av[kMicro], bv[kMicro];
 PETRA_UNROLL
-      for (int r = 0; r < kMicro; ++r) av[r] = a_tile[k][tiling::micro_row(t, r)];
+             for (int r = 0; r < kMicro; ++r) av[r] = as[k][tiling::micro_row(t, r)];
 PETRA_UNROLL
-      for (int q = 0; q < kMicro; ++q) bv[q] = b_tile[k][tiling::micro_column(t, q)];
+             for (int q = 0; q < kMicro; ++q) bv[q] = bs[k][tiling::micro_column(t, q)];
 PETRA_UNROLL
-      for (int r = 0; r < kMicro; ++r)
+             for (int r = 0; r < kMicro; ++r)
 PETRA_UNROLL
-        for (int q = 0; q < kMicro; ++q) acc[r][q] += av[r] * bv[q];
-    }
-    __syncthreads();
-  }
+               for (int q = 0; q < kMicro; ++q) acc[r][q] += av[r] * bv[q];
+           }
+         });
   const std::int64_t rows = p.rows(), columns = p.columns();
 PETRA_UNROLL
   for (int r = 0; r < kMicro; ++r) {
@@ -373,24 +492,21 @@ struct WarpTileTf32 {
 // goes through shared memory (the fragments' layout is opaque) to the same per-thread stores.
 // Deterministic too: a fixed sequence of mma_sync per warp. Used for the forward only.
 template <class Problem>
-__global__ void __launch_bounds__(kThreads) implicit_gemm_tf32(Problem p) {
+__global__ void __launch_bounds__(kThreads) implicit_gemm_tf32(Problem whole) {
   __shared__ __align__(32) float a_tile[kTileK][tiling::kTileLd];
   __shared__ __align__(32) float b_tile[kTileK][tiling::kTileLd];
   __shared__ __align__(32) float c_tile[kTileM][tiling::kTileLd];
+  __shared__ KEntry table[2][kTileK];
   const int t = int(threadIdx.x), warp = t / 32;
   const int wm = tiling::warp_row(warp), wn = tiling::warp_column(warp);
   const std::int64_t m0 = std::int64_t(blockIdx.y) * kTileM, n0 = std::int64_t(blockIdx.x) * kTileN;
-  const std::int64_t k_begin = p.k_begin(blockIdx.z), k_end = p.k_end(blockIdx.z);
-  const TileGather<Problem> gather(p, t, m0, n0);
+  const Problem p = whole.in_slice(blockIdx.z);
+  if (n0 >= p.columns()) return;
 
   WarpTileTf32 acc;
   acc.zero();
-  for (std::int64_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
-    gather.load(p, t, k0, k_end, a_tile, b_tile);
-    __syncthreads();
-    acc.mma(a_tile, b_tile, wm, wn);
-    __syncthreads();
-  }
+  k_loop(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
+         [&](const float (*as)[tiling::kTileLd], const float (*bs)[tiling::kTileLd]) { acc.mma(as, bs, wm, wn); });
   acc.store(c_tile, wm, wn);
   __syncthreads();
   const std::int64_t rows = p.rows(), columns = p.columns();
@@ -469,7 +585,11 @@ void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const
                           const float* w, float* dx) {
   if (shape.input_size() <= 0) return;
   const DataProblem p{ConvGeometry::of(shape), dy, w, dx};
-  launch_gemm("conv2d_backward_data", s, implicit_gemm<DataProblem>, p, shape.in_channels, shape.batch * shape.in_h * shape.in_w, 1);
+  // One grid layer per stride class, each as wide as the widest class (ceil(in / stride) per axis).
+  const std::int64_t widest = shape.batch * tiling::ceil_div(shape.in_h, shape.stride_h) *
+                              tiling::ceil_div(shape.in_w, shape.stride_w);
+  launch_gemm("conv2d_backward_data", s, implicit_gemm<DataProblem>, p, shape.in_channels, widest,
+              shape.stride_h * shape.stride_w);
 }
 
 void conv2d_backward_weight_split(const StreamHandle& s, const Conv2dShape& shape, const float* x,

@@ -17,9 +17,8 @@
 //     (sample, row, column);
 //   - input_offset: the x element an output pixel reads through a tap (forward, weight), or -1 in
 //     the zero padding;
-//   - output_offset: the dy element that reads an input pixel through a tap (backward data, the
-//     gather form), or -1 when no output does (outside the output, or, for strides > 1, when the
-//     tap does not land on the stride's grid);
+//   - stride_class: backward data's input pixels and taps grouped by stride class, so that its
+//     gather has no zero terms and no division;
 //   - the block's tile shape and which tile elements each thread loads and computes (and, for the
 //     TF32 path, each warp);
 //   - tf32_round: the rounding of the tensor cores' TF32 inputs (the emulated WMMA uses it);
@@ -112,40 +111,30 @@ PETRA_HOST_DEVICE inline std::int64_t input_offset(const ConvGeometry& g, const 
   return o.x_sample + (t.c * g.in_h + h) * g.in_w + w;
 }
 
-// ---- backward data: which dy reads an input pixel (the gather form) --------------------------
-
-// The output coordinate whose tap `tap` reads input coordinate `in` (in = out * stride - pad +
-// tap), or -1 when there is none: in + pad - tap negative, not a multiple of the stride, or past
-// the output.
-PETRA_HOST_DEVICE inline std::int64_t output_coordinate(std::int64_t in, std::int64_t stride,
-                                                        std::int64_t pad, std::int64_t tap,
-                                                        std::int64_t out_extent) {
-  const std::int64_t t = in + pad - tap;
-  if (t < 0) return -1;
-  const std::int64_t out = quotient(t, stride);
-  if (out * stride != t || out >= out_extent) return -1;
-  return out;
-}
-
-// Input pixel (b, h, w): where its sample starts in dy, and its padded coordinates.
-struct InputPixel {
-  std::int64_t dy_sample;  // b * out_channels * out_h * out_w
-  std::int64_t h, w;
+// ---- backward data: stride classes (the gather form without zero terms) -----------------------
+// Input coordinate h receives gradient through tap row i only when h + pad - i is a multiple of
+// the stride (then from output row (h + pad - i) / stride, if that is inside the output). So the
+// input rows with (h + pad) mod stride = r, class r, all read through the taps i = r, r + stride,
+// ... and through no other: per class (r_h, r_w), backward data is a dense product over
+// out_channels x (the class's taps) with no zero terms. A 3x3 stride-2 layer has four classes
+// with 4, 2, 2 and 1 of the 9 taps (the one-class gather summed 9, three in four of them zeros);
+// a stride-1 layer has one class with every tap.
+//
+// Inside a class, input coordinate first + u * stride and the class's v-th tap, r + v * stride,
+// meet at output coordinate out0 + u - v (no division left for the kernel).
+struct StrideClass {
+  std::int64_t first;  // the class's first input coordinate; the others follow `stride` apart
+  std::int64_t count;  // its input coordinates in [0, extent)
+  std::int64_t tap0;   // its first tap (= r); the others follow `stride` apart
+  std::int64_t taps;   // its taps in [0, kernel)
+  std::int64_t out0;   // the output coordinate of (first, tap0): (first + pad - tap0) / stride
 };
-PETRA_HOST_DEVICE inline InputPixel input_pixel(const ConvGeometry& g, std::int64_t n) {
-  const Pixel p = split_pixel(n, g.in_h, g.in_w);
-  return {p.b * g.out_channels * g.out_plane(), p.y, p.x};
-}
-
-// Offset in dy of the gradient that reaches input pixel `p` through weight tap `t` of out-channel
-// t.c, or -1 when no output pixel reads p through that tap.
-PETRA_HOST_DEVICE inline std::int64_t output_offset(const ConvGeometry& g, const InputPixel& p,
-                                                    const Tap& t) {
-  const std::int64_t oh = output_coordinate(p.h, g.stride_h, g.pad_h, t.i, g.out_h);
-  if (oh < 0) return -1;
-  const std::int64_t ow = output_coordinate(p.w, g.stride_w, g.pad_w, t.j, g.out_w);
-  if (ow < 0) return -1;
-  return p.dy_sample + (t.c * g.out_h + oh) * g.out_w + ow;
+PETRA_HOST_DEVICE inline StrideClass stride_class(std::int64_t r, std::int64_t stride, std::int64_t pad,
+                                                  std::int64_t extent, std::int64_t kernel) {
+  const std::int64_t first = ((r - pad) % stride + stride) % stride;
+  const std::int64_t count = first < extent ? (extent - first + stride - 1) / stride : 0;
+  const std::int64_t taps = r < kernel ? (kernel - r + stride - 1) / stride : 0;
+  return {first, count, r, taps, (first + pad - r) / stride};
 }
 
 // ---- the block tile ---------------------------------------------------------------------------

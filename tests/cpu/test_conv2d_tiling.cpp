@@ -3,8 +3,9 @@
 // (kernels 1..4 x 1..3, strides 1..3, paddings 0..2, inputs 1..7, channels 1..3, batch 1..2) and
 // random larger ones.
 //   - input_offset(output_pixel(n), split_tap(k)) is the im2col matrix that ref::'s loops visit;
-//   - output_offset(input_pixel(n), split_tap(k)) is its transpose: for every input pixel and tap,
-//     the one dy that reads it there, or none (found by trying every output pixel);
+//   - backward data's stride classes (stride_class) reach exactly the (input pixel, tap) pairs
+//     that an output pixel reads, each once and at that output pixel (found by trying every
+//     output pixel), and partition the coordinates and the taps;
 //   - split_tap, split_pixel, quotient against / and %;
 //   - the block tile: every A and B element loaded by exactly one (thread, q), every C element
 //     computed by exactly one (thread, r, q);
@@ -14,6 +15,7 @@
 // Runs in every build (the header needs no CUDA).
 #include <doctest/doctest.h>
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -121,43 +123,79 @@ TEST_CASE("conv2d tiling: the gathered operands are im2col and its transpose, on
         ++gathers;
       }
     }
-    // Backward data operand: (tap (o, i, j), input pixel (b, h, w)) -> the dy offset of the output
-    // pixel that reads x[b, :, h, w] through tap (i, j), or -1 when there is none.
-    const std::int64_t data_taps = s.out_channels * s.kernel_h * s.kernel_w;
-    const std::int64_t in_pixels = s.batch * s.in_h * s.in_w;
-    for (std::int64_t n = 0; n < in_pixels; ++n) {
-      const std::int64_t b = n / (s.in_h * s.in_w), h = n / s.in_w % s.in_h, w = n % s.in_w;
-      const tiling::InputPixel ip = tiling::input_pixel(g, n);
-      for (std::int64_t k = 0; k < data_taps; ++k) {
-        const std::int64_t o = k / (s.kernel_h * s.kernel_w), i = k / s.kernel_w % s.kernel_h, j = k % s.kernel_w;
-        std::int64_t want = -1;
-        int found = 0;
-        for (std::int64_t oh = 0; oh < g.out_h; ++oh)
-          for (std::int64_t ow = 0; ow < g.out_w; ++ow)
-            if (oh * s.stride_h - s.pad_h + i == h && ow * s.stride_w - s.pad_w + j == w) {
-              want = ((b * s.out_channels + o) * g.out_h + oh) * g.out_w + ow;
-              ++found;
+    // Backward data by stride classes: enumerating each class's input pixels (b, h, w) and taps
+    // (i, j) and meeting them at out0 + u - v must give exactly the pairs where an output pixel
+    // reads x[b, :, h, w] through tap (i, j) (found by trying every output pixel), each once, at
+    // that output pixel; every input pixel must be in exactly one class.
+    std::map<std::array<std::int64_t, 5>, std::int64_t> reached;  // (b, h, w, i, j) -> oh * out_w + ow
+    std::vector<int> classes_of_pixel(std::size_t(s.batch * s.in_h * s.in_w), 0);
+    for (std::int64_t r_h = 0; r_h < s.stride_h; ++r_h)
+      for (std::int64_t r_w = 0; r_w < s.stride_w; ++r_w) {
+        const tiling::StrideClass ch = tiling::stride_class(r_h, s.stride_h, s.pad_h, s.in_h, s.kernel_h);
+        const tiling::StrideClass cw = tiling::stride_class(r_w, s.stride_w, s.pad_w, s.in_w, s.kernel_w);
+        for (std::int64_t n = 0; n < s.batch * ch.count * cw.count; ++n) {
+          const tiling::Pixel p = tiling::split_pixel(n, ch.count, cw.count);
+          const std::int64_t h = ch.first + p.y * s.stride_h, w = cw.first + p.x * s.stride_w;
+          REQUIRE(h < s.in_h);
+          REQUIRE(w < s.in_w);
+          REQUIRE((h + s.pad_h) % s.stride_h == r_h);
+          REQUIRE((w + s.pad_w) % s.stride_w == r_w);
+          ++classes_of_pixel[std::size_t((p.b * s.in_h + h) * s.in_w + w)];
+          for (std::int64_t v_i = 0; v_i < ch.taps; ++v_i)
+            for (std::int64_t v_j = 0; v_j < cw.taps; ++v_j) {
+              const std::int64_t oh = ch.out0 + p.y - v_i, ow = cw.out0 + p.x - v_j;
+              if (oh < 0 || oh >= g.out_h || ow < 0 || ow >= g.out_w) continue;
+              const std::array<std::int64_t, 5> key{p.b, h, w, ch.tap0 + v_i * s.stride_h, cw.tap0 + v_j * s.stride_w};
+              REQUIRE(key[3] < s.kernel_h);
+              REQUIRE(key[4] < s.kernel_w);
+              REQUIRE(reached.count(key) == 0);
+              reached[key] = oh * g.out_w + ow;
             }
-        REQUIRE(found <= 1);
-        REQUIRE(tiling::output_offset(g, ip, tiling::split_tap(k, s.kernel_h, s.kernel_w)) == want);
-        ++gathers;
+        }
       }
-    }
+    for (const int classes : classes_of_pixel) REQUIRE(classes == 1);
+    std::size_t pairs = 0;
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t oh = 0; oh < g.out_h; ++oh)
+        for (std::int64_t ow = 0; ow < g.out_w; ++ow)
+          for (std::int64_t i = 0; i < s.kernel_h; ++i)
+            for (std::int64_t j = 0; j < s.kernel_w; ++j) {
+              const std::int64_t h = oh * s.stride_h - s.pad_h + i, w = ow * s.stride_w - s.pad_w + j;
+              if (h < 0 || h >= s.in_h || w < 0 || w >= s.in_w) continue;
+              const auto found = reached.find({b, h, w, i, j});
+              REQUIRE(found != reached.end());
+              REQUIRE(found->second == oh * g.out_w + ow);
+              ++pairs;
+              ++gathers;
+            }
+    REQUIRE(pairs == reached.size());
   }
   MESSAGE(shapes, " shapes, ", gathers, " gathers checked");
 }
 
-TEST_CASE("conv2d tiling: output_coordinate inverts out * stride - pad + tap") {
+TEST_CASE("conv2d tiling: stride_class partitions coordinates and taps by residue") {
   for (std::int64_t stride = 1; stride <= 4; ++stride)
     for (std::int64_t pad = 0; pad <= 3; ++pad)
-      for (std::int64_t tap = 0; tap <= 6; ++tap)
-        for (std::int64_t out_extent = 1; out_extent <= 6; ++out_extent)
-          for (std::int64_t in = 0; in <= 30; ++in) {
-            std::int64_t want = -1;
-            for (std::int64_t out = 0; out < out_extent; ++out)
-              if (out * stride - pad + tap == in) want = out;
-            REQUIRE(tiling::output_coordinate(in, stride, pad, tap, out_extent) == want);
+      for (std::int64_t extent = 1; extent <= 9; ++extent)
+        for (std::int64_t kernel = 1; kernel <= 7; ++kernel) {
+          std::int64_t coordinates = 0, taps = 0;
+          for (std::int64_t r = 0; r < stride; ++r) {
+            const tiling::StrideClass c = tiling::stride_class(r, stride, pad, extent, kernel);
+            std::int64_t want_count = 0, want_first = -1, want_taps = 0;
+            for (std::int64_t h = 0; h < extent; ++h)
+              if ((h + pad) % stride == r) want_first = want_first < 0 ? h : want_first, ++want_count;
+            for (std::int64_t i = 0; i < kernel; ++i) want_taps += i % stride == r;
+            REQUIRE(c.count == want_count);
+            if (want_count > 0) REQUIRE(c.first == want_first);
+            REQUIRE(c.tap0 == r);
+            REQUIRE(c.taps == want_taps);
+            REQUIRE(c.out0 * stride == c.first + pad - r);
+            coordinates += c.count;
+            taps += c.taps;
           }
+          REQUIRE(coordinates == extent);
+          REQUIRE(taps == kernel);
+        }
 }
 
 TEST_CASE("conv2d tiling: each tile element is loaded once and computed once") {

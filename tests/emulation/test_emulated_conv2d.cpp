@@ -178,7 +178,7 @@ TEST_CASE("emulated conv2d: forward with and without bias matches ref, determini
   MESSAGE("forward: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
 }
 
-TEST_CASE("emulated conv2d: backward data matches ref (the gather form), deterministic") {
+TEST_CASE("emulated conv2d: backward data matches ref (the gather form by stride class), deterministic") {
   Stream stream;
   const StreamHandle& s = stream.s;
   const auto start = std::chrono::steady_clock::now();
@@ -199,8 +199,11 @@ TEST_CASE("emulated conv2d: backward data matches ref (the gather form), determi
     CHECK(dx.guards_kept());
     if (sh.input_size() == 0) continue;
     CHECK(emu::last_launch().kernel == std::string("conv2d_backward_data"));
-    CHECK(emu::last_launch().grid.x == tiles(sh.batch * sh.in_h * sh.in_w));
+    // One grid layer per stride class, as wide as the widest class.
+    const auto classes_tall = (sh.in_h + sh.stride_h - 1) / sh.stride_h, classes_wide = (sh.in_w + sh.stride_w - 1) / sh.stride_w;
+    CHECK(emu::last_launch().grid.x == tiles(sh.batch * classes_tall * classes_wide));
     CHECK(emu::last_launch().grid.y == tiles(sh.in_channels));
+    CHECK(emu::last_launch().grid.z == unsigned(sh.stride_h * sh.stride_w));
     const std::vector<float> got = dx.values();
     CHECK(error_in_bounds(got, want, magnitude, sh.out_channels * sh.kernel_h * sh.kernel_w) <= 1.0);
     if (offset == 0) continue;  // the determinism check on every other shape (emulation time)
