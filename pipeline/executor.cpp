@@ -322,22 +322,32 @@ void ConcurrentExecutor::run(const Schedule& schedule, std::int64_t first, std::
   const auto start = Clock::now();
   std::vector<std::vector<Clock::time_point>> finished(workers_.size(),
                                                        std::vector<Clock::time_point>(last - first, start));
+  if (on_gpus_ && gpu_streams_.empty())
+    for (const Worker& worker : workers_) {
+      gpu_streams_.push_back(std::make_unique<Stream>(worker.device, worker.threads));
+      gpu_copy_streams_.push_back(std::make_unique<Stream>(worker.device));  // messages from other GPUs
+    }
   std::vector<std::thread> threads;
   for (std::size_t w = 0; w < workers_.size(); ++w) {
     threads.emplace_back([&, w] {
       try {
-        Stream stream(workers_[w].device, workers_[w].threads);
+        // CPU workers: a stream per call (its thread count is all it holds). GPU workers: the
+        // executor's, the same in every call (see gpu_streams_).
+        std::optional<Stream> cpu_stream;
+        if (!on_gpus_) cpu_stream.emplace(workers_[w].device, workers_[w].threads);
+        Stream& stream = on_gpus_ ? *gpu_streams_[w] : *cpu_stream;
         StreamGuard guard(stream);
-        std::optional<Stream> copy;  // GPU workers: messages from other GPUs come in on it
-        if (on_gpus_) copy.emplace(workers_[w].device);
-        tls_copy_stream = copy ? &*copy : nullptr;
+        tls_copy_stream = on_gpus_ ? gpu_copy_streams_[w].get() : nullptr;
         for (std::int64_t t = first; t < last; ++t) {
           for (int j = 0; j < schedule.stages; ++j)
             if (placement_[j] == static_cast<int>(w)) execute_cell(schedule.cells[t][j], true, batches, guarded_head);
           finished[w][t - first] = Clock::now();
         }
         tls_copy_stream = nullptr;
-        // ~Stream synchronises both streams: when run() returns, the devices are done.
+        if (on_gpus_) {  // when run() returns, the devices are done
+          stream.synchronize();
+          gpu_copy_streams_[w]->synchronize();
+        }
       } catch (...) {
         tls_copy_stream = nullptr;
         {

@@ -18,6 +18,7 @@
 #include "petra/pipeline/messages.hpp"
 #include "petra/pipeline/schedule.hpp"
 #include "petra/pipeline/stage_runtime.hpp"
+#include "petra/stream.hpp"
 
 namespace petra::pipeline {
 
@@ -129,6 +130,13 @@ class ConcurrentExecutor : public SequentialExecutor {
   std::vector<Worker> workers_;
   std::vector<int> placement_;
   bool on_gpus_ = false;
+  // GPU workers' compute and copy streams, made at the first run() and kept for every later one:
+  // a tensor kept across run() calls (stage 0's images, a stage's kept input or graph) was last
+  // recorded on a worker's stream, and a stream destroyed between calls would leave its later uses
+  // on a new stream unrecorded (the allocator could hand its block to the upload's copy stream while
+  // the new stream's kernels still read it: seen on an H200 as PETRA on two streams drifting from
+  // the sequential executor, docs/results-gpu.md).
+  std::vector<std::unique_ptr<Stream>> gpu_streams_, gpu_copy_streams_;
 };
 
 }  // namespace petra::pipeline

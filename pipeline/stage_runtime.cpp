@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "petra/functions.hpp"
+#include "petra/stream.hpp"
 
 namespace petra::pipeline {
 
@@ -188,8 +189,20 @@ Tensor StageRuntime::backward_through_graph(Kept& kept, const Tensor& dy) {
   return dx;
 }
 
+namespace {
+// What a backward reads from the kept state runs on the calling thread's stream of its device,
+// which need not be the stream that last used it (a checkpoint loaded on another thread, a worker's
+// stream after the one its forward ran on): the allocator must wait for this stream too before it
+// reuses the blocks.
+void record_use_on_current_stream(const Tensor& t) {
+  if (t.defined() && t.device().is_cuda()) t.storage()->record_stream(Stream::for_device(t.device()));
+}
+}  // namespace
+
 BackwardMessage StageRuntime::backward(BackwardMessage from_above) {
   Kept kept = pop(from_above.microbatch, "backward");
+  record_use_on_current_stream(kept.input);
+  for (const Tensor& p : kept.parameters) record_use_on_current_stream(p);
   BackwardMessage out{from_above.microbatch, {}, {}, nullptr};
   MemoryScope scope(MemoryTag::activations, index_);  // the recomputed graph, freed at the end
   const std::vector<Tensor> before = gradients_before();
