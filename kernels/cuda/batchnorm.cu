@@ -19,6 +19,10 @@
 // to |mean - K| relative to the spread, and it happens in double. The slices and the tree do not
 // depend on the grid or the scheduling, so every run gives the same bits.
 //
+// Index arithmetic: the channel of a value, (k / plane) % channels, by FastDivide's multiply and
+// shift (kernels/cuda/fast_divide.cuh) instead of two 64-bit divisions per value, which made these
+// passes bound by integer work (24-36% of the copy bandwidth on an H200, docs/results-gpu.md).
+//
 // Memory: each of the three passes is coalesced (consecutive threads read consecutive values of
 // a row of the plane); the sums read x (and dy) once and the element-wise pass once more, as
 // cpu::'s two passes do. The partial pairs and the per-channel maps (y's, dx's) live in
@@ -44,6 +48,7 @@
 #include "petra/kernels/batchnorm.hpp"
 #include "petra/kernels/conv2d.hpp"
 #include "petra/kernels/cuda/block_reduce.cuh"
+#include "petra/kernels/cuda/fast_divide.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 
 namespace petra::kernels::cuda {
@@ -63,13 +68,6 @@ inline std::int64_t slices_of(const BatchNormShape& shape) {
   return std::clamp<std::int64_t>((n + kValuesPerSlice - 1) / kValuesPerSlice, 1, kMaxSlices);
 }
 
-// Index in the NCHW tensor of the channel's j-th value, j = n * plane + i.
-__device__ inline std::int64_t value_index(std::int64_t j, std::int64_t c, std::int64_t channels,
-                                           std::int64_t plane) {
-  const std::int64_t n = j / plane;
-  return (n * channels + c) * plane + (j - n * plane);
-}
-
 enum class Sums {
   kStatistics,  // (x - K, (x - K)^2), K = the channel's first value
   kGradients,   // (dy, dy * (x - mean))
@@ -87,17 +85,27 @@ __device__ inline float incoming_gradient(const float* y, const float* dy, std::
 // are the slice's two sums. `relu` masks dy with y (kGradients only).
 template <Sums sums, bool relu>
 __global__ void __launch_bounds__(kBlockThreads)
-    channel_partials(std::int64_t channels, std::int64_t plane, std::int64_t count,
+    channel_partials(std::int64_t channels, FastDivide plane, std::int64_t count,
                      std::int64_t slices, const float* x, const float* y, const float* dy,
                      const float* saved_mean, double* partials) {
   __shared__ double first[kBlockThreads];
   __shared__ double second[kBlockThreads];
   const std::int64_t c = blockIdx.x / slices, slice = blockIdx.x % slices;
-  const double pivot = sums == Sums::kStatistics ? double(x[c * plane]) : double(saved_mean[c]);
+  const double pivot = sums == Sums::kStatistics ? double(x[c * plane.divisor()]) : double(saved_mean[c]);
   double s1 = 0, s2 = 0;
-  for (std::int64_t j = slice * kBlockThreads + threadIdx.x; j < count;
-       j += slices * kBlockThreads) {
-    const std::int64_t k = value_index(j, c, channels, plane);
+  // The thread's j-th value of the channel (j = n * plane + i) is at (n * channels + c) * plane + i
+  // in the tensor; (n, i) advance by the walk's step without a division per value.
+  const std::int64_t start = slice * kBlockThreads + threadIdx.x, step = slices * kBlockThreads;
+  const std::int64_t size = plane.divisor(), step_n = plane.quotient(step), step_i = step - step_n * size;
+  std::int64_t n = plane.quotient(start), i = start - n * size;
+  for (std::int64_t j = start; j < count; j += step) {
+    const std::int64_t k = (n * channels + c) * size + i;
+    i += step_i;
+    n += step_n;
+    if (i >= size) {
+      i -= size;
+      ++n;
+    }
     const double d = double(x[k]) - pivot;
     if constexpr (sums == Sums::kStatistics) {
       s1 += d;
@@ -173,12 +181,12 @@ struct TensorOutput {
 // (inverse), and the same thread moves the other stream's value. stream = C * plane.
 struct CouplingOutput {
   CouplingDirection direction;
-  std::int64_t stream;
+  FastDivide stream;
   const float* a;
   float* out;
   __device__ void store(std::int64_t k, float v) const {
-    const std::int64_t n = k / stream;
-    const std::int64_t first = k + n * stream, second = first + stream;  // (n, 1, i), (n, 2, i)
+    const std::int64_t n = stream.quotient(k);
+    const std::int64_t first = k + n * stream.divisor(), second = first + stream.divisor();  // (n, 1, i), (n, 2, i)
     if (direction == CouplingDirection::forward) {  // out1 = a2 + f, out2 = a1
       out[first] = a[second] + relu_of(v);
       out[second] = a[first];
@@ -191,21 +199,21 @@ struct CouplingOutput {
 
 // BN(x) = gamma * (x - mean) * invstd + beta = (x - mean_f) * scale + bias, per value, to `output`.
 template <class Output>
-__global__ void normalise(std::int64_t size, std::int64_t channels, std::int64_t plane,
-                          const float* x, const float* maps, Output output) {
+__global__ void normalise(std::int64_t size, ChannelOf channel_of, const float* x, const float* maps,
+                          Output output) {
   for (std::int64_t k = thread_index(); k < size; k += grid_threads()) {
-    const std::int64_t c = (k / plane) % channels;
+    const std::int64_t c = channel_of(k);
     output.store(k, (x[k] - maps[3 * c]) * maps[3 * c + 1] + maps[3 * c + 2]);
   }
 }
 
 // Evaluation: the same with the running statistics, invstd = 1 / sqrt(running_var + eps).
 template <class Output>
-__global__ void normalise_eval(std::int64_t size, std::int64_t channels, std::int64_t plane,
-                               float eps, const float* x, const float* gamma, const float* beta,
-                               const float* running_mean, const float* running_var, Output output) {
+__global__ void normalise_eval(std::int64_t size, ChannelOf channel_of, float eps, const float* x,
+                               const float* gamma, const float* beta, const float* running_mean,
+                               const float* running_var, Output output) {
   for (std::int64_t k = thread_index(); k < size; k += grid_threads()) {
-    const std::int64_t c = (k / plane) % channels;
+    const std::int64_t c = channel_of(k);
     const float invstd = 1.0f / sqrtf(running_var[c] + eps);
     output.store(k, (x[k] - running_mean[c]) * (gamma[c] * invstd) + beta[c]);
   }
@@ -233,11 +241,11 @@ __global__ void gradient_coefficients(std::int64_t channels, std::int64_t count,
 }
 
 template <bool relu>
-__global__ void input_gradient(std::int64_t size, std::int64_t channels, std::int64_t plane,
-                               const float* x, const float* y, const float* dy,
-                               const float* saved_mean, const float* coefficients, float* dx) {
+__global__ void input_gradient(std::int64_t size, ChannelOf channel_of, const float* x, const float* y,
+                               const float* dy, const float* saved_mean, const float* coefficients,
+                               float* dx) {
   for (std::int64_t k = thread_index(); k < size; k += grid_threads()) {
-    const std::int64_t c = (k / plane) % channels;
+    const std::int64_t c = channel_of(k);
     dx[k] = coefficients[3 * c] * incoming_gradient<relu>(y, dy, k) +
             coefficients[3 * c + 1] * (x[k] - saved_mean[c]) + coefficients[3 * c + 2];
   }
@@ -249,7 +257,7 @@ void launch_partials(const char* name, const StreamHandle& s, const BatchNormSha
                      std::int64_t slices, const float* x, const float* y, const float* dy,
                      const float* saved_mean, double* partials) {
   cuda_detail::launch_blocks(name, s, unsigned(shape.channels * slices), kBlockThreads,
-                             channel_partials<sums, relu>, shape.channels, shape.plane(),
+                             channel_partials<sums, relu>, shape.channels, FastDivide(shape.plane()),
                              shape.values_per_channel(), slices, x, y, dy, saved_mean, partials);
 }
 
@@ -295,7 +303,7 @@ void forward_train(const LaunchNames& names, const StreamHandle& s, const BatchN
                      gamma, beta, partials, saved_mean, saved_invstd, running_mean, running_var,
                      maps);
   launch_grid_stride(names.forward_train, s, shape.size(), normalise<Output>, shape.size(),
-                     shape.channels, shape.plane(), x, maps, output);
+                     ChannelOf(shape.plane(), shape.channels), x, maps, output);
 }
 
 template <class Output>
@@ -303,7 +311,7 @@ void forward_eval(const LaunchNames& names, const StreamHandle& s, const BatchNo
                   double eps, const float* x, const float* gamma, const float* beta,
                   const float* running_mean, const float* running_var, const Output& output) {
   launch_grid_stride(names.forward_eval, s, shape.size(), normalise_eval<Output>, shape.size(),
-                     shape.channels, shape.plane(), float(eps), x, gamma, beta, running_mean,
+                     ChannelOf(shape.plane(), shape.channels), float(eps), x, gamma, beta, running_mean,
                      running_var, output);
 }
 
@@ -326,7 +334,7 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
                      shape.channels, shape.values_per_channel(), slices, partials, gamma,
                      saved_invstd, coefficients, dgamma, dbeta);
   launch_grid_stride(names<relu>().backward, s, shape.size(), input_gradient<relu>, shape.size(),
-                     shape.channels, shape.plane(), x, y, dy, saved_mean, coefficients, dx);
+                     ChannelOf(shape.plane(), shape.channels), x, y, dy, saved_mean, coefficients, dx);
 }
 
 }  // namespace
@@ -411,7 +419,7 @@ void batchnorm_relu_coupling_train(const StreamHandle& s, const BatchNormShape& 
                                    float* out, float* saved_mean, float* saved_invstd,
                                    float* running_mean, float* running_var) {
   forward_train(kCouplingNames, s, shape, eps, momentum, z, gamma, beta,
-                CouplingOutput{direction, shape.channels * shape.plane(), a, out}, saved_mean,
+                CouplingOutput{direction, FastDivide(shape.channels * shape.plane()), a, out}, saved_mean,
                 saved_invstd, running_mean, running_var);
 }
 
@@ -420,7 +428,7 @@ void batchnorm_relu_coupling_eval(const StreamHandle& s, const BatchNormShape& s
                                   const float* beta, const float* running_mean,
                                   const float* running_var, const float* a, float* out) {
   forward_eval(kCouplingNames, s, shape, eps, z, gamma, beta, running_mean, running_var,
-               CouplingOutput{direction, shape.channels * shape.plane(), a, out});
+               CouplingOutput{direction, FastDivide(shape.channels * shape.plane()), a, out});
 }
 
 }  // namespace petra::kernels::cuda

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "petra/kernels/channel.hpp"
+#include "petra/kernels/cuda/fast_divide.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 
 namespace petra::kernels::cuda {
@@ -33,12 +34,12 @@ __device__ inline void add_to(float4& to, float4 from) {
 // For every sample n and index i < row (all counted in V): the part's row of sample n starts at
 // n * row, the full tensor's at n * full_stride + offset.
 template <Direction direction, class V>
-__global__ void channel_copy(std::int64_t batch, std::int64_t row, std::int64_t full_stride,
+__global__ void channel_copy(std::int64_t batch, FastDivide row, std::int64_t full_stride,
                              std::int64_t offset, const V* from, V* to) {
-  const std::int64_t items = batch * row;
+  const std::int64_t items = batch * row.divisor();
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t k = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < items; k += stride) {
-    const std::int64_t n = k / row, i = k - n * row;
+    const std::int64_t n = row.quotient(k), i = k - n * row.divisor();  // multiply and shift, no division
     const std::int64_t full_index = n * full_stride + offset + i;
     if constexpr (direction == Direction::kSplit) to[k] = from[full_index];
     else if constexpr (direction == Direction::kInsert) to[full_index] = from[k];
@@ -54,11 +55,11 @@ void launch_copy(const char* name, const StreamHandle& s, const ChannelShape& sh
   const std::int64_t offset = first_channel * plane;
   if (row % 4 == 0 && full_stride % 4 == 0 && offset % 4 == 0 && aligned_16(from) && aligned_16(to)) {
     cuda_detail::launch_grid_stride(name, s, shape.batch * row / 4, channel_copy<direction, float4>,
-                                    shape.batch, row / 4, full_stride / 4, offset / 4,
+                                    shape.batch, FastDivide(row / 4), full_stride / 4, offset / 4,
                                     reinterpret_cast<const float4*>(from), reinterpret_cast<float4*>(to));
   } else {
     cuda_detail::launch_grid_stride(name, s, shape.batch * row, channel_copy<direction, float>,
-                                    shape.batch, row, full_stride, offset, from, to);
+                                    shape.batch, FastDivide(row), full_stride, offset, from, to);
   }
 }
 

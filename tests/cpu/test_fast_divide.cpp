@@ -1,0 +1,71 @@
+// tests/cpu/test_fast_divide.cpp: kernels/cuda/fast_divide.cuh on the host, against / and %: every
+// divisor up to 4096 with the dividends around each multiple of it that matters (0, d - 1, d, d + 1,
+// the largest below 2^31), powers of two and their neighbours up to 2^31 - 1, random pairs, and
+// dividends past 2^31 (the plain-division path). Runs in every build (the header needs no CUDA).
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "petra/kernels/cuda/fast_divide.cuh"
+
+namespace {
+
+using petra::kernels::cuda::ChannelOf;
+using petra::kernels::cuda::FastDivide;
+
+constexpr std::int64_t kLimit = (std::int64_t(1) << 31) - 1;  // the largest fast dividend
+
+std::vector<std::int64_t> dividends_for(std::int64_t d) {
+  std::vector<std::int64_t> n{0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, kLimit, kLimit - 1, kLimit - d};
+  const std::int64_t top = kLimit / d * d;  // the largest multiple of d that is a fast dividend
+  for (std::int64_t v : {top - 1, top, top + 1}) n.push_back(v);
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("fast divide: quotient equals / for small divisors, power-of-two neighbours and the largest ones") {
+  std::vector<std::int64_t> divisors;
+  for (std::int64_t d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (int b = 1; b <= 31; ++b) {
+    const std::int64_t p = std::int64_t(1) << b;
+    for (std::int64_t d : {p - 1, p, p + 1})
+      if (d >= 1 && d <= kLimit) divisors.push_back(d);
+  }
+  std::size_t checked = 0;
+  for (const std::int64_t d : divisors) {
+    const FastDivide fast(d);
+    REQUIRE(fast.divisor() == d);
+    for (const std::int64_t n : dividends_for(d)) {
+      if (n < 0 || n > kLimit) continue;
+      INFO("n = ", n, ", d = ", d);
+      REQUIRE(fast.quotient(n) == n / d);
+      ++checked;
+    }
+  }
+  MESSAGE(checked, " quotients checked");
+}
+
+TEST_CASE("fast divide: random divisors and dividends, and dividends past 2^31") {
+  std::mt19937_64 random(7);
+  for (int trial = 0; trial < 200000; ++trial) {
+    const std::int64_t d = std::int64_t(random() % std::uint64_t(kLimit)) + 1;
+    const std::int64_t n = std::int64_t(random() % std::uint64_t(kLimit + 1));
+    REQUIRE(FastDivide(d).quotient(n) == n / d);
+  }
+  for (const std::int64_t n : {std::int64_t(1) << 31, (std::int64_t(1) << 40) + 12345, std::int64_t(1) << 62})
+    for (const std::int64_t d : {std::int64_t(1), std::int64_t(3), std::int64_t(1024), kLimit})
+      REQUIRE(FastDivide(d).quotient(n) == n / d);
+}
+
+TEST_CASE("fast divide: ChannelOf is (k / plane) % channels") {
+  for (const std::int64_t plane : {1, 3, 16, 64, 1024, 3136})
+    for (const std::int64_t channels : {1, 2, 3, 64, 513}) {
+      const ChannelOf channel_of(plane, channels);
+      for (std::int64_t k = 0; k < 5 * plane * channels; k += 1 + k / 7) REQUIRE(channel_of(k) == k / plane % channels);
+      const std::int64_t big = (std::int64_t(1) << 33) + 77;
+      REQUIRE(channel_of(big) == big / plane % channels);
+    }
+}
