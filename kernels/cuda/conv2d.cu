@@ -16,8 +16,9 @@
 //
 // The tiled kernel (implicit_gemm), the same for all three:
 //   - one block of 256 threads computes a 64 x 64 tile of C; thread (tx, ty) owns the 4 x 4
-//     outputs (ty + 16 r, tx + 16 q) and keeps them in registers (register blocking: each value
-//     read from shared memory feeds four multiply-adds);
+//     outputs (4 ty + r, 4 tx + q) and keeps them in registers (register blocking: each value
+//     read from shared memory feeds four multiply-adds; a thread's four A and four B values of a
+//     k are one float4 load each);
 //   - K is walked in steps of 16: the block gathers the 64 x 16 tile of A and the 16 x 64 tile of B
 //     into shared memory (4 values each per thread; a value in the zero padding, past a tail, or
 //     reached through no output is stored as 0, so the tails of M, N and K and the borders need no
@@ -368,8 +369,9 @@ __device__ void k_loop(const Problem& p, int t, std::int64_t m0, std::int64_t n0
 // C tile (blockIdx.y, blockIdx.x) of `p`, over K slice blockIdx.z. Block: kThreads threads (1-d).
 template <class Problem>
 __global__ void __launch_bounds__(kThreads) implicit_gemm(Problem whole) {
-  // a_tile[k][m] (A transposed) and b_tile[k][n]: in the inner loop a half-warp reads two a_tile
-  // values (broadcast) and 16 consecutive b_tile values. Rows padded to kTileLd.
+  // a_tile[k][m] (A transposed) and b_tile[k][n]: in the inner loop each thread reads its 4
+  // consecutive a_tile values and 4 consecutive b_tile values of a k as one float4 each (rows of
+  // kTileLd floats keep every float4 16-byte aligned).
   __shared__ __align__(32) float a_tile[kTileK][tiling::kTileLd];
   __shared__ __align__(32) float b_tile[kTileK][tiling::kTileLd];
   __shared__ KEntry table[2][kTileK];
@@ -383,11 +385,9 @@ __global__ void __launch_bounds__(kThreads) implicit_gemm(Problem whole) {
          [&](const float (*as)[tiling::kTileLd], const float (*bs)[tiling::kTileLd]) {
 PETRA_UNROLL
            for (int k = 0; k < kTileK; ++k) {
-             float av[kMicro], bv[kMicro];
-PETRA_UNROLL
-             for (int r = 0; r < kMicro; ++r) av[r] = as[k][tiling::micro_row(t, r)];
-PETRA_UNROLL
-             for (int q = 0; q < kMicro; ++q) bv[q] = bs[k][tiling::micro_column(t, q)];
+             const float4 a4 = *reinterpret_cast<const float4*>(&as[k][tiling::micro_row(t, 0)]);
+             const float4 b4 = *reinterpret_cast<const float4*>(&bs[k][tiling::micro_column(t, 0)]);
+             const float av[kMicro] = {a4.x, a4.y, a4.z, a4.w}, bv[kMicro] = {b4.x, b4.y, b4.z, b4.w};
 PETRA_UNROLL
              for (int r = 0; r < kMicro; ++r)
 PETRA_UNROLL

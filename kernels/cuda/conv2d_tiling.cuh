@@ -141,9 +141,11 @@ PETRA_HOST_DEVICE inline StrideClass stride_class(std::int64_t r, std::int64_t s
 
 // One block of kThreads = 16 x 16 threads computes a kTileM x kTileN tile of C; K is walked in
 // steps of kTileK. Thread (tx, ty) = (t % 16, t / 16) owns the kMicro x kMicro outputs
-// (ty + 16 r, tx + 16 q), r, q < kMicro: strided, so that in the inner loop the 16 threads of a
-// half-warp read 16 consecutive B values and two A values (broadcast), and their stores of C are
-// consecutive.
+// (4 ty + r, 4 tx + q), r, q < kMicro: four consecutive rows and four consecutive columns, so that
+// in the inner loop its four A values and its four B values of a k are one 16-byte shared-memory
+// load each (a warp: 16 distinct float4 of B, 2 of A, broadcast to the lanes that share them).
+// (The first layout, (ty + 16 r, tx + 16 q), read them one float at a time: 8 loads for 16
+// multiply-adds, which bounded the kernel by the shared-memory port at half the FMA rate.)
 inline constexpr int kTileM = 64;
 inline constexpr int kTileN = 64;
 inline constexpr int kTileK = 16;
@@ -173,8 +175,9 @@ PETRA_HOST_DEVICE constexpr TileCoordinate b_load(int t, int q) {
   return {t % kTileN, t / kTileN + q * (kThreads / kTileN)};
 }
 // Tile row and column of thread t's output (r, q), r, q < kMicro.
-PETRA_HOST_DEVICE constexpr int micro_row(int t, int r) { return t / kThreadsX + r * kThreadsY; }
-PETRA_HOST_DEVICE constexpr int micro_column(int t, int q) { return t % kThreadsX + q * kThreadsX; }
+PETRA_HOST_DEVICE constexpr int micro_row(int t, int r) { return t / kThreadsX * kMicro + r; }
+PETRA_HOST_DEVICE constexpr int micro_column(int t, int q) { return t % kThreadsX * kMicro + q; }
+static_assert(kMicro == 4, "the inner loop reads a thread's A and B values as one float4 each");
 
 // ---- the TF32 path (forward only, conv2d_math() == Conv2dMath::tf32) ---------------------------
 
