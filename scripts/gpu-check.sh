@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # scripts/gpu-check.sh: the GPU checks, run on a machine with an NVIDIA GPU from the bundle that
-# scripts/gpu-bundle.sh made (.gpu/). In order of what a loan is for, correctness first:
-#   1. the cuda test suite (every op's kernels against ref::, cuBLAS, cuDNN);
-#   2. petra-train on the GPU: RevNet18 width 64 on synthetic CIFAR-shaped data, batch 128, 300
-#      steps, with backprop, revbackprop, revbackprop on cuDNN's convolution and batch norm
-#      (--conv-impl cudnn: the anchor of petra's kernels), PETRA, and PETRA on two streams of the
-#      one GPU (the concurrent executor), which must end bit-identical to PETRA on one;
-#   3. the PyTorch peer of those runs (benchmarks/pytorch_gpu.py, eager on cuDNN, FP32 and TF32),
-#      where the machine's python3 has PyTorch with CUDA;
-#   4. the kernels against cuDNN and the copy bandwidth (bench-cuda: ResNet-18 CIFAR convolutions
-#      at batch 128, FP32 and TF32, and batch norm);
-#   5. the default Fashion-MNIST run (petra-train's defaults) on cuda:0, for its accuracy and time;
-#   6. the cuda suite again under compute-sanitizer's memcheck, where the sanitizer works;
-#   7. --mpi on the GPU where mpirun exists; bench-pipeline on the idle CPUs only with
-#      BENCH_PIPELINE=1 (measured on 2026-11-30).
+# scripts/gpu-bundle.sh made (.gpu/). Groups of checks, in the order of what a loan is for,
+# correctness first (ONLY="group ..." runs some of them, in the order given):
+#   tests     the cuda test suite (every op's kernels against ref::, cuBLAS, cuDNN);
+#   training  petra-train on the GPU: RevNet18 width 64 on synthetic CIFAR-shaped data, batch 128,
+#             300 steps, with backprop, revbackprop, revbackprop on cuDNN's convolution and batch
+#             norm (--conv-impl cudnn: the anchor of petra's kernels), PETRA, and PETRA on two
+#             streams of the one GPU (the concurrent executor), twice: bit-identical to PETRA on one
+#             stream and from run to run;
+#   bench     the kernels against cuDNN and the copy bandwidth (bench-cuda: ResNet-18 CIFAR
+#             convolutions at batch 128, FP32 and TF32, and batch norm);
+#   sanitize  compute-sanitizer: memcheck on the cuda suite, racecheck and synccheck on its
+#             backend-ops case (every op's kernels);
+#   pytorch   the PyTorch peer of the training runs (benchmarks/pytorch_gpu.py, eager on cuDNN,
+#             FP32 and TF32), where the machine's python3 has PyTorch with CUDA;
+#   fashion   the default Fashion-MNIST run (petra-train's defaults) on cuda:0: accuracy and time;
+#   mpi       --mpi on the GPU, where mpirun exists;
+#   pipeline  bench-pipeline on the idle CPUs (not in the default list; measured on 2026-11-30).
 # Everything it prints also goes to OUT/gpu-check.log, the benchmarks' numbers to
 # OUT/bench-cuda.json and OUT/pytorch-gpu.json, each training run's log to OUT/train-<name>.log
 # and .jsonl.
@@ -23,6 +26,7 @@
 # (BUDGET seconds, default 330).
 #
 #   .gpu/gpu-check.sh [bundle-dir] [out-dir]         # defaults: .gpu and $OUT (else ./gpu-out)
+#   ONLY="tests training" BUDGET=200 .gpu/gpu-check.sh
 set -u
 bundle=$(cd "${1:-.gpu}" && pwd)
 out=${2:-${OUT:-gpu-out}}
@@ -77,7 +81,11 @@ for program in test-cuda petra-train bench-cuda bench-pipeline; do
   ldd "$bin/$program" | grep 'not found' && echo "MISSING LIBRARIES of $program (above)"
 done
 
-step "test-cuda" 60 "$bin/test-cuda" --duration=true
+# ---- the groups of checks (ONLY="tests training ..." runs some, in that order) -----------------
+
+group_tests() {
+  step "test-cuda" 60 "$bin/test-cuda" --duration=true
+}
 
 # Training on the GPU: RevNet18 (width 64, the paper's) on synthetic 3x32x32 images (CIFAR's shape),
 # batch 128, one epoch of 38400 images = 300 steps (PETRA adds the 18 steps that drain its pipeline),
@@ -92,12 +100,29 @@ train() {
   [ -f "$out/train-$name.log" ] && tr '\r' '\n' < "$out/train-$name.log" | grep -E "^training on|^placement|^epoch |peak memory|^final|^petra-train: " |
     tail -n 8
 }
-train backprop --method backprop --devices cuda:0
-train revbackprop --method revbackprop --devices cuda:0
-# The same run on cuDNN's convolution and batch norm: petra's kernels' images/s against cuDNN's.
-train revbackprop-cudnn --method revbackprop --devices cuda:0 --conv-impl cudnn
-if [ -s "$out/train-revbackprop.jsonl" ] && [ -s "$out/train-revbackprop-cudnn.jsonl" ]; then
-  python3 - "$out/train-revbackprop.jsonl" "$out/train-revbackprop-cudnn.jsonl" <<'PY'
+
+# The first lines of two runs' JSON logs: the same numbers, bit for bit?
+same_numbers() {
+  local label=$1 one=$2 two=$3
+  [ -s "$one" ] && [ -s "$two" ] || return 0
+  python3 - "$label" "$one" "$two" <<'PY'
+import json, sys
+label = sys.argv[1]
+one, two = (json.loads(open(p).readline()) for p in sys.argv[2:4])
+keys = ("train_loss", "test_loss", "test_accuracy")
+same = all(one[k] == two[k] for k in keys)
+print(f"== {label}: " + ", ".join(f"{k} {one[k]!r} vs {two[k]!r}" for k in keys)
+      + (": BIT-IDENTICAL" if same else ": DIFFERENT (they must agree bit for bit)"))
+PY
+}
+
+group_training() {
+  train backprop --method backprop --devices cuda:0
+  train revbackprop --method revbackprop --devices cuda:0
+  # The same run on cuDNN's convolution and batch norm: petra's kernels' images/s against cuDNN's.
+  train revbackprop-cudnn --method revbackprop --devices cuda:0 --conv-impl cudnn
+  if [ -s "$out/train-revbackprop.jsonl" ] && [ -s "$out/train-revbackprop-cudnn.jsonl" ]; then
+    python3 - "$out/train-revbackprop.jsonl" "$out/train-revbackprop-cudnn.jsonl" <<'PY'
 import json, sys
 petra, cudnn = (json.loads(open(p).readline()) for p in sys.argv[1:3])
 for key in ("train_loss", "test_loss", "test_accuracy"):
@@ -106,61 +131,74 @@ for key in ("train_loss", "test_loss", "test_accuracy"):
 print(f"== conv-impl petra vs cudnn: images/s {petra['images_per_second']:.0f} vs {cudnn['images_per_second']:.0f} "
       f"(petra at {petra['images_per_second'] / cudnn['images_per_second']:.2f}x cuDNN's; target >= 0.8x)")
 PY
-fi
-train petra --method petra --devices cuda:0
-# PETRA's stages on two streams of the one GPU (two workers, the concurrent executor): the same
-# numbers as the sequential executor's on the same GPU, bit for bit.
-train petra-2-streams --method petra --devices cuda:0,cuda:0
-if [ -s "$out/train-petra.jsonl" ] && [ -s "$out/train-petra-2-streams.jsonl" ]; then
-  python3 - "$out/train-petra.jsonl" "$out/train-petra-2-streams.jsonl" <<'PY'
-import json, sys
-one, two = (json.loads(open(p).readline()) for p in sys.argv[1:3])
-keys = ("train_loss", "test_loss", "test_accuracy")
-same = all(one[k] == two[k] for k in keys)
-print("== PETRA, 1 stream vs 2 streams: " + ", ".join(f"{k} {one[k]!r} vs {two[k]!r}" for k in keys)
-      + (": BIT-IDENTICAL" if same else ": DIFFERENT (the executors must agree bit for bit)"))
-PY
-fi
+  fi
+  train petra --method petra --devices cuda:0
+  # PETRA's stages on two streams of the one GPU (two workers, the concurrent executor): the same
+  # numbers as the sequential executor's on the same GPU, bit for bit, and from run to run.
+  train petra-2-streams --method petra --devices cuda:0,cuda:0
+  same_numbers "PETRA, 1 stream vs 2 streams" "$out/train-petra.jsonl" "$out/train-petra-2-streams.jsonl"
+  train petra-2-streams-again --method petra --devices cuda:0,cuda:0
+  same_numbers "PETRA on 2 streams, run to run" "$out/train-petra-2-streams.jsonl" "$out/train-petra-2-streams-again.jsonl"
+}
 
 # The PyTorch peer of the runs above (eager, cuDNN, FP32 then TF32), where python3 has CUDA PyTorch.
-if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
-  step "PyTorch peer (benchmarks/pytorch_gpu.py)" 60 python3 "$bundle/benchmarks/pytorch_gpu.py" \
-    --json "$out/pytorch-gpu.json"
-else
-  echo "== PyTorch peer: SKIPPED (python3 has no PyTorch with CUDA here)"
-fi
+group_pytorch() {
+  if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
+    step "PyTorch peer (benchmarks/pytorch_gpu.py)" 60 python3 "$bundle/benchmarks/pytorch_gpu.py" \
+      --json "$out/pytorch-gpu.json"
+  else
+    echo "== PyTorch peer: SKIPPED (python3 has no PyTorch with CUDA here)"
+  fi
+}
 
 # 11 layer shapes x 4 passes x 2 implementations x (3 + 10) launches, plus the batch-norm table.
-step "bench-cuda" 60 "$bin/bench-cuda" --json "$out/bench-cuda.json"
+group_bench() {
+  step "bench-cuda" 60 "$bin/bench-cuda" --json "$out/bench-cuda.json"
+}
 
 # The README's main job on the GPU: petra-train's defaults (RevNet18 width 16, Fashion-MNIST,
 # 4 epochs, PETRA) on cuda:0, from the copy of the dataset in the bundle.
-if [ -d "$bundle/fashion-mnist" ]; then
+group_fashion() {
+  [ -d "$bundle/fashion-mnist" ] || { echo "== Fashion-MNIST: SKIPPED (not in the bundle)"; return 0; }
   STEP_LOG="$out/train-fashion-mnist.log" step "petra-train defaults on cuda:0 (Fashion-MNIST)" 90 \
     "$bin/petra-train" --devices cuda:0 --data-dir "$bundle/fashion-mnist" --threads 8 \
     --log-json "$out/train-fashion-mnist.jsonl"
   [ -f "$out/train-fashion-mnist.log" ] && tr '\r' '\n' < "$out/train-fashion-mnist.log" |
     grep -E "^training on|^epoch |^final|^petra-train: " | tail -n 8
-fi
+}
 
-# --report-api-errors no: the suite asks for an impossible allocation on purpose (to check that it
-# becomes OutOfMemoryError), which memcheck would otherwise count as an error.
-for dir in /usr/local/cuda/bin /usr/local/cuda-13*/bin; do
-  command -v compute-sanitizer > /dev/null || { [ -x "$dir/compute-sanitizer" ] && export PATH="$PATH:$dir"; }
-done
-if command -v compute-sanitizer > /dev/null; then
-  step "test-cuda under compute-sanitizer memcheck (exit 9: errors found)" 60 \
-    compute-sanitizer --tool memcheck --leak-check full --report-api-errors no --error-exitcode 9 "$bin/test-cuda"
-else
-  echo "== compute-sanitizer is not on the PATH: memcheck skipped"
-fi
+# compute-sanitizer on the cuda suite: memcheck on all of it, racecheck (shared-memory races) and
+# synccheck (barriers) on the backend-ops case, which runs every op's kernels, the shared-memory
+# ones (convolution tiles, reductions, batch norm's trees) included. Exit 9: errors found. No leak
+# check: the caching allocator keeps its blocks (and cuBLAS its handles) until the process ends, by
+# design, which --leak-check full reports as 117 leaks (2026-12-04). --report-api-errors no: the
+# suite asks for an impossible allocation on purpose (to check that it becomes OutOfMemoryError).
+group_sanitize() {
+  for dir in /usr/local/cuda/bin /usr/local/cuda-13*/bin; do
+    command -v compute-sanitizer > /dev/null || { [ -x "$dir/compute-sanitizer" ] && export PATH="$PATH:$dir"; }
+  done
+  if ! command -v compute-sanitizer > /dev/null; then
+    echo "== compute-sanitizer is not on the PATH: skipped"
+    return 0
+  fi
+  local sanitizer=(compute-sanitizer --report-api-errors no --error-exitcode 9)
+  step "test-cuda under compute-sanitizer memcheck" 60 "${sanitizer[@]}" --tool memcheck "$bin/test-cuda"
+  step "backend ops under compute-sanitizer racecheck" 60 "${sanitizer[@]}" --tool racecheck \
+    "$bin/test-cuda" --test-case='backend ops*'
+  step "backend ops under compute-sanitizer synccheck" 45 "${sanitizer[@]}" --tool synccheck \
+    "$bin/test-cuda" --test-case='backend ops*'
+}
 
 # --mpi on the GPU (docs/distributed.md, "GPUs and NCCL"). NCCL refuses two ranks of a communicator
 # on one GPU, so one GPU allows NCCL with one process only: test-mpi's NCCL case (communicators
 # bootstrapped through MPI, an all-reduce) and petra-train --transport nccl on 1 process; then 2
 # processes on the one GPU with --transport mpi (payloads through host copies), and --transport
 # nccl on 2 processes, which must exit 6 naming the shared GPU. Needs Open MPI's mpirun there.
-if command -v mpirun > /dev/null && [ -x "$bin/test-mpi" ]; then
+group_mpi() {
+  if ! command -v mpirun > /dev/null || [ ! -x "$bin/test-mpi" ]; then
+    echo "== --mpi on the GPU: SKIPPED (no mpirun on this machine, or no test-mpi in the bundle)"
+    return 0
+  fi
   mpi=(mpirun --allow-run-as-root --oversubscribe)
   step "test-mpi on 1 process (its NCCL case on cuda:0)" 40 "${mpi[@]}" -np 1 "$bin/test-mpi"
   small=(--method petra --dataset synthetic --synthetic-size 2560 --model revnet18 --width 16 --batch-size 128
@@ -176,15 +214,22 @@ if command -v mpirun > /dev/null && [ -x "$bin/test-mpi" ]; then
   mpi_train mpi-1-nccl 1 --mpi --devices cuda:0 --transport nccl
   mpi_train mpi-2-host-copies 2 --mpi --devices cuda:0 --transport mpi
   mpi_train mpi-2-nccl-shared-gpu 2 --mpi --devices cuda:0 --transport nccl  # expected: exit 6
-else
-  echo "== --mpi on the GPU: SKIPPED (no mpirun on this machine, or no test-mpi in the bundle)"
-fi
+}
 
-if [ "${BENCH_PIPELINE:-0}" = 1 ]; then
+# PETRA's pipeline on the GPU machine's idle CPUs (measured on 2026-11-30; not in the default list).
+group_pipeline() {
   step "bench-pipeline (CPU: 2 workers x 1 thread on an otherwise idle host)" 40 \
     env OMP_WAIT_POLICY=passive "$bin/bench-pipeline" --json "$out/bench-pipeline.json"
-else
-  echo "== bench-pipeline: not run (BENCH_PIPELINE=1 runs it)"
-fi
+}
+
+groups=${ONLY:-tests training bench sanitize pytorch fashion mpi}
+echo "== groups: $groups"
+for group in $groups; do
+  if declare -F "group_$group" > /dev/null; then
+    "group_$group"
+  else
+    echo "== unknown group '$group' (tests training bench sanitize pytorch fashion mpi pipeline)"
+  fi
+done
 
 echo "== done in ${SECONDS} s (budget ${budget} s)"
