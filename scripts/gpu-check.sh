@@ -10,6 +10,7 @@
 #             stream and from run to run;
 #   bench     the kernels against cuDNN and the copy bandwidth (bench-cuda: ResNet-18 CIFAR
 #             convolutions at batch 128, FP32 and TF32, and batch norm);
+#   profile   Nsight Compute's kernel times over a few revbackprop steps, summed per kernel;
 #   sanitize  compute-sanitizer: memcheck on the cuda suite, racecheck and synccheck on its
 #             backend-ops case (every op's kernels);
 #   pytorch   the PyTorch peer of the training runs (benchmarks/pytorch_gpu.py, eager on cuDNN,
@@ -167,6 +168,51 @@ group_fashion() {
     grep -E "^training on|^epoch |^final|^petra-train: " | tail -n 8
 }
 
+# Nsight Compute's kernel times over a few steps of revbackprop (RevNet18 width 64, batch 128, petra's
+# kernels), summed per kernel name: where a training step's device time goes. Launches are replayed
+# one at a time (--clock-control none: the card's clocks as found), so only the durations count.
+group_profile() {
+  local ncu
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2> /dev/null | head -n 1)
+  if [ -z "$ncu" ]; then
+    echo "== ncu not found: profile skipped"
+    return 0
+  fi
+  STEP_LOG="$out/ncu-revbackprop.csv" step "ncu: kernel times of revbackprop steps" 90 "$ncu" --clock-control none \
+    --metrics gpu__time_duration.sum --launch-skip 2000 --launch-count 1200 --csv --print-summary per-kernel \
+    "$bin/petra-train" --dataset synthetic --synthetic-size 2560 --model revnet18 --width 64 --batch-size 128 \
+    --epochs 1 --no-augment --threads 8 --method revbackprop --devices cuda:0
+  [ -s "$out/ncu-revbackprop.csv" ] && python3 - "$out/ncu-revbackprop.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(l for l in open(sys.argv[1], errors="replace") if l.startswith('"'))]
+if not rows:
+    sys.exit("== ncu: no CSV in its output")
+head, body = rows[0], rows[1:]
+def col(*names):
+    for n in names:
+        if n in head:
+            return head.index(n)
+    return None
+name, calls, avg, unit = col("Kernel Name", "Function Name"), col("Invocations"), col("Average"), col("Metric Unit")
+if None in (name, calls, avg):
+    sys.exit(f"== ncu: unexpected columns {head}")
+scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}
+totals = {}
+for r in body:
+    try:
+        ms = float(r[avg].replace(",", "")) * scale.get(r[unit] if unit is not None else "nsecond", 1e-6) * int(r[calls])
+    except (ValueError, IndexError):
+        continue
+    key = r[name].split("(")[0][:90]
+    totals[key] = totals.get(key, (0.0, 0))
+    totals[key] = (totals[key][0] + ms, totals[key][1] + int(r[calls]))
+whole = sum(t for t, _ in totals.values())
+print(f"== ncu: {sum(c for _, c in totals.values())} launches, {whole:.1f} ms of kernels; the largest:")
+for key, (t, c) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:18]:
+    print(f"   {t:8.2f} ms {100 * t / whole:5.1f}%  {c:5d} x  {key}")
+PY
+}
+
 # compute-sanitizer on the cuda suite: memcheck on all of it, racecheck (shared-memory races) and
 # synccheck (barriers) on the backend-ops case, which runs every op's kernels, the shared-memory
 # ones (convolution tiles, reductions, batch norm's trees) included. Exit 9: errors found. No leak
@@ -222,13 +268,13 @@ group_pipeline() {
     env OMP_WAIT_POLICY=passive "$bin/bench-pipeline" --json "$out/bench-pipeline.json"
 }
 
-groups=${ONLY:-tests training bench sanitize pytorch fashion mpi}
+groups=${ONLY:-tests training bench profile sanitize pytorch fashion mpi}
 echo "== groups: $groups"
 for group in $groups; do
   if declare -F "group_$group" > /dev/null; then
     "group_$group"
   else
-    echo "== unknown group '$group' (tests training bench sanitize pytorch fashion mpi pipeline)"
+    echo "== unknown group '$group' (tests training bench profile sanitize pytorch fashion mpi pipeline)"
   fi
 done
 
