@@ -9,9 +9,9 @@
 //      host: a relative error above 1e-6 is reported as WRONG instead of its speed (exit code 1).
 //   2. The convolution (kernels::cuda, petra's implicit GEMM) against cuDNN (kernels::cudnn, the
 //      algorithm petra's glue picks: deterministic, by cuDNN's heuristics) on the ResNet-18 CIFAR
-//      layer shapes at batch --conv-batch (128 by default): forward in FP32 and TF32
-//      (set_conv2d_math), backward data and backward weight in FP32 (petra has no TF32 backward, and
-//      its cuDNN path mirrors that). TFLOP/s of each and petra's throughput as a share of cuDNN's.
+//      layer shapes at batch --conv-batch (128 by default): forward, backward data and backward
+//      weight, each in FP32 and in TF32 (set_conv2d_math; cuDNN follows the same setting). TFLOP/s
+//      of each and petra's throughput as a share of cuDNN's.
 //      Before timing, petra's output is compared with cuDNN's (relative error above 1e-4 in FP32,
 //      1e-2 in TF32: WRONG, exit code 1).
 //   3. Batch norm (training forward, evaluation, backward), petra's and cuDNN's, on two ResNet-18
@@ -233,17 +233,25 @@ nlohmann::json bench_conv2d(std::int64_t batch, int repeats, const k::StreamHand
     const ConvLaunch cudnn_forward = [&](const k::StreamHandle& h) {
       k::cudnn::conv2d_forward(h, c, x.get(), w.get(), bias.get(), y.get());
     };
+    const ConvLaunch petra_data = [&](const k::StreamHandle& h) {
+      k::cuda::conv2d_backward_data(h, c, dy.get(), w.get(), dx.get());
+    };
+    const ConvLaunch cudnn_data = [&](const k::StreamHandle& h) {
+      k::cudnn::conv2d_backward_data(h, c, dy.get(), w.get(), dx.get());
+    };
+    const ConvLaunch petra_weight = [&](const k::StreamHandle& h) {
+      k::cuda::conv2d_backward_weight(h, c, x.get(), dy.get(), dw.get());
+    };
+    const ConvLaunch cudnn_weight = [&](const k::StreamHandle& h) {
+      k::cudnn::conv2d_backward_weight(h, c, x.get(), dy.get(), dw.get());
+    };
     const ConvRow table[] = {
         {"forward", "fp32", k::cuda::Conv2dMath::fp32, petra_forward, cudnn_forward, &y, ny},
         {"forward", "tf32", k::cuda::Conv2dMath::tf32, petra_forward, cudnn_forward, &y, ny},
-        {"data", "fp32", k::cuda::Conv2dMath::fp32,
-         [&](const k::StreamHandle& h) { k::cuda::conv2d_backward_data(h, c, dy.get(), w.get(), dx.get()); },
-         [&](const k::StreamHandle& h) { k::cudnn::conv2d_backward_data(h, c, dy.get(), w.get(), dx.get()); }, &dx,
-         nx},
-        {"weight", "fp32", k::cuda::Conv2dMath::fp32,
-         [&](const k::StreamHandle& h) { k::cuda::conv2d_backward_weight(h, c, x.get(), dy.get(), dw.get()); },
-         [&](const k::StreamHandle& h) { k::cudnn::conv2d_backward_weight(h, c, x.get(), dy.get(), dw.get()); }, &dw,
-         nw},
+        {"data", "fp32", k::cuda::Conv2dMath::fp32, petra_data, cudnn_data, &dx, nx},
+        {"data", "tf32", k::cuda::Conv2dMath::tf32, petra_data, cudnn_data, &dx, nx},
+        {"weight", "fp32", k::cuda::Conv2dMath::fp32, petra_weight, cudnn_weight, &dw, nw},
+        {"weight", "tf32", k::cuda::Conv2dMath::tf32, petra_weight, cudnn_weight, &dw, nw},
     };
     for (const ConvRow& row : table) rows.push_back(time_conv_row(layer, row, s, repeats, wrong));
   }

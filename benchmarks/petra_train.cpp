@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -283,8 +284,9 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
               settings.at("method").c_str(), trainer.config().threads > 0 ? trainer.config().threads
                                                                           : petra::default_cpu_threads());
   if (trainer.device().is_cuda())
-    std::printf("training on %s: %s; convolutions and batch norms: %s\n", trainer.device().str().c_str(),
-                petra::cuda_backend::describe().c_str(), petra::name_of(petra::conv_impl()));
+    std::printf("training on %s: %s; convolutions and batch norms: %s, %s\n", trainer.device().str().c_str(),
+                petra::cuda_backend::describe().c_str(), petra::name_of(petra::conv_impl()),
+                petra::name_of(petra::conv_math()));
   if (!eval_only) {
     std::printf("stages (--stages %s): %s\n", config.stages.empty() ? "blocks" : config.stages.c_str(),
                 layout_text(trainer.config().stage_sizes, trainer.block_profiles()).c_str());
@@ -392,6 +394,8 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
   }
   if (!log_json.empty()) {
     nlohmann::json summary = {{"configuration", settings},
+                              {"conv_impl", petra::name_of(petra::conv_impl())},
+                              {"conv_math", petra::name_of(petra::conv_math())},
                               {"final_test_accuracy", final_accuracy},
                               {"epochs_run", reports.size()},
                               {"total_seconds", total},
@@ -423,6 +427,18 @@ void use_conv_impl(petra::ConvImpl impl, const std::vector<petra::Device>& devic
                 listed.empty() ? std::string("not given (the CPU)") : listed, ": give --devices cuda:N");
   }
   petra::set_conv_impl(impl);
+}
+
+// --conv-math tf32: the tensor cores' arithmetic, on CUDA devices only (the CPU kernels are FP32: a
+// run that silently kept FP32 would mislabel its numbers).
+void use_conv_math(petra::ConvMath math, const std::vector<petra::Device>& devices) {
+  if (math == petra::ConvMath::tf32) {
+    const bool all_cuda =
+        !devices.empty() && std::all_of(devices.begin(), devices.end(), [](const petra::Device& d) { return d.is_cuda(); });
+    PETRA_CHECK(all_cuda, petra::ValueError, "--conv-math tf32 runs on CUDA devices only (the CPU kernels are FP32): ",
+                "give --devices cuda:N");
+  }
+  petra::set_conv_math(math);
 }
 
 }  // namespace
@@ -481,6 +497,11 @@ int main(int argc, char** argv) {
                  "convolutions and batch norms on GPUs: petra (its own CUDA kernels) or cudnn (cuDNN's; needs a "
                  "build with cuDNN and CUDA --devices)")
       ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"petra", "cudnn"}));
+  std::string conv_math_text = "fp32";
+  app.add_option("--conv-math", conv_math_text,
+                 "convolutions' arithmetic on GPUs, petra's kernels and cuDNN's alike: fp32 (FP32 multiply-adds) or "
+                 "tf32 (the tensor cores, TF32 inputs, FP32 sums; PyTorch's default for convolutions)")
+      ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"fp32", "tf32"}));
   app.add_flag("--mpi", c.mpi,
                "spread the stages over the processes of mpirun (contiguous groups; the first process reports): "
                "mpirun --allow-run-as-root --oversubscribe -np 2 build/petra-train --mpi --method petra (GPUs: add "
@@ -595,6 +616,7 @@ int main(int argc, char** argv) {
     if (!devices_text.empty())
       for (const auto& d : split_list(devices_text)) c.devices.push_back(petra::Device::parse(d));
     use_conv_impl(petra::parse_conv_impl(conv_impl_text), c.devices);
+    use_conv_math(petra::parse_conv_math(conv_math_text), c.devices);
     c.stages = stages_text;
     std::vector<petra::pipeline::BlockProfile> blocks;  // what the layout printed below is made of
     if (print_schedule > 0 || print_model) {  // no data is loaded: the dataset's usual shape

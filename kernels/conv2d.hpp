@@ -133,12 +133,14 @@ void conv2d_backward_weight(const StreamHandle& s, const Conv2dShape& shape, con
 void conv2d_backward_bias(const StreamHandle& s, const Conv2dShape& shape, const float* dy,
                           float* db);
 
-// The arithmetic of cuda::conv2d_forward, for the whole process (as PyTorch's allow_tf32):
+// The arithmetic of the cuda:: convolution's three passes (forward, backward data, backward
+// weight), for the whole process (as PyTorch's allow_tf32):
 //   fp32 (the default): FP32 multiply-adds, the results above;
 //   tf32: the same tiles multiplied on the tensor cores (WMMA m16n16k8, inputs rounded to TF32's
 //         10-bit mantissa, FP32 accumulation): relative error about 2^-11 per product instead of
 //         2^-24, still deterministic. sm_80 and newer; below, an FP32 emulation of the same math.
-// The backward kernels always use fp32. Set it before launching work; kernels read it at launch.
+// cuDNN's convolutions (--conv-impl cudnn) follow it too. Set it before launching work; kernels
+// read it at launch. petra-train: --conv-math.
 enum class Conv2dMath { fp32, tf32 };
 void set_conv2d_math(Conv2dMath math);
 Conv2dMath conv2d_math();

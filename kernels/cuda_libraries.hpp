@@ -56,9 +56,9 @@ void linear_backward_weight(const StreamHandle& s, const LinearShape& shape, con
 #if PETRA_HAVE_CUDA && PETRA_HAVE_CUDNN
 // kernels/cuda/cudnn_conv2d.cpp and cudnn_batchnorm.cpp. The convolution's workspace comes from
 // s.workspace (petra's allocator, tag "workspace", on the op's stream) when the stream has one; with
-// none, only algorithms that need no workspace are considered. conv2d_forward follows
-// cuda::conv2d_math() as petra's kernel does (TF32 on the tensor cores when tf32, else FP32
-// multiply-adds only: CUDNN_FMA_MATH); the backward passes are always FP32, as petra's.
+// none, only algorithms that need no workspace are considered. The three passes follow
+// cuda::conv2d_math() as petra's kernels do (TF32 on the tensor cores when tf32, else FP32
+// multiply-adds only: CUDNN_FMA_MATH).
 // The bias gradient stays cuda::conv2d_backward_bias (petra's deterministic column sum).
 namespace cudnn {
 

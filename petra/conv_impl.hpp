@@ -1,5 +1,5 @@
-// petra/conv_impl.hpp: which implementation runs convolutions and batch norms on GPUs, for the
-// whole process (as kernels::cuda::set_conv2d_math chooses their arithmetic).
+// petra/conv_impl.hpp: which implementation runs convolutions and batch norms on GPUs, and with
+// which arithmetic (FP32 or TF32), for the whole process.
 //
 //   ConvImpl::petra (the default): petra's own CUDA kernels (kernels/cuda/conv2d.cu, batchnorm.cu);
 //   ConvImpl::cudnn: cuDNN's (kernels/cuda_libraries.hpp), a fallback and the benchmarks' anchor.
@@ -25,5 +25,15 @@ bool cudnn_compiled();
 // "petra" or "cudnn"; anything else is a ValueError naming `flag` and the choices.
 ConvImpl parse_conv_impl(std::string_view text, std::string_view flag = "--conv-impl");
 const char* name_of(ConvImpl impl);
+
+// The arithmetic of convolutions on GPUs, for the whole process (kernels::cuda::set_conv2d_math;
+// petra-train's --conv-math): fp32 (the default: FP32 multiply-adds) or tf32 (the tensor cores,
+// inputs rounded to TF32, FP32 accumulation; as PyTorch's allow_tf32), for the three passes of
+// petra's kernels and of cuDNN's. CPU tensors ignore it. A build without CUDA accepts fp32 only.
+enum class ConvMath { fp32, tf32 };
+void set_conv_math(ConvMath math);  // DeviceError for tf32 without CUDA
+ConvMath conv_math();
+ConvMath parse_conv_math(std::string_view text, std::string_view flag = "--conv-math");
+const char* name_of(ConvMath math);
 
 }  // namespace petra

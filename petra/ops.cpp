@@ -197,6 +197,30 @@ ConvImpl parse_conv_impl(std::string_view text, std::string_view flag) {
   throw ValueError(detail::concat(flag, " ", std::string(text), ": expected petra or cudnn"));
 }
 
+void set_conv_math(ConvMath math) {
+#if PETRA_HAVE_CUDA
+  kernels::cuda::set_conv2d_math(math == ConvMath::tf32 ? kernels::cuda::Conv2dMath::tf32 : kernels::cuda::Conv2dMath::fp32);
+#else
+  PETRA_CHECK(math == ConvMath::fp32, DeviceError, "set_conv_math(tf32): this petra was built without CUDA");
+#endif
+}
+
+ConvMath conv_math() {
+#if PETRA_HAVE_CUDA
+  return kernels::cuda::conv2d_math() == kernels::cuda::Conv2dMath::tf32 ? ConvMath::tf32 : ConvMath::fp32;
+#else
+  return ConvMath::fp32;
+#endif
+}
+
+ConvMath parse_conv_math(std::string_view text, std::string_view flag) {
+  if (text == "fp32") return ConvMath::fp32;
+  if (text == "tf32") return ConvMath::tf32;
+  throw ValueError(detail::concat(flag, " ", std::string(text), ": expected fp32 or tf32"));
+}
+
+const char* name_of(ConvMath math) { return math == ConvMath::tf32 ? "tf32" : "fp32"; }
+
 }  // namespace petra
 
 namespace petra::ops {

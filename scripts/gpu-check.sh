@@ -5,9 +5,9 @@
 #   tests     the cuda test suite (every op's kernels against ref::, cuBLAS, cuDNN);
 #   training  petra-train on the GPU: RevNet18 width 64 on synthetic CIFAR-shaped data, batch 128,
 #             300 steps, with backprop, revbackprop, revbackprop on cuDNN's convolution and batch
-#             norm (--conv-impl cudnn: the anchor of petra's kernels), PETRA, and PETRA on two
-#             streams of the one GPU (the concurrent executor), twice: bit-identical to PETRA on one
-#             stream and from run to run;
+#             norm (--conv-impl cudnn: the anchor of petra's kernels), the same three in TF32
+#             (--conv-math tf32), PETRA, and PETRA on two streams of the one GPU (the concurrent
+#             executor), twice: bit-identical to PETRA on one stream and from run to run;
 #   bench     the kernels against cuDNN and the copy bandwidth (bench-cuda: ResNet-18 CIFAR
 #             convolutions at batch 128, FP32 and TF32, and batch norm);
 #   profile   Nsight Compute's kernel times over a few revbackprop steps, summed per kernel;
@@ -117,22 +117,34 @@ print(f"== {label}: " + ", ".join(f"{k} {one[k]!r} vs {two[k]!r}" for k in keys)
 PY
 }
 
+# petra's kernels against cuDNN's in two runs' JSON logs: the numbers, and images/s.
+petra_vs_cudnn() {
+  local label=$1 petra=$2 cudnn=$3
+  [ -s "$petra" ] && [ -s "$cudnn" ] || return 0
+  python3 - "$label" "$petra" "$cudnn" <<'PY'
+import json, sys
+label = sys.argv[1]
+petra, cudnn = (json.loads(open(p).readline()) for p in sys.argv[2:4])
+for key in ("train_loss", "test_loss", "test_accuracy"):
+    print(f"== {label}: {key} {petra[key]:.5f} vs {cudnn[key]:.5f} "
+          f"(relative difference {abs(petra[key] - cudnn[key]) / max(abs(cudnn[key]), 1e-30):.1e})")
+print(f"== {label}: images/s {petra['images_per_second']:.0f} vs {cudnn['images_per_second']:.0f} "
+      f"(petra at {petra['images_per_second'] / cudnn['images_per_second']:.2f}x cuDNN's; target >= 0.8x)")
+PY
+}
+
 group_training() {
   train backprop --method backprop --devices cuda:0
   train revbackprop --method revbackprop --devices cuda:0
   # The same run on cuDNN's convolution and batch norm: petra's kernels' images/s against cuDNN's.
   train revbackprop-cudnn --method revbackprop --devices cuda:0 --conv-impl cudnn
-  if [ -s "$out/train-revbackprop.jsonl" ] && [ -s "$out/train-revbackprop-cudnn.jsonl" ]; then
-    python3 - "$out/train-revbackprop.jsonl" "$out/train-revbackprop-cudnn.jsonl" <<'PY'
-import json, sys
-petra, cudnn = (json.loads(open(p).readline()) for p in sys.argv[1:3])
-for key in ("train_loss", "test_loss", "test_accuracy"):
-    print(f"== conv-impl petra vs cudnn: {key} {petra[key]:.5f} vs {cudnn[key]:.5f} "
-          f"(relative difference {abs(petra[key] - cudnn[key]) / max(abs(cudnn[key]), 1e-30):.1e})")
-print(f"== conv-impl petra vs cudnn: images/s {petra['images_per_second']:.0f} vs {cudnn['images_per_second']:.0f} "
-      f"(petra at {petra['images_per_second'] / cudnn['images_per_second']:.2f}x cuDNN's; target >= 0.8x)")
-PY
-  fi
+  petra_vs_cudnn "conv-impl petra vs cudnn (FP32)" "$out/train-revbackprop.jsonl" "$out/train-revbackprop-cudnn.jsonl"
+  # TF32 on the tensor cores (PyTorch's default for convolutions), petra's kernels and cuDNN's.
+  train backprop-tf32 --method backprop --devices cuda:0 --conv-math tf32
+  train revbackprop-tf32 --method revbackprop --devices cuda:0 --conv-math tf32
+  train revbackprop-cudnn-tf32 --method revbackprop --devices cuda:0 --conv-impl cudnn --conv-math tf32
+  petra_vs_cudnn "conv-impl petra vs cudnn (TF32)" "$out/train-revbackprop-tf32.jsonl" \
+    "$out/train-revbackprop-cudnn-tf32.jsonl"
   train petra --method petra --devices cuda:0
   # PETRA's stages on two streams of the one GPU (two workers, the concurrent executor): the same
   # numbers as the sequential executor's on the same GPU, bit for bit, and from run to run.

@@ -50,7 +50,7 @@
 // then sum_weight_partials adds, for each dw element, dw and its S partials in slice order in
 // double and rounds once. With S = 1 the tile adds into dw directly.
 //
-// The TF32 path (forward only, when set_conv2d_math(Conv2dMath::tf32)): implicit_gemm_tf32, the
+// The TF32 path (all three passes, when set_conv2d_math(Conv2dMath::tf32)): implicit_gemm_tf32, the
 // same gather into the same shared tiles, but each of the 8 warps multiplies its 16 x 32 piece of
 // the tile on the tensor cores (WMMA m16n16k8, precision::tf32: inputs rounded to a 10-bit
 // mantissa, FP32 accumulation), and the finished tile goes through shared memory to the same
@@ -490,7 +490,7 @@ struct WarpTileTf32 {
 // implicit_gemm with the multiply on the tensor cores: the same gather into the same shared
 // tiles; each warp accumulates its 16 x 32 piece in WMMA fragments; at the end the block's C tile
 // goes through shared memory (the fragments' layout is opaque) to the same per-thread stores.
-// Deterministic too: a fixed sequence of mma_sync per warp. Used for the forward only.
+// Deterministic too: a fixed sequence of mma_sync per warp. The three passes use it under TF32.
 template <class Problem>
 __global__ void __launch_bounds__(kThreads) implicit_gemm_tf32(Problem whole) {
   __shared__ __align__(32) float a_tile[kTileK][tiling::kTileLd];
@@ -562,23 +562,33 @@ __global__ void __launch_bounds__(cuda_detail::kBlockThreads)
   }
 }
 
-// The math of conv2d_forward (set_conv2d_math): process-wide, FP32 unless asked.
-std::atomic<int> forward_math{int(Conv2dMath::fp32)};
+// The math of the three passes (set_conv2d_math): process-wide, FP32 unless asked.
+std::atomic<int> conv_math{int(Conv2dMath::fp32)};
+
+// The pass's kernel under the current math: the FP32 or the tensor-core one, and its launch name.
+template <class Problem>
+struct KernelChoice {
+  void (*kernel)(Problem);
+  const char* name;
+};
+template <class Problem>
+KernelChoice<Problem> choose_kernel(const char* fp32_name, const char* tf32_name) {
+  if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32) return {implicit_gemm_tf32<Problem>, tf32_name};
+  return {implicit_gemm<Problem>, fp32_name};
+}
 
 }  // namespace
 
-void set_conv2d_math(Conv2dMath math) { forward_math.store(int(math)); }
-Conv2dMath conv2d_math() { return Conv2dMath(forward_math.load()); }
+void set_conv2d_math(Conv2dMath math) { conv_math.store(int(math)); }
+Conv2dMath conv2d_math() { return Conv2dMath(conv_math.load()); }
 
 void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float* x,
                     const float* w, const float* bias, float* y) {
   if (shape.output_size() <= 0) return;
   const ForwardProblem p{ConvGeometry::of(shape), x, w, bias, y};
   const std::int64_t columns = shape.batch * shape.out_h() * shape.out_w();
-  if (conv2d_math() == Conv2dMath::tf32)
-    launch_gemm("conv2d_forward_tf32", s, implicit_gemm_tf32<ForwardProblem>, p, shape.out_channels, columns, 1);
-  else
-    launch_gemm("conv2d_forward", s, implicit_gemm<ForwardProblem>, p, shape.out_channels, columns, 1);
+  const auto k = choose_kernel<ForwardProblem>("conv2d_forward", "conv2d_forward_tf32");
+  launch_gemm(k.name, s, k.kernel, p, shape.out_channels, columns, 1);
 }
 
 void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const float* dy,
@@ -588,8 +598,8 @@ void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const
   // One grid layer per stride class, each as wide as the widest class (ceil(in / stride) per axis).
   const std::int64_t widest = shape.batch * tiling::ceil_div(shape.in_h, shape.stride_h) *
                               tiling::ceil_div(shape.in_w, shape.stride_w);
-  launch_gemm("conv2d_backward_data", s, implicit_gemm<DataProblem>, p, shape.in_channels, widest,
-              shape.stride_h * shape.stride_w);
+  const auto k = choose_kernel<DataProblem>("conv2d_backward_data", "conv2d_backward_data_tf32");
+  launch_gemm(k.name, s, k.kernel, p, shape.in_channels, widest, shape.stride_h * shape.stride_w);
 }
 
 void conv2d_backward_weight_split(const StreamHandle& s, const Conv2dShape& shape, const float* x,
@@ -601,8 +611,9 @@ void conv2d_backward_weight_split(const StreamHandle& s, const Conv2dShape& shap
   float* partials =
       split.slices > 1 ? static_cast<float*>(s.scratch(std::size_t(split.slices * size) * sizeof(float))) : nullptr;
   const WeightProblem p{ConvGeometry::of(shape), x, dy, dw, partials, split};
-  launch_gemm("conv2d_backward_weight", s, implicit_gemm<WeightProblem>, p, shape.out_channels,
-              shape.in_channels * shape.kernel_h * shape.kernel_w, split.slices);
+  const auto k = choose_kernel<WeightProblem>("conv2d_backward_weight", "conv2d_backward_weight_tf32");
+  launch_gemm(k.name, s, k.kernel, p, shape.out_channels, shape.in_channels * shape.kernel_h * shape.kernel_w,
+              split.slices);
   if (partials != nullptr)
     cuda_detail::launch_grid_stride("conv2d_backward_weight_sum", s, size, sum_weight_partials, size,
                                     split.slices, partials, dw);

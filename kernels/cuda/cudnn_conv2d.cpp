@@ -18,9 +18,9 @@
 // The choice is cached per (device, shape, pass, math): the same shape gets the same algorithm for
 // the whole run, and in every run on the same GPU model with the same cuDNN.
 //
-// Math: the forward follows cuda::conv2d_math(): fp32 sets CUDNN_FMA_MATH (no tensor cores, no TF32
-// rounding), tf32 lets cuDNN use the tensor cores (the algorithm's math type as the heuristics rank
-// it, as PyTorch does). The backward passes always use CUDNN_FMA_MATH, as petra's kernels are FP32.
+// Math: every pass follows cuda::conv2d_math(), as petra's kernels do: fp32 sets CUDNN_FMA_MATH (no
+// tensor cores, no TF32 rounding), tf32 lets cuDNN use the tensor cores (the algorithm's math type
+// as the heuristics rank it, as PyTorch does).
 #include <cudnn.h>
 
 #include <array>
@@ -105,9 +105,9 @@ struct Descriptors {
         convolution(k, math, op) {}
 };
 
-// The math a pass asks for: only the forward follows the TF32 setting.
-cudnnMathType_t requested_math(Pass pass) {
-  return pass == kForward && cuda::conv2d_math() == cuda::Conv2dMath::tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+// The math a pass asks for: the process's setting (cuda::conv2d_math), the same for the three passes.
+cudnnMathType_t requested_math() {
+  return cuda::conv2d_math() == cuda::Conv2dMath::tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
 // One candidate of cuDNN's heuristics, whatever the pass.
@@ -215,7 +215,7 @@ Key key_of(const StreamHandle& s, const Conv2dShape& k, Pass pass, cudnnMathType
 Conv2dAlgorithm algorithm_for(const StreamHandle& s, cudnnHandle_t h, Descriptors& d, const Conv2dShape& k, Pass pass) {
   static std::mutex mutex;
   static std::map<Key, Conv2dAlgorithm> cache;
-  const cudnnMathType_t math = requested_math(pass);
+  const cudnnMathType_t math = requested_math();
   const std::size_t max_workspace = s.workspace != nullptr ? kMaxWorkspaceBytes : 0;
   const Key key = key_of(s, k, pass, math, max_workspace);
   {
@@ -240,7 +240,7 @@ Conv2dAlgorithm conv2d_algorithm(const StreamHandle& s, const Conv2dShape& shape
   PETRA_CHECK(pass >= 0 && pass <= 2, ValueError, "cudnn::conv2d_algorithm: pass ", pass, " is not 0, 1 or 2");
   cuda_detail::DeviceGuard guard(s.device_index);
   const Pass p = Pass(pass);
-  Descriptors d(shape, requested_math(p), pass_name(p));
+  Descriptors d(shape, requested_math(), pass_name(p));
   return algorithm_for(s, cudnn_detail::handle_for(s), d, shape, p);
 }
 
@@ -249,7 +249,7 @@ void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float
   if (shape.output_size() == 0) return;
   cuda_detail::DeviceGuard guard(s.device_index);
   const cudnnHandle_t h = cudnn_detail::handle_for(s);
-  Descriptors d(shape, requested_math(kForward), pass_name(kForward));
+  Descriptors d(shape, requested_math(), pass_name(kForward));
   const Conv2dAlgorithm a = algorithm_for(s, h, d, shape, kForward);
   const float one = 1.0f, zero = 0.0f;
   PETRA_CUDNN_CHECK(cudnnConvolutionForward(h, &one, d.input.get(), x, d.filter.get(), w, d.convolution.get(),
@@ -266,7 +266,7 @@ void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const
   if (shape.input_size() == 0) return;
   cuda_detail::DeviceGuard guard(s.device_index);
   const cudnnHandle_t h = cudnn_detail::handle_for(s);
-  Descriptors d(shape, requested_math(kData), pass_name(kData));
+  Descriptors d(shape, requested_math(), pass_name(kData));
   const Conv2dAlgorithm a = algorithm_for(s, h, d, shape, kData);
   const float one = 1.0f, zero = 0.0f;
   PETRA_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.filter.get(), w, d.output.get(), dy, d.convolution.get(),
@@ -280,7 +280,7 @@ void conv2d_backward_weight(const StreamHandle& s, const Conv2dShape& shape, con
   if (shape.output_size() == 0 || shape.weight_size() == 0) return;  // dw += 0
   cuda_detail::DeviceGuard guard(s.device_index);
   const cudnnHandle_t h = cudnn_detail::handle_for(s);
-  Descriptors d(shape, requested_math(kWeight), pass_name(kWeight));
+  Descriptors d(shape, requested_math(), pass_name(kWeight));
   const Conv2dAlgorithm a = algorithm_for(s, h, d, shape, kWeight);
   const float one = 1.0f;
   PETRA_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.input.get(), x, d.output.get(), dy, d.convolution.get(),

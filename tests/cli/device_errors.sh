@@ -44,6 +44,11 @@ expect_exit 2 "--conv-impl" --method backprop --conv-impl cudnn --devices cpu:0
 expect_exit 2 "--conv-impl" --method petra --conv-impl cudnn
 expect_exit 2 "--conv-impl" --method petra --conv-impl cudnn --devices cpu:0,cuda:0
 expect_exit 2 "--conv-impl" --method backprop --conv-impl tensorflow
+# --conv-math tf32 is the GPUs' (the CPU kernels are FP32), and only fp32 and tf32 exist.
+expect_exit 2 "--conv-math tf32 runs on CUDA devices only" --method backprop --conv-math tf32
+expect_exit 2 "--conv-math tf32 runs on CUDA devices only" --method petra --conv-math tf32 --devices cpu:0,cuda:0
+expect_exit 2 "--conv-math" --method backprop --conv-math bf16
+expect_exit 0 "^final" --method backprop --conv-math fp32
 # The default, and petra named explicitly, train on the CPU as ever.
 expect_exit 0 "^final" --method backprop --conv-impl petra
 # cuda:0 passes the flag's check; without a GPU the device check answers (exit 6), and in a build

@@ -207,7 +207,7 @@ struct ConvData {
 
 }  // namespace
 
-TEST_CASE("cuda: cuDNN conv2d forward, backward data and backward weight match ref" * doctest::skip(kNoGpu)) {
+TEST_CASE("cuda: cuDNN conv2d forward, backward data and backward weight match ref (and petra's, in TF32)" * doctest::skip(kNoGpu)) {
   namespace ref = petra::kernels::ref;
   namespace dnn = petra::kernels::cudnn;
   namespace cu = petra::kernels::cuda;
@@ -260,6 +260,16 @@ TEST_CASE("cuda: cuDNN conv2d forward, backward data and backward weight match r
       CHECK(outside_bound(got, expected, magnitude,
                           kTransformFactor + fp32_factor(k.out_channels * k.kernel_h * k.kernel_w)) == 0);
       CHECK(again.download(cs) == got);
+      // TF32: both implementations within the TF32 bound.
+      cu::set_conv2d_math(cu::Conv2dMath::tf32);
+      Buffer tf32_dx(std::vector<float>(nx, 7.0f), cs), petra_dx(std::vector<float>(nx, 7.0f), cs);
+      dnn::conv2d_backward_data(s, k, dy.get(), w.get(), tf32_dx.get());
+      cu::conv2d_backward_data(s, k, dy.get(), w.get(), petra_dx.get());
+      cu::set_conv2d_math(cu::Conv2dMath::fp32);
+      const std::int64_t terms = k.out_channels * k.kernel_h * k.kernel_w;
+      CHECK(outside_bound(tf32_dx.download(cs), expected, magnitude,
+                          kTransformFactor + kTf32Factor + fp32_factor(terms)) == 0);
+      CHECK(outside_bound(petra_dx.download(cs), expected, magnitude, kTf32Factor + fp32_factor(terms)) == 0);
     }
     {  // Backward weight: dw += onto non-zero values.
       std::vector<float> expected = d.dw0, magnitude = absolute(d.dw0);
@@ -272,6 +282,16 @@ TEST_CASE("cuda: cuDNN conv2d forward, backward data and backward weight match r
       CHECK(outside_bound(got, expected, magnitude,
                           kTransformFactor + fp32_factor(k.batch * k.out_h() * k.out_w() + 1)) == 0);
       CHECK(again.download(cs) == got);
+      // TF32: both implementations within the TF32 bound.
+      cu::set_conv2d_math(cu::Conv2dMath::tf32);
+      Buffer tf32_dw(d.dw0, cs), petra_dw(d.dw0, cs);
+      dnn::conv2d_backward_weight(s, k, x.get(), dy.get(), tf32_dw.get());
+      cu::conv2d_backward_weight(s, k, x.get(), dy.get(), petra_dw.get());
+      cu::set_conv2d_math(cu::Conv2dMath::fp32);
+      const std::int64_t terms = k.batch * k.out_h() * k.out_w() + 1;
+      CHECK(outside_bound(tf32_dw.download(cs), expected, magnitude,
+                          kTransformFactor + kTf32Factor + fp32_factor(terms)) == 0);
+      CHECK(outside_bound(petra_dw.download(cs), expected, magnitude, kTf32Factor + fp32_factor(terms)) == 0);
     }
   }
 }

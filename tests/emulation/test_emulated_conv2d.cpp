@@ -442,4 +442,147 @@ TEST_CASE("emulated conv2d: TF32 forward (the WMMA twin) matches its model bit f
   MESSAGE("TF32 forward: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
 }
 
+namespace {
+
+// The largest |got - want| over TF32's bound, (2^-10 + (terms + 3) 2^-24) * magnitude (<= 1 passes):
+// each product's inputs rounded to TF32 (2^-11 relative each), then an FP32 sum.
+double tf32_error_in_bounds(const std::vector<float>& got, const std::vector<float>& want,
+                            const std::vector<double>& magnitude, std::int64_t terms) {
+  const double unit = std::ldexp(1.0, -10) + double(terms + 3) * std::ldexp(1.0, -24);
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::abs(double(got[i]) - double(want[i])) / (unit * magnitude[i] + 1e-300));
+  return worst;
+}
+
+// What the emulated TF32 backward data computes: per dx, the taps of its stride class in the
+// kernel's K order (o, then i, then j), dy = 0 where the output pixel is outside,
+// acc = fmaf(tf32(w), tf32(dy), acc).
+std::vector<float> tf32_data_model(const Conv2dShape& sh, const float* dy, const float* w) {
+  std::vector<float> dx(std::size_t(sh.input_size()));
+  const std::int64_t oh_n = sh.out_h(), ow_n = sh.out_w();
+  for (std::int64_t b = 0; b < sh.batch; ++b)
+    for (std::int64_t c = 0; c < sh.in_channels; ++c)
+      for (std::int64_t h = 0; h < sh.in_h; ++h)
+        for (std::int64_t v = 0; v < sh.in_w; ++v) {
+          float acc = 0.0f;
+          for (std::int64_t o = 0; o < sh.out_channels; ++o)
+            for (std::int64_t i = 0; i < sh.kernel_h; ++i) {
+              if ((h + sh.pad_h - i) % sh.stride_h != 0) continue;  // not a tap of this row's class
+              for (std::int64_t j = 0; j < sh.kernel_w; ++j) {
+                if ((v + sh.pad_w - j) % sh.stride_w != 0) continue;
+                const std::int64_t oh = (h + sh.pad_h - i) / sh.stride_h, ow = (v + sh.pad_w - j) / sh.stride_w;
+                const bool inside = h + sh.pad_h - i >= 0 && oh < oh_n && v + sh.pad_w - j >= 0 && ow < ow_n;
+                const float g = inside ? dy[((b * sh.out_channels + o) * oh_n + oh) * ow_n + ow] : 0.0f;
+                acc = std::fmaf(tiling::tf32_round(w[((o * sh.in_channels + c) * sh.kernel_h + i) * sh.kernel_w + j]),
+                                tiling::tf32_round(g), acc);
+              }
+            }
+          dx[std::size_t(((b * sh.in_channels + c) * sh.in_h + h) * sh.in_w + v)] = acc;
+        }
+  return dx;
+}
+
+// What the emulated TF32 backward weight computes with `slices` K slices: per slice, the output
+// pixels k in order, acc = fmaf(tf32(dy), tf32(x or 0 in the padding), acc); one slice adds acc to
+// dw in float, several add dw and the partials in double and round once (sum_weight_partials).
+std::vector<float> tf32_weight_model(const Conv2dShape& sh, const float* x, const float* dy, std::vector<float> dw,
+                                     std::int64_t slices) {
+  const std::int64_t oh_n = sh.out_h(), ow_n = sh.out_w(), plane = oh_n * ow_n;
+  const tiling::SplitK split = tiling::split_k(sh.batch * plane, slices);
+  for (std::int64_t o = 0; o < sh.out_channels; ++o)
+    for (std::int64_t c = 0; c < sh.in_channels; ++c)
+      for (std::int64_t i = 0; i < sh.kernel_h; ++i)
+        for (std::int64_t j = 0; j < sh.kernel_w; ++j) {
+          double partial_sum = 0;
+          float single = 0.0f;
+          for (std::int64_t slice = 0; slice < split.slices; ++slice) {
+            float acc = 0.0f;
+            for (std::int64_t k = split.begin(slice); k < split.end(slice); ++k) {
+              const std::int64_t b = k / plane, oh = k / ow_n % oh_n, ow = k % ow_n;
+              const std::int64_t h = oh * sh.stride_h - sh.pad_h + i, v = ow * sh.stride_w - sh.pad_w + j;
+              const float xv = h >= 0 && h < sh.in_h && v >= 0 && v < sh.in_w
+                                   ? x[((b * sh.in_channels + c) * sh.in_h + h) * sh.in_w + v]
+                                   : 0.0f;
+              acc = std::fmaf(tiling::tf32_round(dy[((b * sh.out_channels + o) * oh_n + oh) * ow_n + ow]),
+                              tiling::tf32_round(xv), acc);
+            }
+            partial_sum += double(acc);
+            single = acc;
+          }
+          float& out = dw[std::size_t(((o * sh.in_channels + c) * sh.kernel_h + i) * sh.kernel_w + j)];
+          out = split.slices == 1 ? out + single : float(double(out) + partial_sum);
+        }
+  return dw;
+}
+
+}  // namespace
+
+TEST_CASE("emulated conv2d: TF32 backward data and weight match their models bit for bit and ref within TF32") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  const MathGuard tf32(cu::Conv2dMath::tf32);
+  const auto start = std::chrono::steady_clock::now();
+  // tails of M, N and K, two tiles of M and N, stride 2 (four stride classes, one with no tap in a
+  // 1-wide kernel), padding, a non-square kernel and stride
+  const std::vector<Conv2dShape> shapes = {
+      {3, 17, 9, 9, 33, 3, 3, 1, 1, 1, 1},
+      {1, 65, 5, 5, 3, 3, 3, 1, 1, 1, 1},
+      {3, 3, 9, 7, 17, 3, 3, 2, 2, 1, 1},
+      {2, 5, 8, 8, 7, 1, 1, 2, 2, 0, 0},
+      {1, 2, 7, 11, 3, 2, 5, 1, 2, 1, 2},
+  };
+  std::uint64_t seed = 3000;
+  std::size_t index = 0;
+  for (const Conv2dShape& sh : shapes) {
+    seed += 10;
+    const std::size_t offset = index++ % 2;
+    INFO(describe(sh), ", offset ", offset);
+    const Buffer x(sh.input_size(), seed, offset), w(sh.weight_size(), seed + 1, offset),
+        dy(sh.output_size(), seed + 2, offset), dx(sh.input_size(), seed + 3, offset, 5, 6),
+        dw(sh.weight_size(), seed + 4, offset);
+    const std::vector<double> ax = absolute(x.values()), aw = absolute(w.values()), ady = absolute(dy.values());
+
+    cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
+    CHECK(emu::last_launch().kernel == std::string("conv2d_backward_data_tf32"));
+    CHECK(dx.guards_kept());
+    const std::vector<float> dx_got = dx.values();
+    CHECK(bit_differences(dx_got, tf32_data_model(sh, dy.data(), w.data())) == "");
+    std::vector<float> dx_want(std::size_t(sh.input_size()));
+    ref::conv2d_backward_data<float>(s, sh, dy.data(), w.data(), dx_want.data());
+    std::vector<double> dx_magnitude(std::size_t(sh.input_size()));
+    ref::conv2d_backward_data<double>(s, sh, ady.data(), aw.data(), dx_magnitude.data());
+    CHECK(tf32_error_in_bounds(dx_got, dx_want, dx_magnitude, sh.out_channels * sh.kernel_h * sh.kernel_w) <= 1.0);
+
+    // the public function's slices, and 3 asked for (several partials summed in double)
+    for (const std::int64_t asked : {std::int64_t(0), std::int64_t(3)}) {
+      CAPTURE(asked);
+      dw.reset();
+      if (asked == 0)
+        cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
+      else
+        cu::conv2d_backward_weight_split(s, sh, x.data(), dy.data(), dw.data(), asked);
+      CHECK(dw.guards_kept());
+      const std::int64_t depth = sh.batch * sh.out_h() * sh.out_w();
+      const std::int64_t slices = tiling::split_k(depth, asked == 0 ? tiling::weight_split_slices(sh) : asked).slices;
+      CAPTURE(slices);
+      CHECK(emu::last_launch().kernel ==
+            std::string(slices > 1 ? "conv2d_backward_weight_sum" : "conv2d_backward_weight_tf32"));
+      const std::vector<float> dw_got = dw.values();
+      CHECK(bit_differences(dw_got, tf32_weight_model(sh, x.data(), dy.data(), dw.initial(), slices)) == "");
+      std::vector<float> dw_want = dw.initial();
+      ref::conv2d_backward_weight<float>(s, sh, x.data(), dy.data(), dw_want.data());
+      std::vector<double> dw_magnitude = absolute(dw.initial());
+      ref::conv2d_backward_weight<double>(s, sh, ax.data(), ady.data(), dw_magnitude.data());
+      CHECK(tf32_error_in_bounds(dw_got, dw_want, dw_magnitude, depth + 1) <= 1.0);
+    }
+    // the rounding is real: FP32 gives other bits
+    const MathGuard fp32(cu::Conv2dMath::fp32);
+    cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
+    CHECK(emu::last_launch().kernel == std::string("conv2d_backward_data"));
+    CHECK(bit_differences(dx.values(), dx_got) != "");
+  }
+  MESSAGE("TF32 backward: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
+}
+
 TEST_CASE("emulated conv2d: FP32 is the default math") { CHECK(cu::conv2d_math() == cu::Conv2dMath::fp32); }
