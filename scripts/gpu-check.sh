@@ -20,7 +20,7 @@
 #   pipeline  bench-pipeline on the idle CPUs (not in the default list; measured on 2026-11-30).
 # Everything it prints also goes to OUT/gpu-check.log, the benchmarks' numbers to
 # OUT/bench-cuda.json and OUT/pytorch-gpu.json, each training run's log to OUT/train-<name>.log
-# and .jsonl.
+# and .jsonl, the GPU's utilisation per second to OUT/dmon.log.
 #
 # It must end within 6 minutes on an H200 (a loan is 15 minutes, and a rerun must fit): every step
 # runs under a timeout, and a step is skipped, saying so, when the whole script has used its budget
@@ -47,7 +47,7 @@ step() {
     return 0
   fi
   [ "$max" -gt "$left" ] && max=$left
-  echo "== $name (at most ${max} s; ${SECONDS} s so far)"
+  echo "== $name (at most ${max} s; ${SECONDS} s so far; $(date -u +%T))"
   local start=$SECONDS
   if [ -n "${STEP_LOG:-}" ]; then
     timeout "$max" "$@" > "$STEP_LOG" 2>&1
@@ -282,6 +282,13 @@ group_pipeline() {
 
 groups=${ONLY:-tests training bench profile sanitize pytorch fashion mpi}
 echo "== groups: $groups"
+# The GPU's utilisation once a second (nvidia-smi dmon: the share of time a kernel ran, and memory
+# traffic), with the time of day, to set beside the steps' start times above.
+dmon_pid=
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi dmon -s u -o T > "$out/dmon.log" 2>&1 &
+  dmon_pid=$!
+fi
 for group in $groups; do
   if declare -F "group_$group" > /dev/null; then
     "group_$group"
@@ -290,4 +297,5 @@ for group in $groups; do
   fi
 done
 
+[ -n "$dmon_pid" ] && kill "$dmon_pid" 2> /dev/null
 echo "== done in ${SECONDS} s (budget ${budget} s)"
