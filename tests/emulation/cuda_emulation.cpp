@@ -535,26 +535,41 @@ LaunchRecord last_launch() {
 
 namespace detail {
 
-void run_grid(const LaunchConfig& c, const std::function<void()>& body) {
+namespace {
+void execute_grid(const LaunchConfig& c, const std::string& what, const std::function<void()>& body);
+}  // namespace
+
+void run_grid(const LaunchConfig& c, std::function<void()> body) {
   const std::string name = launch_name != nullptr ? std::string("'") + launch_name + "' (" +
                                                         c.kernel_text + ")"
                                                   : std::string(c.kernel_text);
-  const std::string what = "emulated kernel " + name + " <<<" + dims(c.grid) + ", " +
-                           dims(c.block) + ", " + std::to_string(c.shared_bytes) + ">>>";
+  std::string what = "emulated kernel " + name + " <<<" + dims(c.grid) + ", " +
+                     dims(c.block) + ", " + std::to_string(c.shared_bytes) + ">>>";
   if (current.block != nullptr)
     throw KernelError(what +
                       ": launched from inside a kernel (dynamic parallelism is not emulated)");
   if (settings().check_stream != nullptr) settings().check_stream(c.stream, true, what.c_str());
-  std::lock_guard launch_lock(launch_mutex);
-  if (const std::string error = configuration_error(c); !error.empty())
-    throw KernelError(what + ": " + error);
-  ++launch_count;
   {
+    std::lock_guard launch_lock(launch_mutex);
+    if (const std::string error = configuration_error(c); !error.empty())
+      throw KernelError(what + ": " + error);
+    ++launch_count;
     std::lock_guard lock(record_mutex);
     last_record = LaunchRecord{launch_name != nullptr ? launch_name : c.kernel_text, c.grid,
                                c.block, c.shared_bytes};
   }
+  std::function<void()> grid = [c, what = std::move(what), body = std::move(body)] { execute_grid(c, what, body); };
+  if (settings().submit != nullptr)
+    settings().submit(c.stream, std::move(grid));
+  else
+    grid();
+}
 
+namespace {
+
+// Runs the grid of a checked launch: its blocks one after another, a block's threads together.
+void execute_grid(const LaunchConfig& c, const std::string& what, const std::function<void()>& body) {
+  std::lock_guard launch_lock(launch_mutex);
   dynamic_shared_buffer.reset(static_cast<std::byte*>(
       ::operator new[](std::max<std::size_t>(c.shared_bytes, 1), std::align_val_t(256))));
 
@@ -629,6 +644,8 @@ void run_grid(const LaunchConfig& c, const std::function<void()>& body) {
           throw KernelError(what + ", block " + dims(dim3(x, y, z)) + ": " + block.error);
       }
 }
+
+}  // namespace
 
 void* dynamic_shared_memory() {
   if (current.block == nullptr)
@@ -705,6 +722,16 @@ void set_max_dynamic_shared(const void* kernel, int bytes) {
 
 namespace runtime {
 
+namespace {
+// A copy's or fill's work: queued on the stream where Settings::submit is set, else done now.
+void submit_or_run(cudaStream_t stream, std::function<void()> work) {
+  if (settings().submit != nullptr)
+    settings().submit(stream, std::move(work));
+  else
+    work();
+}
+}  // namespace
+
 cudaError_t get_last_error() {
   const cudaError_t code = last_error;
   last_error = cudaSuccess;
@@ -735,7 +762,7 @@ cudaError_t memcpy_async(void* dst, const void* src, std::size_t bytes, cudaMemc
     settings().check_memory(src, bytes, "cudaMemcpyAsync (source)");
     settings().check_memory(dst, bytes, "cudaMemcpyAsync (destination)");
   }
-  std::memmove(dst, src, bytes);
+  submit_or_run(stream, [=] { std::memmove(dst, src, bytes); });
   return cudaSuccess;
 }
 
@@ -744,15 +771,19 @@ cudaError_t memset_async(void* dst, int value, std::size_t bytes, cudaStream_t s
   if (bytes == 0) return cudaSuccess;
   if (dst == nullptr) return record(cudaErrorInvalidValue);
   if (settings().check_memory != nullptr) settings().check_memory(dst, bytes, "cudaMemsetAsync");
-  std::memset(dst, value, bytes);
+  submit_or_run(stream, [=] { std::memset(dst, value, bytes); });
   return cudaSuccess;
 }
 
 cudaError_t stream_synchronize(cudaStream_t stream) {
   if (settings().check_stream != nullptr) settings().check_stream(stream, false, "cudaStreamSynchronize");
+  if (settings().synchronize != nullptr) settings().synchronize(stream);
   return cudaSuccess;
 }
-cudaError_t device_synchronize() { return cudaSuccess; }
+cudaError_t device_synchronize() {
+  if (settings().synchronize != nullptr) settings().synchronize(nullptr);
+  return cudaSuccess;
+}
 
 cudaError_t func_set_attribute(const void* kernel, cudaFuncAttribute attribute, int value) {
   if (kernel == nullptr) return record(cudaErrorInvalidDeviceFunction);

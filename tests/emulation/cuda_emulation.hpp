@@ -9,8 +9,10 @@
 //
 // How a launch runs: the grid's blocks run one after another; the threads of a block run
 // concurrently, one std::thread each (a pool sized to the block, kept between launches). Launches
-// are serialised (one at a time in the process) and synchronous: the stream is only checked, by
-// settings().check_stream when set (the emulated device of tests/emulation/emulated_backend.cpp).
+// are serialised (one at a time in the process). A launch is checked when it is made (its
+// configuration, and its stream by settings().check_stream when set); its grid runs at once, or,
+// when settings().submit is set (the emulated device of tests/emulation/emulated_backend.cpp), when
+// the stream's queue gets to it.
 //
 // What a kernel may use (CUDA's names and signatures):
 //   __global__ __device__ __host__ __forceinline__ __launch_bounds__(...) __restrict__ __constant__
@@ -80,6 +82,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <source_location>
 #include <stdexcept>
 #include <string>
@@ -131,6 +134,14 @@ struct Settings {
   // cudaMemsetAsync) and the call's name; it throws to refuse (the emulated device: freed device
   // memory, a range past the end of an allocation). nullptr: no check.
   void (*check_memory)(const void* p, std::size_t bytes, const char* what) = nullptr;
+  // Where a launch's grid and a runtime copy or fill go once checked: nullptr (the default, what
+  // the kernel tests use) runs them at once. The emulated device sets it: in its asynchronous mode
+  // (emulated_device.hpp, set_asynchronous) it queues the work on the stream, to run when something
+  // waits for that stream, as a GPU runs it some time after the launch.
+  void (*submit)(cudaStream_t stream, std::function<void()> work) = nullptr;
+  // cudaStreamSynchronize (a stream) and cudaDeviceSynchronize (nullptr): runs what submit queued.
+  // nullptr: nothing is ever queued.
+  void (*synchronize)(cudaStream_t stream) = nullptr;
 };
 Settings& settings();
 
@@ -181,8 +192,9 @@ struct LaunchConfig {
   cudaStream_t stream;      // checked by settings().check_stream, else ignored (synchronous)
 };
 
-// Checks the configuration, then runs `body` once per thread of every block.
-void run_grid(const LaunchConfig& config, const std::function<void()>& body);
+// Checks the configuration, then runs `body` once per thread of every block, at once or when
+// Settings::submit's queue gets to it.
+void run_grid(const LaunchConfig& config, std::function<void()> body);
 
 void* dynamic_shared_memory();
 void set_max_dynamic_shared(const void* kernel, int bytes);
@@ -235,8 +247,9 @@ class Launch {
   template <class... Args>
   void operator()(Args&&... args) const {
     static_assert(sizeof...(Args) == sizeof...(Params), "wrong number of kernel arguments");
-    const std::tuple<std::decay_t<Params>...> parameters(std::forward<Args>(args)...);
-    detail::run_grid(config_, [&] { std::apply(kernel_, parameters); });
+    // The arguments are owned by the launch: its grid may run after this call returns (Settings::submit).
+    const auto parameters = std::make_shared<const std::tuple<std::decay_t<Params>...>>(std::forward<Args>(args)...);
+    detail::run_grid(config_, [kernel = kernel_, parameters] { std::apply(kernel, *parameters); });
   }
 
  private:

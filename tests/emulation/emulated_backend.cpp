@@ -6,8 +6,9 @@
 // uninitialised or stale memory would give garbage on a GPU), and freed blocks stay in a
 // quarantine of 64 MiB before they go back to the system, so that a use after free is recognised
 // as one. Streams and events are small objects that are never deleted (a destroyed one is marked,
-// so its handle can never come back as a new one). Work is synchronous: a copy or a launch is done
-// when the call returns, so every event is complete.
+// so its handle can never come back as a new one). Work is synchronous (a copy or a launch is done
+// when the call returns, so every event is complete), or, in asynchronous mode, queued per stream
+// and run when something waits for it (emulated_device.hpp; run_stream_until below).
 //
 // Misuse is an error: the calls that may throw throw (petra::DeviceError for a device mismatch,
 // petra::Error otherwise); the ones that must not (free_device, stream_destroy, event_destroy,
@@ -23,7 +24,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <condition_variable>
 #include <deque>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -44,17 +47,36 @@ constexpr std::size_t kAlignment = 256;                        // cudaMalloc's g
 constexpr std::size_t kQuarantineBytes = std::size_t{64} << 20;
 constexpr unsigned char kPoison = 0xff;                        // NaN as float
 
-struct EmulatedStream {
-  std::uint64_t magic = kStreamMagic;
-  int device = 0;
-  bool live = true;
-};
+struct EmulatedStream;
 
 struct EmulatedEvent {
   std::uint64_t magic = kEventMagic;
   int device = 0;
   bool live = true;
   bool recorded = false;
+  // Asynchronous mode: the number of the latest event_record, and of the latest one whose place in
+  // its stream's queue was reached (the event is complete when they are equal), and the stream of
+  // the latest record.
+  std::uint64_t records = 0, completed = 0;
+  EmulatedStream* recorded_on = nullptr;
+};
+
+// A unit of a stream's queue in asynchronous mode: work to run (a grid, a copy, a fill), an event
+// record to complete, or a wait for an event's record number (queued on `source`).
+struct Work {
+  enum Kind { kRun, kRecord, kWait } kind = kRun;
+  std::function<void()> run;
+  EmulatedEvent* event = nullptr;
+  std::uint64_t record = 0;
+  EmulatedStream* source = nullptr;
+};
+
+struct EmulatedStream {
+  std::uint64_t magic = kStreamMagic;
+  int device = 0;
+  bool live = true;
+  std::deque<Work> queue;  // asynchronous mode: submitted, not yet run
+  bool running = false;    // a thread runs its head now
 };
 
 struct Block {
@@ -73,6 +95,8 @@ struct State {
   std::int64_t launches[kDevices] = {};
   std::size_t device_bytes[kDevices] = {};
   std::size_t capacity = std::size_t{1} << 30;
+  bool asynchronous = false;         // set_asynchronous
+  std::condition_variable progress;  // a stream's head finished running
 };
 
 State& state() {
@@ -172,7 +196,110 @@ void release_block(void* p, int device, const char* what) noexcept {
   }
 }
 
+// ---- asynchronous mode: each stream's queue, run when something waits for it -------------------
+//
+// The emulated GPU is as far behind as it may be: a grid runs only when something waits for it (a
+// stream or event synchronisation, a copy to or from pageable memory, cudaFree), and then only
+// what that wait depends on: the stream's queue up to the point waited for, and, for each event
+// wait met on the way, the other stream's queue up to that record. A copy or fill of petra's
+// (cuda_backend::memcpy_async, memset_async) submitted to an idle stream runs at once, as the
+// copy engines do while the compute units are busy. So an upload into a block that a queued kernel
+// still reads, or a copy out of a block that a queued kernel has yet to write, lands in the wrong
+// order exactly when no event orders the two: a missing event shows as wrong numbers.
+
+// Runs `s`'s queue in order until done() (called with the mutex held) holds or the queue is empty;
+// a wait at its head first runs the stream holding the awaited record. `lock` holds state().mutex;
+// it is released while a unit runs (a grid may take long; other threads submit meanwhile).
+void run_stream_until(std::unique_lock<std::mutex>& lock, EmulatedStream& s, const std::function<bool()>& done,
+                      const char* what, int depth = 0) {
+  State& st = state();
+  if (depth > 64) throw Error(concat(what, ": event waits nest more than 64 streams deep (a cycle: on a GPU, a hang)"));
+  while (!done()) {
+    if (s.running) {  // another thread runs its head
+      st.progress.wait(lock);
+      continue;
+    }
+    if (s.queue.empty()) return;
+    Work& head = s.queue.front();
+    if (head.kind == Work::kWait) {
+      EmulatedEvent* event = head.event;
+      const std::uint64_t record = head.record;
+      if (event->completed < record) {
+        if (head.source == nullptr || head.source == &s)
+          throw Error(concat(what, ": a stream waits for an event recorded after the wait on the same stream (on a "
+                                   "GPU: a hang)"));
+        run_stream_until(lock, *head.source, [event, record] { return event->completed >= record; }, what, depth + 1);
+        if (event->completed < record)
+          throw Error(concat(what, ": the emulated device cannot make progress: a wait's event record is in no queue"));
+        continue;
+      }
+      s.queue.pop_front();
+      continue;
+    }
+    Work work = std::move(head);
+    s.queue.pop_front();
+    if (work.kind == Work::kRecord) {
+      work.event->completed = std::max(work.event->completed, work.record);
+      continue;
+    }
+    s.running = true;
+    lock.unlock();
+    try {
+      work.run();
+    } catch (...) {
+      lock.lock();
+      s.running = false;
+      st.progress.notify_all();
+      throw;
+    }
+    lock.lock();
+    s.running = false;
+    st.progress.notify_all();
+  }
+}
+
+// One stream's queue run to its end (with what it waits for). Caller holds `lock`.
+void run_stream(std::unique_lock<std::mutex>& lock, EmulatedStream& s, const char* what) {
+  run_stream_until(lock, s, [&s] { return s.queue.empty() && !s.running; }, what);
+}
+
+// Every stream's queue run to its end. Caller holds `lock`.
+void run_everything(std::unique_lock<std::mutex>& lock, const char* what) {
+  for (bool again = true; again;) {
+    again = false;
+    for (const void* handle : state().streams) {
+      auto* s = static_cast<EmulatedStream*>(const_cast<void*>(handle));
+      if (s->queue.empty() && !s->running) continue;
+      run_stream(lock, *s, what);
+      again = true;  // the set may have grown meanwhile (another thread made a stream)
+    }
+  }
+}
+
+// Queues `work` on `stream`, or, in synchronous mode, runs it now (without the mutex).
+void submit_work(void* stream, Work work) {
+  std::unique_lock lock(state().mutex);
+  if (!state().asynchronous) {
+    lock.unlock();
+    if (work.run) work.run();
+    return;
+  }
+  stream_of(stream, "emulated device: submit").queue.push_back(std::move(work));
+}
+
 // ---- the hooks of the CUDA emulation (cuda_emulation.hpp, Settings)
+void submit_hook(cudaStream_t stream, std::function<void()> work) {
+  submit_work(stream, Work{Work::kRun, std::move(work), nullptr, 0, nullptr});
+}
+
+void synchronize_hook(cudaStream_t stream) {
+  std::unique_lock lock(state().mutex);
+  if (stream == nullptr)
+    run_everything(lock, "cudaDeviceSynchronize");
+  else
+    run_stream(lock, stream_of(stream, "cudaStreamSynchronize"), "cudaStreamSynchronize");
+}
+
 void check_stream(cudaStream_t handle, bool launch, const char* what) {
   std::lock_guard lock(state().mutex);
   const EmulatedStream& stream = stream_of(handle, what);
@@ -198,6 +325,12 @@ void install_hooks() {
     settings.cooperative = true;  // whole training steps: fibers, not a std::thread per CUDA thread
     settings.check_stream = &check_stream;
     settings.check_memory = &check_memory;
+    settings.submit = &submit_hook;
+    settings.synchronize = &synchronize_hook;
+    // PETRA_EMULATED_ASYNCHRONOUS=1: the whole process in asynchronous mode (the suite runs the
+    // emulated-device tests once each way, tests/meson.build).
+    const char* asynchronous = std::getenv("PETRA_EMULATED_ASYNCHRONOUS");
+    state().asynchronous = asynchronous != nullptr && std::string(asynchronous) == "1";
   });
 }
 
@@ -216,6 +349,21 @@ std::int64_t launches(int device) {
   require_device(device, "launches");
   std::lock_guard lock(state().mutex);
   return state().launches[device];
+}
+
+bool set_asynchronous(bool on) {
+  install_hooks();
+  std::unique_lock lock(state().mutex);
+  const bool previous = state().asynchronous;
+  if (previous && !on) run_everything(lock, "set_asynchronous(false)");
+  state().asynchronous = on;
+  return previous;
+}
+
+bool asynchronous() {
+  install_hooks();
+  std::lock_guard lock(state().mutex);
+  return state().asynchronous;
 }
 
 std::size_t set_capacity(std::size_t bytes_per_device) {
@@ -268,8 +416,15 @@ void* malloc_device(std::size_t bytes, int device) {
 
 void free_device(void* p, int device) noexcept {
   if (p == nullptr) return;
-  std::lock_guard lock(ed::state().mutex);
+  std::unique_lock lock(ed::state().mutex);
   ed::State& s = ed::state();
+  if (s.asynchronous) {  // cudaFree waits for the device
+    try {
+      ed::run_everything(lock, "cuda_backend::free_device");
+    } catch (const std::exception& e) {
+      ed::fatal(e.what());
+    }
+  }
   const auto it = s.blocks.find(reinterpret_cast<std::uintptr_t>(p));
   const std::size_t bytes = it == s.blocks.end() ? 0 : it->second.bytes;
   ed::release_block(p, device, "cuda_backend::free_device");
@@ -336,13 +491,21 @@ void* stream_create(int device) {
 }
 
 void stream_destroy(void* stream) noexcept {
-  std::lock_guard lock(ed::state().mutex);
+  std::unique_lock lock(ed::state().mutex);
+  if (stream != nullptr && ed::state().asynchronous) {  // its queued work still runs, as on a GPU
+    try {
+      ed::run_stream(lock, ed::stream_of(stream, "cuda_backend::stream_destroy"), "cuda_backend::stream_destroy");
+    } catch (const std::exception& e) {
+      ed::fatal(e.what());
+    }
+  }
   end_handle(stream, &ed::stream_of, "cuda_backend::stream_destroy", ed::state().live.streams);
 }
 
 void stream_synchronize(void* stream) {
-  std::lock_guard lock(ed::state().mutex);
-  (void)ed::stream_of(stream, "cuda_backend::stream_synchronize");
+  std::unique_lock lock(ed::state().mutex);
+  ed::EmulatedStream& s = ed::stream_of(stream, "cuda_backend::stream_synchronize");
+  ed::run_stream(lock, s, "cuda_backend::stream_synchronize");
 }
 
 void* event_create(int device) {
@@ -363,6 +526,18 @@ void event_record(void* event, void* stream) {
               " recorded on a stream of cuda:", s.device, " (CUDA: cudaErrorInvalidResourceHandle)");
   e.recorded = true;
   ++ed::state().live.event_records;
+  ++e.records;
+  auto& on = const_cast<ed::EmulatedStream&>(s);
+  e.recorded_on = &on;
+  if (!ed::state().asynchronous) {
+    e.completed = e.records;
+    return;
+  }
+  if (on.queue.empty() && !on.running) {  // nothing before it: complete at once
+    e.completed = e.records;
+    return;
+  }
+  on.queue.push_back(ed::Work{ed::Work::kRecord, {}, &e, e.records, nullptr});
 }
 
 void stream_wait_event(void* stream, void* event) {
@@ -373,17 +548,25 @@ void stream_wait_event(void* stream, void* event) {
   // but not for one that was never recorded: CUDA would not wait at all.
   PETRA_CHECK(e.recorded, Error, "cuda_backend::stream_wait_event: event ", event, " (cuda:", e.device,
               ") was never recorded; CUDA would not wait at all, leaving the work it should order unordered");
+  if (!ed::state().asynchronous || e.completed >= e.records) return;
+  ed::Work work{ed::Work::kWait, {}, const_cast<ed::EmulatedEvent*>(&e), e.records, e.recorded_on};
+  ed::stream_of(stream, "cuda_backend::stream_wait_event").queue.push_back(std::move(work));
 }
 
 void event_synchronize(void* event) {
-  std::lock_guard lock(ed::state().mutex);
-  (void)ed::event_of(event, "cuda_backend::event_synchronize");
+  std::unique_lock lock(ed::state().mutex);
+  const ed::EmulatedEvent& e = ed::event_of(event, "cuda_backend::event_synchronize");
+  if (e.completed >= e.records) return;
+  ed::run_stream_until(lock, *e.recorded_on, [&e] { return e.completed >= e.records; },
+                       "cuda_backend::event_synchronize");
 }
 
 bool event_query(void* event) {
   std::lock_guard lock(ed::state().mutex);
-  (void)ed::event_of(event, "cuda_backend::event_query");
-  return true;  // work is done when it is submitted
+  const ed::EmulatedEvent& e = ed::event_of(event, "cuda_backend::event_query");
+  // Synchronous mode: work is done when it is submitted. Asynchronous: done once a wait ran the
+  // queue past the record (nothing runs by itself: the emulated GPU is as far behind as it can be).
+  return e.completed >= e.records;
 }
 
 namespace {
@@ -402,17 +585,42 @@ void check_copy(void* dst, const void* src, std::size_t bytes, void* stream, con
               " on a stream of cuda:", s.device);
 }
 
+// A copy's or fill's work. In asynchronous mode: where it reads or writes pageable host memory (not
+// malloc_host's), CUDA copies before the call returns, so the stream's earlier work runs first and
+// the copy now; on an idle stream it runs at once (the copy engines' speed); else it is queued.
+// Caller holds `lock`.
+void copy_work(std::unique_lock<std::mutex>& lock, void* stream, bool pageable, std::function<void()> copy,
+               const char* what) {
+  if (!ed::state().asynchronous) {
+    copy();
+    return;
+  }
+  ed::EmulatedStream& s = ed::stream_of(stream, what);
+  if (pageable) ed::run_stream(lock, s, what);
+  if (s.queue.empty() && !s.running) {
+    copy();
+    return;
+  }
+  s.queue.push_back(ed::Work{ed::Work::kRun, std::move(copy), nullptr, 0, nullptr});
+}
+
+// Whether p is plain host memory (neither the emulated device's nor malloc_host's). Caller holds the mutex.
+bool pageable(const void* p, std::size_t bytes, const char* what) { return ed::block_of(p, bytes, what) == nullptr; }
+
 }  // namespace
 
 void memcpy_async(void* dst, const void* src, std::size_t bytes, void* stream) {
-  std::lock_guard lock(ed::state().mutex);
-  check_copy(dst, src, bytes, stream, "cuda_backend::memcpy_async");
-  if (bytes > 0) std::memmove(dst, src, bytes);
+  std::unique_lock lock(ed::state().mutex);
+  const char* what = "cuda_backend::memcpy_async";
+  check_copy(dst, src, bytes, stream, what);
+  if (bytes == 0) return;
+  copy_work(lock, stream, pageable(dst, bytes, what) || pageable(src, bytes, what),
+            [=] { std::memmove(dst, src, bytes); }, what);
 }
 
 void memcpy_2d_async(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t width,
                      std::size_t rows, void* stream) {
-  std::lock_guard lock(ed::state().mutex);
+  std::unique_lock lock(ed::state().mutex);
   const char* what = "cuda_backend::memcpy_2d_async";
   PETRA_CHECK(width <= dst_pitch && width <= src_pitch, ValueError, what, ": rows of ", width,
               " bytes wider than the pitches ", dst_pitch, " and ", src_pitch);
@@ -423,17 +631,19 @@ void memcpy_2d_async(void* dst, std::size_t dst_pitch, const void* src, std::siz
   auto* d = static_cast<unsigned char*>(dst);
   const auto* f = static_cast<const unsigned char*>(src);
   check_copy(d + (rows - 1) * dst_pitch, f + (rows - 1) * src_pitch, width, stream, what);
-  for (std::size_t r = 0; r < rows; ++r) std::memmove(d + r * dst_pitch, f + r * src_pitch, width);
+  copy_work(lock, stream, pageable(dst, width, what) || pageable(src, width, what), [=] {
+    for (std::size_t r = 0; r < rows; ++r) std::memmove(d + r * dst_pitch, f + r * src_pitch, width);
+  }, what);
 }
 
 void memset_async(void* dst, int value, std::size_t bytes, void* stream) {
-  std::lock_guard lock(ed::state().mutex);
+  std::unique_lock lock(ed::state().mutex);
   const ed::EmulatedStream& s = ed::stream_of(stream, "cuda_backend::memset_async");
   if (bytes == 0) return;
   const int device = ed::device_of(ed::block_of(dst, bytes, "cuda_backend::memset_async"));
   PETRA_CHECK(device == s.device, DeviceError, "cuda_backend::memset_async: ", bytes, " bytes of ",
               ed::device_name(device), " at ", dst, " set on a stream of cuda:", s.device);
-  std::memset(dst, value, bytes);
+  copy_work(lock, stream, false, [=] { std::memset(dst, value, bytes); }, "cuda_backend::memset_async");
 }
 
 }  // namespace petra::cuda_backend

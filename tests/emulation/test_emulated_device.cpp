@@ -198,6 +198,45 @@ TEST_CASE("emulated device: the allocator counts device memory per device, tag a
   CHECK(allocator.cached_bytes(kGpu1) == 0);
 }
 
+TEST_CASE("emulated device, asynchronous mode: work runs when waited for, in stream order, events order streams") {
+  const ed::AsynchronousScope asynchronous;
+  void* a = cb::stream_create(0);
+  void* b = cb::stream_create(0);
+  void* done = cb::event_create(0);
+  auto* x = static_cast<float*>(cb::malloc_device(8 * sizeof(float), 0));
+  auto* pinned = static_cast<float*>(cb::malloc_host(8 * sizeof(float)));
+  kernels::StreamHandle on_a;
+  on_a.cuda_stream = a;
+  on_a.device_index = 0;
+  std::vector<float> host(8, 0.0f);
+
+  kernels::cuda::fill(on_a, 8, 2.0, x);  // queued on a: nothing waits for it yet
+  cb::event_record(done, a);
+  CHECK_FALSE(cb::event_query(done));
+  // A copy on b that does not wait for a's event reads x before the fill (fresh device memory: NaN).
+  cb::memcpy_async(host.data(), x, 8 * sizeof(float), b);  // pageable: done when the call returns
+  CHECK(std::isnan(host[0]));
+  // A copy to pinned memory on a busy stream is queued behind the fill; on an idle one it runs at once.
+  cb::memcpy_async(pinned, x, 8 * sizeof(float), a);
+  CHECK(std::isnan(pinned[0]));  // not written yet: still the fresh pinned memory's NaN
+  // b waits for the event: its copy now runs after a's fill.
+  cb::stream_wait_event(b, done);
+  cb::memcpy_async(host.data(), x, 8 * sizeof(float), b);
+  CHECK(host == std::vector<float>(8, 2.0f));
+  CHECK(cb::event_query(done));
+  cb::stream_synchronize(a);
+  CHECK(pinned[7] == 2.0f);
+  pinned[0] = -1.0f;
+  cb::memcpy_async(pinned, x, sizeof(float), b);  // b is idle: at once, no synchronisation
+  CHECK(pinned[0] == 2.0f);
+
+  cb::free_host(pinned);
+  cb::free_device(x, 0);
+  cb::event_destroy(done);
+  cb::stream_destroy(b);
+  cb::stream_destroy(a);
+}
+
 TEST_CASE("emulated device: a freed block goes back to its own stream, and to another only when safe") {
   auto& allocator = Allocator::instance();
   allocator.release_cached(kGpu0);
