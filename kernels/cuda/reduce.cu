@@ -29,6 +29,7 @@
 #include <cstdint>
 
 #include "petra/kernels/cuda/block_reduce.cuh"
+#include "petra/kernels/cuda/fast_divide.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 #include "petra/kernels/reduce.hpp"
 #include "petra/kernels/reduce_plan.hpp"
@@ -71,12 +72,13 @@ __global__ void __launch_bounds__(kBlockThreads)
 }
 
 // Split path, first pass: partial[p * chunks + c] = sum of chunk c of output p.
+// (chunks is a FastDivide: a 64-bit division in this loop made ptxas spill 8 bytes.)
 __global__ void __launch_bounds__(kBlockThreads)
-    sum_chunks(ReducePlan plan, std::int64_t outputs, std::int64_t chunks, std::int64_t chunk,
+    sum_chunks(ReducePlan plan, std::int64_t outputs, FastDivide chunks, std::int64_t chunk,
                const float* x, double* partial) {
   const std::int64_t count = plan.per_output();
-  for (std::int64_t k = blockIdx.x; k < outputs * chunks; k += gridDim.x) {
-    const std::int64_t p = k / chunks, c = k - p * chunks;
+  for (std::int64_t k = blockIdx.x; k < outputs * chunks.divisor(); k += gridDim.x) {
+    const std::int64_t p = chunks.quotient(k), c = k - p * chunks.divisor();
     const std::int64_t begin = c * chunk, end = begin + chunk < count ? begin + chunk : count;
     const double total = block_sum(thread_part(plan, p, begin, end, x));
     if (threadIdx.x == 0) partial[k] = total;
@@ -161,7 +163,7 @@ void sum_and_divide(const char* name, const StreamHandle& s, std::span<const std
   if (outputs < kSplitOutputs && chunks > 1) {
     auto* partial = static_cast<double*>(s.scratch(std::size_t(outputs * chunks) * sizeof(double)));
     launch_blocks(name, s, block_stride_blocks(outputs * chunks), kBlockThreads, sum_chunks, plan,
-                  outputs, chunks, chunk, x, partial);
+                  outputs, FastDivide(chunks), chunk, x, partial);
     launch_blocks(name, s, block_stride_blocks(outputs), kBlockThreads, sum_partials, outputs,
                   chunks, divisor, partial, y);
   } else {
