@@ -21,7 +21,10 @@
 //
 // Index arithmetic: the channel of a value, (k / plane) % channels, by FastDivide's multiply and
 // shift (kernels/cuda/fast_divide.cuh) instead of two 64-bit divisions per value, which made these
-// passes bound by integer work (24-36% of the copy bandwidth on an H200, docs/results-gpu.md).
+// passes bound by integer work (24-36% of the copy bandwidth on an H200, docs/results-gpu.md). The
+// element-wise passes work on groups of 4 values (one float4 per array, one channel index per
+// group) when the plane is a multiple of 4 and the pointers 16-byte aligned, else of 1: the same
+// arithmetic per value, so the same bits.
 //
 // Memory: each of the three passes is coalesced (consecutive threads read consecutive values of
 // a row of the plane); the sums read x (and dy) once and the element-wise pass once more, as
@@ -44,10 +47,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 
 #include "petra/kernels/batchnorm.hpp"
 #include "petra/kernels/conv2d.hpp"
 #include "petra/kernels/cuda/block_reduce.cuh"
+#include "petra/kernels/cuda/check.cuh"
 #include "petra/kernels/cuda/fast_divide.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 
@@ -168,12 +173,50 @@ __global__ void statistics(std::int64_t channels, std::int64_t plane, std::int64
   }
 }
 
-// Where a forward's element-wise pass puts BN(x) at value k of x (an NCHW index).
-// TensorOutput: y[k], with the fused ReLU when relu.
+// The element-wise passes work on groups of V consecutive values (V = 4 when the plane is a
+// multiple of 4 and every pointer 16-byte aligned: one float4 load or store per array; else V = 1).
+// A group never crosses a plane, so its values share a channel. The arithmetic per value is the
+// same either way: the same bits.
+template <int V>
+struct Group {
+  float v[V];
+};
+
+template <int V>
+__device__ inline Group<V> load_group(const float* p, std::int64_t k) {
+  Group<V> g;
+  if constexpr (V == 4) {
+    const float4 q = *reinterpret_cast<const float4*>(p + k);
+    g.v[0] = q.x;
+    g.v[1] = q.y;
+    g.v[2] = q.z;
+    g.v[3] = q.w;
+  } else {
+    g.v[0] = p[k];
+  }
+  return g;
+}
+
+template <int V>
+__device__ inline void store_group(float* p, std::int64_t k, const Group<V>& g) {
+  if constexpr (V == 4)
+    *reinterpret_cast<float4*>(p + k) = make_float4(g.v[0], g.v[1], g.v[2], g.v[3]);
+  else
+    p[k] = g.v[0];
+}
+
+// Where a forward's element-wise pass puts BN(x) for the group of values at k of x (an NCHW index).
+// TensorOutput: y[k..], with the fused ReLU when relu.
 template <bool relu>
 struct TensorOutput {
   float* y;
-  __device__ void store(std::int64_t k, float v) const { y[k] = relu ? relu_of(v) : v; }
+  template <int V>
+  __device__ void store(std::int64_t k, Group<V> g) const {
+    if constexpr (relu)
+      for (int i = 0; i < V; ++i) g.v[i] = relu_of(g.v[i]);
+    store_group<V>(y, k, g);
+  }
+  bool aligned() const { return cuda_detail::aligned_16(y); }
 };
 
 // The coupling fused with F's last batch norm + ReLU (batchnorm_relu_coupling_*): value k of
@@ -184,38 +227,50 @@ struct CouplingOutput {
   FastDivide stream;
   const float* a;
   float* out;
-  __device__ void store(std::int64_t k, float v) const {
+  template <int V>
+  __device__ void store(std::int64_t k, const Group<V>& f) const {
     const std::int64_t n = stream.quotient(k);
     const std::int64_t first = k + n * stream.divisor(), second = first + stream.divisor();  // (n, 1, i), (n, 2, i)
-    if (direction == CouplingDirection::forward) {  // out1 = a2 + f, out2 = a1
-      out[first] = a[second] + relu_of(v);
-      out[second] = a[first];
-    } else {  // out1 = a2, out2 = a1 - f
-      out[first] = a[second];
-      out[second] = a[first] - relu_of(v);
+    const Group<V> a1 = load_group<V>(a, first), a2 = load_group<V>(a, second);
+    Group<V> out1, out2;
+    for (int i = 0; i < V; ++i) {
+      if (direction == CouplingDirection::forward) {  // out1 = a2 + f, out2 = a1
+        out1.v[i] = a2.v[i] + relu_of(f.v[i]);
+        out2.v[i] = a1.v[i];
+      } else {  // out1 = a2, out2 = a1 - f
+        out1.v[i] = a2.v[i];
+        out2.v[i] = a1.v[i] - relu_of(f.v[i]);
+      }
     }
+    store_group<V>(out, first, out1);
+    store_group<V>(out, second, out2);
   }
+  bool aligned() const { return cuda_detail::aligned_16(a) && cuda_detail::aligned_16(out); }
 };
 
 // BN(x) = gamma * (x - mean) * invstd + beta = (x - mean_f) * scale + bias, per value, to `output`.
-template <class Output>
-__global__ void normalise(std::int64_t size, ChannelOf channel_of, const float* x, const float* maps,
+template <class Output, int V>
+__global__ void normalise(std::int64_t groups, ChannelOf channel_of, const float* x, const float* maps,
                           Output output) {
-  for (std::int64_t k = thread_index(); k < size; k += grid_threads()) {
-    const std::int64_t c = channel_of(k);
-    output.store(k, (x[k] - maps[3 * c]) * maps[3 * c + 1] + maps[3 * c + 2]);
+  for (std::int64_t g = thread_index(); g < groups; g += grid_threads()) {
+    const std::int64_t k = g * V, c = channel_of(k);
+    Group<V> y = load_group<V>(x, k);
+    for (int i = 0; i < V; ++i) y.v[i] = (y.v[i] - maps[3 * c]) * maps[3 * c + 1] + maps[3 * c + 2];
+    output.template store<V>(k, y);
   }
 }
 
 // Evaluation: the same with the running statistics, invstd = 1 / sqrt(running_var + eps).
-template <class Output>
-__global__ void normalise_eval(std::int64_t size, ChannelOf channel_of, float eps, const float* x,
+template <class Output, int V>
+__global__ void normalise_eval(std::int64_t groups, ChannelOf channel_of, float eps, const float* x,
                                const float* gamma, const float* beta, const float* running_mean,
                                const float* running_var, Output output) {
-  for (std::int64_t k = thread_index(); k < size; k += grid_threads()) {
-    const std::int64_t c = channel_of(k);
+  for (std::int64_t g = thread_index(); g < groups; g += grid_threads()) {
+    const std::int64_t k = g * V, c = channel_of(k);
     const float invstd = 1.0f / sqrtf(running_var[c] + eps);
-    output.store(k, (x[k] - running_mean[c]) * (gamma[c] * invstd) + beta[c]);
+    Group<V> y = load_group<V>(x, k);
+    for (int i = 0; i < V; ++i) y.v[i] = (y.v[i] - running_mean[c]) * (gamma[c] * invstd) + beta[c];
+    output.template store<V>(k, y);
   }
 }
 
@@ -240,15 +295,34 @@ __global__ void gradient_coefficients(std::int64_t channels, std::int64_t count,
   }
 }
 
-template <bool relu>
-__global__ void input_gradient(std::int64_t size, ChannelOf channel_of, const float* x, const float* y,
+template <bool relu, int V>
+__global__ void input_gradient(std::int64_t groups, ChannelOf channel_of, const float* x, const float* y,
                                const float* dy, const float* saved_mean, const float* coefficients,
                                float* dx) {
-  for (std::int64_t k = thread_index(); k < size; k += grid_threads()) {
-    const std::int64_t c = channel_of(k);
-    dx[k] = coefficients[3 * c] * incoming_gradient<relu>(y, dy, k) +
-            coefficients[3 * c + 1] * (x[k] - saved_mean[c]) + coefficients[3 * c + 2];
+  for (std::int64_t g = thread_index(); g < groups; g += grid_threads()) {
+    const std::int64_t k = g * V, c = channel_of(k);
+    const Group<V> xs = load_group<V>(x, k), dys = load_group<V>(dy, k);
+    Group<V> out;
+    if constexpr (relu) {
+      const Group<V> ys = load_group<V>(y, k);
+      for (int i = 0; i < V; ++i) out.v[i] = relu_masked(ys.v[i], dys.v[i]);
+    } else {
+      out = dys;
+    }
+    for (int i = 0; i < V; ++i)
+      out.v[i] = coefficients[3 * c] * out.v[i] + coefficients[3 * c + 1] * (xs.v[i] - saved_mean[c]) +
+                 coefficients[3 * c + 2];
+    store_group<V>(dx, k, out);
   }
+}
+
+// Whether the element-wise passes of `shape` may move float4s: groups of 4 inside a plane, and
+// every pointer they touch 16-byte aligned (null pointers, unused, pass).
+inline bool vector_path(const BatchNormShape& shape, std::initializer_list<const void*> pointers) {
+  if (shape.plane() % 4 != 0) return false;
+  for (const void* p : pointers)
+    if (p != nullptr && !cuda_detail::aligned_16(p)) return false;
+  return true;
 }
 
 // The first pass: one block per (channel, slice).
@@ -302,17 +376,26 @@ void forward_train(const LaunchNames& names, const StreamHandle& s, const BatchN
                      shape.plane(), shape.values_per_channel(), slices, eps, momentum, x,
                      gamma, beta, partials, saved_mean, saved_invstd, running_mean, running_var,
                      maps);
-  launch_grid_stride(names.forward_train, s, shape.size(), normalise<Output>, shape.size(),
-                     ChannelOf(shape.plane(), shape.channels), x, maps, output);
+  const ChannelOf channel_of(shape.plane(), shape.channels);
+  if (vector_path(shape, {x}) && output.aligned())
+    launch_grid_stride(names.forward_train, s, shape.size() / 4, normalise<Output, 4>, shape.size() / 4, channel_of,
+                       x, maps, output);
+  else
+    launch_grid_stride(names.forward_train, s, shape.size(), normalise<Output, 1>, shape.size(), channel_of, x,
+                       maps, output);
 }
 
 template <class Output>
 void forward_eval(const LaunchNames& names, const StreamHandle& s, const BatchNormShape& shape,
                   double eps, const float* x, const float* gamma, const float* beta,
                   const float* running_mean, const float* running_var, const Output& output) {
-  launch_grid_stride(names.forward_eval, s, shape.size(), normalise_eval<Output>, shape.size(),
-                     ChannelOf(shape.plane(), shape.channels), float(eps), x, gamma, beta, running_mean,
-                     running_var, output);
+  const ChannelOf channel_of(shape.plane(), shape.channels);
+  if (vector_path(shape, {x}) && output.aligned())
+    launch_grid_stride(names.forward_eval, s, shape.size() / 4, normalise_eval<Output, 4>, shape.size() / 4,
+                       channel_of, float(eps), x, gamma, beta, running_mean, running_var, output);
+  else
+    launch_grid_stride(names.forward_eval, s, shape.size(), normalise_eval<Output, 1>, shape.size(), channel_of,
+                       float(eps), x, gamma, beta, running_mean, running_var, output);
 }
 
 // y: the fused forward's output when relu (the mask), else unused.
@@ -333,8 +416,13 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
   launch_grid_stride(names<relu>().gradient_sums, s, shape.channels, gradient_coefficients,
                      shape.channels, shape.values_per_channel(), slices, partials, gamma,
                      saved_invstd, coefficients, dgamma, dbeta);
-  launch_grid_stride(names<relu>().backward, s, shape.size(), input_gradient<relu>, shape.size(),
-                     ChannelOf(shape.plane(), shape.channels), x, y, dy, saved_mean, coefficients, dx);
+  const ChannelOf channel_of(shape.plane(), shape.channels);
+  if (vector_path(shape, {x, y, dy, dx}))
+    launch_grid_stride(names<relu>().backward, s, shape.size() / 4, input_gradient<relu, 4>, shape.size() / 4,
+                       channel_of, x, y, dy, saved_mean, coefficients, dx);
+  else
+    launch_grid_stride(names<relu>().backward, s, shape.size(), input_gradient<relu, 1>, shape.size(), channel_of,
+                       x, y, dy, saved_mean, coefficients, dx);
 }
 
 }  // namespace

@@ -43,6 +43,7 @@ const std::vector<BatchNormShape> kShapes = {
     {4, 2, 33, 31},  // 4092: 2 slices
     {5, 3, 9, 11},   // 495
     {3, 1, 40, 50},  // 6000: 3 slices
+    {2, 3, 4, 6},    // 48: planes of 24, float4 groups over 3 channels
 };
 
 // n floats from `seed` in [lo, hi), then kGuard guard values.
@@ -57,6 +58,10 @@ bool guards_kept(const std::vector<float>& got, const std::vector<float>& before
     if (got[i] != before[i]) return false;
   return true;
 }
+
+// The element-wise pass's work items: groups of 4 values when the plane is a multiple of 4 (the
+// buffers here are 16-byte aligned), else single values (kernels/cuda/batchnorm.cu, Group).
+std::int64_t elementwise_groups(const BatchNormShape& sh) { return sh.plane() % 4 == 0 ? sh.size() / 4 : sh.size(); }
 
 std::string describe(const BatchNormShape& sh) {
   return "N=" + std::to_string(sh.batch) + " C=" + std::to_string(sh.channels) +
@@ -92,7 +97,7 @@ TEST_CASE("emulated batchnorm: training forward matches ref, running statistics 
                                     y.data(), mean.data(), invstd.data(), rm.data(), rv.data());
         INFO(describe(sh), " offset=", offset, " grid cap=", cap);
         CHECK(emu::last_launch().kernel == std::string("batchnorm_forward_train"));
-        CHECK(emu::last_launch().grid.x == expected_blocks(size));
+        CHECK(emu::last_launch().grid.x == expected_blocks(elementwise_groups(sh)));
         CHECK(relative_error(head(y.values(), size), head(y_ref, size)) < 1e-5);
         CHECK(relative_error(head(mean.values(), C), head(mean_ref, C)) < 1e-6);
         CHECK(relative_error(head(invstd.values(), C), head(invstd_ref, C)) < 1e-5);
@@ -133,7 +138,7 @@ TEST_CASE("emulated batchnorm: evaluation forward matches ref") {
       cu::batchnorm_forward_eval(s, sh, kEps, x.data(), gamma.data(), beta.data(), rm.data(),
                                  rv.data(), y.data());
       INFO(describe(sh), " grid cap=", cap);
-      CHECK(emu::last_launch().grid.x == expected_blocks(size));
+      CHECK(emu::last_launch().grid.x == expected_blocks(elementwise_groups(sh)));
       CHECK(relative_error(head(y.values(), size), head(y_ref, size)) < 1e-6);
       CHECK(guards_kept(y.values(), y0, size));
     }
@@ -172,7 +177,7 @@ TEST_CASE("emulated batchnorm: backward matches ref, dx assigned, dgamma and dbe
                                invstd.data(), dx.data(), dgamma.data(), dbeta.data());
         INFO(describe(sh), " offset=", offset, " grid cap=", cap);
         CHECK(emu::last_launch().kernel == std::string("batchnorm_backward"));
-        CHECK(emu::last_launch().grid.x == expected_blocks(size));
+        CHECK(emu::last_launch().grid.x == expected_blocks(elementwise_groups(sh)));
         if (sh.values_per_channel() > 2) {
           CHECK(relative_error(head(dx.values(), size), head(dx_ref, size)) < 1e-5);
         } else {
@@ -237,7 +242,7 @@ TEST_CASE("emulated batchnorm_relu: training and eval forwards match ref, runnin
                                          mean.data(), invstd.data(), rm.data(), rv.data());
         INFO(describe(sh), " offset=", offset, " grid cap=", cap);
         CHECK(emu::last_launch().kernel == std::string("batchnorm_relu_forward_train"));
-        CHECK(emu::last_launch().grid.x == expected_blocks(size));
+        CHECK(emu::last_launch().grid.x == expected_blocks(elementwise_groups(sh)));
         CHECK(relative_error(head(y.values(), size), head(y_ref, size)) < 1e-5);
         if (size >= 100) {  // both sides of the mask are exercised, and zeros are exact zeros
           CHECK(zeros_in(y.values(), size) > size / 10);
@@ -303,7 +308,7 @@ TEST_CASE("emulated batchnorm_relu: backward matches ref, dx assigned, dgamma an
                                     dx.data(), dgamma.data(), dbeta.data());
         INFO(describe(sh), " offset=", offset, " grid cap=", cap);
         CHECK(emu::last_launch().kernel == std::string("batchnorm_relu_backward"));
-        CHECK(emu::last_launch().grid.x == expected_blocks(size));
+        CHECK(emu::last_launch().grid.x == expected_blocks(elementwise_groups(sh)));
         if (sh.values_per_channel() > 2) {
           CHECK(relative_error(head(dx.values(), size), head(dx_ref, size)) < 1e-5);
         } else {
@@ -397,6 +402,73 @@ TEST_CASE("emulated batchnorm_relu_coupling: equals batch norm + relu then the c
         CHECK(out_eval.values() == expected_eval.values());
         CHECK(guards_kept(out_eval.values(), out0, 2 * size));
       }
+  }
+}
+
+TEST_CASE("emulated batchnorm: float4 groups and the one-value fallback (a misaligned pointer) give the same bits") {
+  // Planes of 24 values: the element-wise passes move float4s when every pointer is 16-byte
+  // aligned, else one float at a time. The arithmetic per value is the same: the same bits.
+  HeapWorkspace workspace;
+  StreamHandle s;
+  s.workspace = &workspace;
+  const BatchNormShape sh{3, 5, 4, 6};
+  const std::int64_t size = sh.size(), C = sh.channels;
+  const auto groups = unsigned(elementwise_groups(sh)), singles = unsigned(size);
+  // Each array twice: at a 16-byte boundary, and one float past it.
+  struct Pair {
+    AlignedFloats storage;
+    explicit Pair(const std::vector<float>& v) : storage([&] {
+      std::vector<float> w(v.size() + 1, 0.0f);
+      std::copy(v.begin(), v.end(), w.begin() + 1);
+      return w;
+    }()) {}
+    float* shifted() const { return storage.data() + 1; }
+  };
+  const std::vector<float> x0 = values(size, 71), dy0 = values(size, 72), gamma0 = values(C, 73, 0.5, 1.5),
+                           beta0 = values(C, 74), a0 = values(2 * size, 75);
+  const AlignedFloats x(x0), dy(dy0), gamma(gamma0), beta(beta0), a(a0);
+  const Pair x1(x0), dy1(dy0), a1(a0);
+
+  const auto forward = [&](const float* xp, bool relu, unsigned expect) {
+    const AlignedFloats y(values(size, 76)), mean(values(C, 77)), invstd(values(C, 78));
+    if (relu)
+      cu::batchnorm_relu_forward_train(s, sh, kEps, kMomentum, xp, gamma.data(), beta.data(), y.data(), mean.data(),
+                                       invstd.data(), nullptr, nullptr);
+    else
+      cu::batchnorm_forward_train(s, sh, kEps, kMomentum, xp, gamma.data(), beta.data(), y.data(), mean.data(),
+                                  invstd.data(), nullptr, nullptr);
+    CHECK(emu::last_launch().grid.x == expected_blocks(expect));
+    return std::vector<std::vector<float>>{head(y.values(), size), head(mean.values(), C), head(invstd.values(), C)};
+  };
+  for (const bool relu : {false, true}) {
+    CAPTURE(relu);
+    const auto aligned = forward(x.data(), relu, groups), shifted = forward(x1.shifted(), relu, singles);
+    CHECK(aligned == shifted);
+    // Backward from the aligned forward's statistics (and y, the ReLU's mask).
+    const auto backward = [&](const float* xp, const float* dyp, unsigned expect) {
+      const AlignedFloats y(aligned[0]), mean(aligned[1]), invstd(aligned[2]), dx(values(size, 79)),
+          dgamma(values(C, 80)), dbeta(values(C, 81));
+      if (relu)
+        cu::batchnorm_relu_backward(s, sh, xp, y.data(), dyp, gamma.data(), mean.data(), invstd.data(), dx.data(),
+                                    dgamma.data(), dbeta.data());
+      else
+        cu::batchnorm_backward(s, sh, xp, dyp, gamma.data(), mean.data(), invstd.data(), dx.data(), dgamma.data(),
+                               dbeta.data());
+      CHECK(emu::last_launch().grid.x == expected_blocks(expect));
+      return std::vector<std::vector<float>>{head(dx.values(), size), head(dgamma.values(), C), head(dbeta.values(), C)};
+    };
+    CHECK(backward(x.data(), dy.data(), groups) == backward(x1.shifted(), dy1.shifted(), singles));
+  }
+  // The coupling fused with batch norm + ReLU: a misaligned stream array takes the fallback too.
+  for (const auto direction : {petra::kernels::CouplingDirection::forward, petra::kernels::CouplingDirection::inverse}) {
+    const auto coupled = [&](const float* ap, unsigned expect) {
+      const AlignedFloats out(values(2 * size, 82)), mean(values(C, 83)), invstd(values(C, 84));
+      cu::batchnorm_relu_coupling_train(s, sh, kEps, kMomentum, direction, x.data(), gamma.data(), beta.data(), ap,
+                                        out.data(), mean.data(), invstd.data(), nullptr, nullptr);
+      CHECK(emu::last_launch().grid.x == expected_blocks(expect));
+      return head(out.values(), 2 * size);
+    };
+    CHECK(coupled(a.data(), groups) == coupled(a1.shifted(), singles));
   }
 }
 
