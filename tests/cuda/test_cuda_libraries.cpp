@@ -57,6 +57,30 @@ TEST_CASE("conv impl: the setting is checked and refuses cuDNN where the build h
   CHECK(petra::conv_impl() == petra::ConvImpl::petra);
 }
 
+TEST_CASE("conv math: fp32 by default, tf32 where CUDA is built, the choice parsed and named") {
+  CHECK(petra::conv_math() == petra::ConvMath::fp32);
+  CHECK(petra::parse_conv_math("fp32") == petra::ConvMath::fp32);
+  CHECK(petra::parse_conv_math("tf32") == petra::ConvMath::tf32);
+  CHECK_THROWS_WITH_AS(petra::parse_conv_math("bf16"), doctest::Contains("--conv-math bf16: expected fp32 or tf32"),
+                       petra::ValueError);
+  CHECK(std::string(petra::name_of(petra::ConvMath::tf32)) == "tf32");
+#if PETRA_HAVE_CUDA
+  petra::set_conv_math(petra::ConvMath::tf32);
+  CHECK(petra::conv_math() == petra::ConvMath::tf32);
+  CHECK(petra::kernels::cuda::conv2d_math() == petra::kernels::cuda::Conv2dMath::tf32);  // what the kernels read
+#else
+  CHECK_THROWS_AS(petra::set_conv_math(petra::ConvMath::tf32), petra::DeviceError);
+#endif
+  // CPU tensors ignore it: the CPU kernels are FP32 whatever the setting.
+  const auto x = petra::Tensor::uniform({1, 2, 4, 4}, 4, -1.0, 1.0), w = petra::Tensor::uniform({3, 2, 3, 3}, 5, -1.0, 1.0);
+  const auto bias = petra::Tensor::uniform({3}, 6, -1.0, 1.0);
+  const petra::Conv2dOptions o{1, 1};
+  const std::vector<float> under_setting = petra::ops::conv2d_forward(x, w, bias, o).to_vector<float>();
+  petra::set_conv_math(petra::ConvMath::fp32);
+  CHECK(petra::ops::conv2d_forward(x, w, bias, o).to_vector<float>() == under_setting);
+  CHECK(petra::conv_math() == petra::ConvMath::fp32);
+}
+
 TEST_CASE("conv impl: CPU tensors ignore the setting (there is no CPU cuDNN)") {
   if (!petra::cudnn_compiled()) return;  // the setting cannot be cudnn in this build
   const auto x = petra::Tensor::uniform({2, 3, 5, 5}, 1, -1.0, 1.0), w = petra::Tensor::uniform({4, 3, 3, 3}, 2, -1.0, 1.0);
