@@ -345,6 +345,16 @@ TEST_CASE("emulated conv2d: backward bias accumulates, matching ref, the same bi
 
 namespace {
 
+// The TF32 tests' shapes, for the three passes: tails of M, N and K (the forward's K = 27, 153, 297
+// and 585, not multiples of 8 or 16), two tiles of M and of N in each pass (65 out-channels for
+// the forward, 65 in-channels for backward data), padding, stride 2 (four stride classes for
+// backward data, one of them with no tap of a 1-wide kernel), a non-square kernel and stride.
+const std::vector<Conv2dShape> kTf32Shapes = {
+    {3, 17, 9, 9, 33, 3, 3, 1, 1, 1, 1}, {1, 3, 5, 5, 65, 3, 3, 1, 1, 1, 1}, {1, 65, 5, 5, 3, 3, 3, 1, 1, 1, 1},
+    {1, 33, 7, 5, 3, 3, 3, 1, 1, 0, 0},  {3, 3, 9, 7, 17, 3, 3, 2, 2, 1, 1}, {2, 5, 8, 8, 7, 1, 1, 2, 2, 0, 0},
+    {1, 2, 7, 11, 3, 2, 5, 1, 2, 1, 2},
+};
+
 // Sets cu::conv2d_math() for a scope.
 class MathGuard {
  public:
@@ -389,18 +399,9 @@ TEST_CASE("emulated conv2d: TF32 forward (the WMMA twin) matches its model bit f
   const StreamHandle& s = stream.s;
   const MathGuard tf32(cu::Conv2dMath::tf32);
   const auto start = std::chrono::steady_clock::now();
-  // tails of M, N and K (K = 27, 153, 297: not multiples of 8 or 16), two tiles of M and of N,
-  // padding, stride 2, a non-square kernel
-  const std::vector<Conv2dShape> shapes = {
-      {3, 17, 9, 9, 33, 3, 3, 1, 1, 1, 1},
-      {1, 3, 5, 5, 65, 3, 3, 1, 1, 1, 1},
-      {1, 33, 7, 5, 3, 3, 3, 1, 1, 0, 0},
-      {3, 3, 9, 7, 17, 3, 3, 2, 2, 1, 1},
-      {1, 2, 7, 11, 3, 2, 5, 1, 2, 1, 2},
-  };
   std::uint64_t seed = 2000;
   std::size_t index = 0;
-  for (const Conv2dShape& sh : shapes) {
+  for (const Conv2dShape& sh : kTf32Shapes) {
     seed += 10;
     const std::size_t offset = index++ % 2;
     const bool with_bias = offset == 0;
@@ -523,18 +524,9 @@ TEST_CASE("emulated conv2d: TF32 backward data and weight match their models bit
   const StreamHandle& s = stream.s;
   const MathGuard tf32(cu::Conv2dMath::tf32);
   const auto start = std::chrono::steady_clock::now();
-  // tails of M, N and K, two tiles of M and N, stride 2 (four stride classes, one with no tap in a
-  // 1-wide kernel), padding, a non-square kernel and stride
-  const std::vector<Conv2dShape> shapes = {
-      {3, 17, 9, 9, 33, 3, 3, 1, 1, 1, 1},
-      {1, 65, 5, 5, 3, 3, 3, 1, 1, 1, 1},
-      {3, 3, 9, 7, 17, 3, 3, 2, 2, 1, 1},
-      {2, 5, 8, 8, 7, 1, 1, 2, 2, 0, 0},
-      {1, 2, 7, 11, 3, 2, 5, 1, 2, 1, 2},
-  };
   std::uint64_t seed = 3000;
   std::size_t index = 0;
-  for (const Conv2dShape& sh : shapes) {
+  for (const Conv2dShape& sh : kTf32Shapes) {
     seed += 10;
     const std::size_t offset = index++ % 2;
     INFO(describe(sh), ", offset ", offset);
