@@ -54,6 +54,7 @@
 #include "petra/kernels/cuda/block_reduce.cuh"
 #include "petra/kernels/cuda/check.cuh"
 #include "petra/kernels/cuda/fast_divide.cuh"
+#include "petra/kernels/cuda/lanes.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 
 namespace petra::kernels::cuda {
@@ -62,6 +63,8 @@ namespace {
 using cuda_detail::block_tree_sum;
 using cuda_detail::grid_threads;
 using cuda_detail::kBlockThreads;
+using cuda_detail::kWidth;
+using cuda_detail::lanes;
 using cuda_detail::launch_grid_stride;
 using cuda_detail::thread_index;
 
@@ -173,104 +176,69 @@ __global__ void statistics(std::int64_t channels, std::int64_t plane, std::int64
   }
 }
 
-// The element-wise passes work on groups of V consecutive values (V = 4 when the plane is a
-// multiple of 4 and every pointer 16-byte aligned: one float4 load or store per array; else V = 1).
-// A group never crosses a plane, so its values share a channel. The arithmetic per value is the
-// same either way: the same bits.
-template <int V>
-struct Group {
-  float v[V];
-};
-
-template <int V>
-__device__ inline Group<V> load_group(const float* p, std::int64_t k) {
-  Group<V> g;
-  if constexpr (V == 4) {
-    const float4 q = *reinterpret_cast<const float4*>(p + k);
-    g.v[0] = q.x;
-    g.v[1] = q.y;
-    g.v[2] = q.z;
-    g.v[3] = q.w;
-  } else {
-    g.v[0] = p[k];
-  }
-  return g;
-}
-
-template <int V>
-__device__ inline void store_group(float* p, std::int64_t k, const Group<V>& g) {
-  if constexpr (V == 4)
-    *reinterpret_cast<float4*>(p + k) = make_float4(g.v[0], g.v[1], g.v[2], g.v[3]);
-  else
-    p[k] = g.v[0];
-}
-
-// Where a forward's element-wise pass puts BN(x) for the group of values at k of x (an NCHW index).
-// TensorOutput: y[k..], with the fused ReLU when relu.
+// The element-wise passes read and write V: float, or float4 where the plane is a multiple of 4
+// and every pointer 16-byte aligned (kernels/cuda/lanes.cuh). A float4 never crosses a plane, so
+// its four values share a channel; the arithmetic per value is the same either way.
+// Where a forward's element-wise pass puts BN(x) for the V at index g of x (in V units).
+// TensorOutput: y[g], with the fused ReLU when relu.
 template <bool relu>
 struct TensorOutput {
   float* y;
-  template <int V>
-  __device__ void store(std::int64_t k, Group<V> g) const {
-    if constexpr (relu)
-      for (int i = 0; i < V; ++i) g.v[i] = relu_of(g.v[i]);
-    store_group<V>(y, k, g);
+  template <class V>
+  __device__ void store(std::int64_t g, V value) const {
+    if constexpr (relu) value = lanes([](float v) { return relu_of(v); }, value);
+    reinterpret_cast<V*>(y)[g] = value;
   }
   bool aligned() const { return cuda_detail::aligned_16(y); }
 };
 
-// The coupling fused with F's last batch norm + ReLU (batchnorm_relu_coupling_*): value k of
-// f = relu(BN(z)) is added into stream 1 of out (forward) or subtracted into its stream 2
-// (inverse), and the same thread moves the other stream's value. stream = C * plane.
+// The coupling fused with F's last batch norm + ReLU (batchnorm_relu_coupling_*): the V at index g
+// of f = relu(BN(z)) is added into stream 1 of out (forward) or subtracted into its stream 2
+// (inverse), and the same thread moves the other stream's V. stream = C * plane, in floats.
 struct CouplingOutput {
   CouplingDirection direction;
   FastDivide stream;
   const float* a;
   float* out;
-  template <int V>
-  __device__ void store(std::int64_t k, const Group<V>& f) const {
-    const std::int64_t n = stream.quotient(k);
-    const std::int64_t first = k + n * stream.divisor(), second = first + stream.divisor();  // (n, 1, i), (n, 2, i)
-    const Group<V> a1 = load_group<V>(a, first), a2 = load_group<V>(a, second);
-    Group<V> out1, out2;
-    for (int i = 0; i < V; ++i) {
-      if (direction == CouplingDirection::forward) {  // out1 = a2 + f, out2 = a1
-        out1.v[i] = a2.v[i] + relu_of(f.v[i]);
-        out2.v[i] = a1.v[i];
-      } else {  // out1 = a2, out2 = a1 - f
-        out1.v[i] = a2.v[i];
-        out2.v[i] = a1.v[i] - relu_of(f.v[i]);
-      }
+  template <class V>
+  __device__ void store(std::int64_t g, V f) const {
+    const std::int64_t k = g * kWidth<V>, n = stream.quotient(k);
+    // (n, 1, i) and (n, 2, i), in V units (a float4 stays inside a stream: stream % 4 == 0 then)
+    const std::int64_t first = (k + n * stream.divisor()) / kWidth<V>, second = first + stream.divisor() / kWidth<V>;
+    const auto* av = reinterpret_cast<const V*>(a);
+    auto* outv = reinterpret_cast<V*>(out);
+    const V a1 = av[first], a2 = av[second];
+    if (direction == CouplingDirection::forward) {  // out1 = a2 + f, out2 = a1
+      outv[first] = lanes([](float x, float y) { return x + relu_of(y); }, a2, f);
+      outv[second] = a1;
+    } else {  // out1 = a2, out2 = a1 - f
+      outv[first] = a2;
+      outv[second] = lanes([](float x, float y) { return x - relu_of(y); }, a1, f);
     }
-    store_group<V>(out, first, out1);
-    store_group<V>(out, second, out2);
   }
   bool aligned() const { return cuda_detail::aligned_16(a) && cuda_detail::aligned_16(out); }
 };
 
 // BN(x) = gamma * (x - mean) * invstd + beta = (x - mean_f) * scale + bias, per value, to `output`.
-template <class Output, int V>
-__global__ void normalise(std::int64_t groups, ChannelOf channel_of, const float* x, const float* maps,
+template <class Output, class V>
+__global__ void normalise(std::int64_t vectors, ChannelOf channel_of, const float* x, const float* maps,
                           Output output) {
-  for (std::int64_t g = thread_index(); g < groups; g += grid_threads()) {
-    const std::int64_t k = g * V, c = channel_of(k);
-    Group<V> y = load_group<V>(x, k);
-    for (int i = 0; i < V; ++i) y.v[i] = (y.v[i] - maps[3 * c]) * maps[3 * c + 1] + maps[3 * c + 2];
-    output.template store<V>(k, y);
+  for (std::int64_t g = thread_index(); g < vectors; g += grid_threads()) {
+    const std::int64_t c = channel_of(g * kWidth<V>);
+    const float mean = maps[3 * c], scale = maps[3 * c + 1], bias = maps[3 * c + 2];
+    output.store(g, lanes([=](float v) { return (v - mean) * scale + bias; }, reinterpret_cast<const V*>(x)[g]));
   }
 }
 
 // Evaluation: the same with the running statistics, invstd = 1 / sqrt(running_var + eps).
-template <class Output, int V>
-__global__ void normalise_eval(std::int64_t groups, ChannelOf channel_of, float eps, const float* x,
+template <class Output, class V>
+__global__ void normalise_eval(std::int64_t vectors, ChannelOf channel_of, float eps, const float* x,
                                const float* gamma, const float* beta, const float* running_mean,
                                const float* running_var, Output output) {
-  for (std::int64_t g = thread_index(); g < groups; g += grid_threads()) {
-    const std::int64_t k = g * V, c = channel_of(k);
-    const float invstd = 1.0f / sqrtf(running_var[c] + eps);
-    Group<V> y = load_group<V>(x, k);
-    for (int i = 0; i < V; ++i) y.v[i] = (y.v[i] - running_mean[c]) * (gamma[c] * invstd) + beta[c];
-    output.template store<V>(k, y);
+  for (std::int64_t g = thread_index(); g < vectors; g += grid_threads()) {
+    const std::int64_t c = channel_of(g * kWidth<V>);
+    const float mean = running_mean[c], scale = gamma[c] * (1.0f / sqrtf(running_var[c] + eps)), bias = beta[c];
+    output.store(g, lanes([=](float v) { return (v - mean) * scale + bias; }, reinterpret_cast<const V*>(x)[g]));
   }
 }
 
@@ -295,24 +263,18 @@ __global__ void gradient_coefficients(std::int64_t channels, std::int64_t count,
   }
 }
 
-template <bool relu, int V>
-__global__ void input_gradient(std::int64_t groups, ChannelOf channel_of, const float* x, const float* y,
+template <bool relu, class V>
+__global__ void input_gradient(std::int64_t vectors, ChannelOf channel_of, const float* x, const float* y,
                                const float* dy, const float* saved_mean, const float* coefficients,
                                float* dx) {
-  for (std::int64_t g = thread_index(); g < groups; g += grid_threads()) {
-    const std::int64_t k = g * V, c = channel_of(k);
-    const Group<V> xs = load_group<V>(x, k), dys = load_group<V>(dy, k);
-    Group<V> out;
-    if constexpr (relu) {
-      const Group<V> ys = load_group<V>(y, k);
-      for (int i = 0; i < V; ++i) out.v[i] = relu_masked(ys.v[i], dys.v[i]);
-    } else {
-      out = dys;
-    }
-    for (int i = 0; i < V; ++i)
-      out.v[i] = coefficients[3 * c] * out.v[i] + coefficients[3 * c + 1] * (xs.v[i] - saved_mean[c]) +
-                 coefficients[3 * c + 2];
-    store_group<V>(dx, k, out);
+  for (std::int64_t g = thread_index(); g < vectors; g += grid_threads()) {
+    const std::int64_t c = channel_of(g * kWidth<V>);
+    const float a = coefficients[3 * c], b = coefficients[3 * c + 1], k = coefficients[3 * c + 2],
+                mean = saved_mean[c];
+    V gradient = reinterpret_cast<const V*>(dy)[g];
+    if constexpr (relu) gradient = lanes([](float yv, float d) { return relu_masked(yv, d); }, reinterpret_cast<const V*>(y)[g], gradient);
+    reinterpret_cast<V*>(dx)[g] = lanes([=](float d, float xv) { return a * d + b * (xv - mean) + k; }, gradient,
+                                        reinterpret_cast<const V*>(x)[g]);
   }
 }
 
@@ -378,10 +340,10 @@ void forward_train(const LaunchNames& names, const StreamHandle& s, const BatchN
                      maps);
   const ChannelOf channel_of(shape.plane(), shape.channels);
   if (vector_path(shape, {x}) && output.aligned())
-    launch_grid_stride(names.forward_train, s, shape.size() / 4, normalise<Output, 4>, shape.size() / 4, channel_of,
+    launch_grid_stride(names.forward_train, s, shape.size() / 4, normalise<Output, float4>, shape.size() / 4, channel_of,
                        x, maps, output);
   else
-    launch_grid_stride(names.forward_train, s, shape.size(), normalise<Output, 1>, shape.size(), channel_of, x,
+    launch_grid_stride(names.forward_train, s, shape.size(), normalise<Output, float>, shape.size(), channel_of, x,
                        maps, output);
 }
 
@@ -391,10 +353,10 @@ void forward_eval(const LaunchNames& names, const StreamHandle& s, const BatchNo
                   const float* running_mean, const float* running_var, const Output& output) {
   const ChannelOf channel_of(shape.plane(), shape.channels);
   if (vector_path(shape, {x}) && output.aligned())
-    launch_grid_stride(names.forward_eval, s, shape.size() / 4, normalise_eval<Output, 4>, shape.size() / 4,
+    launch_grid_stride(names.forward_eval, s, shape.size() / 4, normalise_eval<Output, float4>, shape.size() / 4,
                        channel_of, float(eps), x, gamma, beta, running_mean, running_var, output);
   else
-    launch_grid_stride(names.forward_eval, s, shape.size(), normalise_eval<Output, 1>, shape.size(), channel_of,
+    launch_grid_stride(names.forward_eval, s, shape.size(), normalise_eval<Output, float>, shape.size(), channel_of,
                        float(eps), x, gamma, beta, running_mean, running_var, output);
 }
 
@@ -418,10 +380,10 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
                      saved_invstd, coefficients, dgamma, dbeta);
   const ChannelOf channel_of(shape.plane(), shape.channels);
   if (vector_path(shape, {x, y, dy, dx}))
-    launch_grid_stride(names<relu>().backward, s, shape.size() / 4, input_gradient<relu, 4>, shape.size() / 4,
+    launch_grid_stride(names<relu>().backward, s, shape.size() / 4, input_gradient<relu, float4>, shape.size() / 4,
                        channel_of, x, y, dy, saved_mean, coefficients, dx);
   else
-    launch_grid_stride(names<relu>().backward, s, shape.size(), input_gradient<relu, 1>, shape.size(), channel_of,
+    launch_grid_stride(names<relu>().backward, s, shape.size(), input_gradient<relu, float>, shape.size(), channel_of,
                        x, y, dy, saved_mean, coefficients, dx);
 }
 

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "petra/kernels/coupling.hpp"
+#include "petra/kernels/cuda/lanes.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 
 namespace petra::kernels::cuda {
@@ -22,14 +23,10 @@ namespace {
 
 enum class Direction { kForward, kInverse, kSwap };
 
+using cuda_detail::lanes;
+
 __device__ inline float add(float a, float b) { return a + b; }
 __device__ inline float sub(float a, float b) { return a - b; }
-__device__ inline float4 add(float4 a, float4 b) {
-  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-}
-__device__ inline float4 sub(float4 a, float4 b) {
-  return make_float4(a.x - b.x, a.y - b.y, a.z - b.z, a.w - b.w);
-}
 
 // For every sample n and position i < size of a stream (size and all indices counted in V, which
 // is float or float4), with in1/in2 and out1/out2 the two streams of sample n:
@@ -50,11 +47,11 @@ __global__ void coupling_kernel(std::int64_t batch, std::int64_t size, const V* 
     const std::int64_t second = first + size;
     const V in1 = in[first], in2 = in[second];
     if constexpr (direction == Direction::kForward) {
-      out[first] = add(in2, h[k]);
+      out[first] = lanes(add, in2, h[k]);
       out[second] = in1;
     } else if constexpr (direction == Direction::kInverse) {
       out[first] = in2;
-      out[second] = sub(in1, h[k]);
+      out[second] = lanes(sub, in1, h[k]);
     } else {
       out[first] = in2;
       out[second] = in1;

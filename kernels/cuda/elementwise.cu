@@ -12,6 +12,7 @@
 // (z = x + z, relu in place). Each element is still read before it is written, by one thread.
 #include <cstdint>
 
+#include "petra/kernels/cuda/lanes.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 #include "petra/kernels/elementwise.hpp"
 
@@ -21,30 +22,12 @@ namespace {
 using cuda_detail::aligned_16;
 using cuda_detail::launch_grid_stride;
 
-// op applied to each lane: float, or the four floats of a float4.
-template <class Op>
-__device__ inline float lanes(Op op, float a) {
-  return op(a);
-}
-template <class Op>
-__device__ inline float lanes(Op op, float a, float b) {
-  return op(a, b);
-}
-template <class Op>
-__device__ inline float4 lanes(Op op, float4 a) {
-  return make_float4(op(a.x), op(a.y), op(a.z), op(a.w));
-}
-template <class Op>
-__device__ inline float4 lanes(Op op, float4 a, float4 b) {
-  return make_float4(op(a.x, b.x), op(a.y, b.y), op(a.z, b.z), op(a.w, b.w));
-}
+using cuda_detail::kWidth;
+using cuda_detail::lanes;
 
 // The kernels below read and write n floats as V: float, or float4 when every pointer is 16-byte
-// aligned. The grid-stride loop covers the n / width whole vectors; then the grid's first threads
-// do the n % width floats left over, one each (none when V is float).
-template <class V>
-inline constexpr std::int64_t kWidth = sizeof(V) / sizeof(float);
-
+// aligned (kernels/cuda/lanes.cuh). The grid-stride loop covers the n / width whole vectors; then
+// the grid's first threads do the n % width floats left over, one each (none when V is float).
 __device__ inline std::int64_t thread_index() {
   return std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
 }

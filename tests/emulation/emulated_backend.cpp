@@ -53,10 +53,9 @@ struct EmulatedEvent {
   std::uint64_t magic = kEventMagic;
   int device = 0;
   bool live = true;
-  bool recorded = false;
-  // Asynchronous mode: the number of the latest event_record, and of the latest one whose place in
-  // its stream's queue was reached (the event is complete when they are equal), and the stream of
-  // the latest record.
+  // The number of event_record calls so far (0: never recorded), and of the latest record whose
+  // place in its stream's queue was reached (the event is complete when they are equal; at once in
+  // synchronous mode), and the stream of the latest record.
   std::uint64_t records = 0, completed = 0;
   EmulatedStream* recorded_on = nullptr;
 };
@@ -521,13 +520,11 @@ void event_destroy(void* event) noexcept {
 void event_record(void* event, void* stream) {
   std::lock_guard lock(ed::state().mutex);
   ed::EmulatedEvent& e = ed::event_of(event, "cuda_backend::event_record");
-  const ed::EmulatedStream& s = ed::stream_of(stream, "cuda_backend::event_record");
-  PETRA_CHECK(e.device == s.device, DeviceError, "cuda_backend::event_record: an event of cuda:", e.device,
-              " recorded on a stream of cuda:", s.device, " (CUDA: cudaErrorInvalidResourceHandle)");
-  e.recorded = true;
+  ed::EmulatedStream& on = ed::stream_of(stream, "cuda_backend::event_record");
+  PETRA_CHECK(e.device == on.device, DeviceError, "cuda_backend::event_record: an event of cuda:", e.device,
+              " recorded on a stream of cuda:", on.device, " (CUDA: cudaErrorInvalidResourceHandle)");
   ++ed::state().live.event_records;
   ++e.records;
-  auto& on = const_cast<ed::EmulatedStream&>(s);
   e.recorded_on = &on;
   if (!ed::state().asynchronous) {
     e.completed = e.records;
@@ -542,15 +539,14 @@ void event_record(void* event, void* stream) {
 
 void stream_wait_event(void* stream, void* event) {
   std::lock_guard lock(ed::state().mutex);
-  (void)ed::stream_of(stream, "cuda_backend::stream_wait_event");
-  const ed::EmulatedEvent& e = ed::event_of(event, "cuda_backend::stream_wait_event");
+  ed::EmulatedStream& s = ed::stream_of(stream, "cuda_backend::stream_wait_event");
+  ed::EmulatedEvent& e = ed::event_of(event, "cuda_backend::stream_wait_event");
   // A stream may wait for an event of another device (that is how GPUs order work between them),
   // but not for one that was never recorded: CUDA would not wait at all.
-  PETRA_CHECK(e.recorded, Error, "cuda_backend::stream_wait_event: event ", event, " (cuda:", e.device,
+  PETRA_CHECK(e.records > 0, Error, "cuda_backend::stream_wait_event: event ", event, " (cuda:", e.device,
               ") was never recorded; CUDA would not wait at all, leaving the work it should order unordered");
   if (!ed::state().asynchronous || e.completed >= e.records) return;
-  ed::Work work{ed::Work::kWait, {}, const_cast<ed::EmulatedEvent*>(&e), e.records, e.recorded_on};
-  ed::stream_of(stream, "cuda_backend::stream_wait_event").queue.push_back(std::move(work));
+  s.queue.push_back(ed::Work{ed::Work::kWait, {}, &e, e.records, e.recorded_on});
 }
 
 void event_synchronize(void* event) {
