@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -413,18 +412,23 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
 // --conv-impl: cuDNN only where it can run. A build without cuDNN, or a run that would put any stage
 // on the CPU (no --devices, --mpi, or a cpu:N entry), is refused as a bad argument naming the flag:
 // cuDNN has no CPU path, and silently running petra's kernels instead would mislabel the run.
+// A bad argument naming `setting` unless every --devices entry is a GPU (none given: the CPU).
+void require_cuda_devices(const char* setting, const std::vector<petra::Device>& devices) {
+  std::string listed;
+  bool all_cuda = !devices.empty();
+  for (const petra::Device& d : devices) {
+    listed += (listed.empty() ? "" : ",") + d.str();
+    all_cuda = all_cuda && d.is_cuda();
+  }
+  PETRA_CHECK(all_cuda, petra::ValueError, setting, " runs on CUDA devices only, but --devices is ",
+              listed.empty() ? std::string("not given (the CPU)") : listed, ": give --devices cuda:N");
+}
+
 void use_conv_impl(petra::ConvImpl impl, const std::vector<petra::Device>& devices) {
   if (impl == petra::ConvImpl::cudnn) {
     PETRA_CHECK(petra::cudnn_compiled(), petra::ValueError,
                 "--conv-impl cudnn: this petra was built without cuDNN (meson found no cudnn.h and libcudnn)");
-    std::string listed;
-    bool all_cuda = !devices.empty();
-    for (const petra::Device& d : devices) {
-      listed += (listed.empty() ? "" : ",") + d.str();
-      all_cuda = all_cuda && d.is_cuda();
-    }
-    PETRA_CHECK(all_cuda, petra::ValueError, "--conv-impl cudnn runs on CUDA devices only, but --devices is ",
-                listed.empty() ? std::string("not given (the CPU)") : listed, ": give --devices cuda:N");
+    require_cuda_devices("--conv-impl cudnn", devices);
   }
   petra::set_conv_impl(impl);
 }
@@ -432,12 +436,7 @@ void use_conv_impl(petra::ConvImpl impl, const std::vector<petra::Device>& devic
 // --conv-math tf32: the tensor cores' arithmetic, on CUDA devices only (the CPU kernels are FP32: a
 // run that silently kept FP32 would mislabel its numbers).
 void use_conv_math(petra::ConvMath math, const std::vector<petra::Device>& devices) {
-  if (math == petra::ConvMath::tf32) {
-    const bool all_cuda =
-        !devices.empty() && std::all_of(devices.begin(), devices.end(), [](const petra::Device& d) { return d.is_cuda(); });
-    PETRA_CHECK(all_cuda, petra::ValueError, "--conv-math tf32 runs on CUDA devices only (the CPU kernels are FP32): ",
-                "give --devices cuda:N");
-  }
+  if (math == petra::ConvMath::tf32) require_cuda_devices("--conv-math tf32", devices);
   petra::set_conv_math(math);
 }
 
