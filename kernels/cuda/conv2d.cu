@@ -148,12 +148,12 @@ struct ForwardProblem {
   __device__ Row row(std::int64_t m) const { return {m * depth()}; }
   __device__ Column column(std::int64_t n) const {
     const tiling::OutputPixel o = tiling::output_pixel(g, n);
-    return {o.x_sample + o.h0 * g.in_w + o.w0, o.h0, o.w0};
+    return {tiling::corner_offset(g, o), o.h0, o.w0};
   }
   // k = (c, i, j): a = k, b = the tap's offset from the corner, i, j.
   __device__ KEntry k_entry(std::int64_t k) const {
     const Tap t = tiling::split_tap(k, g.kernel_h, g.kernel_w);
-    return {k, (t.c * g.in_h + t.i) * g.in_w + t.j, std::int32_t(t.i), std::int32_t(t.j)};
+    return {k, tiling::tap_offset(g, t), std::int32_t(t.i), std::int32_t(t.j)};
   }
   __device__ float a(const Row& r, const KEntry& e) const { return w[r.w_row + e.a]; }
   __device__ float b(const Column& c, const KEntry& e) const {
@@ -245,7 +245,7 @@ struct WeightProblem {
   __device__ Row row(std::int64_t m) const { return {m * g.out_plane()}; }
   __device__ Column column(std::int64_t n) const {
     const Tap t = tiling::split_tap(n, g.kernel_h, g.kernel_w);
-    return {(t.c * g.in_h + t.i) * g.in_w + t.j, t.i, t.j};
+    return {tiling::tap_offset(g, t), t.i, t.j};
   }
   // k = output pixel (b, oh, ow): a = its offset in dy's channel 0, b = its tap (0, 0)'s offset in
   // x's channel 0 (the corner, as ForwardProblem's), i, j = that tap's input coordinates.
@@ -253,7 +253,7 @@ struct WeightProblem {
     const std::int64_t plane = g.out_plane();
     const std::int64_t b = tiling::quotient(k, plane);
     const tiling::OutputPixel o = tiling::output_pixel(g, k);
-    return {b * g.out_channels * plane + (k - b * plane), o.x_sample + o.h0 * g.in_w + o.w0, std::int32_t(o.h0),
+    return {b * g.out_channels * plane + (k - b * plane), tiling::corner_offset(g, o), std::int32_t(o.h0),
             std::int32_t(o.w0)};
   }
   __device__ float a(const Row& r, const KEntry& e) const { return dy[e.a + r.dy_channel]; }

@@ -15,8 +15,8 @@
 //   - ConvGeometry: Conv2dShape's numbers with out_h, out_w, as the kernels receive them;
 //   - split_tap / split_pixel: a flat index of K or N into (channel, tap row, tap column) or
 //     (sample, row, column);
-//   - input_offset: the x element an output pixel reads through a tap (forward, weight), or -1 in
-//     the zero padding;
+//   - corner_offset + tap_offset: the x element an output pixel reads through a tap (forward,
+//     weight), where tap_inside says it is not the zero padding;
 //   - stride_class: backward data's input pixels and taps grouped by stride class, so that its
 //     gather has no zero terms and no division;
 //   - the block's tile shape and which tile elements each thread loads and computes (and, for the
@@ -102,13 +102,20 @@ PETRA_HOST_DEVICE inline OutputPixel output_pixel(const ConvGeometry& g, std::in
   return {p.b * g.in_channels * g.in_plane(), p.y * g.stride_h - g.pad_h, p.x * g.stride_w - g.pad_w};
 }
 
-// Offset in x of the value output pixel `o` multiplies with weight tap `t` (channel t.c), or -1
-// where that value is the zero padding.
-PETRA_HOST_DEVICE inline std::int64_t input_offset(const ConvGeometry& g, const OutputPixel& o,
-                                                   const Tap& t) {
+// The x value that output pixel `o` multiplies with weight tap `t` (channel t.c) is at
+// corner_offset(g, o) + tap_offset(g, t) when tap_inside(g, o, t), else it is the zero padding.
+// The kernels split it so: a thread keeps one of the two for its whole K loop and the block's
+// K-step table holds the other (forward: the corner per output pixel, the tap offset per k; weight
+// gradient: the other way round). The corner itself may lie outside x; only the sum is read.
+PETRA_HOST_DEVICE inline std::int64_t corner_offset(const ConvGeometry& g, const OutputPixel& o) {
+  return o.x_sample + o.h0 * g.in_w + o.w0;
+}
+PETRA_HOST_DEVICE inline std::int64_t tap_offset(const ConvGeometry& g, const Tap& t) {
+  return (t.c * g.in_h + t.i) * g.in_w + t.j;
+}
+PETRA_HOST_DEVICE inline bool tap_inside(const ConvGeometry& g, const OutputPixel& o, const Tap& t) {
   const std::int64_t h = o.h0 + t.i, w = o.w0 + t.j;
-  if (h < 0 || h >= g.in_h || w < 0 || w >= g.in_w) return -1;
-  return o.x_sample + (t.c * g.in_h + h) * g.in_w + w;
+  return h >= 0 && h < g.in_h && w >= 0 && w < g.in_w;
 }
 
 // ---- backward data: stride classes (the gather form without zero terms) -----------------------

@@ -2,7 +2,8 @@
 // (kernels/cuda/conv2d_tiling.cuh), on the host, against brute force: every shape of a small grid
 // (kernels 1..4 x 1..3, strides 1..3, paddings 0..2, inputs 1..7, channels 1..3, batch 1..2) and
 // random larger ones.
-//   - input_offset(output_pixel(n), split_tap(k)) is the im2col matrix that ref::'s loops visit;
+//   - corner_offset(output_pixel(n)) + tap_offset(split_tap(k)), where tap_inside, is the im2col
+//     matrix that ref::'s loops visit;
 //   - backward data's stride classes (stride_class) reach exactly the (input pixel, tap) pairs
 //     that an output pixel reads, each once and at that output pixel (found by trying every
 //     output pixel), and partition the coordinates and the taps;
@@ -119,7 +120,9 @@ TEST_CASE("conv2d tiling: the gathered operands are im2col and its transpose, on
         const std::int64_t h = oh * s.stride_h - s.pad_h + i, w = ow * s.stride_w - s.pad_w + j;
         const bool inside = h >= 0 && h < s.in_h && w >= 0 && w < s.in_w;
         const std::int64_t want = inside ? ((b * s.in_channels + c) * s.in_h + h) * s.in_w + w : -1;
-        REQUIRE(tiling::input_offset(g, op, tiling::split_tap(k, s.kernel_h, s.kernel_w)) == want);
+        const tiling::Tap t = tiling::split_tap(k, s.kernel_h, s.kernel_w);
+        REQUIRE(tiling::tap_inside(g, op, t) == inside);
+        if (inside) REQUIRE(tiling::corner_offset(g, op) + tiling::tap_offset(g, t) == want);
         ++gathers;
       }
     }
