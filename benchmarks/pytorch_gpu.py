@@ -59,11 +59,11 @@ def run(torch, precision: str, args) -> dict:
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     for i in range(args.steps):
-        loss = step(args.warmup + i)
+        loss = step(args.warmup + i).detach()
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     return {"precision": precision, "steps": args.steps, "warmup": args.warmup, "seconds": seconds,
-            "images_per_second": args.steps * args.batch_size / seconds, "final_loss": float(loss),
+            "images_per_second": args.steps * args.batch_size / seconds, "final_loss": loss.item(),
             "peak_bytes": torch.cuda.max_memory_allocated()}
 
 
