@@ -6,9 +6,11 @@
 //
 // The forward subtracts each row's max before exponentiating, so large logits cannot overflow,
 // and saves the softmax probabilities [batch, classes] for the backward, which is then a
-// subtraction. Labels must lie in [0, classes): the forward checks them before computing anything
-// and returns the batch index of the first label out of range, or -1 when all are valid. When it
-// returns an index, its outputs are unspecified; the caller raises petra::Error.
+// subtraction. Labels must lie in [0, classes): the forward checks them and writes first_bad[0],
+// the batch index of the first label out of range, or -1 when all are valid. When it writes an
+// index, loss and probs are unspecified; the caller raises petra::Error. first_bad is memory like
+// loss (device memory on a GPU), so a GPU forward never waits: the caller reads the index when it
+// reads the loss.
 //
 // dloss (the upstream gradient of the scalar loss) and loss are pointers to one element, so that
 // on a GPU they stay in device memory.
@@ -27,11 +29,11 @@ struct CrossEntropyShape {
 
 namespace ref {
 
-// loss[0] =, probs = softmax(logits) (saved for the backward). Returns -1, or the index b of the
-// first labels[b] outside [0, classes).
+// loss[0] =, probs = softmax(logits) (saved for the backward); first_bad[0] = -1, or the index b
+// of the first labels[b] outside [0, classes).
 template <class T>
-std::int64_t cross_entropy_forward(const StreamHandle& s, const CrossEntropyShape& shape, const T* logits,
-                                   const std::int64_t* labels, T* loss, T* probs);
+void cross_entropy_forward(const StreamHandle& s, const CrossEntropyShape& shape, const T* logits,
+                           const std::int64_t* labels, T* loss, T* probs, std::int64_t* first_bad);
 // dlogits = dloss[0] * (probs - onehot(labels)) / batch. dlogits may be probs itself (in place).
 // (A row whose label is out of range gets no onehot term; none is left after a successful forward.)
 template <class T>
@@ -52,8 +54,8 @@ void count_correct(const StreamHandle& s, const CrossEntropyShape& shape, const 
 namespace cpu {
 
 template <class T>
-std::int64_t cross_entropy_forward(const StreamHandle& s, const CrossEntropyShape& shape, const T* logits,
-                                   const std::int64_t* labels, T* loss, T* probs);
+void cross_entropy_forward(const StreamHandle& s, const CrossEntropyShape& shape, const T* logits,
+                           const std::int64_t* labels, T* loss, T* probs, std::int64_t* first_bad);
 template <class T>
 void cross_entropy_backward(const StreamHandle& s, const CrossEntropyShape& shape, const T* probs,
                             const std::int64_t* labels, const T* dloss, T* dlogits);
@@ -66,16 +68,15 @@ void count_correct(const StreamHandle& s, const CrossEntropyShape& shape, const 
 }  // namespace cpu
 
 // Same contracts, float, on the GPU (kernels/cuda/loss.cu), with every pointer in device memory:
-// logits, labels, probs, loss, dloss, dlogits, predicted and correct (so count_correct's result is
-// one int64 on the device, which the caller copies back). A block per row, fixed-order trees, no
-// atomics: the same input gives the same bits. cross_entropy_forward needs s.workspace (a double
-// per row) and, to return the first bad label, copies it to the host and synchronises the stream;
-// the other three are asynchronous. count_correct needs s.workspace too (an int64 per row).
+// logits, labels, probs, loss, first_bad, dloss, dlogits, predicted and correct (so the loss, the
+// first bad label and count_correct's result are each one number on the device, which the caller
+// copies back when it needs them). A block per row, fixed-order trees, no atomics: the same input
+// gives the same bits. All four are asynchronous: none waits for the GPU. cross_entropy_forward
+// needs s.workspace (a double per row), count_correct too (an int64 per row).
 namespace cuda {
 
-std::int64_t cross_entropy_forward(const StreamHandle& s, const CrossEntropyShape& shape,
-                                   const float* logits, const std::int64_t* labels, float* loss,
-                                   float* probs);
+void cross_entropy_forward(const StreamHandle& s, const CrossEntropyShape& shape, const float* logits,
+                           const std::int64_t* labels, float* loss, float* probs, std::int64_t* first_bad);
 void cross_entropy_backward(const StreamHandle& s, const CrossEntropyShape& shape, const float* probs,
                             const std::int64_t* labels, const float* dloss, float* dlogits);
 void argmax(const StreamHandle& s, const CrossEntropyShape& shape, const float* logits,

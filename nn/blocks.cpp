@@ -258,14 +258,22 @@ HeadResult HeadStage::loss_and_backward(const Tensor& x, const Tensor& labels) {
   return head_loss_and_backward(*this, x, labels);
 }
 
+HeadNumbers::Values HeadNumbers::read() const {
+  ops::check_labels(first_bad, labels, classes);
+  return {loss.item(), static_cast<std::int64_t>(correct.item())};
+}
+
 HeadResult head_loss_and_backward(Stage& stage, const Tensor& x, const Tensor& labels) {
   GradModeGuard grad(true);
   const Variable input(x, /*requires_grad=*/true);
   const Variable logits = stage.forward(input);
-  const Variable loss = cross_entropy(logits, labels);
   HeadResult result;
-  result.loss = loss.data().item();
-  result.correct = ops::count_correct(logits.data(), labels);
+  HeadNumbers& numbers = result.numbers;
+  const Variable loss = cross_entropy(logits, labels, &numbers.first_bad);
+  numbers.loss = loss.data();
+  numbers.correct = ops::correct_predictions(logits.data(), labels);
+  numbers.labels = labels;
+  numbers.classes = logits.data().size(1);
   const Variable outputs[] = {loss};
   const Tensor seeds[] = {Tensor::full({1}, 1.0, loss.data().dtype(), loss.data().device())};
   const Variable capture[] = {input};

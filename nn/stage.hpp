@@ -12,7 +12,7 @@
 //              graph of F once during the inversion and reusing it for the vector-Jacobian product
 //              (two F-sized passes instead of three).
 //   head       (pool, classifier, loss): forward(x) -> logits; loss_and_backward(x, labels) ->
-//              loss, correct count and dx.
+//              loss, correct count (HeadNumbers, read later) and dx.
 //
 // Every *_backward call ACCUMULATES (+=) the stage's parameter gradients, so the runtime can
 // average k of them before an optimizer step. forward() records no graph unless called with
@@ -29,10 +29,29 @@ namespace petra::nn {
 enum class StageKind { buffered, reversible, head };
 std::string_view name_of(StageKind kind);
 
+// The head's numbers for one mini-batch, left where its kernels wrote them (device memory on a
+// GPU). Reading them is the one thing in a training step that would make the host wait for a GPU,
+// so the pipeline passes these tensors on and the trainer reads them when it reports, after a
+// chunk of steps: meanwhile the host queues the next steps' kernels.
+struct HeadNumbers {
+  Tensor loss;       // float [1]: mean cross-entropy over the batch
+  Tensor correct;    // int64 [1]: rows whose argmax is their label
+  Tensor first_bad;  // int64 [1]: -1, or the first sample whose label is outside [0, classes)
+  Tensor labels;     // to name a bad label
+  std::int64_t classes = 0;
+
+  struct Values {
+    double loss = 0;
+    std::int64_t correct = 0;
+  };
+  // The numbers on the host; a bad label raises ValueError as cross_entropy does (the loss is
+  // unspecified then). On a GPU: a copy and a wait on the calling thread's stream.
+  Values read() const;
+};
+
 struct HeadResult {
-  double loss = 0;            // mean over the batch
-  std::int64_t correct = 0;   // argmax == label
-  Tensor dx;                  // gradient of the mean loss with respect to the head's input
+  HeadNumbers numbers;
+  Tensor dx;  // gradient of the mean loss with respect to the head's input
 };
 
 class Stage : public Module {

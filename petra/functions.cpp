@@ -190,9 +190,12 @@ std::vector<int> all_dims(const Variable& x) {
 Variable sum(const Variable& x) { return sum(x, all_dims(x)); }
 Variable mean(const Variable& x) { return mean(x, all_dims(x)); }
 
-Variable cross_entropy(const Variable& logits, const Tensor& labels) {
+Variable cross_entropy(const Variable& logits, const Tensor& labels, Tensor* first_bad) {
   ops::CrossEntropySaved saved;
-  Tensor loss = ops::cross_entropy_forward(logits.data(), labels, &saved);
+  Tensor loss = ops::cross_entropy_forward(logits.data(), labels, &saved,
+                                           first_bad ? ops::LabelCheck::deferred : ops::LabelCheck::now);
+  if (first_bad) *first_bad = saved.first_bad;
+  saved.first_bad = Tensor();  // the backward needs only the probabilities
   if (!should_record({&logits})) return Variable(loss);
   return record_one(std::move(loss), "cross_entropy", {logits}, [saved, labels](std::span<const Tensor> g) {
     return std::vector<Tensor>{ops::cross_entropy_backward(saved, labels, g[0])};

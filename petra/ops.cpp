@@ -72,48 +72,42 @@ void check_shape(const Tensor& t, const Shape& expected, const char* op, const c
 }  // namespace
 
 // Runs kernels::cpu::NAME (float32) or kernels::ref::NAME<double> (float64); the arguments may
-// use the alias T for the element type. `assign` is empty, or `result =` to keep the kernel's
-// return value.
-#define PETRA_CPU_CALL(assign, tensor, NAME, ...) \
-  do {                                            \
-    if ((tensor).dtype() == DType::f32) {         \
-      using T = float;                            \
-      assign kernels::cpu::NAME(__VA_ARGS__);     \
-    } else {                                      \
-      using T = double;                           \
-      assign kernels::ref::NAME<T>(__VA_ARGS__);  \
-    }                                             \
+// use the alias T for the element type.
+#define PETRA_CPU_CALL(tensor, NAME, ...) \
+  do {                                    \
+    if ((tensor).dtype() == DType::f32) { \
+      using T = float;                    \
+      kernels::cpu::NAME(__VA_ARGS__);    \
+    } else {                              \
+      using T = double;                   \
+      kernels::ref::NAME<T>(__VA_ARGS__); \
+    }                                     \
   } while (0)
 
 // Runs kernels::cuda::NAME (T = float) when the op's family has a CUDA kernel in this build, else
 // raises DeviceError naming the op. PETRA_CUDA_<FAMILY> comes from the family table in
 // kernels/meson.build (1 where the family has kernels/cuda/<family>.cu and petra is built with CUDA).
-#define PETRA_CUDA_CALL_1(assign, NAME, ...) \
-  do {                                       \
-    using T = float;                         \
-    assign kernels::cuda::NAME(__VA_ARGS__); \
+#define PETRA_CUDA_CALL_1(NAME, ...)  \
+  do {                                \
+    using T = float;                  \
+    kernels::cuda::NAME(__VA_ARGS__); \
   } while (0)
-#define PETRA_CUDA_CALL_0(assign, NAME, ...) no_cuda_kernel(#NAME)
+#define PETRA_CUDA_CALL_0(NAME, ...) no_cuda_kernel(#NAME)
 #define PETRA_PASTE_(a, b) a##b
 #define PETRA_PASTE(a, b) PETRA_PASTE_(a, b)
 
-// The profiler's one hook (petra/profile.hpp): the kernel's wall time goes to its op family; with
-// profiling off the timer costs one relaxed atomic load.
-#define PETRA_DISPATCH(assign, FAMILY, tensor, NAME, ...)                              \
+// The one dispatch point of every op: family FAMILY's kernel NAME for `tensor`'s device and dtype.
+// It is also the profiler's one hook (petra/profile.hpp): the kernel's wall time goes to its op
+// family; with profiling off the timer costs one relaxed atomic load.
+#define PETRA_CALL(FAMILY, tensor, NAME, ...)                                          \
   do {                                                                                 \
     static constexpr profile::Family kProfileFamily = profile::family_of(#FAMILY, #NAME); \
     const profile::OpTimer profile_timer(kProfileFamily);                              \
     if ((tensor).device().is_cuda())                                                   \
-      PETRA_PASTE(PETRA_CUDA_CALL_, PETRA_CUDA_##FAMILY)(assign, NAME, __VA_ARGS__);   \
+      PETRA_PASTE(PETRA_CUDA_CALL_, PETRA_CUDA_##FAMILY)(NAME, __VA_ARGS__);           \
     else                                                                               \
-      PETRA_CPU_CALL(assign, tensor, NAME, __VA_ARGS__);                               \
+      PETRA_CPU_CALL(tensor, NAME, __VA_ARGS__);                                       \
   } while (0)
-
-// The one dispatch point of every op: family FAMILY's kernel NAME for `tensor`'s device and dtype.
-#define PETRA_CALL(FAMILY, tensor, NAME, ...) PETRA_DISPATCH(, FAMILY, tensor, NAME, __VA_ARGS__)
-// The same for a kernel that returns a value, assigned to `result`.
-#define PETRA_CALL_INTO(result, FAMILY, tensor, NAME, ...) \
-  PETRA_DISPATCH(result =, FAMILY, tensor, NAME, __VA_ARGS__)
 
 // A kernel that only kernels::cpu has, in float (the caller has checked the device and dtype),
 // timed as PETRA_CALL times every kernel.
@@ -834,19 +828,29 @@ kernels::CrossEntropyShape loss_shape(const Tensor& logits, const Tensor& labels
 }
 }  // namespace
 
-Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, CrossEntropySaved* saved) {
+Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, CrossEntropySaved* saved,
+                             LabelCheck check) {
   const auto k = loss_shape(logits, labels, "cross_entropy");
   PETRA_CHECK(saved != nullptr, ValueError, "cross_entropy: needs somewhere to save the probabilities");
   Tensor loss = Tensor::empty({1}, logits.dtype(), logits.device());
   saved->probs = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+  saved->first_bad = Tensor::empty({1}, DType::i64, logits.device());
   const auto& s = stream_for(logits.device());
-  std::int64_t bad = -1;  // the first sample whose label is outside [0, classes)
-  PETRA_CALL_INTO(bad, LOSS, logits, cross_entropy_forward, s, k, logits.data_ptr<T>(),
-                  labels.data_ptr<std::int64_t>(), loss.data_ptr<T>(), saved->probs.data_ptr<T>());
+  PETRA_CALL(LOSS, logits, cross_entropy_forward, s, k, logits.data_ptr<T>(), labels.data_ptr<std::int64_t>(),
+             loss.data_ptr<T>(), saved->probs.data_ptr<T>(), saved->first_bad.data_ptr<std::int64_t>());
+  if (check == LabelCheck::now) check_labels(saved->first_bad, labels, k.classes);
+  return loss;
+}
+
+void check_labels(const Tensor& first_bad, const Tensor& labels, std::int64_t classes) {
+  PETRA_CHECK(first_bad.dtype() == DType::i64 && first_bad.numel() == 1 && first_bad.device() == labels.device(),
+              ShapeError, "check_labels: first_bad ", first_bad.str(), " must be int64 [1] on the labels' device ",
+              labels.device().str());
+  const auto& s = stream_for(labels.device());
+  const std::int64_t bad = read_int64(first_bad, 0, s);
   if (bad >= 0)
     throw ValueError(detail::concat("cross_entropy: label ", read_int64(labels, bad, s), " of sample ", bad,
-                                    " is outside [0, ", k.classes, ")"));
-  return loss;
+                                    " is outside [0, ", classes, ")"));
 }
 
 Tensor cross_entropy_backward(const CrossEntropySaved& saved, const Tensor& labels, const Tensor& dloss) {
@@ -870,14 +874,17 @@ Tensor argmax(const Tensor& logits) {
   return predicted;
 }
 
-std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
+Tensor correct_predictions(const Tensor& logits, const Tensor& labels) {
   const auto k = loss_shape(logits, labels, "count_correct");
-  // The kernel writes the count where the logits are (device memory on a GPU); it comes back here.
-  const Tensor correct = Tensor::empty({1}, DType::i64, logits.device());
+  Tensor correct = Tensor::empty({1}, DType::i64, logits.device());
   const auto& s = stream_for(logits.device());
   PETRA_CALL(LOSS, logits, count_correct, s, k, logits.data_ptr<T>(), labels.data_ptr<std::int64_t>(),
              correct.data_ptr<std::int64_t>());
-  return read_int64(correct, 0, s);
+  return correct;
+}
+
+std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
+  return read_int64(correct_predictions(logits, labels), 0, stream_for(logits.device()));
 }
 
 // ---------------------------------------------------------------- optimizer steps

@@ -140,14 +140,24 @@ void channel_accumulate_into(const Tensor& full, const Tensor& part, std::int64_
 
 // loss: logits [batch, classes], labels int64 [batch]
 struct CrossEntropySaved {
-  Tensor probs;  // softmax of the logits
+  Tensor probs;      // softmax of the logits
+  Tensor first_bad;  // int64 [1] where the logits are: -1, or the first sample whose label is out of range
 };
-// Mean over the batch; a label outside [0, classes) raises ValueError naming the sample. Labels are
-// int64 [batch] on the logits' device (DeviceError otherwise). On a GPU the forward waits for its
-// kernels (to learn whether a label was out of range), and count_correct copies its count back.
-Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, CrossEntropySaved* saved);  // scalar [1]
+// Mean over the batch. Labels are int64 [batch] on the logits' device (DeviceError otherwise). A
+// label outside [0, classes) raises ValueError naming the sample: at once with LabelCheck::now (on
+// a GPU the forward then waits for its kernels), or when the caller passes saved->first_bad to
+// check_labels with LabelCheck::deferred, so that a training step on a GPU never waits for the
+// device (the trainer checks when it reads the loss). Until then the loss is unspecified; the
+// backward of a bad row has no onehot term and reads nothing out of range.
+enum class LabelCheck { now, deferred };
+Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, CrossEntropySaved* saved,
+                             LabelCheck check = LabelCheck::now);  // scalar [1]
+void check_labels(const Tensor& first_bad, const Tensor& labels, std::int64_t classes);
 Tensor cross_entropy_backward(const CrossEntropySaved& saved, const Tensor& labels, const Tensor& dloss);
 Tensor argmax(const Tensor& logits);                                  // int64 [batch]
+// The number of rows whose argmax is their label: correct_predictions leaves it where the logits are
+// (int64 [1], no wait on a GPU); count_correct reads it back.
+Tensor correct_predictions(const Tensor& logits, const Tensor& labels);
 std::int64_t count_correct(const Tensor& logits, const Tensor& labels);
 
 // additive coupling with swap: x has 2C channels, f has C

@@ -17,6 +17,7 @@
 #include <mutex>
 
 #include "petra/error.hpp"
+#include "petra/nn/stage.hpp"
 #include "petra/stream.hpp"
 #include "petra/tensor.hpp"
 
@@ -46,11 +47,12 @@ struct BackwardMessage {
   std::shared_ptr<Event> ready;  // as ForwardMessage::ready
 };
 
-// What the head reports for each mini-batch it trained on.
+// What the head reports for each mini-batch it trained on. The numbers stay where the head's
+// kernels wrote them until read (nn::HeadNumbers::read): a GPU pipeline never waits for them.
 struct HeadStats {
   std::int64_t microbatch = -1;
-  double loss = 0;
-  std::int64_t correct = 0, samples = 0;
+  nn::HeadNumbers numbers;
+  std::int64_t samples = 0;
 };
 using HeadCallback = std::function<void(const HeadStats&)>;
 

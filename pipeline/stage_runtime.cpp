@@ -242,7 +242,7 @@ BackwardMessage StageRuntime::head_step(ForwardMessage in, HeadStats& stats) {
   const std::vector<Tensor> before = gradients_before();
   const nn::HeadResult r = stage_.loss_and_backward(in.activation, in.labels);
   r.dx.storage()->retag(MemoryTag::messages, index_);
-  stats = {in.microbatch, r.loss, r.correct, in.labels.numel()};
+  stats = {in.microbatch, r.numbers, in.labels.numel()};
   ++received_;
   capture(before, in.microbatch);
   return {in.microbatch, previous_rebuilds_input_ ? std::move(in.activation) : Tensor(), r.dx, nullptr};

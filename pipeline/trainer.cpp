@@ -310,12 +310,20 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
     double loss_sum = 0;
     std::int64_t correct = 0, samples = 0, newest = 0;  // newest: the last mini-batch the head saw
     bool diverged = false;
-    const HeadCallback head = [&](const HeadStats& s) {
-      loss_sum += s.loss * double(s.samples);
-      correct += s.correct;
-      samples += s.samples;
-      newest = std::max(newest, s.microbatch);
-      diverged = diverged || !std::isfinite(s.loss);
+    // The head's numbers are read once per chunk of steps, after the executor returns: reading
+    // them at every step would make the host wait for a GPU at every step (nn::HeadNumbers).
+    std::vector<HeadStats> unread;
+    const HeadCallback head = [&](const HeadStats& s) { unread.push_back(s); };
+    const auto read_head = [&] {
+      for (const HeadStats& s : unread) {
+        const nn::HeadNumbers::Values v = s.numbers.read();
+        loss_sum += v.loss * double(s.samples);
+        correct += v.correct;
+        samples += s.samples;
+        newest = std::max(newest, s.microbatch);
+        diverged = diverged || !std::isfinite(v.loss);
+      }
+      unread.clear();
     };
     EpochReport report;
     const auto start = Clock::now();
@@ -335,6 +343,7 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
       for (double seconds : steps) profiled_seconds_ += seconds;
       profiled_steps_ += static_cast<std::int64_t>(steps.size());
       global_step_ = end;
+      read_head();
       if (group_) {  // only the head's process sees the loss: all stop together
         double flag[] = {diverged ? 1.0 : 0.0};
         group_->sum(flag);
@@ -423,17 +432,26 @@ Evaluation Trainer::evaluate() {
   model_->eval();
   test_loader_->start_epoch(0);
   Evaluation e;
-  double loss_sum = 0;
-  std::int64_t correct = 0;
+  // Each batch's numbers are read after the last batch, so that the GPU never waits for the host.
+  std::vector<std::pair<nn::HeadNumbers, std::int64_t>> unread;  // numbers, samples
   while (auto host = test_loader_->next()) {
     MiniBatch batch{std::move(host->images), std::move(host->labels)};
     if (device_batches_) batch = device_batches_->uploader().upload(batch);
     const Variable logits = model_->forward(Variable(batch.images));
-    const Tensor labels = batch.labels.to(logits.data().device());  // the head may sit on another GPU
-    const Variable loss = cross_entropy(logits, labels);
-    loss_sum += loss.data().item() * double(labels.numel());
-    correct += ops::count_correct(logits.data(), labels);
-    e.samples += batch.labels.numel();
+    nn::HeadNumbers numbers;
+    numbers.labels = batch.labels.to(logits.data().device());  // the head may sit on another GPU
+    numbers.classes = logits.data().size(1);
+    numbers.loss = cross_entropy(logits, numbers.labels, &numbers.first_bad).data();
+    numbers.correct = ops::correct_predictions(logits.data(), numbers.labels);
+    unread.emplace_back(std::move(numbers), batch.labels.numel());
+  }
+  double loss_sum = 0;
+  std::int64_t correct = 0;
+  for (const auto& [numbers, samples] : unread) {
+    const nn::HeadNumbers::Values v = numbers.read();
+    loss_sum += v.loss * double(samples);
+    correct += v.correct;
+    e.samples += samples;
   }
   model_->train();
   e.loss = e.samples ? loss_sum / double(e.samples) : 0;

@@ -27,9 +27,10 @@ std::int64_t first_bad_label(const CrossEntropyShape& shape, const std::int64_t*
 }  // namespace
 
 template <class T>
-std::int64_t cross_entropy_forward(const StreamHandle& s, const CrossEntropyShape& shape, const T* logits,
-                                   const std::int64_t* labels, T* loss, T* probs) {
-  if (const std::int64_t bad = first_bad_label(shape, labels); bad >= 0) return bad;
+void cross_entropy_forward(const StreamHandle& s, const CrossEntropyShape& shape, const T* logits,
+                           const std::int64_t* labels, T* loss, T* probs, std::int64_t* first_bad) {
+  first_bad[0] = first_bad_label(shape, labels);
+  if (first_bad[0] >= 0) return;
   const std::int64_t classes = shape.classes;
   std::vector<double> row_loss(static_cast<std::size_t>(shape.batch));
   parallel_for(threads_above(s, shape.batch * shape.classes), shape.batch, [&](std::int64_t b) {
@@ -44,7 +45,6 @@ std::int64_t cross_entropy_forward(const StreamHandle& s, const CrossEntropyShap
   double total = 0;
   for (double l : row_loss) total += l;
   loss[0] = static_cast<T>(total / double(shape.batch));
-  return -1;
 }
 
 template <class T>
@@ -72,8 +72,8 @@ void count_correct(const StreamHandle& s, const CrossEntropyShape& shape, const 
 }
 
 #define PETRA_INSTANTIATE(T)                                                                                       \
-  template std::int64_t cross_entropy_forward<T>(const StreamHandle&, const CrossEntropyShape&, const T*,          \
-                                                 const std::int64_t*, T*, T*);                                     \
+  template void cross_entropy_forward<T>(const StreamHandle&, const CrossEntropyShape&, const T*,                  \
+                                         const std::int64_t*, T*, T*, std::int64_t*);                              \
   template void cross_entropy_backward<T>(const StreamHandle&, const CrossEntropyShape&, const T*,                 \
                                           const std::int64_t*, const T*, T*);                                      \
   template void argmax<T>(const StreamHandle&, const CrossEntropyShape&, const T*, std::int64_t*);                 \

@@ -7,7 +7,7 @@
 // heads do not leave most of a block idle; T depends on the shape only. Thread t takes the row's
 // values t, t + T, ... (consecutive threads read consecutive floats: coalesced).
 //
-// Forward (three launches on the stream, which orders them):
+// Forward (two launches on the stream, which orders them):
 //   1. softmax_rows, a block per row: the row's max (each thread over its values, then a fixed
 //      tree over the threads in shared memory, kernels/cuda/block_reduce.cuh), then
 //      sum_exp = sum of exp(x - max) in double (the same: per thread, then the tree), then
@@ -18,9 +18,9 @@
 //   2. finish_loss, one block: adds the per-row losses (each thread a fixed strided subset in
 //      order, then the tree) and writes loss[0] = float(total / batch); the same block finds the
 //      first label outside [0, classes) (the smallest such row, by the same tree with min).
-//   3. that index is copied to the host and the stream synchronised, because the contract
-//      returns it: the forward is the one loss kernel that waits for the GPU (the head reads
-//      the loss back right after anyway). Rows with a bad label read no logit at their label.
+//      That index stays on the device beside the loss: nothing here waits for the GPU, so a
+//      training step never stalls the host (the trainer reads both when it reports, a chunk of
+//      steps later). Rows with a bad label read no logit at their label.
 // Backward: one element-wise grid-stride pass, dlogits = float(dloss / batch * (probs -
 // onehot)) in double, as ref:: computes it: ref::'s bits, and safe in place (dlogits == probs).
 // argmax: a block per row; each thread keeps the first best of its values (NaN beats every
@@ -177,25 +177,15 @@ void launch_argmax(const char* name, const StreamHandle& s, const CrossEntropySh
 
 }  // namespace
 
-std::int64_t cross_entropy_forward(const StreamHandle& s, const CrossEntropyShape& shape,
-                                   const float* logits, const std::int64_t* labels, float* loss,
-                                   float* probs) {
-  // Scratch: the first bad row, then a double per row.
-  auto* first_bad = static_cast<std::int64_t*>(
-      s.scratch(sizeof(std::int64_t) + std::size_t(shape.batch) * sizeof(double)));
-  auto* row_loss = reinterpret_cast<double*>(first_bad + 1);
+void cross_entropy_forward(const StreamHandle& s, const CrossEntropyShape& shape, const float* logits,
+                           const std::int64_t* labels, float* loss, float* probs, std::int64_t* first_bad) {
+  auto* row_loss = static_cast<double*>(s.scratch(std::max<std::size_t>(std::size_t(shape.batch), 1) * sizeof(double)));
   if (shape.batch > 0)
     launch_blocks("cross_entropy_forward", s, block_stride_blocks(shape.batch),
                   threads_for(shape.classes), softmax_rows, shape.batch, shape.classes, logits,
                   labels, probs, row_loss);
   launch_blocks("cross_entropy_loss", s, 1, threads_for(shape.batch), finish_loss, shape.batch,
                 shape.classes, labels, row_loss, loss, first_bad);
-  cuda_detail::DeviceGuard guard(s.device_index);
-  std::int64_t bad = -1;
-  PETRA_CUDA_CHECK(cudaMemcpyAsync(&bad, first_bad, sizeof bad, cudaMemcpyDeviceToHost,
-                                   cuda_detail::stream_of(s)));
-  PETRA_CUDA_CHECK(cudaStreamSynchronize(cuda_detail::stream_of(s)));
-  return bad;
 }
 
 void cross_entropy_backward(const StreamHandle& s, const CrossEntropyShape& shape, const float* probs,

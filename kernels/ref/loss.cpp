@@ -31,9 +31,10 @@ std::int64_t argmax_of_row(const T* row, std::int64_t classes) {
 }  // namespace
 
 template <class T>
-std::int64_t cross_entropy_forward(const StreamHandle&, const CrossEntropyShape& shape, const T* logits,
-                                   const std::int64_t* labels, T* loss, T* probs) {
-  if (const std::int64_t bad = first_bad_label(shape, labels); bad >= 0) return bad;
+void cross_entropy_forward(const StreamHandle&, const CrossEntropyShape& shape, const T* logits,
+                           const std::int64_t* labels, T* loss, T* probs, std::int64_t* first_bad) {
+  first_bad[0] = first_bad_label(shape, labels);
+  if (first_bad[0] >= 0) return;
   const std::int64_t classes = shape.classes;
   double total = 0;  // sum over rows of -log softmax[label]
   for (std::int64_t b = 0; b < shape.batch; ++b) {
@@ -47,7 +48,6 @@ std::int64_t cross_entropy_forward(const StreamHandle&, const CrossEntropyShape&
     total += std::log(sum_exp) - (double(row[labels[b]]) - max);
   }
   loss[0] = static_cast<T>(total / double(shape.batch));
-  return -1;
 }
 
 template <class T>
@@ -77,8 +77,8 @@ void count_correct(const StreamHandle&, const CrossEntropyShape& shape, const T*
 }
 
 #define PETRA_INSTANTIATE(T)                                                                                       \
-  template std::int64_t cross_entropy_forward<T>(const StreamHandle&, const CrossEntropyShape&, const T*,          \
-                                                 const std::int64_t*, T*, T*);                                     \
+  template void cross_entropy_forward<T>(const StreamHandle&, const CrossEntropyShape&, const T*,                  \
+                                         const std::int64_t*, T*, T*, std::int64_t*);                              \
   template void cross_entropy_backward<T>(const StreamHandle&, const CrossEntropyShape&, const T*,                 \
                                           const std::int64_t*, const T*, T*);                                      \
   template void argmax<T>(const StreamHandle&, const CrossEntropyShape&, const T*, std::int64_t*);                 \

@@ -54,7 +54,7 @@ std::vector<double> train(nn::Model& model, const RuntimeOptions& options, std::
   StreamGuard guard(one_thread);
   SequentialExecutor executor(model, options);
   std::vector<double> losses;
-  executor.run(schedule, 0, schedule.steps, make_batch, [&](const HeadStats& s) { losses.push_back(s.loss); });
+  executor.run(schedule, 0, schedule.steps, make_batch, [&](const HeadStats& s) { losses.push_back(s.numbers.read().loss); });
   return losses;
 }
 
@@ -220,8 +220,8 @@ TEST_CASE("with the options on, the concurrent executor gives the sequential exe
       std::vector<double> losses_b;
       ConcurrentExecutor concurrent(b, options, {{Device::cpu(0), 1}, {Device::cpu(1), 1}},
                                     balanced_placement(std::vector<double>(J, 1.0), 2));
-      concurrent.run(schedule, 0, 10, make_batch, [&](const HeadStats& s) { losses_b.push_back(s.loss); });
-      concurrent.run(schedule, 10, schedule.steps, make_batch, [&](const HeadStats& s) { losses_b.push_back(s.loss); });
+      concurrent.run(schedule, 0, 10, make_batch, [&](const HeadStats& s) { losses_b.push_back(s.numbers.read().loss); });
+      concurrent.run(schedule, 10, schedule.steps, make_batch, [&](const HeadStats& s) { losses_b.push_back(s.numbers.read().loss); });
       CHECK(losses_a == losses_b);
       CHECK(parameters_of(a) == parameters_of(b));
       CHECK(parameters_of(a) != parameters_of(nn::Model(small_revnet())));  // it trained

@@ -26,8 +26,9 @@ template <class T>
 T forward_backward(bool fast, const k::StreamHandle& s, const k::CrossEntropyShape& shape, const std::vector<T>& logits,
                    const std::vector<std::int64_t>& labels, T dloss, std::vector<T>& probs, std::vector<T>& dlogits) {
   T loss = T(99);
-  const std::int64_t bad = fast ? k::cpu::cross_entropy_forward(s, shape, logits.data(), labels.data(), &loss, probs.data())
-                                : k::ref::cross_entropy_forward(s, shape, logits.data(), labels.data(), &loss, probs.data());
+  std::int64_t bad = 99;
+  fast ? k::cpu::cross_entropy_forward(s, shape, logits.data(), labels.data(), &loss, probs.data(), &bad)
+       : k::ref::cross_entropy_forward(s, shape, logits.data(), labels.data(), &loss, probs.data(), &bad);
   CHECK(bad == -1);
   fast ? k::cpu::cross_entropy_backward(s, shape, probs.data(), labels.data(), &dloss, dlogits.data())
        : k::ref::cross_entropy_backward(s, shape, probs.data(), labels.data(), &dloss, dlogits.data());
@@ -82,8 +83,11 @@ TEST_CASE("loss: a label out of range is reported by index, without a crash") {
   const std::vector<std::int64_t> first_bad = {1, 2, 3};
   for (std::size_t i = 0; i < label_sets.size(); ++i) {
     const auto& labels = label_sets[i];
-    CHECK(k::ref::cross_entropy_forward(k::StreamHandle{}, shape, logits.data(), labels.data(), &loss, probs.data()) == first_bad[i]);
-    CHECK(k::cpu::cross_entropy_forward(k::StreamHandle{}, shape, logits.data(), labels.data(), &loss, probs.data()) == first_bad[i]);
+    std::int64_t bad_ref = 99, bad_cpu = 99;
+    k::ref::cross_entropy_forward(k::StreamHandle{}, shape, logits.data(), labels.data(), &loss, probs.data(), &bad_ref);
+    k::cpu::cross_entropy_forward(k::StreamHandle{}, shape, logits.data(), labels.data(), &loss, probs.data(), &bad_cpu);
+    CHECK(bad_ref == first_bad[i]);
+    CHECK(bad_cpu == first_bad[i]);
     // the backward skips such rows' onehot term instead of writing out of bounds
     k::ref::cross_entropy_backward(k::StreamHandle{}, shape, probs.data(), labels.data(), &dloss, dlogits.data());
     k::cpu::cross_entropy_backward(k::StreamHandle{}, shape, probs.data(), labels.data(), &dloss, dlogits.data());
@@ -129,7 +133,9 @@ TEST_CASE("loss: the backward is the gradient of dloss * mean loss (finite diffe
     auto loss_fn = [&](const std::vector<double>& x) {
       std::vector<double> probs(n);
       double loss = 0;
-      k::ref::cross_entropy_forward(s, shape, x.data(), labels.data(), &loss, probs.data());
+      std::int64_t bad = 99;
+      k::ref::cross_entropy_forward(s, shape, x.data(), labels.data(), &loss, probs.data(), &bad);
+      CHECK(bad == -1);
       return dloss * loss;
     };
     std::vector<double> probs(n), dlogits(n);

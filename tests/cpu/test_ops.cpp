@@ -313,6 +313,15 @@ TEST_CASE("bad operands raise petra::Error naming the op") {
   CHECK_THROWS_AS(ops::cross_entropy_forward(logits, Tensor::from_vector<std::int64_t>({2}, {1, -1}), &ce), ValueError);
   CHECK_THROWS_AS(ops::cross_entropy_forward(logits, Tensor::from_vector<float>({2}, {1, 0}), &ce), ShapeError);
   CHECK_THROWS_AS(ops::cross_entropy_forward(logits, Tensor::from_vector<std::int64_t>({3}, {1, 0, 0}), &ce), ShapeError);
+  // Deferred: the forward returns, and check_labels raises the same error later.
+  const Tensor bad_labels = Tensor::from_vector<std::int64_t>({2}, {1, 7});
+  ops::cross_entropy_forward(logits, bad_labels, &ce, ops::LabelCheck::deferred);
+  CHECK(ce.first_bad.to_vector<std::int64_t>() == std::vector<std::int64_t>{1});
+  CHECK_THROWS_WITH_AS(ops::check_labels(ce.first_bad, bad_labels, 5),
+                       "cross_entropy: label 7 of sample 1 is outside [0, 5)", ValueError);
+  ops::cross_entropy_forward(logits, Tensor::from_vector<std::int64_t>({2}, {1, 4}), &ce, ops::LabelCheck::deferred);
+  CHECK(ce.first_bad.to_vector<std::int64_t>() == std::vector<std::int64_t>{-1});
+  CHECK_THROWS_AS(ops::check_labels(Tensor::zeros({1}), bad_labels, 5), ShapeError);  // not int64
 
   const Tensor p = Tensor::zeros({4});
   SgdOptions nesterov_with_dampening;

@@ -63,7 +63,7 @@ TEST_CASE("with lr = 0, every delayed method's per-stage gradients equal backpro
       SequentialExecutor executor(model, options);
       const Schedule schedule = make_schedule(method, static_cast<int>(model.num_stages()), batches, 1, /*drain=*/true);
       double loss = 0;
-      executor.run(schedule, 0, schedule.steps, make_batch, [&](const HeadStats& s) { loss += s.loss; });
+      executor.run(schedule, 0, schedule.steps, make_batch, [&](const HeadStats& s) { loss += s.numbers.read().loss; });
       CHECK(loss > 0);
       const auto got = stage_gradients(model);
       for (std::size_t j = 0; j < got.size(); ++j) {
@@ -191,13 +191,13 @@ TEST_CASE("the concurrent executor gives the sequential executor's parameters bi
       Stream one_thread(Device::cpu(), 1);
       StreamGuard guard(one_thread);
       SequentialExecutor sequential(a, options);
-      sequential.run(schedule, 0, schedule.steps, make_batch, [&](const HeadStats& s) { losses_a.push_back(s.loss); });
+      sequential.run(schedule, 0, schedule.steps, make_batch, [&](const HeadStats& s) { losses_a.push_back(s.numbers.read().loss); });
     }
     ConcurrentExecutor concurrent(b, options, {{Device::cpu(0), 1}, {Device::cpu(1), 1}},
                                   balanced_placement(std::vector<double>(J, 1.0), 2));
     // Epoch by epoch: the pipeline is not flushed in between.
-    concurrent.run(schedule, 0, 10, make_batch, [&](const HeadStats& s) { losses_b.push_back(s.loss); });
-    concurrent.run(schedule, 10, schedule.steps, make_batch, [&](const HeadStats& s) { losses_b.push_back(s.loss); });
+    concurrent.run(schedule, 0, 10, make_batch, [&](const HeadStats& s) { losses_b.push_back(s.numbers.read().loss); });
+    concurrent.run(schedule, 10, schedule.steps, make_batch, [&](const HeadStats& s) { losses_b.push_back(s.numbers.read().loss); });
     CHECK(losses_a == losses_b);
     const auto pa = a.named_parameters(), pb = b.named_parameters();
     for (std::size_t i = 0; i < pa.size(); ++i) {

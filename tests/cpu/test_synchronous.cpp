@@ -15,7 +15,7 @@ using namespace petra;
 namespace {
 // Runs `steps` mini-batches (all the same: x, labels) of a synchronous method on the executor, with
 // no optimizer step, so the gradients add up. Returns the head's numbers of the last one.
-pipeline::HeadStats executor_steps(nn::Model& model, pipeline::PipelineMethod method, const Tensor& x,
+nn::HeadNumbers::Values executor_steps(nn::Model& model, pipeline::PipelineMethod method, const Tensor& x,
                                    const Tensor& labels, std::int64_t steps = 1) {
   pipeline::RuntimeOptions options;
   options.method = method;
@@ -25,7 +25,7 @@ pipeline::HeadStats executor_steps(nn::Model& model, pipeline::PipelineMethod me
   pipeline::HeadStats last;
   executor.run(grid, 0, steps, [&](std::int64_t) { return pipeline::MiniBatch{x, labels}; },
                [&](const pipeline::HeadStats& s) { last = s; });
-  return last;
+  return last.numbers.read();
 }
 }  // namespace
 

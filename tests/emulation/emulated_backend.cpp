@@ -417,6 +417,7 @@ void free_device(void* p, int device) noexcept {
   if (p == nullptr) return;
   std::unique_lock lock(ed::state().mutex);
   ed::State& s = ed::state();
+  ++s.live.host_waits;
   if (s.asynchronous) {  // cudaFree waits for the device
     try {
       ed::run_everything(lock, "cuda_backend::free_device");
@@ -504,6 +505,7 @@ void stream_destroy(void* stream) noexcept {
 void stream_synchronize(void* stream) {
   std::unique_lock lock(ed::state().mutex);
   ed::EmulatedStream& s = ed::stream_of(stream, "cuda_backend::stream_synchronize");
+  ++ed::state().live.host_waits;
   ed::run_stream(lock, s, "cuda_backend::stream_synchronize");
 }
 
@@ -553,6 +555,7 @@ void event_synchronize(void* event) {
   std::unique_lock lock(ed::state().mutex);
   const ed::EmulatedEvent& e = ed::event_of(event, "cuda_backend::event_synchronize");
   if (e.completed >= e.records) return;
+  ++ed::state().live.host_waits;
   ed::run_stream_until(lock, *e.recorded_on, [&e] { return e.completed >= e.records; },
                        "cuda_backend::event_synchronize");
 }
@@ -587,6 +590,7 @@ void check_copy(void* dst, const void* src, std::size_t bytes, void* stream, con
 // Caller holds `lock`.
 void copy_work(std::unique_lock<std::mutex>& lock, void* stream, bool pageable, std::function<void()> copy,
                const char* what) {
+  if (pageable) ++ed::state().live.host_waits;
   if (!ed::state().asynchronous) {
     copy();
     return;

@@ -32,6 +32,11 @@ struct Live {
   std::int64_t pinned_blocks = 0, pinned_bytes = 0;  // malloc_host not yet freed
   std::int64_t streams = 0, events = 0;              // created, not yet destroyed
   std::int64_t event_records = 0;                    // event_record calls so far (not a live count)
+  // Calls so far that make the host wait for a GPU (not a live count): stream synchronisations,
+  // synchronisations on an event not yet complete (asynchronous mode), copies to or from pageable
+  // host memory, frees of device memory. A training
+  // step that makes none lets the host queue the next step while the GPU still works on this one.
+  std::int64_t host_waits = 0;
 };
 Live live();
 

@@ -720,6 +720,17 @@ void add_loss(std::vector<Case>& t) {
                  kRounding});
     t.push_back({"argmax", "argmax " + where, in,
                  [](const Inputs& v) { return Outputs{{"predicted", ops::argmax(v[0])}}; }, kExact});
+    // The deferred label check: the forward leaves first_bad on the device (-1 here), check_labels
+    // reads it and passes. (Bad labels: test_ops.cpp and test_emulated_device_ops.cpp.)
+    t.push_back({"check_labels", "check_labels " + where, in, [](const Inputs& v) {
+                   ops::CrossEntropySaved saved;
+                   ops::cross_entropy_forward(v[0], v[1], &saved, ops::LabelCheck::deferred);
+                   ops::check_labels(saved.first_bad, v[1], v[0].size(1));
+                   return Outputs{{"first_bad", saved.first_bad}};
+                 },
+                 kExact});
+    t.push_back({"correct_predictions", "correct_predictions " + where, in,
+                 [](const Inputs& v) { return Outputs{{"correct", ops::correct_predictions(v[0], v[1])}}; }, kExact});
     t.push_back({"count_correct", "count_correct " + where, in, [](const Inputs& v) {
                    const std::int64_t correct = ops::count_correct(v[0], v[1]);
                    return Outputs{{"correct", Tensor::from_vector<std::int64_t>({1}, {correct}, v[0].device())}};
