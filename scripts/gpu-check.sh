@@ -16,7 +16,8 @@
 #   pytorch   the PyTorch peer of the training runs (benchmarks/pytorch_gpu.py, eager on cuDNN,
 #             FP32 and TF32), where the machine's python3 has PyTorch with CUDA;
 #   fashion   the default Fashion-MNIST run (petra-train's defaults) on cuda:0: accuracy and time;
-#   mpi       --mpi on the GPU, where mpirun exists;
+#   mpi       --mpi on the GPU, where mpirun exists (and NCCL between processes where there are
+#             two GPUs or more);
 #   pipeline  bench-pipeline on the idle CPUs (not in the default list; measured on 2026-11-30).
 # Everything it prints also goes to OUT/gpu-check.log, the benchmarks' numbers to
 # OUT/bench-cuda.json and OUT/pytorch-gpu.json, each training run's log to OUT/train-<name>.log
@@ -272,6 +273,19 @@ group_mpi() {
   mpi_train mpi-1-nccl 1 --mpi --devices cuda:0 --transport nccl
   mpi_train mpi-2-host-copies 2 --mpi --devices cuda:0 --transport mpi
   mpi_train mpi-2-nccl-shared-gpu 2 --mpi --devices cuda:0 --transport nccl  # expected: exit 6
+  # Two GPUs or more: what one GPU cannot run, NCCL messages between processes. test-mpi's NCCL case
+  # then also sends payloads both ways between ranks 0 and 1; the training run must end at the bits
+  # of the one-process run above (the same bits as the host-copy run).
+  local gpus
+  gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
+  if [ "${gpus:-0}" -ge 2 ]; then
+    step "test-mpi on 2 processes, one GPU each (NCCL payloads between them)" 40 "${mpi[@]}" -np 2 "$bin/test-mpi"
+    mpi_train mpi-2-nccl 2 --mpi --devices cuda:0,cuda:1 --transport nccl
+    same_numbers "--mpi, 1 process vs 2 processes on 2 GPUs over NCCL" "$out/train-mpi-1-nccl.jsonl" \
+      "$out/train-mpi-2-nccl.jsonl"
+  else
+    echo "== NCCL between processes: SKIPPED (${gpus:-0} GPU(s); NCCL needs one per process)"
+  fi
 }
 
 # PETRA's pipeline on the GPU machine's idle CPUs (measured on 2026-11-30; not in the default list).
