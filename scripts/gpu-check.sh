@@ -272,6 +272,8 @@ group_mpi() {
   }
   mpi_train mpi-1-nccl 1 --mpi --devices cuda:0 --transport nccl
   mpi_train mpi-2-host-copies 2 --mpi --devices cuda:0 --transport mpi
+  same_numbers "--mpi, 1 process vs 2 processes sharing the GPU (host copies)" "$out/train-mpi-1-nccl.jsonl" \
+    "$out/train-mpi-2-host-copies.jsonl"
   mpi_train mpi-2-nccl-shared-gpu 2 --mpi --devices cuda:0 --transport nccl  # expected: exit 6
   # Two GPUs or more: what one GPU cannot run, NCCL messages between processes. test-mpi's NCCL case
   # then also sends payloads both ways between ranks 0 and 1; the training run must end at the bits
