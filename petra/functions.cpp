@@ -192,8 +192,12 @@ Variable mean(const Variable& x) { return mean(x, all_dims(x)); }
 
 Variable cross_entropy(const Variable& logits, const Tensor& labels, Tensor* first_bad) {
   ops::CrossEntropySaved saved;
+  // Deferred on a GPU only: there reading the flag would make the host wait. On the CPU the check
+  // costs nothing now, and a bad row leaves its probabilities unwritten, which the backward (and
+  // the optimizer's steps until a deferred read) must never see.
+  const bool defer = first_bad != nullptr && logits.data().device().is_cuda();
   Tensor loss = ops::cross_entropy_forward(logits.data(), labels, &saved,
-                                           first_bad ? ops::LabelCheck::deferred : ops::LabelCheck::now);
+                                           defer ? ops::LabelCheck::deferred : ops::LabelCheck::now);
   if (first_bad) *first_bad = saved.first_bad;
   saved.first_bad = Tensor();  // the backward needs only the probabilities
   if (!should_record({&logits})) return Variable(loss);

@@ -61,8 +61,10 @@ Variable slice_channels(const Variable& x, std::int64_t first, std::int64_t coun
 // The same channels as a view of x (no copy), for a convolution's input: conv2d reads a channel
 // slice in place, other ops require contiguous operands (ShapeError). Its gradient is a channel piece.
 Variable channel_view(const Variable& x, std::int64_t first, std::int64_t count);
-// Mean over the batch. A bad label raises at once; with first_bad, the check is the caller's: it
-// receives the flag to pass to ops::check_labels later (no wait on a GPU, ops::cross_entropy_forward).
+// Mean over the batch. A bad label raises at once; with first_bad on a GPU, the check is the
+// caller's: it receives the flag to pass to ops::check_labels later (no wait for the GPU,
+// ops::cross_entropy_forward). On the CPU the check is made at once either way (it costs nothing
+// there), and first_bad still receives the flag.
 Variable cross_entropy(const Variable& logits, const Tensor& labels, Tensor* first_bad = nullptr);
 Variable coupling(const Variable& x, const Variable& f);                // (x2 + f, x1)
 

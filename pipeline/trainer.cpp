@@ -343,11 +343,21 @@ void Trainer::run(const std::function<void(const StepProgress&)>& on_step,
       for (double seconds : steps) profiled_seconds_ += seconds;
       profiled_steps_ += static_cast<std::int64_t>(steps.size());
       global_step_ = end;
-      read_head();
-      if (group_) {  // only the head's process sees the loss: all stop together
+      if (group_) {  // only the head's process sees the numbers: all stop together
+        // A bad label raises on the head's process alone; the others would wait in the sum below
+        // for ever (MPI collectives have no deadline), so the error goes to every process first.
+        std::string error;
+        try {
+          read_head();
+        } catch (const ValueError& e) {
+          error = e.what();
+        }
+        if (const std::string first = group_->first_error(error); !first.empty()) throw ValueError(first);
         double flag[] = {diverged ? 1.0 : 0.0};
         group_->sum(flag);
         diverged = flag[0] > 0;
+      } else {
+        read_head();
       }
       if (diverged)
         throw DivergedError(fmt::format("the loss became non-finite at epoch {}, step {}; lower the learning rate. "

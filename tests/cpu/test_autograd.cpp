@@ -371,3 +371,17 @@ TEST_CASE("a view returned as a gradient is packed before a node that does not r
   CHECK(w.grad().to_vector<float>() == std::vector<float>{10 - 20 + 60});
   CHECK(b.grad().to_vector<float>() == std::vector<float>{30, 0, 70, 80});
 }
+
+// The head asks for the label check to be deferred (first_bad), which only a GPU needs: on the CPU
+// the check is made at once, before any gradient is computed from a batch whose bad rows have no
+// probabilities; the flag still comes back for the head's later read.
+TEST_CASE("cross_entropy with first_bad checks a CPU batch's labels at once") {
+  const Variable logits(Tensor::from_vector<float>({2, 3}, {0.5f, -1.0f, 2.0f, 0.0f, 1.0f, -0.5f}), true);
+  Tensor first_bad;
+  CHECK_THROWS_WITH_AS(cross_entropy(logits, Tensor::from_vector<std::int64_t>({2}, {0, 3}), &first_bad),
+                       "cross_entropy: label 3 of sample 1 is outside [0, 3)", ValueError);
+  CHECK_FALSE(first_bad.defined());
+  const Variable loss = cross_entropy(logits, Tensor::from_vector<std::int64_t>({2}, {0, 2}), &first_bad);
+  CHECK(first_bad.to_vector<std::int64_t>() == std::vector<std::int64_t>{-1});
+  CHECK(std::isfinite(loss.data().item()));
+}
