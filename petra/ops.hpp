@@ -147,8 +147,9 @@ struct CrossEntropySaved {
 // label outside [0, classes) raises ValueError naming the sample: at once with LabelCheck::now (on
 // a GPU the forward then waits for its kernels), or when the caller passes saved->first_bad to
 // check_labels with LabelCheck::deferred, so that a training step on a GPU never waits for the
-// device (the trainer checks when it reads the loss). Until then the loss is unspecified; the
-// backward of a bad row has no onehot term and reads nothing out of range.
+// device (the trainer checks when it reads the loss). Until then the loss is unspecified, and so
+// are the probabilities on the CPU backends (they stop at the bad row), so check before a backward
+// there; the backward of a bad row has no onehot term and reads nothing out of range.
 enum class LabelCheck { now, deferred };
 Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, CrossEntropySaved* saved,
                              LabelCheck check = LabelCheck::now);  // scalar [1]
