@@ -113,15 +113,16 @@ std::size_t conv2d_workspace_bytes(const Conv2dShape& shape, int num_threads);
 #if PETRA_HAVE_CUDA
 // Same contracts as ref::, float, launched on s.cuda_stream; pointers are device memory
 // (kernels/cuda/conv2d.cu, docs/gpu-kernels.md). Forward, backward data and backward weight are
-// one shared-memory tiled implicit GEMM (64 x 64 tiles of the output, 4 x 4 per thread, the
-// operands gathered from x, w and dy on the fly, no im2col matrix); backward data is the gather
-// form (each dx written by one thread); backward weight splits its long sum into fixed slices whose
-// partials a second kernel adds in order. The bias gradient is one block per channel with a fixed
-// tree. Deterministic: no floating-point atomics, every addition order fixed by the shape.
-// conv2d_backward_weight needs scratch from s.workspace when it splits: at most
-// 64 MiB (kernels/cuda/conv2d_tiling.cuh, weight_split_slices). Checked under the CUDA emulation
-// only (tests/emulation/test_emulated_conv2d.cpp), not yet on a GPU. cuDNN's convolution is the
-// run-time alternative (petra::set_conv_impl, kernels/cuda_libraries.hpp).
+// one shared-memory tiled implicit GEMM (64 x 64 to 128 x 128 tiles of the output, 4 x 4 to 8 x 8
+// per thread, the operands gathered from x, w and dy on the fly, no im2col matrix); backward data
+// is the gather form (each dx written by one thread); backward weight splits its long sum into
+// fixed slices whose partials a second kernel adds in order. The bias gradient adds fixed slices
+// of each channel in blocks, then each channel's partials in order. Deterministic: no
+// floating-point atomics, every addition order fixed by the shape. conv2d_backward_weight needs
+// scratch from s.workspace when it splits: at most 64 MiB (kernels/cuda/conv2d_tiling.cuh,
+// weight_split_slices); the bias gradient 512 bytes per channel. Checked under the CUDA emulation
+// (tests/emulation/test_emulated_conv2d.cpp) and on an H200 (docs/results-gpu.md). cuDNN's
+// convolution is the run-time alternative (petra::set_conv_impl, kernels/cuda_libraries.hpp).
 namespace cuda {
 
 void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float* x,
@@ -144,6 +145,12 @@ void conv2d_backward_bias(const StreamHandle& s, const Conv2dShape& shape, const
 enum class Conv2dMath { fp32, tf32 };
 void set_conv2d_math(Conv2dMath math);
 Conv2dMath conv2d_math();
+
+// The FP32 path's block tile, for the whole process: -1 (the default) lets each product pick its
+// tile by its shape (conv2d_tiling::choose_tile: the largest that still fills a GPU); 0, 1, 2, 3
+// force 64x64, 64x128, 128x64, 128x128 (benchmarks time each so). The results are the same bits
+// whatever the tile.
+void set_conv2d_tile(int tile);
 
 }  // namespace cuda
 #endif

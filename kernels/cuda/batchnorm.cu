@@ -6,7 +6,7 @@
 // for the gradients). They must be deterministic, so no floating-point atomics: a two-level
 // reduction with a fixed shape.
 //   1. channel_partials: the channel's n = N*H*W values are split into S slices (S depends only
-//      on n, at most kMaxSlices), one block of 256 threads per (channel, slice). Each thread adds
+//      on n, at most 64: fast_divide.cuh's channel_slices), one block of 256 threads per (channel, slice). Each thread adds
 //      its values (a grid-stride walk of the slice, in a fixed order) in double; the block adds
 //      its threads' pairs with a fixed binary tree in shared memory (block_tree_sum,
 //      kernels/cuda/block_reduce.cuh) and writes one pair.
@@ -68,13 +68,8 @@ using cuda_detail::lanes;
 using cuda_detail::launch_grid_stride;
 using cuda_detail::thread_index;
 
-// Slices of a channel: about 2048 values (8 per thread) each, at most kMaxSlices.
-inline constexpr std::int64_t kValuesPerSlice = 8 * kBlockThreads;
-inline constexpr std::int64_t kMaxSlices = 64;
-inline std::int64_t slices_of(const BatchNormShape& shape) {
-  const std::int64_t n = shape.values_per_channel();
-  return std::clamp<std::int64_t>((n + kValuesPerSlice - 1) / kValuesPerSlice, 1, kMaxSlices);
-}
+// Slices of a channel (fast_divide.cuh's channel_slices): about 2048 values each, at most 64.
+inline std::int64_t slices_of(const BatchNormShape& shape) { return channel_slices(shape.values_per_channel()); }
 
 enum class Sums {
   kStatistics,  // (x - K, (x - K)^2), K = the channel's first value
@@ -101,19 +96,10 @@ __global__ void __launch_bounds__(kBlockThreads)
   const std::int64_t c = blockIdx.x / slices, slice = blockIdx.x % slices;
   const double pivot = sums == Sums::kStatistics ? double(x[c * plane.divisor()]) : double(saved_mean[c]);
   double s1 = 0, s2 = 0;
-  // The thread's j-th value of the channel (j = n * plane + i) is at (n * channels + c) * plane + i
-  // in the tensor; (n, i) advance by the walk's step without a division per value.
   const std::int64_t start = slice * kBlockThreads + threadIdx.x, step = slices * kBlockThreads;
-  const std::int64_t size = plane.divisor(), step_n = plane.quotient(step), step_i = step - step_n * size;
-  std::int64_t n = plane.quotient(start), i = start - n * size;
-  for (std::int64_t j = start; j < count; j += step) {
-    const std::int64_t k = (n * channels + c) * size + i;
-    i += step_i;
-    n += step_n;
-    if (i >= size) {
-      i -= size;
-      ++n;
-    }
+  ChannelWalk walk(plane, channels, c, start, step);  // fast_divide.cuh
+  for (std::int64_t j = start; j < count; j += step, walk.advance()) {
+    const std::int64_t k = walk.offset();
     const double d = double(x[k]) - pivot;
     if constexpr (sums == Sums::kStatistics) {
       s1 += d;

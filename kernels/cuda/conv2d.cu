@@ -15,15 +15,17 @@
 //                    M = out_channels, N = in_channels*kh*kw, K = batch*out_h*out_w
 //
 // The tiled kernel (implicit_gemm), the same for all three:
-//   - one block of 256 threads computes a 64 x 64 tile of C; thread (tx, ty) owns the 4 x 4
-//     outputs (4 ty + r, 4 tx + q) and keeps them in registers (register blocking: each value
-//     read from shared memory feeds four multiply-adds; a thread's four A and four B values of a
-//     k are one float4 load each);
-//   - K is walked in steps of 16: the block gathers the 64 x 16 tile of A and the 16 x 64 tile of B
-//     into shared memory (4 values each per thread; a value in the zero padding, past a tail, or
+//   - one block of 256 threads computes an M x N tile of C, M and N each 64 or 128
+//     (conv2d_tiling::TileShape; choose_tile picks the largest that still gives a GPU 256 blocks);
+//     thread (tx, ty) owns M/16 x N/16 outputs (4 x 4 to 8 x 8: rows 4 ty.. and, in a 128-row
+//     tile, 64 + 4 ty..; columns likewise) and keeps them in registers (register blocking: each
+//     value read from shared memory feeds 4 to 8 multiply-adds; a thread's A and B values of a k
+//     are float4 loads);
+//   - K is walked in steps of 16: the block gathers the M x 16 tile of A and the 16 x N tile of B
+//     into shared memory (M/16 and N/16 values per thread; a value in the zero padding, past a tail, or
 //     reached through no output is stored as 0, so the tails of M, N and K and the borders need no
 //     special path), __syncthreads, multiplies out of shared memory, __syncthreads before the next
-//     gather overwrites the tiles. Each gathered value is used 64 times, against once per
+//     gather overwrites the tiles. Each gathered value is used 64 or 128 times, against once per
 //     multiply-add in the naive one-thread-per-output kernel;
 //   - a thread's A rows and its B column stay the same for the whole K loop, so their index
 //     decomposition (which sample, which output or input pixel, which channel) is done once; the
@@ -57,8 +59,9 @@
 // stores. The WMMA calls are confined to one small struct, WarpTileTf32; under the emulation (and
 // below sm_80) its twin does the same math lane by lane: fmaf(tf32_round(a), tf32_round(b), acc).
 //
-// The bias gradient: one block per out-channel (block-stride over channels) adds its batch*plane
-// values in double, each thread a fixed stride of them, then cuda_detail::block_sum's fixed tree.
+// The bias gradient: blocks of (out-channel, slice) add fixed strided parts of the channel's
+// batch*plane values in double (each with cuda_detail::block_sum's fixed tree), and one thread per
+// channel adds its slices' partials in order (the slices depend on the shape only).
 //
 // Deterministic: every output is summed by one thread, k in increasing order; the slices, the
 // blocks' partition of a bias sum and every addition order depend on the shape only, never on the
@@ -78,6 +81,7 @@
 #include "petra/kernels/conv2d.hpp"
 #include "petra/kernels/cuda/block_reduce.cuh"
 #include "petra/kernels/cuda/conv2d_tiling.cuh"
+#include "petra/kernels/cuda/fast_divide.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 
 #ifdef __CUDACC__
@@ -282,27 +286,27 @@ __device__ void fill_k_step_table(const Problem& p, int t, std::int64_t k0, std:
   }
 }
 
-// One thread's part of gathering the tiles: the 4 A rows and the B column it loads, decomposed
-// once (conv2d_tiling::a_load, b_load); fetch() gathers its 4 + 4 values of one K step into
-// registers, put() stores them into the shared tiles. The two are apart so that the next step's
-// global loads are in flight while the block multiplies the current step out of shared memory
-// (register double buffering).
-template <class Problem>
+// One thread's part of gathering the tiles: the A rows and the B column it loads, decomposed
+// once (Tile::a_load, b_load); fetch() gathers its values of one K step into registers, put()
+// stores them into the shared tiles. The two are apart so that the next step's global loads are
+// in flight while the block multiplies the current step out of shared memory (register double
+// buffering).
+template <class Problem, class Tile>
 struct TileGather {
-  typename Problem::Row rows[kLoads];
-  bool row_valid[kLoads];
+  typename Problem::Row rows[Tile::kLoadsA];
+  bool row_valid[Tile::kLoadsA];
   typename Problem::Column column;
   bool column_valid;
-  float a_values[kLoads], b_values[kLoads];
+  float a_values[Tile::kLoadsA], b_values[Tile::kLoadsB];
 
   __device__ TileGather(const Problem& p, int t, std::int64_t m0, std::int64_t n0) {
 PETRA_UNROLL
-    for (int q = 0; q < kLoads; ++q) {
-      const std::int64_t m = m0 + tiling::a_load(t, q).mn;
+    for (int q = 0; q < Tile::kLoadsA; ++q) {
+      const std::int64_t m = m0 + Tile::a_load(t, q).mn;
       row_valid[q] = m < p.rows();
       rows[q] = p.row(row_valid[q] ? m : 0);
     }
-    const std::int64_t n = n0 + tiling::b_load(t, 0).mn;  // the same for every q
+    const std::int64_t n = n0 + Tile::b_load(t, 0).mn;  // the same for every q
     column_valid = n < p.columns();
     column = p.column(column_valid ? n : 0);
   }
@@ -311,27 +315,27 @@ PETRA_UNROLL
   // with `entry` the step's table (fill_k_step_table).
   __device__ void fetch(const Problem& p, int t, std::int64_t k0, std::int64_t k_end, const KEntry* entry) {
 PETRA_UNROLL
-    for (int q = 0; q < kLoads; ++q) {
-      const tiling::TileCoordinate at = tiling::a_load(t, q);
+    for (int q = 0; q < Tile::kLoadsA; ++q) {
+      const tiling::TileCoordinate at = Tile::a_load(t, q);
       a_values[q] = row_valid[q] && k0 + at.k < k_end ? p.a(rows[q], entry[at.k]) : 0.0f;
     }
 PETRA_UNROLL
-    for (int q = 0; q < kLoads; ++q) {
-      const tiling::TileCoordinate at = tiling::b_load(t, q);
+    for (int q = 0; q < Tile::kLoadsB; ++q) {
+      const tiling::TileCoordinate at = Tile::b_load(t, q);
       b_values[q] = column_valid && k0 + at.k < k_end ? p.b(column, entry[at.k]) : 0.0f;
     }
   }
 
   // a_tile[k][m] = A(m0 + m, k0 + k), b_tile[k][n] = B(k0 + k, n0 + n): the values fetch() got.
-  __device__ void put(int t, float (*a_tile)[tiling::kTileLd], float (*b_tile)[tiling::kTileLd]) const {
+  __device__ void put(int t, float (*a_tile)[Tile::kLdA], float (*b_tile)[Tile::kLdB]) const {
 PETRA_UNROLL
-    for (int q = 0; q < kLoads; ++q) {
-      const tiling::TileCoordinate at = tiling::a_load(t, q);
+    for (int q = 0; q < Tile::kLoadsA; ++q) {
+      const tiling::TileCoordinate at = Tile::a_load(t, q);
       a_tile[at.k][at.mn] = a_values[q];
     }
 PETRA_UNROLL
-    for (int q = 0; q < kLoads; ++q) {
-      const tiling::TileCoordinate at = tiling::b_load(t, q);
+    for (int q = 0; q < Tile::kLoadsB; ++q) {
+      const tiling::TileCoordinate at = Tile::b_load(t, q);
       b_tile[at.k][at.mn] = b_values[q];
     }
   }
@@ -344,12 +348,12 @@ PETRA_UNROLL
 //   multiply(...) reads the tiles; barrier.
 // Hazards: a tile is written only after the previous step's multiply passed the second barrier;
 // a table is rewritten two steps after its fetch, across two barriers.
-template <class Problem, class Multiply>
+template <class Tile, class Problem, class Multiply>
 __device__ void k_loop(const Problem& p, int t, std::int64_t m0, std::int64_t n0, std::int64_t k_begin,
-                       std::int64_t k_end, float (*a_tile)[tiling::kTileLd], float (*b_tile)[tiling::kTileLd],
+                       std::int64_t k_end, float (*a_tile)[Tile::kLdA], float (*b_tile)[Tile::kLdB],
                        KEntry (*table)[kTileK], Multiply multiply) {
   if (k_begin >= k_end) return;
-  TileGather<Problem> gather(p, t, m0, n0);
+  TileGather<Problem, Tile> gather(p, t, m0, n0);
   fill_k_step_table(p, t, k_begin, k_end, table[0]);
   __syncthreads();
   gather.fetch(p, t, k_begin, k_end, table[0]);
@@ -367,41 +371,50 @@ __device__ void k_loop(const Problem& p, int t, std::int64_t m0, std::int64_t n0
 }
 
 // C tile (blockIdx.y, blockIdx.x) of `p`, over K slice blockIdx.z. Block: kThreads threads (1-d).
-template <class Problem>
+template <class Problem, class Tile>
 __global__ void __launch_bounds__(kThreads) implicit_gemm(Problem whole) {
-  // a_tile[k][m] (A transposed) and b_tile[k][n]: in the inner loop each thread reads its 4
-  // consecutive a_tile values and 4 consecutive b_tile values of a k as one float4 each (rows of
-  // kTileLd floats keep every float4 16-byte aligned).
-  __shared__ __align__(32) float a_tile[kTileK][tiling::kTileLd];
-  __shared__ __align__(32) float b_tile[kTileK][tiling::kTileLd];
+  // a_tile[k][m] (A transposed) and b_tile[k][n]: in the inner loop each thread reads its groups of
+  // 4 consecutive a_tile values and of 4 consecutive b_tile values of a k as one float4 each (rows
+  // of kLdA and kLdB floats keep every float4 16-byte aligned).
+  __shared__ __align__(32) float a_tile[kTileK][Tile::kLdA];
+  __shared__ __align__(32) float b_tile[kTileK][Tile::kLdB];
   __shared__ KEntry table[2][kTileK];
   const int t = int(threadIdx.x);
-  const std::int64_t m0 = std::int64_t(blockIdx.y) * kTileM, n0 = std::int64_t(blockIdx.x) * kTileN;
+  const std::int64_t m0 = std::int64_t(blockIdx.y) * Tile::kM, n0 = std::int64_t(blockIdx.x) * Tile::kN;
   const Problem p = whole.in_slice(blockIdx.z);
   if (n0 >= p.columns()) return;  // a smaller stride class than the grid's widest (the whole block)
 
-  float acc[kMicro][kMicro] = {};
-  k_loop(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
-         [&](const float (*as)[tiling::kTileLd], const float (*bs)[tiling::kTileLd]) {
+  constexpr int kMicroM = Tile::kMicroM, kMicroN = Tile::kMicroN;
+  float acc[kMicroM][kMicroN] = {};
+  k_loop<Tile>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
+               [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) {
 PETRA_UNROLL
-           for (int k = 0; k < kTileK; ++k) {
-             const float4 a4 = *reinterpret_cast<const float4*>(&as[k][tiling::micro_row(t, 0)]);
-             const float4 b4 = *reinterpret_cast<const float4*>(&bs[k][tiling::micro_column(t, 0)]);
-             const float av[kMicro] = {a4.x, a4.y, a4.z, a4.w}, bv[kMicro] = {b4.x, b4.y, b4.z, b4.w};
+                 for (int k = 0; k < kTileK; ++k) {
+                   float av[kMicroM], bv[kMicroN];
 PETRA_UNROLL
-             for (int r = 0; r < kMicro; ++r)
+                   for (int g = 0; g < kMicroM; g += 4) {
+                     const float4 a4 = *reinterpret_cast<const float4*>(&as[k][Tile::micro_row(t, g)]);
+                     av[g] = a4.x, av[g + 1] = a4.y, av[g + 2] = a4.z, av[g + 3] = a4.w;
+                   }
 PETRA_UNROLL
-               for (int q = 0; q < kMicro; ++q) acc[r][q] += av[r] * bv[q];
-           }
-         });
+                   for (int g = 0; g < kMicroN; g += 4) {
+                     const float4 b4 = *reinterpret_cast<const float4*>(&bs[k][Tile::micro_column(t, g)]);
+                     bv[g] = b4.x, bv[g + 1] = b4.y, bv[g + 2] = b4.z, bv[g + 3] = b4.w;
+                   }
+PETRA_UNROLL
+                   for (int r = 0; r < kMicroM; ++r)
+PETRA_UNROLL
+                     for (int q = 0; q < kMicroN; ++q) acc[r][q] += av[r] * bv[q];
+                 }
+               });
   const std::int64_t rows = p.rows(), columns = p.columns();
 PETRA_UNROLL
-  for (int r = 0; r < kMicro; ++r) {
-    const std::int64_t m = m0 + tiling::micro_row(t, r);
+  for (int r = 0; r < kMicroM; ++r) {
+    const std::int64_t m = m0 + Tile::micro_row(t, r);
     if (m >= rows) continue;
 PETRA_UNROLL
-    for (int q = 0; q < kMicro; ++q) {
-      const std::int64_t n = n0 + tiling::micro_column(t, q);
+    for (int q = 0; q < kMicroN; ++q) {
+      const std::int64_t n = n0 + Tile::micro_column(t, q);
       if (n < columns) p.store(m, n, acc[r][q], blockIdx.z);
     }
   }
@@ -505,8 +518,10 @@ __global__ void __launch_bounds__(kThreads) implicit_gemm_tf32(Problem whole) {
 
   WarpTileTf32 acc;
   acc.zero();
-  k_loop(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
-         [&](const float (*as)[tiling::kTileLd], const float (*bs)[tiling::kTileLd]) { acc.mma(as, bs, wm, wn); });
+  k_loop<tiling::SmallTile>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
+                            [&](const float (*as)[tiling::kTileLd], const float (*bs)[tiling::kTileLd]) {
+                              acc.mma(as, bs, wm, wn);
+                            });
   acc.store(c_tile, wm, wn);
   __syncthreads();
   const std::int64_t rows = p.rows(), columns = p.columns();
@@ -522,17 +537,25 @@ PETRA_UNROLL
   }
 }
 
+// The kernel of a pass under the current math and tile, its tile's extent and its launch name.
 template <class Problem>
-void launch_gemm(const char* name, const StreamHandle& s, void (*kernel)(Problem), const Problem& p,
-                 std::int64_t rows, std::int64_t columns, std::int64_t slices) {
+struct KernelChoice {
+  void (*kernel)(Problem);
+  int tile_m, tile_n;
+  const char* name;
+};
+
+template <class Problem>
+void launch_gemm(const StreamHandle& s, const KernelChoice<Problem>& k, const Problem& p, std::int64_t rows,
+                 std::int64_t columns, std::int64_t slices) {
   cuda_detail::DeviceGuard guard(s.device_index);
 #ifdef PETRA_CUDA_EMULATION
-  const ::petra::cuda_emulation::LaunchName launch_name(name);
+  const ::petra::cuda_emulation::LaunchName launch_name(k.name);
 #endif
-  const dim3 grid(unsigned(tiling::ceil_div(columns, kTileN)), unsigned(tiling::ceil_div(rows, kTileM)),
+  const dim3 grid(unsigned(tiling::ceil_div(columns, k.tile_n)), unsigned(tiling::ceil_div(rows, k.tile_m)),
                   unsigned(slices));
-  PETRA_LAUNCH(kernel, grid, kThreads, 0, cuda_detail::stream_of(s))(p);
-  cuda_detail::check_launch(name, __FILE__, __LINE__);
+  PETRA_LAUNCH(k.kernel, grid, kThreads, 0, cuda_detail::stream_of(s))(p);
+  cuda_detail::check_launch(k.name, __FILE__, __LINE__);
 }
 
 // dw[e] = dw[e] + (partials[0][e] + ... + partials[slices-1][e]), in double, slices in order.
@@ -546,40 +569,64 @@ __global__ void sum_weight_partials(std::int64_t size, std::int64_t slices, cons
   }
 }
 
-// db[o] += the sum of dy[b, o, :, :] over b, one block per channel (block-stride). Thread t adds
-// the values t, t + 256, ... of each (b, o) plane in double, then the block's fixed tree.
+// db[o] += the sum of dy[b, o, :, :] over b, in two launches (as batch norm's sums: one block per
+// channel had too few blocks for a GPU, 64 us for (128, 64, 32, 32) on an H200). Block
+// (o, slice) = blockIdx.x / slices, blockIdx.x % slices adds its thread's values of channel o
+// (the walk of fast_divide.cuh's ChannelWalk) in double, then cuda_detail::block_sum's fixed tree,
+// into partials[blockIdx.x]; add_bias_partials then adds each channel's partials in slice order.
 __global__ void __launch_bounds__(cuda_detail::kBlockThreads)
-    bias_gradient(std::int64_t batch, std::int64_t channels, std::int64_t plane, const float* dy,
-                  float* db) {
-  for (std::int64_t o = blockIdx.x; o < channels; o += gridDim.x) {
-    double sum = 0;
-    for (std::int64_t b = 0; b < batch; ++b) {
-      const float* row = dy + (b * channels + o) * plane;
-      for (std::int64_t i = threadIdx.x; i < plane; i += cuda_detail::kBlockThreads) sum += double(row[i]);
-    }
-    const double total = cuda_detail::block_sum(sum);
-    if (threadIdx.x == 0) db[o] = float(double(db[o]) + total);
+    bias_partials(std::int64_t channels, FastDivide plane, std::int64_t count, std::int64_t slices,
+                  const float* dy, double* partials) {
+  const std::int64_t o = blockIdx.x / slices, slice = blockIdx.x % slices;
+  const std::int64_t start = slice * cuda_detail::kBlockThreads + threadIdx.x,
+                     step = slices * cuda_detail::kBlockThreads;
+  ChannelWalk walk(plane, channels, o, start, step);
+  double sum = 0;
+  for (std::int64_t j = start; j < count; j += step, walk.advance()) sum += double(dy[walk.offset()]);
+  const double total = cuda_detail::block_sum(sum);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+__global__ void add_bias_partials(std::int64_t channels, std::int64_t slices, const double* partials,
+                                  float* db) {
+  for (std::int64_t o = cuda_detail::thread_index(); o < channels; o += cuda_detail::grid_threads()) {
+    double total = 0;
+    for (std::int64_t slice = 0; slice < slices; ++slice) total += partials[o * slices + slice];
+    db[o] = float(double(db[o]) + total);
   }
 }
 
 // The math of the three passes (set_conv2d_math): process-wide, FP32 unless asked.
 std::atomic<int> conv_math{int(Conv2dMath::fp32)};
+// The FP32 path's tile (set_conv2d_tile): < 0 for choose_tile's.
+std::atomic<int> conv_tile{-1};
 
-// The pass's kernel under the current math: the FP32 or the tensor-core one, and its launch name.
+// The pass's kernel for a product of rows x columns x layers under the current math and tile: the
+// tensor-core one (64 x 64 tiles) or the FP32 one with the chosen tile. The launch name is the
+// same for every tile.
 template <class Problem>
-struct KernelChoice {
-  void (*kernel)(Problem);
-  const char* name;
-};
-template <class Problem>
-KernelChoice<Problem> choose_kernel(const char* fp32_name, const char* tf32_name) {
-  if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32) return {implicit_gemm_tf32<Problem>, tf32_name};
-  return {implicit_gemm<Problem>, fp32_name};
+KernelChoice<Problem> choose_kernel(const char* fp32_name, const char* tf32_name, std::int64_t rows,
+                                    std::int64_t columns, std::int64_t layers) {
+  if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32) return {implicit_gemm_tf32<Problem>, 64, 64, tf32_name};
+  const int forced = conv_tile.load();
+  const tiling::TileChoice tile = forced >= 0 ? tiling::TileChoice(forced) : tiling::choose_tile(rows, columns, layers);
+  switch (tile) {
+    case tiling::TileChoice::k128x128:
+      return {implicit_gemm<Problem, tiling::TileShape<128, 128>>, 128, 128, fp32_name};
+    case tiling::TileChoice::k64x128:
+      return {implicit_gemm<Problem, tiling::TileShape<64, 128>>, 64, 128, fp32_name};
+    case tiling::TileChoice::k128x64:
+      return {implicit_gemm<Problem, tiling::TileShape<128, 64>>, 128, 64, fp32_name};
+    case tiling::TileChoice::k64x64:
+      break;
+  }
+  return {implicit_gemm<Problem, tiling::SmallTile>, 64, 64, fp32_name};
 }
 
 }  // namespace
 
 void set_conv2d_math(Conv2dMath math) { conv_math.store(int(math)); }
+void set_conv2d_tile(int tile) { conv_tile.store(tile < 0 || tile > 3 ? -1 : tile); }
 Conv2dMath conv2d_math() { return Conv2dMath(conv_math.load()); }
 
 void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float* x,
@@ -587,8 +634,8 @@ void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float
   if (shape.output_size() <= 0) return;
   const ForwardProblem p{ConvGeometry::of(shape), x, w, bias, y};
   const std::int64_t columns = shape.batch * shape.out_h() * shape.out_w();
-  const auto k = choose_kernel<ForwardProblem>("conv2d_forward", "conv2d_forward_tf32");
-  launch_gemm(k.name, s, k.kernel, p, shape.out_channels, columns, 1);
+  const auto k = choose_kernel<ForwardProblem>("conv2d_forward", "conv2d_forward_tf32", shape.out_channels, columns, 1);
+  launch_gemm(s, k, p, shape.out_channels, columns, 1);
 }
 
 void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const float* dy,
@@ -598,8 +645,10 @@ void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const
   // One grid layer per stride class, each as wide as the widest class (ceil(in / stride) per axis).
   const std::int64_t widest = shape.batch * tiling::ceil_div(shape.in_h, shape.stride_h) *
                               tiling::ceil_div(shape.in_w, shape.stride_w);
-  const auto k = choose_kernel<DataProblem>("conv2d_backward_data", "conv2d_backward_data_tf32");
-  launch_gemm(k.name, s, k.kernel, p, shape.in_channels, widest, shape.stride_h * shape.stride_w);
+  const std::int64_t classes = shape.stride_h * shape.stride_w;
+  const auto k = choose_kernel<DataProblem>("conv2d_backward_data", "conv2d_backward_data_tf32", shape.in_channels,
+                                            widest, classes);
+  launch_gemm(s, k, p, shape.in_channels, widest, classes);
 }
 
 void conv2d_backward_weight_split(const StreamHandle& s, const Conv2dShape& shape, const float* x,
@@ -611,9 +660,10 @@ void conv2d_backward_weight_split(const StreamHandle& s, const Conv2dShape& shap
   float* partials =
       split.slices > 1 ? static_cast<float*>(s.scratch(std::size_t(split.slices * size) * sizeof(float))) : nullptr;
   const WeightProblem p{ConvGeometry::of(shape), x, dy, dw, partials, split};
-  const auto k = choose_kernel<WeightProblem>("conv2d_backward_weight", "conv2d_backward_weight_tf32");
-  launch_gemm(k.name, s, k.kernel, p, shape.out_channels, shape.in_channels * shape.kernel_h * shape.kernel_w,
-              split.slices);
+  const std::int64_t columns = shape.in_channels * shape.kernel_h * shape.kernel_w;
+  const auto k = choose_kernel<WeightProblem>("conv2d_backward_weight", "conv2d_backward_weight_tf32",
+                                              shape.out_channels, columns, split.slices);
+  launch_gemm(s, k, p, shape.out_channels, columns, split.slices);
   if (partials != nullptr)
     cuda_detail::launch_grid_stride("conv2d_backward_weight_sum", s, size, sum_weight_partials, size,
                                     split.slices, partials, dw);
@@ -627,13 +677,14 @@ void conv2d_backward_weight(const StreamHandle& s, const Conv2dShape& shape, con
 void conv2d_backward_bias(const StreamHandle& s, const Conv2dShape& shape, const float* dy,
                           float* db) {
   if (shape.out_channels <= 0) return;
-  cuda_detail::DeviceGuard guard(s.device_index);
-#ifdef PETRA_CUDA_EMULATION
-  const ::petra::cuda_emulation::LaunchName launch_name("conv2d_backward_bias");
-#endif
-  PETRA_LAUNCH(bias_gradient, cuda_detail::block_stride_blocks(shape.out_channels), cuda_detail::kBlockThreads, 0,
-               cuda_detail::stream_of(s))(shape.batch, shape.out_channels, shape.out_h() * shape.out_w(), dy, db);
-  cuda_detail::check_launch("conv2d_backward_bias", __FILE__, __LINE__);
+  const std::int64_t plane = shape.out_h() * shape.out_w(), count = shape.batch * plane;
+  const std::int64_t slices = channel_slices(count);
+  auto* partials = static_cast<double*>(s.scratch(std::size_t(shape.out_channels * slices) * sizeof(double)));
+  cuda_detail::launch_blocks("conv2d_backward_bias", s, unsigned(shape.out_channels * slices),
+                             cuda_detail::kBlockThreads, bias_partials, shape.out_channels, FastDivide(plane), count,
+                             slices, dy, partials);
+  cuda_detail::launch_grid_stride("conv2d_backward_bias_sum", s, shape.out_channels, add_bias_partials,
+                                  shape.out_channels, slices, partials, db);
 }
 
 }  // namespace petra::kernels::cuda

@@ -146,47 +146,92 @@ PETRA_HOST_DEVICE inline StrideClass stride_class(std::int64_t r, std::int64_t s
 
 // ---- the block tile ---------------------------------------------------------------------------
 
-// One block of kThreads = 16 x 16 threads computes a kTileM x kTileN tile of C; K is walked in
-// steps of kTileK. Thread (tx, ty) = (t % 16, t / 16) owns the kMicro x kMicro outputs
-// (4 ty + r, 4 tx + q), r, q < kMicro: four consecutive rows and four consecutive columns, so that
-// in the inner loop its four A values and its four B values of a k are one 16-byte shared-memory
-// load each (a warp: 16 distinct float4 of B, 2 of A, broadcast to the lanes that share them).
+// One block of kThreads = 16 x 16 threads computes an M x N tile of C (TileShape<M, N>, M and N
+// each 64 or 128); K is walked in steps of kTileK. Thread (tx, ty) = (t % 16, t / 16) owns
+// micro_m x micro_n outputs (M / 16 x N / 16: 4 x 4 in the 64 x 64 tile, 8 x 8 in the 128 x 128
+// one): its rows are 4 consecutive rows 4 ty .. 4 ty + 3, and as many more groups of 4 as the tile
+// has 64-row halves (4 ty + 64 ..), its columns the same with tx. So in the inner loop its A values
+// and its B values of a k are 16-byte shared-memory loads (a warp: 16 distinct float4 of B, 2 of A,
+// broadcast to the lanes that share them), and each value it reads feeds micro_n (or micro_m)
+// multiply-adds: 8 per load in the 64 x 64 tile, 16 in the 128 x 128 one. The larger tiles also
+// gather each global value for 128 outputs instead of 64; they need fewer, longer-lived blocks,
+// so choose_tile keeps them for products with enough tiles to fill a GPU.
 // (The first layout, (ty + 16 r, tx + 16 q), read them one float at a time: 8 loads for 16
 // multiply-adds, which bounded the kernel by the shared-memory port at half the FMA rate.)
-inline constexpr int kTileM = 64;
-inline constexpr int kTileN = 64;
 inline constexpr int kTileK = 16;
 inline constexpr int kThreadsX = 16;
 inline constexpr int kThreadsY = 16;
 inline constexpr int kThreads = kThreadsX * kThreadsY;  // 256
-inline constexpr int kMicro = kTileM / kThreadsY;       // 4 rows and 4 columns per thread
-inline constexpr int kLoads = kTileM * kTileK / kThreads;  // 4 A and 4 B values per thread per step
-static_assert(kTileM == kTileN && kMicro * kThreadsX == kTileN);
-static_assert(kLoads * kThreads == kTileN * kTileK);
-// Row length of the shared tiles, a_tile[k][m], b_tile[k][n] and the TF32 path's c_tile[m][n]:
-// padded by 4 floats, a multiple of 4 as WMMA's leading dimension must be, and 16-byte rows.
-inline constexpr int kTileLd = kTileM + 4;
 
-// Tile coordinates (row m or column n in the tile, k in the step) of the q-th A value and B value
-// that thread t loads, q < kLoads. A: the 16 consecutive threads take 16 consecutive k of one row
-// (the weight rows and dy rows are contiguous in k). B: 64 consecutive threads take 64
-// consecutive columns of one k (consecutive pixels in the forward and backward data). A thread
-// keeps its B column and its A rows for the whole K loop, so their decomposition is done once.
+// Tile coordinates (row m or column n in the tile, k in the step) of a value a thread loads.
 struct TileCoordinate {
   int mn, k;
 };
-PETRA_HOST_DEVICE constexpr TileCoordinate a_load(int t, int q) {
-  return {t / kTileK + q * (kThreads / kTileK), t % kTileK};
-}
-PETRA_HOST_DEVICE constexpr TileCoordinate b_load(int t, int q) {
-  return {t % kTileN, t / kTileN + q * (kThreads / kTileN)};
-}
-// Tile row and column of thread t's output (r, q), r, q < kMicro.
-PETRA_HOST_DEVICE constexpr int micro_row(int t, int r) { return t / kThreadsX * kMicro + r; }
-PETRA_HOST_DEVICE constexpr int micro_column(int t, int q) { return t % kThreadsX * kMicro + q; }
-static_assert(kMicro == 4, "the inner loop reads a thread's A and B values as one float4 each");
 
-// ---- the TF32 path (forward only, conv2d_math() == Conv2dMath::tf32) ---------------------------
+template <int M, int N>
+struct TileShape {
+  static_assert((M == 64 || M == 128) && (N == 64 || N == 128));
+  static constexpr int kM = M, kN = N;
+  static constexpr int kMicroM = M / kThreadsY, kMicroN = N / kThreadsX;  // 4 or 8
+  static constexpr int kLoadsA = M * kTileK / kThreads, kLoadsB = N * kTileK / kThreads;
+  // Row lengths of the shared tiles a_tile[k][m], b_tile[k][n]: padded by 4 floats, multiples of 4
+  // (16-byte rows; WMMA's leading dimension in the TF32 path).
+  static constexpr int kLdA = M + 4, kLdB = N + 4;
+
+  // The q-th A value and B value that thread t loads, q < kLoadsA (kLoadsB). A: 16 consecutive
+  // threads take 16 consecutive k of one row (the weight rows and dy rows are contiguous in k).
+  // B: N consecutive threads take N consecutive columns of one k (consecutive pixels in the
+  // forward and backward data). A thread keeps its B column and its A rows for the whole K loop,
+  // so their decomposition is done once.
+  PETRA_HOST_DEVICE static constexpr TileCoordinate a_load(int t, int q) {
+    return {t / kTileK + q * (kThreads / kTileK), t % kTileK};
+  }
+  PETRA_HOST_DEVICE static constexpr TileCoordinate b_load(int t, int q) {
+    return {t % N, t / N + q * (kThreads / N)};
+  }
+  // Tile row and column of thread t's output (r, q), r < kMicroM, q < kMicroN.
+  PETRA_HOST_DEVICE static constexpr int micro_row(int t, int r) { return r / 4 * 64 + t / kThreadsX * 4 + r % 4; }
+  PETRA_HOST_DEVICE static constexpr int micro_column(int t, int q) {
+    return q / 4 * 64 + t % kThreadsX * 4 + q % 4;
+  }
+};
+
+// The 64 x 64 tile: the TF32 path's (always) and the FP32 path's for small products.
+using SmallTile = TileShape<64, 64>;
+inline constexpr int kTileM = SmallTile::kM;
+inline constexpr int kTileN = SmallTile::kN;
+inline constexpr int kMicro = SmallTile::kMicroM;      // 4 rows and 4 columns per thread
+inline constexpr int kLoads = SmallTile::kLoadsA;      // 4 A and 4 B values per thread per step
+inline constexpr int kTileLd = SmallTile::kLdA;        // also the TF32 path's c_tile[m][n] row
+PETRA_HOST_DEVICE constexpr TileCoordinate a_load(int t, int q) { return SmallTile::a_load(t, q); }
+PETRA_HOST_DEVICE constexpr TileCoordinate b_load(int t, int q) { return SmallTile::b_load(t, q); }
+PETRA_HOST_DEVICE constexpr int micro_row(int t, int r) { return SmallTile::micro_row(t, r); }
+PETRA_HOST_DEVICE constexpr int micro_column(int t, int q) { return SmallTile::micro_column(t, q); }
+static_assert(kLoads * kThreads == kTileN * kTileK);
+static_assert(kMicro == 4, "the inner loop reads a thread's A and B values 4 at a time (float4)");
+
+// The FP32 path's tile for a product of `rows` x `columns` per grid layer and `layers` grid layers
+// (stride classes or K slices), from the shape alone. The largest of 128 x 128, 64 x 128 and
+// 128 x 64 that has at least kMinBlocksForLargerTile blocks (an H200 holds 132 multiprocessors x
+// 2 blocks of these; fewer blocks leave it idle, which costs more than the larger tile saves) and
+// does not pad a product of at most 64 rows (or columns) to 128; else the 64 x 64 tile. The tile
+// never changes the results: each output is one thread's sum over k in the same order.
+enum class TileChoice { k64x64 = 0, k64x128 = 1, k128x64 = 2, k128x128 = 3 };
+inline constexpr std::int64_t kMinBlocksForLargerTile = 256;
+inline TileChoice choose_tile(std::int64_t rows, std::int64_t columns, std::int64_t layers) {
+  struct Candidate {
+    TileChoice choice;
+    std::int64_t m, n;
+  };
+  for (const Candidate c : {Candidate{TileChoice::k128x128, 128, 128}, Candidate{TileChoice::k64x128, 64, 128},
+                            Candidate{TileChoice::k128x64, 128, 64}}) {
+    if ((c.m == 128 && rows <= 64) || (c.n == 128 && columns <= 64)) continue;
+    if (ceil_div(rows, c.m) * ceil_div(columns, c.n) * layers >= kMinBlocksForLargerTile) return c.choice;
+  }
+  return TileChoice::k64x64;
+}
+
+// ---- the TF32 path (the three passes under conv2d_math() == Conv2dMath::tf32) -----------------
 
 // The 8 warps of a block tile the 64 x 64 output in 16 x 32 pieces: warp w computes rows
 // warp_row(w) .. + 15 and columns warp_column(w) .. + 31 (two 16 x 16 WMMA accumulators).

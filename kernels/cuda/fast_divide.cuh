@@ -13,6 +13,7 @@
 // branch is the same for a whole warp in practice). tests/cpu/test_fast_divide.cpp checks it
 // against / on edge cases and random values.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 #include "petra/kernels/host_device.hpp"
@@ -54,5 +55,43 @@ struct ChannelOf {
     return row - channels.quotient(row) * channels.divisor();
   }
 };
+
+// One channel's values of an (N, channels, plane) tensor, walked by a reduction's thread: the
+// channel's j-th value (j = n * plane + i, j < N * plane) is at tensor offset
+// (n * channels + c) * plane + i. A thread visits j = start, start + step, ...; (n, i) advance by
+// the step without a division per value. Batch norm's sums and the convolution's bias gradient
+// walk their channels so.
+struct ChannelWalk {
+  std::int64_t channels, c, size, step_n, step_i, n, i;
+
+  PETRA_HOST_DEVICE ChannelWalk(const FastDivide& plane, std::int64_t channel_count, std::int64_t channel,
+                                std::int64_t start, std::int64_t step)
+      : channels(channel_count), c(channel), size(plane.divisor()) {
+    step_n = plane.quotient(step);
+    step_i = step - step_n * size;
+    n = plane.quotient(start);
+    i = start - n * size;
+  }
+  PETRA_HOST_DEVICE std::int64_t offset() const { return (n * channels + c) * size + i; }
+  PETRA_HOST_DEVICE void advance() {
+    i += step_i;
+    n += step_n;
+    if (i >= size) {
+      i -= size;
+      ++n;
+    }
+  }
+};
+
+// How many blocks share one channel's sum (each then adds about kChannelValuesPerSlice values, 8
+// per thread of a 256-thread block), from the channel's value count alone, so that the order of
+// the additions never depends on the device: enough blocks to fill a GPU when the channels are
+// few, at most kMaxChannelSlices partial sums to add per channel.
+inline constexpr std::int64_t kChannelValuesPerSlice = 8 * 256;
+inline constexpr std::int64_t kMaxChannelSlices = 64;
+inline std::int64_t channel_slices(std::int64_t values_per_channel) {
+  return std::clamp<std::int64_t>((values_per_channel + kChannelValuesPerSlice - 1) / kChannelValuesPerSlice, 1,
+                                  kMaxChannelSlices);
+}
 
 }  // namespace petra::kernels::cuda

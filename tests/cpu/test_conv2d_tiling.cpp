@@ -8,8 +8,8 @@
 //     that an output pixel reads, each once and at that output pixel (found by trying every
 //     output pixel), and partition the coordinates and the taps;
 //   - split_tap, split_pixel, quotient against / and %;
-//   - the block tile: every A and B element loaded by exactly one (thread, q), every C element
-//     computed by exactly one (thread, r, q);
+//   - the block tiles (64 or 128 by 64 or 128): every A and B element loaded by exactly one
+//     (thread, q), every C element computed by exactly one (thread, r, q); choose_tile's rule;
 //   - split_k: slices in order, none empty, tile-aligned, covering K; weight_split_slices' bounds;
 //   - the TF32 path: tf32_round against the two TF32 neighbours of a float, the warps' pieces
 //     covering the tile once.
@@ -201,39 +201,90 @@ TEST_CASE("conv2d tiling: stride_class partitions coordinates and taps by residu
         }
 }
 
-TEST_CASE("conv2d tiling: each tile element is loaded once and computed once") {
-  std::vector<int> a(tiling::kTileM * tiling::kTileK, 0), b(tiling::kTileK * tiling::kTileN, 0),
-      c(tiling::kTileM * tiling::kTileN, 0);
+namespace {
+// Every element of Tile's A tile (M x kTileK), B tile (kTileK x N) and C tile (M x N) is loaded,
+// or computed, by exactly one (thread, q); a thread keeps one B column and one k of A; its
+// outputs come in groups of 4 consecutive rows and columns, each group 16-byte aligned.
+template <class Tile>
+void check_tile_coverage() {
+  constexpr int M = Tile::kM, N = Tile::kN;
+  CAPTURE(M);
+  CAPTURE(N);
+  std::vector<int> a(M * tiling::kTileK, 0), b(tiling::kTileK * N, 0), c(M * N, 0);
   for (int t = 0; t < tiling::kThreads; ++t) {
-    for (int q = 0; q < tiling::kLoads; ++q) {
-      const tiling::TileCoordinate at = tiling::a_load(t, q), bt = tiling::b_load(t, q);
+    for (int q = 0; q < Tile::kLoadsA; ++q) {
+      const tiling::TileCoordinate at = Tile::a_load(t, q);
       REQUIRE(at.mn >= 0);
-      REQUIRE(at.mn < tiling::kTileM);
+      REQUIRE(at.mn < M);
       REQUIRE(at.k >= 0);
       REQUIRE(at.k < tiling::kTileK);
+      ++a[at.mn * tiling::kTileK + at.k];
+      CHECK(at.k == Tile::a_load(t, 0).k);
+    }
+    for (int q = 0; q < Tile::kLoadsB; ++q) {
+      const tiling::TileCoordinate bt = Tile::b_load(t, q);
       REQUIRE(bt.mn >= 0);
-      REQUIRE(bt.mn < tiling::kTileN);
+      REQUIRE(bt.mn < N);
       REQUIRE(bt.k >= 0);
       REQUIRE(bt.k < tiling::kTileK);
-      ++a[at.mn * tiling::kTileK + at.k];
-      ++b[bt.k * tiling::kTileN + bt.mn];
-      // the kernel keeps one B column and the A rows per thread for the whole K loop
-      CHECK(bt.mn == tiling::b_load(t, 0).mn);
-      CHECK(at.k == tiling::a_load(t, 0).k);
+      ++b[bt.k * N + bt.mn];
+      // the kernel keeps one B column per thread for the whole K loop
+      CHECK(bt.mn == Tile::b_load(t, 0).mn);
     }
-    for (int r = 0; r < tiling::kMicro; ++r)
-      for (int q = 0; q < tiling::kMicro; ++q) {
-        const int row = tiling::micro_row(t, r), column = tiling::micro_column(t, q);
+    for (int r = 0; r < Tile::kMicroM; ++r)
+      for (int q = 0; q < Tile::kMicroN; ++q) {
+        const int row = Tile::micro_row(t, r), column = Tile::micro_column(t, q);
         REQUIRE(row >= 0);
-        REQUIRE(row < tiling::kTileM);
+        REQUIRE(row < M);
         REQUIRE(column >= 0);
-        REQUIRE(column < tiling::kTileN);
-        ++c[row * tiling::kTileN + column];
+        REQUIRE(column < N);
+        ++c[row * N + column];
+        if (r % 4 != 0) CHECK(row == Tile::micro_row(t, r - 1) + 1);
+        if (q % 4 != 0) CHECK(column == Tile::micro_column(t, q - 1) + 1);
+        if (r % 4 == 0) CHECK(row % 4 == 0);
+        if (q % 4 == 0) CHECK(column % 4 == 0);
       }
   }
   for (const int count : a) CHECK(count == 1);
   for (const int count : b) CHECK(count == 1);
   for (const int count : c) CHECK(count == 1);
+  CHECK(Tile::kLdA % 4 == 0);
+  CHECK(Tile::kLdB % 4 == 0);
+}
+}  // namespace
+
+TEST_CASE("conv2d tiling: each tile element is loaded once and computed once, in every tile shape") {
+  check_tile_coverage<tiling::TileShape<64, 64>>();
+  check_tile_coverage<tiling::TileShape<64, 128>>();
+  check_tile_coverage<tiling::TileShape<128, 64>>();
+  check_tile_coverage<tiling::TileShape<128, 128>>();
+  // the 64 x 64 tile's free functions are its own
+  for (int t = 0; t < tiling::kThreads; ++t)
+    for (int q = 0; q < tiling::kLoads; ++q) {
+      CHECK(tiling::a_load(t, q).mn == tiling::SmallTile::a_load(t, q).mn);
+      CHECK(tiling::b_load(t, q).mn == tiling::SmallTile::b_load(t, q).mn);
+      CHECK(tiling::micro_row(t, q) == tiling::SmallTile::micro_row(t, q));
+      CHECK(tiling::micro_column(t, q) == tiling::SmallTile::micro_column(t, q));
+    }
+}
+
+TEST_CASE("conv2d tiling: choose_tile takes the largest tile that still gives 256 blocks") {
+  using tiling::TileChoice;
+  using tiling::choose_tile;
+  // RevNet18 width 64 at batch 128 (forward: rows = out-channels, columns = 128 x the output plane)
+  CHECK(choose_tile(64, 128 * 1024, 1) == TileChoice::k64x128);    // 64 rows: never 128-row tiles
+  CHECK(choose_tile(128, 128 * 256, 1) == TileChoice::k128x128);   // 256 blocks of 128 x 128
+  CHECK(choose_tile(256, 128 * 64, 1) == TileChoice::k64x128);     // 128 x 128: 128 blocks; 64 x 128: 256
+  CHECK(choose_tile(512, 128 * 16, 1) == TileChoice::k64x64);      // 512 blocks of 64 x 64 only
+  CHECK(choose_tile(512, 64, 64) == TileChoice::k128x64);          // 64 columns: never 128-column tiles
+  CHECK(choose_tile(512, 64, 9) == TileChoice::k64x64);            // 36 blocks of 128 x 64
+  CHECK(choose_tile(128, 128 * 256, 4) == TileChoice::k128x128);   // layers (stride classes) count too
+  CHECK(choose_tile(65, 65, 1) == TileChoice::k64x64);             // small products keep the small tile
+  CHECK(choose_tile(0, 0, 1) == TileChoice::k64x64);
+  // the threshold itself
+  CHECK(choose_tile(128, 128 * 255, 1) == TileChoice::k64x128);    // 255 blocks of 128 x 128, 510 of 64 x 128
+  CHECK(choose_tile(128, 128 * 128, 1) == TileChoice::k64x128);    // 256 of 64 x 128
+  CHECK(choose_tile(128, 128 * 127, 1) == TileChoice::k64x64);     // 254 of 64 x 128 and of 128 x 64
 }
 
 TEST_CASE("conv2d tiling: split_k cuts K into ordered, non-empty, tile-aligned slices") {
@@ -326,7 +377,7 @@ TEST_CASE("conv2d tiling: the TF32 path's warps cover the block tile once") {
   for (const int count : c) CHECK(count == 1);
   // WMMA needs a leading dimension that is a multiple of 4 floats, and 32-byte aligned fragment
   // starts: rows k = 0, 8 of the K step, columns and rows at multiples of 16
-  CHECK(tiling::kTileLd % 4 == 0);
+  CHECK(tiling::kTileLd % 4 == 0);  // WMMA's leading dimension
   CHECK(8 * tiling::kTileLd * 4 % 32 == 0);
   CHECK(16 * tiling::kTileLd * 4 % 32 == 0);
 }

@@ -1,7 +1,8 @@
 // tests/cpu/test_fast_divide.cpp: kernels/cuda/fast_divide.cuh on the host, against / and %: every
 // divisor up to 4096 with the dividends around each multiple of it that matters (0, d - 1, d, d + 1,
 // the largest below 2^31), powers of two and their neighbours up to 2^31 - 1, random pairs, and
-// dividends past 2^31 (the plain-division path). Runs in every build (the header needs no CUDA).
+// dividends past 2^31 (the plain-division path); ChannelOf, ChannelWalk and channel_slices against
+// their definitions. Runs in every build (the header needs no CUDA).
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 namespace {
 
 using petra::kernels::cuda::ChannelOf;
+using petra::kernels::cuda::ChannelWalk;
 using petra::kernels::cuda::FastDivide;
 
 constexpr std::int64_t kLimit = (std::int64_t(1) << 31) - 1;  // the largest fast dividend
@@ -68,4 +70,36 @@ TEST_CASE("fast divide: ChannelOf is (k / plane) % channels") {
       const std::int64_t big = (std::int64_t(1) << 33) + 77;
       REQUIRE(channel_of(big) == big / plane % channels);
     }
+}
+
+TEST_CASE("fast divide: ChannelWalk visits a channel's values j = start, start + step, ... at their tensor offsets") {
+  struct Case {
+    std::int64_t batch, channels, plane, start, step;
+  };
+  // steps below, equal to and above the plane (the walk then skips whole samples), plane 1
+  for (const Case k : {Case{3, 4, 7, 2, 5}, Case{5, 2, 7, 0, 7}, Case{6, 3, 5, 4, 13}, Case{4, 1, 1, 0, 3},
+                       Case{2, 5, 300, 255, 256}}) {
+    for (std::int64_t c = 0; c < k.channels; ++c) {
+      CAPTURE(k.plane);
+      CAPTURE(k.step);
+      CAPTURE(c);
+      ChannelWalk walk(FastDivide(k.plane), k.channels, c, k.start, k.step);
+      for (std::int64_t j = k.start; j < k.batch * k.plane; j += k.step, walk.advance()) {
+        const std::int64_t n = j / k.plane, i = j % k.plane;
+        REQUIRE(walk.offset() == (n * k.channels + c) * k.plane + i);
+      }
+    }
+  }
+}
+
+TEST_CASE("fast divide: channel_slices gives about 2048 values per slice, 1 to 64 slices") {
+  using petra::kernels::cuda::channel_slices;
+  CHECK(channel_slices(0) == 1);
+  CHECK(channel_slices(1) == 1);
+  CHECK(channel_slices(2048) == 1);
+  CHECK(channel_slices(2049) == 2);
+  CHECK(channel_slices(3000) == 2);
+  CHECK(channel_slices(128 * 16) == 1);     // (128, 512, 4, 4)
+  CHECK(channel_slices(128 * 1024) == 64);  // (128, 64, 32, 32)
+  CHECK(channel_slices(std::int64_t(1) << 40) == 64);
 }

@@ -22,6 +22,8 @@
 // The TF32 forward (set_conv2d_math(tf32)) runs the WMMA twin: bit for bit against a host model of
 // its arithmetic (fmaf of TF32-rounded inputs, k in order), within 2^-10 * sum |terms| of ref::,
 // different bits from the FP32 path, the same bits twice.
+// The larger FP32 tiles (set_conv2d_tile: 64 x 128, 128 x 64, 128 x 128) give the 64 x 64 tile's
+// bits in all three passes, on shapes with tails past 64 and 128.
 // The emulation runs each block's 256 threads on the CPU, so the shapes stay small (a few blocks).
 #include <doctest/doctest.h>
 
@@ -312,6 +314,7 @@ TEST_CASE("emulated conv2d: backward bias accumulates, matching ref, the same bi
       {1, 2, 7, 11, 3, 2, 5, 1, 2, 1, 2},   // batch 1, 7x5
       {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},    // one of everything
       {0, 3, 5, 5, 4, 3, 3, 1, 1, 1, 1},    // empty batch: db += 0
+      {3, 1, 25, 40, 2, 1, 1, 1, 1, 0, 0},  // 3000 values per channel: two slices (channel_slices)
   };
   for (const Conv2dShape& sh : shapes) {
     seed += 10;
@@ -329,8 +332,11 @@ TEST_CASE("emulated conv2d: backward bias accumulates, matching ref, the same bi
       CAPTURE(cap);
       db.reset();
       cu::conv2d_backward_bias(s, sh, dy.data(), db.data());
-      CHECK(emu::last_launch().kernel == std::string("conv2d_backward_bias"));
-      CHECK(emu::last_launch().grid.x == unsigned(std::min<std::int64_t>(sh.out_channels, std::int64_t(cap))));
+      // the partial sums' launch (a block per channel and slice), then the sum of each channel's
+      // partials (a grid-stride loop over the channels)
+      CHECK(emu::last_launch().kernel == std::string("conv2d_backward_bias_sum"));
+      CHECK(emu::last_launch().grid.x ==
+            unsigned(std::min<std::int64_t>(tiling::ceil_div(sh.out_channels, 256), std::int64_t(cap))));
       CHECK(db.guards_kept());
       const std::vector<float> got = db.values();
       // double sums, rounded twice at most: far inside the float-sum bound
@@ -341,6 +347,66 @@ TEST_CASE("emulated conv2d: backward bias accumulates, matching ref, the same bi
         CHECK(bit_differences(got, first) == "");
     }
   }
+}
+
+namespace {
+
+// Forces the FP32 path's tile for a scope (set_conv2d_tile), then gives the choice back.
+class TileGuard {
+ public:
+  explicit TileGuard(int tile) { cu::set_conv2d_tile(tile); }
+  ~TileGuard() { cu::set_conv2d_tile(-1); }
+  TileGuard(const TileGuard&) = delete;
+  TileGuard& operator=(const TileGuard&) = delete;
+};
+
+}  // namespace
+
+// The 64 x 64 tile is checked against ref:: above (choose_tile keeps it for shapes this small);
+// the larger tiles must give its results bit for bit (each output is one thread's sum over k in
+// the same order, whatever the tile), on shapes with tails past 64 and 128 in M and N.
+TEST_CASE("emulated conv2d: the 64 x 128, 128 x 64 and 128 x 128 tiles give the 64 x 64 tile's bits") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<Conv2dShape> shapes = {
+      {2, 5, 9, 11, 130, 3, 3, 1, 1, 1, 1},  // forward M = 130, N = 198; weight M = 130, N = 45
+      {2, 70, 7, 9, 6, 3, 3, 2, 2, 1, 1},    // backward data M = 70, four stride classes; weight N = 630
+  };
+  std::uint64_t seed = 2100;
+  for (const Conv2dShape& sh : shapes) {
+    seed += 10;
+    INFO(describe(sh));
+    const Buffer x(sh.input_size(), seed, 1), w(sh.weight_size(), seed + 1, 0), bias(sh.out_channels, seed + 2, 1),
+        dy(sh.output_size(), seed + 3, 0), y(sh.output_size(), seed + 4, 1), dx(sh.input_size(), seed + 5, 0),
+        dw(sh.weight_size(), seed + 6, 1);
+    std::vector<float> y_small, dx_small, dw_small;
+    for (const int tile : {0, 1, 2, 3}) {
+      CAPTURE(tile);
+      const TileGuard forced(tile);
+      const int tile_m = tile >= 2 ? 128 : 64, tile_n = tile % 2 == 1 ? 128 : 64;
+      y.reset();
+      dx.reset();
+      dw.reset();
+      cu::conv2d_forward(s, sh, x.data(), w.data(), bias.data(), y.data());
+      CHECK(emu::last_launch().grid.x == unsigned(tiling::ceil_div(sh.batch * sh.out_h() * sh.out_w(), tile_n)));
+      CHECK(emu::last_launch().grid.y == unsigned(tiling::ceil_div(sh.out_channels, tile_m)));
+      cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
+      CHECK(emu::last_launch().grid.y == unsigned(tiling::ceil_div(sh.in_channels, tile_m)));
+      cu::conv2d_backward_weight_split(s, sh, x.data(), dy.data(), dw.data(), 2);
+      CHECK(y.guards_kept());
+      CHECK(dx.guards_kept());
+      CHECK(dw.guards_kept());
+      if (tile == 0) {
+        y_small = y.values(), dx_small = dx.values(), dw_small = dw.values();
+        continue;
+      }
+      CHECK(bit_differences(y.values(), y_small) == "");
+      CHECK(bit_differences(dx.values(), dx_small) == "");
+      CHECK(bit_differences(dw.values(), dw_small) == "");
+    }
+  }
+  MESSAGE("tiles: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
 }
 
 namespace {
