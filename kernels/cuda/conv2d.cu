@@ -16,7 +16,7 @@
 //
 // The tiled kernel (implicit_gemm), the same for all three:
 //   - one block of 256 threads computes an M x N tile of C, M and N each 64 or 128
-//     (conv2d_tiling::TileShape; choose_tile picks the largest that still gives a GPU 256 blocks);
+//     (conv2d_tiling::TileShape; choose_tile picks one per pass and shape, as measured);
 //     thread (tx, ty) owns M/16 x N/16 outputs (4 x 4 to 8 x 8: rows 4 ty.. and, in a 128-row
 //     tile, 64 + 4 ty..; columns likewise) and keeps them in registers (register blocking: each
 //     value read from shared memory feeds 4 to 8 multiply-adds; a thread's A and B values of a k
@@ -605,11 +605,11 @@ std::atomic<int> conv_tile{-1};
 // tensor-core one (64 x 64 tiles) or the FP32 one with the chosen tile. The launch name is the
 // same for every tile.
 template <class Problem>
-KernelChoice<Problem> choose_kernel(const char* fp32_name, const char* tf32_name, std::int64_t rows,
-                                    std::int64_t columns, std::int64_t layers) {
+KernelChoice<Problem> choose_kernel(const char* fp32_name, const char* tf32_name, tiling::ConvPass pass,
+                                    std::int64_t rows, std::int64_t columns, std::int64_t layers) {
   if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32) return {implicit_gemm_tf32<Problem>, 64, 64, tf32_name};
   const int forced = conv_tile.load();
-  const tiling::TileChoice tile = forced >= 0 ? tiling::TileChoice(forced) : tiling::choose_tile(rows, columns, layers);
+  const tiling::TileChoice tile = forced >= 0 ? tiling::TileChoice(forced) : tiling::choose_tile(pass, rows, columns, layers);
   switch (tile) {
     case tiling::TileChoice::k128x128:
       return {implicit_gemm<Problem, tiling::TileShape<128, 128>>, 128, 128, fp32_name};
@@ -634,7 +634,8 @@ void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float
   if (shape.output_size() <= 0) return;
   const ForwardProblem p{ConvGeometry::of(shape), x, w, bias, y};
   const std::int64_t columns = shape.batch * shape.out_h() * shape.out_w();
-  const auto k = choose_kernel<ForwardProblem>("conv2d_forward", "conv2d_forward_tf32", shape.out_channels, columns, 1);
+  const auto k = choose_kernel<ForwardProblem>("conv2d_forward", "conv2d_forward_tf32", tiling::ConvPass::forward,
+                                               shape.out_channels, columns, 1);
   launch_gemm(s, k, p, shape.out_channels, columns, 1);
 }
 
@@ -646,8 +647,8 @@ void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const
   const std::int64_t widest = shape.batch * tiling::ceil_div(shape.in_h, shape.stride_h) *
                               tiling::ceil_div(shape.in_w, shape.stride_w);
   const std::int64_t classes = shape.stride_h * shape.stride_w;
-  const auto k = choose_kernel<DataProblem>("conv2d_backward_data", "conv2d_backward_data_tf32", shape.in_channels,
-                                            widest, classes);
+  const auto k = choose_kernel<DataProblem>("conv2d_backward_data", "conv2d_backward_data_tf32", tiling::ConvPass::data,
+                                            shape.in_channels, widest, classes);
   launch_gemm(s, k, p, shape.in_channels, widest, classes);
 }
 
@@ -662,7 +663,7 @@ void conv2d_backward_weight_split(const StreamHandle& s, const Conv2dShape& shap
   const WeightProblem p{ConvGeometry::of(shape), x, dy, dw, partials, split};
   const std::int64_t columns = shape.in_channels * shape.kernel_h * shape.kernel_w;
   const auto k = choose_kernel<WeightProblem>("conv2d_backward_weight", "conv2d_backward_weight_tf32",
-                                              shape.out_channels, columns, split.slices);
+                                              tiling::ConvPass::weight, shape.out_channels, columns, split.slices);
   launch_gemm(s, k, p, shape.out_channels, columns, split.slices);
   if (partials != nullptr)
     cuda_detail::launch_grid_stride("conv2d_backward_weight_sum", s, size, sum_weight_partials, size,

@@ -155,7 +155,7 @@ PETRA_HOST_DEVICE inline StrideClass stride_class(std::int64_t r, std::int64_t s
 // broadcast to the lanes that share them), and each value it reads feeds micro_n (or micro_m)
 // multiply-adds: 8 per load in the 64 x 64 tile, 16 in the 128 x 128 one. The larger tiles also
 // gather each global value for 128 outputs instead of 64; they need fewer, longer-lived blocks,
-// so choose_tile keeps them for products with enough tiles to fill a GPU.
+// so choose_tile keeps them for products with enough tiles to fill a GPU, per pass.
 // (The first layout, (ty + 16 r, tx + 16 q), read them one float at a time: 8 loads for 16
 // multiply-adds, which bounded the kernel by the shared-memory port at half the FMA rate.)
 inline constexpr int kTileK = 16;
@@ -210,23 +210,37 @@ PETRA_HOST_DEVICE constexpr int micro_column(int t, int q) { return SmallTile::m
 static_assert(kLoads * kThreads == kTileN * kTileK);
 static_assert(kMicro == 4, "the inner loop reads a thread's A and B values 4 at a time (float4)");
 
-// The FP32 path's tile for a product of `rows` x `columns` per grid layer and `layers` grid layers
-// (stride classes or K slices), from the shape alone. The largest of 128 x 128, 64 x 128 and
-// 128 x 64 that has at least kMinBlocksForLargerTile blocks (an H200 holds 132 multiprocessors x
-// 2 blocks of these; fewer blocks leave it idle, which costs more than the larger tile saves) and
-// does not pad a product of at most 64 rows (or columns) to 128; else the 64 x 64 tile. The tile
-// never changes the results: each output is one thread's sum over k in the same order.
+// The FP32 path's tile for one pass's product of `rows` x `columns` per grid layer and `layers`
+// grid layers (stride classes or K slices), from the shape alone. Measured on an H200 with every
+// tile forced (bench-cuda, docs/results-gpu.md, 2026-12-04 run 3) on the ResNet-18 CIFAR layers:
+//   - 128 x 128 (8 x 8 per thread) was never the fastest: it is not chosen (set_conv2d_tile can
+//     still force it);
+//   - forward: 128 x 64 where there are more than 64 rows (out-channels), else 64 x 128;
+//   - backward data: 64 x 128 first. Its A operand (the weights, read across out-channels) is the
+//     scattered gather, so a tile wide in N and short in M reads the fewest A values per output;
+//   - backward weight: 128 x 64 where there are more than 64 rows, else 64 x 64 (its long K is
+//     already split into slices, and a 128-column tile of its short N wasted more than it saved);
+//   - a larger tile only with at least kMinBlocksForLargerTile blocks (kMinWeightBlocksForLargerTile
+//     for backward weight): with fewer, the GPU's 132 multiprocessors are not all busy, which costs
+//     more than the larger tile saves (the weight pass lost 5-7% at 288 blocks, won at 504);
+//   - a tile never pads a product of at most 64 rows (or columns) to 128.
+// The tile never changes the results: each output is one thread's sum over k in the same order.
+enum class ConvPass { forward, data, weight };
 enum class TileChoice { k64x64 = 0, k64x128 = 1, k128x64 = 2, k128x128 = 3 };
 inline constexpr std::int64_t kMinBlocksForLargerTile = 256;
-inline TileChoice choose_tile(std::int64_t rows, std::int64_t columns, std::int64_t layers) {
+inline constexpr std::int64_t kMinWeightBlocksForLargerTile = 384;
+inline TileChoice choose_tile(ConvPass pass, std::int64_t rows, std::int64_t columns, std::int64_t layers) {
   struct Candidate {
     TileChoice choice;
     std::int64_t m, n;
   };
-  for (const Candidate c : {Candidate{TileChoice::k128x128, 128, 128}, Candidate{TileChoice::k64x128, 64, 128},
-                            Candidate{TileChoice::k128x64, 128, 64}}) {
-    if ((c.m == 128 && rows <= 64) || (c.n == 128 && columns <= 64)) continue;
-    if (ceil_div(rows, c.m) * ceil_div(columns, c.n) * layers >= kMinBlocksForLargerTile) return c.choice;
+  constexpr Candidate tall{TileChoice::k128x64, 128, 64}, wide{TileChoice::k64x128, 64, 128}, none{TileChoice::k64x64, 64, 64};
+  const Candidate order[2] = {pass == ConvPass::data ? wide : tall,
+                              pass == ConvPass::data ? tall : pass == ConvPass::forward ? wide : none};
+  const std::int64_t min_blocks = pass == ConvPass::weight ? kMinWeightBlocksForLargerTile : kMinBlocksForLargerTile;
+  for (const Candidate c : order) {
+    if (c.choice == TileChoice::k64x64 || (c.m == 128 && rows <= 64) || (c.n == 128 && columns <= 64)) continue;
+    if (ceil_div(rows, c.m) * ceil_div(columns, c.n) * layers >= min_blocks) return c.choice;
   }
   return TileChoice::k64x64;
 }

@@ -268,23 +268,36 @@ TEST_CASE("conv2d tiling: each tile element is loaded once and computed once, in
     }
 }
 
-TEST_CASE("conv2d tiling: choose_tile takes the largest tile that still gives 256 blocks") {
+TEST_CASE("conv2d tiling: choose_tile's rule per pass, on the ResNet-18 CIFAR layers at batch 128") {
+  using tiling::ConvPass;
   using tiling::TileChoice;
   using tiling::choose_tile;
-  // RevNet18 width 64 at batch 128 (forward: rows = out-channels, columns = 128 x the output plane)
-  CHECK(choose_tile(64, 128 * 1024, 1) == TileChoice::k64x128);    // 64 rows: never 128-row tiles
-  CHECK(choose_tile(128, 128 * 256, 1) == TileChoice::k128x128);   // 256 blocks of 128 x 128
-  CHECK(choose_tile(256, 128 * 64, 1) == TileChoice::k64x128);     // 128 x 128: 128 blocks; 64 x 128: 256
-  CHECK(choose_tile(512, 128 * 16, 1) == TileChoice::k64x64);      // 512 blocks of 64 x 64 only
-  CHECK(choose_tile(512, 64, 64) == TileChoice::k128x64);          // 64 columns: never 128-column tiles
-  CHECK(choose_tile(512, 64, 9) == TileChoice::k64x64);            // 36 blocks of 128 x 64
-  CHECK(choose_tile(128, 128 * 256, 4) == TileChoice::k128x128);   // layers (stride classes) count too
-  CHECK(choose_tile(65, 65, 1) == TileChoice::k64x64);             // small products keep the small tile
-  CHECK(choose_tile(0, 0, 1) == TileChoice::k64x64);
-  // the threshold itself
-  CHECK(choose_tile(128, 128 * 255, 1) == TileChoice::k64x128);    // 255 blocks of 128 x 128, 510 of 64 x 128
-  CHECK(choose_tile(128, 128 * 128, 1) == TileChoice::k64x128);    // 256 of 64 x 128
-  CHECK(choose_tile(128, 128 * 127, 1) == TileChoice::k64x64);     // 254 of 64 x 128 and of 128 x 64
+  // forward: rows = out-channels, columns = 128 x the output plane
+  CHECK(choose_tile(ConvPass::forward, 64, 128 * 1024, 1) == TileChoice::k64x128);  // 64 rows: never 128-row tiles
+  CHECK(choose_tile(ConvPass::forward, 128, 128 * 256, 1) == TileChoice::k128x64);
+  CHECK(choose_tile(ConvPass::forward, 256, 128 * 64, 1) == TileChoice::k128x64);    // exactly 256 blocks
+  CHECK(choose_tile(ConvPass::forward, 512, 128 * 16, 1) == TileChoice::k64x64);     // 128 blocks of either
+  CHECK(choose_tile(ConvPass::forward, 128, 128 * 128, 1) == TileChoice::k128x64);   // 256 blocks
+  CHECK(choose_tile(ConvPass::forward, 128, 128 * 127, 1) == TileChoice::k64x64);    // 254 of either larger tile
+  // backward data: rows = in-channels, columns = the widest stride class, layers = the classes
+  CHECK(choose_tile(ConvPass::data, 3, 128 * 1024, 1) == TileChoice::k64x128);
+  CHECK(choose_tile(ConvPass::data, 128, 128 * 64, 4) == TileChoice::k64x128);       // wide first
+  CHECK(choose_tile(ConvPass::data, 256, 128 * 64, 1) == TileChoice::k64x128);
+  CHECK(choose_tile(ConvPass::data, 512, 128 * 16, 1) == TileChoice::k64x64);
+  CHECK(choose_tile(ConvPass::data, 512, 64, 64) == TileChoice::k128x64);            // 64 columns: 128-row tiles
+  // backward weight: rows = out-channels, columns = in-channels x taps, layers = the K slices
+  CHECK(choose_tile(ConvPass::weight, 64, 576, 64) == TileChoice::k64x64);           // 64 rows
+  CHECK(choose_tile(ConvPass::weight, 128, 1152, 28) == TileChoice::k128x64);        // 504 blocks
+  CHECK(choose_tile(ConvPass::weight, 512, 4608, 1) == TileChoice::k64x64);          // 288 < 384 blocks
+  CHECK(choose_tile(ConvPass::weight, 128, 128 * 192, 1) == TileChoice::k128x64);    // 384 blocks; never 64 x 128
+  CHECK(choose_tile(ConvPass::weight, 128, 128 * 191, 1) == TileChoice::k64x64);     // 382
+  CHECK(choose_tile(ConvPass::weight, 128, 64, 32) == TileChoice::k64x64);
+  // small products keep the small tile; 128 x 128 is never chosen
+  for (const ConvPass pass : {ConvPass::forward, ConvPass::data, ConvPass::weight}) {
+    CHECK(choose_tile(pass, 65, 65, 1) == TileChoice::k64x64);
+    CHECK(choose_tile(pass, 0, 0, 1) == TileChoice::k64x64);
+    CHECK(choose_tile(pass, 1 << 20, 1 << 20, 64) != TileChoice::k128x128);
+  }
 }
 
 TEST_CASE("conv2d tiling: split_k cuts K into ordered, non-empty, tile-aligned slices") {
