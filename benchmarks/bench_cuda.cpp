@@ -12,8 +12,8 @@
 //      layer shapes at batch --conv-batch (128 by default): forward, backward data and backward
 //      weight, each in FP32 and in TF32 (set_conv2d_math; cuDNN follows the same setting). TFLOP/s
 //      of each and petra's throughput as a share of cuDNN's.
-//      In FP32 petra's kernel is also timed with each of its block tiles forced (set_conv2d_tile:
-//      64x64, 64x128, 128x64, 128x128 ms, printed after cuDNN's algorithm; "petra ms" is the tile
+//      petra's kernel is also timed with each of its block tiles forced (set_conv2d_tile: 64x64,
+//      64x128, 128x64, 128x128 ms, printed after cuDNN's algorithm; "petra ms" is the tile
 //      conv2d_tiling::choose_tile picks), so that the rule can be checked against the GPU.
 //      Before timing, petra's output is compared with cuDNN's (relative error above 1e-4 in FP32,
 //      1e-2 in TF32: WRONG, exit code 1).
@@ -186,16 +186,14 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
   const double bound = row.setting == k::cuda::Conv2dMath::tf32 ? 1e-2 : 1e-4;
   const double petra_s = seconds_per_launch([&] { row.petra(s); }, stream, repeats);
   const double cudnn_s = seconds_per_launch([&] { row.cudnn(s); }, stream, repeats);
-  // FP32: petra's kernel with each block tile forced (64x64, 64x128, 128x64, 128x128; the same
-  // bits, checked by the emulated tests), beside the tile choose_tile picks (petra_s).
+  // petra's kernel with each block tile forced (64x64, 64x128, 128x64, 128x128; the same bits,
+  // checked by test-cuda), beside the tile choose_tile picks (petra_s).
   std::vector<double> tile_s;
-  if (row.setting == k::cuda::Conv2dMath::fp32) {
-    for (int tile = 0; tile < 4; ++tile) {
-      k::cuda::set_conv2d_tile(tile);
-      tile_s.push_back(seconds_per_launch([&] { row.petra(s); }, stream, repeats));
-    }
-    k::cuda::set_conv2d_tile(-1);
+  for (int tile = 0; tile < 4; ++tile) {
+    k::cuda::set_conv2d_tile(tile);
+    tile_s.push_back(seconds_per_launch([&] { row.petra(s); }, stream, repeats));
   }
+  k::cuda::set_conv2d_tile(-1);
   const int pass_index = std::string(row.pass) == "forward" ? 0 : std::string(row.pass) == "data" ? 1 : 2;
   const k::cudnn::Conv2dAlgorithm algorithm = k::cudnn::conv2d_algorithm(s, layer.shape, pass_index);
   k::cuda::set_conv2d_math(k::cuda::Conv2dMath::fp32);  // the default again
@@ -206,10 +204,10 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
                row.math, difference, bound);
   } else {
     std::string tiles;
-    for (const double t : tile_s) tiles += fmt::format(" {:.3f}", t * 1e3);
+    for (const double t : tile_s) tiles += fmt::format(" {:.3f}", t * 1e3);  // ms
     fmt::print("{:<28} {:<8} {:<5} {:>9.3f} {:>9.3f} {:>8.1f} {:>8.1f} {:>6.0f}%  algo {}{}\n", layer.name, row.pass,
                row.math, petra_s * 1e3, cudnn_s * 1e3, flops / petra_s / 1e12, flops / cudnn_s / 1e12,
-               100.0 * cudnn_s / petra_s, algorithm.algorithm, tiles.empty() ? "" : "  tiles ms" + tiles);
+               100.0 * cudnn_s / petra_s, algorithm.algorithm, "  tiles ms" + tiles);
   }
   const k::Conv2dShape& c = layer.shape;
   return {{"layer", layer.name},
@@ -223,7 +221,7 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
           {"petra_tflops", flops / petra_s / 1e12},
           {"cudnn_tflops", flops / cudnn_s / 1e12},
           {"petra_share_of_cudnn", cudnn_s / petra_s},
-          {"petra_ms_by_tile", tile_s.empty() ? nlohmann::json(nullptr) : nlohmann::json(tile_s)},
+          {"petra_ms_by_tile", tile_s},
           {"cudnn_algorithm", algorithm.algorithm},
           {"cudnn_workspace_bytes", algorithm.workspace_bytes},
           {"relative_difference", difference}};

@@ -422,43 +422,50 @@ PETRA_UNROLL
 
 // ---- the TF32 path: the same tiles, multiplied by the tensor cores -----------------------------
 
-// A warp's 16 x 32 piece of the block's C tile (rows wm.., columns wn..): zero(), mma() adds
-// A(wm.., 0..kTileK) B(0..kTileK, wn..) from the shared tiles with TF32 inputs and FP32
-// accumulation, store() writes it to c_tile[m][n]. Every lane of the warp calls each (they are
-// warp-collective). The only code that touches WMMA; below sm_80 and under the emulation it is the
-// twin after it.
+// A warp's FM x FN accumulators of 16 x 16 (its piece of the block's C tile, rows wm..,
+// columns wn.., conv2d_tiling::WarpLayout): zero(), mma() adds A(wm.., 0..kTileK)
+// B(0..kTileK, wn..) from the shared tiles with TF32 inputs and FP32 accumulation, store(fm, fn,
+// stage) writes accumulator (fm, fn) to a 16 x 16 square stage[r][c] (row length kStageLd). Every
+// lane of the warp calls each (they are warp-collective). The only code that touches WMMA; below
+// sm_80 and under the emulation it is the twin after it.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+template <int FM, int FN>
 struct WarpTileTf32 {
-  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float> c[2];
+  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float> c[FM][FN];
 
   __device__ void zero() {
-    nvcuda::wmma::fill_fragment(c[0], 0.0f);
-    nvcuda::wmma::fill_fragment(c[1], 0.0f);
+PETRA_UNROLL
+    for (int fm = 0; fm < FM; ++fm)
+PETRA_UNROLL
+      for (int fn = 0; fn < FN; ++fn) nvcuda::wmma::fill_fragment(c[fm][fn], 0.0f);
   }
-  __device__ void mma(const float (*a_tile)[tiling::kTileLd], const float (*b_tile)[tiling::kTileLd],
-                      int wm, int wn) {
+  template <int LdA, int LdB>
+  __device__ void mma(const float (*a_tile)[LdA], const float (*b_tile)[LdB], int wm, int wn) {
     namespace wmma = nvcuda::wmma;
 PETRA_UNROLL
     for (int k = 0; k < kTileK; k += 8) {
-      // A(m, k) is a_tile[k][m]: column-major with leading dimension kTileLd.
-      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> a;
-      wmma::load_matrix_sync(a, &a_tile[k][wm], tiling::kTileLd);
+      // A(m, k) is a_tile[k][m]: column-major with leading dimension LdA.
+      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> a[FM];
 PETRA_UNROLL
-      for (int i = 0; i < a.num_elements; ++i) a.x[i] = wmma::__float_to_tf32(a.x[i]);
+      for (int fm = 0; fm < FM; ++fm) {
+        wmma::load_matrix_sync(a[fm], &a_tile[k][wm + 16 * fm], LdA);
 PETRA_UNROLL
-      for (int f = 0; f < 2; ++f) {
+        for (int i = 0; i < a[fm].num_elements; ++i) a[fm].x[i] = wmma::__float_to_tf32(a[fm].x[i]);
+      }
+PETRA_UNROLL
+      for (int fn = 0; fn < FN; ++fn) {
         wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b;
-        wmma::load_matrix_sync(b, &b_tile[k][wn + 16 * f], tiling::kTileLd);
+        wmma::load_matrix_sync(b, &b_tile[k][wn + 16 * fn], LdB);
 PETRA_UNROLL
         for (int i = 0; i < b.num_elements; ++i) b.x[i] = wmma::__float_to_tf32(b.x[i]);
-        wmma::mma_sync(c[f], a, b, c[f]);
+PETRA_UNROLL
+        for (int fm = 0; fm < FM; ++fm) wmma::mma_sync(c[fm][fn], a[fm], b, c[fm][fn]);
       }
     }
   }
-  __device__ void store(float (*c_tile)[tiling::kTileLd], int wm, int wn) const {
-    for (int f = 0; f < 2; ++f)
-      nvcuda::wmma::store_matrix_sync(&c_tile[wm][wn + 16 * f], c[f], tiling::kTileLd,
-                                      nvcuda::wmma::mem_row_major);
+  __device__ void store(int fm, int fn, float (*stage)[tiling::kStageLd]) const {
+    nvcuda::wmma::store_matrix_sync(&stage[0][0], c[fm][fn], tiling::kStageLd, nvcuda::wmma::mem_row_major);
+    __syncwarp();
   }
 };
 #else
@@ -467,77 +474,80 @@ PETRA_UNROLL
 // inputs, FP32 accumulation. The tensor cores' internal order of a k8 step is not specified, so a
 // GPU's bits may differ from these; the emulated test holds the twin to a host model bit for bit
 // and both to ref:: within TF32's error.
+template <int FM, int FN>
 struct WarpTileTf32 {
-  float c[2][8];
+  float c[FM][FN][8];
 
   __device__ void zero() {
-    for (int f = 0; f < 2; ++f)
-      for (int i = 0; i < 8; ++i) c[f][i] = 0.0f;
+    for (int fm = 0; fm < FM; ++fm)
+      for (int fn = 0; fn < FN; ++fn)
+        for (int i = 0; i < 8; ++i) c[fm][fn][i] = 0.0f;
   }
-  __device__ void mma(const float (*a_tile)[tiling::kTileLd], const float (*b_tile)[tiling::kTileLd],
-                      int wm, int wn) {
+  template <int LdA, int LdB>
+  __device__ void mma(const float (*a_tile)[LdA], const float (*b_tile)[LdB], int wm, int wn) {
     __syncwarp();
     const int lane = int(threadIdx.x) % 32;
-    for (int f = 0; f < 2; ++f)
-      for (int i = 0; i < 8; ++i) {
-        const int e = lane + 32 * i, row = e / 16, column = e % 16;
-        float v = c[f][i];
-        for (int k = 0; k < kTileK; ++k)
-          v = fmaf(tiling::tf32_round(a_tile[k][wm + row]), tiling::tf32_round(b_tile[k][wn + 16 * f + column]), v);
-        c[f][i] = v;
-      }
+    for (int fm = 0; fm < FM; ++fm)
+      for (int fn = 0; fn < FN; ++fn)
+        for (int i = 0; i < 8; ++i) {
+          const int e = lane + 32 * i, row = wm + 16 * fm + e / 16, column = wn + 16 * fn + e % 16;
+          float v = c[fm][fn][i];
+          for (int k = 0; k < kTileK; ++k)
+            v = fmaf(tiling::tf32_round(a_tile[k][row]), tiling::tf32_round(b_tile[k][column]), v);
+          c[fm][fn][i] = v;
+        }
     __syncwarp();
   }
-  __device__ void store(float (*c_tile)[tiling::kTileLd], int wm, int wn) const {
+  __device__ void store(int fm, int fn, float (*stage)[tiling::kStageLd]) const {
     const int lane = int(threadIdx.x) % 32;
-    for (int f = 0; f < 2; ++f)
-      for (int i = 0; i < 8; ++i) {
-        const int e = lane + 32 * i;
-        c_tile[wm + e / 16][wn + 16 * f + e % 16] = c[f][i];
-      }
+    for (int i = 0; i < 8; ++i) {
+      const int e = lane + 32 * i;
+      stage[e / 16][e % 16] = c[fm][fn][i];
+    }
     __syncwarp();
   }
 };
 #endif
 
 // implicit_gemm with the multiply on the tensor cores: the same gather into the same shared
-// tiles; each warp accumulates its 16 x 32 piece in WMMA fragments; at the end the block's C tile
-// goes through shared memory (the fragments' layout is opaque) to the same per-thread stores.
-// Deterministic too: a fixed sequence of mma_sync per warp. The three passes use it under TF32.
-template <class Problem>
+// tiles; each warp accumulates its piece in WMMA fragments (conv2d_tiling::WarpLayout). At the end
+// each warp passes its accumulators one at a time through its own 16 x 16 square of shared memory
+// (the fragments' register layout is opaque) and its lanes store them (16 consecutive lanes write
+// 16 consecutive columns). Deterministic too: a fixed sequence of mma_sync per warp. The three
+// passes use it under TF32, with the tile choose_tile picks, as the FP32 path.
+template <class Problem, class Tile>
 __global__ void __launch_bounds__(kThreads) implicit_gemm_tf32(Problem whole) {
-  __shared__ __align__(32) float a_tile[kTileK][tiling::kTileLd];
-  __shared__ __align__(32) float b_tile[kTileK][tiling::kTileLd];
-  __shared__ __align__(32) float c_tile[kTileM][tiling::kTileLd];
+  using Warps = tiling::WarpLayout<Tile>;
+  __shared__ __align__(32) float a_tile[kTileK][Tile::kLdA];
+  __shared__ __align__(32) float b_tile[kTileK][Tile::kLdB];
+  __shared__ __align__(32) float stage[Warps::kWarps][16][tiling::kStageLd];
   __shared__ KEntry table[2][kTileK];
-  const int t = int(threadIdx.x), warp = t / 32;
-  const int wm = tiling::warp_row(warp), wn = tiling::warp_column(warp);
-  const std::int64_t m0 = std::int64_t(blockIdx.y) * kTileM, n0 = std::int64_t(blockIdx.x) * kTileN;
+  const int t = int(threadIdx.x), warp = t / 32, lane = t % 32;
+  const int wm = Warps::row(warp), wn = Warps::column(warp);
+  const std::int64_t m0 = std::int64_t(blockIdx.y) * Tile::kM, n0 = std::int64_t(blockIdx.x) * Tile::kN;
   const Problem p = whole.in_slice(blockIdx.z);
   if (n0 >= p.columns()) return;
 
-  WarpTileTf32 acc;
+  WarpTileTf32<Warps::kFragmentsM, Warps::kFragmentsN> acc;
   acc.zero();
-  k_loop<tiling::SmallTile>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
-                            [&](const float (*as)[tiling::kTileLd], const float (*bs)[tiling::kTileLd]) {
-                              acc.mma(as, bs, wm, wn);
-                            });
-  acc.store(c_tile, wm, wn);
-  __syncthreads();
+  k_loop<Tile>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
+               [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) { acc.mma(as, bs, wm, wn); });
   const std::int64_t rows = p.rows(), columns = p.columns();
 PETRA_UNROLL
-  for (int r = 0; r < kMicro; ++r) {
-    const int mt = tiling::micro_row(t, r);
-    if (m0 + mt >= rows) continue;
+  for (int fm = 0; fm < Warps::kFragmentsM; ++fm)
 PETRA_UNROLL
-    for (int q = 0; q < kMicro; ++q) {
-      const int nt = tiling::micro_column(t, q);
-      if (n0 + nt < columns) p.store(m0 + mt, n0 + nt, c_tile[mt][nt], blockIdx.z);
+    for (int fn = 0; fn < Warps::kFragmentsN; ++fn) {
+      acc.store(fm, fn, stage[warp]);
+PETRA_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        const int e = lane + 32 * i, r = e / 16, c = e % 16;
+        const std::int64_t m = m0 + wm + 16 * fm + r, n = n0 + wn + 16 * fn + c;
+        if (m < rows && n < columns) p.store(m, n, stage[warp][r][c], blockIdx.z);
+      }
+      __syncwarp();  // the square is rewritten by the next accumulator
     }
-  }
 }
 
-// The kernel of a pass under the current math and tile, its tile's extent and its launch name.
 template <class Problem>
 struct KernelChoice {
   void (*kernel)(Problem);
@@ -601,26 +611,33 @@ std::atomic<int> conv_math{int(Conv2dMath::fp32)};
 // The FP32 path's tile (set_conv2d_tile): < 0 for choose_tile's.
 std::atomic<int> conv_tile{-1};
 
-// The pass's kernel for a product of rows x columns x layers under the current math and tile: the
-// tensor-core one (64 x 64 tiles) or the FP32 one with the chosen tile. The launch name is the
-// same for every tile.
+// The FP32 or tensor-core kernel of a tile.
+template <class Problem, bool tf32, class Tile>
+KernelChoice<Problem> kernel_with(const char* name) {
+  if constexpr (tf32) return {implicit_gemm_tf32<Problem, Tile>, Tile::kM, Tile::kN, name};
+  else return {implicit_gemm<Problem, Tile>, Tile::kM, Tile::kN, name};
+}
+template <class Problem, bool tf32>
+KernelChoice<Problem> kernel_for(tiling::TileChoice tile, const char* name) {
+  switch (tile) {
+    case tiling::TileChoice::k128x128: return kernel_with<Problem, tf32, tiling::TileShape<128, 128>>(name);
+    case tiling::TileChoice::k64x128: return kernel_with<Problem, tf32, tiling::TileShape<64, 128>>(name);
+    case tiling::TileChoice::k128x64: return kernel_with<Problem, tf32, tiling::TileShape<128, 64>>(name);
+    case tiling::TileChoice::k64x64: break;
+  }
+  return kernel_with<Problem, tf32, tiling::SmallTile>(name);
+}
+
+// The pass's kernel for a product of rows x columns x layers under the current math and tile:
+// the tensor-core one or the FP32 one, with the tile set_conv2d_tile forces or choose_tile picks
+// (for TF32 too: not yet timed apart on a GPU). The launch name is the same for every tile.
 template <class Problem>
 KernelChoice<Problem> choose_kernel(const char* fp32_name, const char* tf32_name, tiling::ConvPass pass,
                                     std::int64_t rows, std::int64_t columns, std::int64_t layers) {
-  if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32) return {implicit_gemm_tf32<Problem>, 64, 64, tf32_name};
   const int forced = conv_tile.load();
   const tiling::TileChoice tile = forced >= 0 ? tiling::TileChoice(forced) : tiling::choose_tile(pass, rows, columns, layers);
-  switch (tile) {
-    case tiling::TileChoice::k128x128:
-      return {implicit_gemm<Problem, tiling::TileShape<128, 128>>, 128, 128, fp32_name};
-    case tiling::TileChoice::k64x128:
-      return {implicit_gemm<Problem, tiling::TileShape<64, 128>>, 64, 128, fp32_name};
-    case tiling::TileChoice::k128x64:
-      return {implicit_gemm<Problem, tiling::TileShape<128, 64>>, 128, 64, fp32_name};
-    case tiling::TileChoice::k64x64:
-      break;
-  }
-  return {implicit_gemm<Problem, tiling::SmallTile>, 64, 64, fp32_name};
+  if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32) return kernel_for<Problem, true>(tile, tf32_name);
+  return kernel_for<Problem, false>(tile, fp32_name);
 }
 
 }  // namespace

@@ -247,11 +247,26 @@ inline TileChoice choose_tile(ConvPass pass, std::int64_t rows, std::int64_t col
 
 // ---- the TF32 path (the three passes under conv2d_math() == Conv2dMath::tf32) -----------------
 
-// The 8 warps of a block tile the 64 x 64 output in 16 x 32 pieces: warp w computes rows
-// warp_row(w) .. + 15 and columns warp_column(w) .. + 31 (two 16 x 16 WMMA accumulators).
-PETRA_HOST_DEVICE constexpr int warp_row(int warp) { return warp / 2 * 16; }
-PETRA_HOST_DEVICE constexpr int warp_column(int warp) { return warp % 2 * 32; }
-static_assert(kThreads / 32 * 16 * 32 == kTileM * kTileN);
+// The 8 warps of a block split Tile's M x N output into kWarpsM x kWarpsN pieces of kRows x
+// kColumns: warp w computes rows row(w) .. + kRows - 1 and columns column(w) .. + kColumns - 1, as
+// kFragmentsM x kFragmentsN WMMA accumulators of 16 x 16. 64 x 64: 4 x 2 warps of 16 x 32 (1 x 2
+// accumulators); 128 x 64 and 64 x 128: pieces of 32 x 32 (2 x 2); 128 x 128: 32 x 64 (2 x 4).
+// Per k8 step a warp loads kFragmentsM A and kFragmentsN B fragments for kFragmentsM x kFragmentsN
+// tensor-core products, so the larger pieces read shared memory less per product.
+template <class Tile>
+struct WarpLayout {
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kWarpsM = Tile::kM == 64 && Tile::kN == 128 ? 2 : 4;
+  static constexpr int kWarpsN = kWarps / kWarpsM;
+  static constexpr int kRows = Tile::kM / kWarpsM, kColumns = Tile::kN / kWarpsN;
+  static constexpr int kFragmentsM = kRows / 16, kFragmentsN = kColumns / 16;
+  static_assert(kRows % 16 == 0 && kColumns % 16 == 0);
+  PETRA_HOST_DEVICE static constexpr int row(int warp) { return warp / kWarpsN * kRows; }
+  PETRA_HOST_DEVICE static constexpr int column(int warp) { return warp % kWarpsN * kColumns; }
+};
+// The row length of a warp's 16 x 16 staging square (the epilogue passes each accumulator through
+// it): a multiple of 4 floats, as WMMA's store requires, so that every square starts 32-byte aligned.
+inline constexpr int kStageLd = 20;
 
 // x rounded to TF32 (the 10 leading bits of the mantissa), to nearest with ties away from zero,
 // as the tensor cores' conversion cvt.rna.tf32.f32 (wmma::__float_to_tf32) does. Infinities and

@@ -12,7 +12,7 @@
 //     (thread, q), every C element computed by exactly one (thread, r, q); choose_tile's rule;
 //   - split_k: slices in order, none empty, tile-aligned, covering K; weight_split_slices' bounds;
 //   - the TF32 path: tf32_round against the two TF32 neighbours of a float, the warps' pieces
-//     covering the tile once.
+//     covering every tile once, with WMMA's alignment.
 // Runs in every build (the header needs no CUDA).
 #include <doctest/doctest.h>
 
@@ -382,15 +382,47 @@ TEST_CASE("conv2d tiling: tf32_round keeps 10 mantissa bits, to nearest, ties aw
   }
 }
 
-TEST_CASE("conv2d tiling: the TF32 path's warps cover the block tile once") {
-  std::vector<int> c(tiling::kTileM * tiling::kTileN, 0);
-  for (int warp = 0; warp < tiling::kThreads / 32; ++warp)
-    for (int r = 0; r < 16; ++r)
-      for (int q = 0; q < 32; ++q) ++c[(tiling::warp_row(warp) + r) * tiling::kTileN + tiling::warp_column(warp) + q];
+namespace {
+// Tile's warps (WarpLayout) cover its output once, in 16 x 16 accumulators; WMMA's loads need a
+// leading dimension that is a multiple of 4 floats and 32-byte aligned fragment starts (rows k = 0
+// and 8 of the K step, columns at multiples of 16), its store the same of the staging square.
+template <class Tile>
+void check_warp_layout() {
+  using Warps = tiling::WarpLayout<Tile>;
+  CAPTURE(Tile::kM);
+  CAPTURE(Tile::kN);
+  std::vector<int> c(Tile::kM * Tile::kN, 0);
+  for (int warp = 0; warp < Warps::kWarps; ++warp) {
+    CHECK(Warps::row(warp) % 16 == 0);
+    CHECK(Warps::column(warp) % 16 == 0);
+    for (int r = 0; r < Warps::kFragmentsM * 16; ++r)
+      for (int q = 0; q < Warps::kFragmentsN * 16; ++q) {
+        const int row = Warps::row(warp) + r, column = Warps::column(warp) + q;
+        REQUIRE(row < Tile::kM);
+        REQUIRE(column < Tile::kN);
+        ++c[row * Tile::kN + column];
+      }
+  }
   for (const int count : c) CHECK(count == 1);
-  // WMMA needs a leading dimension that is a multiple of 4 floats, and 32-byte aligned fragment
-  // starts: rows k = 0, 8 of the K step, columns and rows at multiples of 16
-  CHECK(tiling::kTileLd % 4 == 0);  // WMMA's leading dimension
-  CHECK(8 * tiling::kTileLd * 4 % 32 == 0);
-  CHECK(16 * tiling::kTileLd * 4 % 32 == 0);
+  CHECK(Tile::kLdA % 4 == 0);
+  CHECK(Tile::kLdB % 4 == 0);
+  CHECK(8 * Tile::kLdA * 4 % 32 == 0);
+  CHECK(8 * Tile::kLdB * 4 % 32 == 0);
+}
+}  // namespace
+
+TEST_CASE("conv2d tiling: the TF32 path's warps cover every block tile once") {
+  check_warp_layout<tiling::TileShape<64, 64>>();
+  check_warp_layout<tiling::TileShape<64, 128>>();
+  check_warp_layout<tiling::TileShape<128, 64>>();
+  check_warp_layout<tiling::TileShape<128, 128>>();
+  // the 64 x 64 tile keeps its 16 x 32 pieces; the others have pieces of 32 x 32 or 32 x 64
+  CHECK(tiling::WarpLayout<tiling::SmallTile>::kFragmentsM == 1);
+  CHECK(tiling::WarpLayout<tiling::SmallTile>::kFragmentsN == 2);
+  CHECK(tiling::WarpLayout<tiling::TileShape<64, 128>>::kFragmentsM == 2);
+  CHECK(tiling::WarpLayout<tiling::TileShape<64, 128>>::kFragmentsN == 2);
+  CHECK(tiling::WarpLayout<tiling::TileShape<128, 128>>::kFragmentsN == 4);
+  // the staging squares: a multiple of 4 floats per row, each square 32-byte aligned
+  CHECK(tiling::kStageLd % 4 == 0);
+  CHECK(16 * tiling::kStageLd * 4 % 32 == 0);
 }

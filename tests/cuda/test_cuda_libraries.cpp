@@ -448,6 +448,55 @@ TEST_CASE("cuda: cuDNN batch norm + ReLU (cuDNN's batch norm, petra's relu) matc
   }
 }
 
+// petra's convolution with each block tile forced (set_conv2d_tile: 64x64, 64x128, 128x64,
+// 128x128): the same bits as the 64x64 tile in the three passes, FP32 and TF32 (each output is one
+// thread's, or one accumulator element's, sum over k in the same order; here the real WMMA runs,
+// where the emulated test runs its twin), and the FP32 results within their bound of ref::.
+TEST_CASE("cuda: petra's conv2d gives the same bits with every block tile, FP32 and TF32" * doctest::skip(kNoGpu)) {
+  namespace ref = petra::kernels::ref;
+  namespace cu = petra::kernels::cuda;
+  petra::Stream stream(petra::Device::cuda(0));
+  const StreamHandle s = gpu_stream_handle(stream);
+  void* cs = s.cuda_stream;
+  const StreamHandle host{};
+  for (const Conv2dShape& k : {Conv2dShape{2, 5, 9, 11, 130, 3, 3, 1, 1, 1, 1}, Conv2dShape{2, 70, 7, 9, 6, 3, 3, 2, 2, 1, 1},
+                               Conv2dShape{8, 64, 16, 16, 128, 3, 3, 1, 1, 1, 1}}) {
+    INFO("x (", k.batch, ", ", k.in_channels, ", ", k.in_h, ", ", k.in_w, ") out ", k.out_channels, " stride ", k.stride_h);
+    const ConvData d(k);
+    const auto ny = std::size_t(k.output_size()), nx = std::size_t(k.input_size());
+    std::vector<float> y_expected(ny), y_magnitude(ny);
+    ref::conv2d_forward<float>(host, k, d.x.data(), d.w.data(), d.bias.data(), y_expected.data());
+    ref::conv2d_forward<float>(host, k, absolute(d.x).data(), absolute(d.w).data(), absolute(d.bias).data(),
+                               y_magnitude.data());
+    Buffer x(d.x, cs), w(d.w, cs), bias(d.bias, cs), dy(d.dy, cs);
+    for (const cu::Conv2dMath math : {cu::Conv2dMath::fp32, cu::Conv2dMath::tf32}) {
+      CAPTURE(int(math));
+      std::vector<float> y_small, dx_small, dw_small;
+      for (const int tile : {0, 1, 2, 3}) {
+        CAPTURE(tile);
+        cu::set_conv2d_math(math);
+        cu::set_conv2d_tile(tile);
+        Buffer y(std::vector<float>(ny, 7.0f), cs), dx(std::vector<float>(nx, 7.0f), cs), dw(d.dw0, cs);
+        cu::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y.get());
+        cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx.get());
+        cu::conv2d_backward_weight(s, k, x.get(), dy.get(), dw.get());
+        cu::set_conv2d_tile(-1);
+        cu::set_conv2d_math(cu::Conv2dMath::fp32);
+        const auto y_got = y.download(cs), dx_got = dx.download(cs), dw_got = dw.download(cs);
+        if (math == cu::Conv2dMath::fp32)
+          CHECK(outside_bound(y_got, y_expected, y_magnitude, fp32_factor(k.in_channels * k.kernel_h * k.kernel_w + 1)) == 0);
+        if (tile == 0) {
+          y_small = y_got, dx_small = dx_got, dw_small = dw_got;
+          continue;
+        }
+        CHECK(y_got == y_small);
+        CHECK(dx_got == dx_small);
+        CHECK(dw_got == dw_small);
+      }
+    }
+  }
+}
+
 #endif  // PETRA_HAVE_CUDNN
 
 #endif  // PETRA_HAVE_CUDA && (PETRA_HAVE_CUBLAS || PETRA_HAVE_CUDNN)

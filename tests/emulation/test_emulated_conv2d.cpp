@@ -22,8 +22,8 @@
 // The TF32 forward (set_conv2d_math(tf32)) runs the WMMA twin: bit for bit against a host model of
 // its arithmetic (fmaf of TF32-rounded inputs, k in order), within 2^-10 * sum |terms| of ref::,
 // different bits from the FP32 path, the same bits twice.
-// The larger FP32 tiles (set_conv2d_tile: 64 x 128, 128 x 64, 128 x 128) give the 64 x 64 tile's
-// bits in all three passes, on shapes with tails past 64 and 128.
+// The larger tiles (set_conv2d_tile: 64 x 128, 128 x 64, 128 x 128) give the 64 x 64 tile's bits
+// in all three passes, FP32 and TF32, on shapes with tails past 64 and 128.
 // The emulation runs each block's 256 threads on the CPU, so the shapes stay small (a few blocks).
 #include <doctest/doctest.h>
 
@@ -351,66 +351,6 @@ TEST_CASE("emulated conv2d: backward bias accumulates, matching ref, the same bi
 
 namespace {
 
-// Forces the FP32 path's tile for a scope (set_conv2d_tile), then gives the choice back.
-class TileGuard {
- public:
-  explicit TileGuard(int tile) { cu::set_conv2d_tile(tile); }
-  ~TileGuard() { cu::set_conv2d_tile(-1); }
-  TileGuard(const TileGuard&) = delete;
-  TileGuard& operator=(const TileGuard&) = delete;
-};
-
-}  // namespace
-
-// The 64 x 64 tile is checked against ref:: above (choose_tile keeps it for shapes this small);
-// the larger tiles must give its results bit for bit (each output is one thread's sum over k in
-// the same order, whatever the tile), on shapes with tails past 64 and 128 in M and N.
-TEST_CASE("emulated conv2d: the 64 x 128, 128 x 64 and 128 x 128 tiles give the 64 x 64 tile's bits") {
-  Stream stream;
-  const StreamHandle& s = stream.s;
-  const auto start = std::chrono::steady_clock::now();
-  const std::vector<Conv2dShape> shapes = {
-      {2, 5, 9, 11, 130, 3, 3, 1, 1, 1, 1},  // forward M = 130, N = 198; weight M = 130, N = 45
-      {2, 70, 7, 9, 6, 3, 3, 2, 2, 1, 1},    // backward data M = 70, four stride classes; weight N = 630
-  };
-  std::uint64_t seed = 2100;
-  for (const Conv2dShape& sh : shapes) {
-    seed += 10;
-    INFO(describe(sh));
-    const Buffer x(sh.input_size(), seed, 1), w(sh.weight_size(), seed + 1, 0), bias(sh.out_channels, seed + 2, 1),
-        dy(sh.output_size(), seed + 3, 0), y(sh.output_size(), seed + 4, 1), dx(sh.input_size(), seed + 5, 0),
-        dw(sh.weight_size(), seed + 6, 1);
-    std::vector<float> y_small, dx_small, dw_small;
-    for (const int tile : {0, 1, 2, 3}) {
-      CAPTURE(tile);
-      const TileGuard forced(tile);
-      const int tile_m = tile >= 2 ? 128 : 64, tile_n = tile % 2 == 1 ? 128 : 64;
-      y.reset();
-      dx.reset();
-      dw.reset();
-      cu::conv2d_forward(s, sh, x.data(), w.data(), bias.data(), y.data());
-      CHECK(emu::last_launch().grid.x == unsigned(tiling::ceil_div(sh.batch * sh.out_h() * sh.out_w(), tile_n)));
-      CHECK(emu::last_launch().grid.y == unsigned(tiling::ceil_div(sh.out_channels, tile_m)));
-      cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
-      CHECK(emu::last_launch().grid.y == unsigned(tiling::ceil_div(sh.in_channels, tile_m)));
-      cu::conv2d_backward_weight_split(s, sh, x.data(), dy.data(), dw.data(), 2);
-      CHECK(y.guards_kept());
-      CHECK(dx.guards_kept());
-      CHECK(dw.guards_kept());
-      if (tile == 0) {
-        y_small = y.values(), dx_small = dx.values(), dw_small = dw.values();
-        continue;
-      }
-      CHECK(bit_differences(y.values(), y_small) == "");
-      CHECK(bit_differences(dx.values(), dx_small) == "");
-      CHECK(bit_differences(dw.values(), dw_small) == "");
-    }
-  }
-  MESSAGE("tiles: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
-}
-
-namespace {
-
 // The TF32 tests' shapes, for the three passes: tails of M, N and K (the forward's K = 27, 153, 297
 // and 585, not multiples of 8 or 16), two tiles of M and of N in each pass (65 out-channels for
 // the forward, 65 in-channels for backward data), padding, stride 2 (four stride classes for
@@ -644,3 +584,69 @@ TEST_CASE("emulated conv2d: TF32 backward data and weight match their models bit
 }
 
 TEST_CASE("emulated conv2d: FP32 is the default math") { CHECK(cu::conv2d_math() == cu::Conv2dMath::fp32); }
+
+namespace {
+
+// Forces the block tile for a scope (set_conv2d_tile), then gives the choice back.
+class TileGuard {
+ public:
+  explicit TileGuard(int tile) { cu::set_conv2d_tile(tile); }
+  ~TileGuard() { cu::set_conv2d_tile(-1); }
+  TileGuard(const TileGuard&) = delete;
+  TileGuard& operator=(const TileGuard&) = delete;
+};
+
+}  // namespace
+
+// The 64 x 64 tile is checked against ref:: above and below (choose_tile keeps it for shapes this
+// small); the larger tiles must give its results bit for bit (each output is one thread's, or one
+// accumulator element's, sum over k in the same order, whatever the tile), on shapes with tails
+// past 64 and 128 in M and N. In TF32 the twin of the tensor-core path runs: on a GPU, test-cuda
+// checks the same with the real WMMA.
+TEST_CASE("emulated conv2d: the 64 x 128, 128 x 64 and 128 x 128 tiles give the 64 x 64 tile's bits, FP32 and TF32") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<Conv2dShape> shapes = {
+      {2, 5, 9, 11, 130, 3, 3, 1, 1, 1, 1},  // forward M = 130, N = 198; weight M = 130, N = 45
+      {2, 70, 7, 9, 6, 3, 3, 2, 2, 1, 1},    // backward data M = 70, four stride classes; weight N = 630
+  };
+  std::uint64_t seed = 2100;
+  for (const Conv2dShape& sh : shapes) {
+    seed += 10;
+    INFO(describe(sh));
+    const Buffer x(sh.input_size(), seed, 1), w(sh.weight_size(), seed + 1, 0), bias(sh.out_channels, seed + 2, 1),
+        dy(sh.output_size(), seed + 3, 0), y(sh.output_size(), seed + 4, 1), dx(sh.input_size(), seed + 5, 0),
+        dw(sh.weight_size(), seed + 6, 1);
+    for (const cu::Conv2dMath math : {cu::Conv2dMath::fp32, cu::Conv2dMath::tf32}) {
+      CAPTURE(int(math));
+      const MathGuard chosen(math);
+      std::vector<float> y_small, dx_small, dw_small;
+      for (const int tile : {0, 1, 2, 3}) {
+        CAPTURE(tile);
+        const TileGuard forced(tile);
+        const int tile_m = tile >= 2 ? 128 : 64, tile_n = tile % 2 == 1 ? 128 : 64;
+        y.reset();
+        dx.reset();
+        dw.reset();
+        cu::conv2d_forward(s, sh, x.data(), w.data(), bias.data(), y.data());
+        CHECK(emu::last_launch().grid.x == unsigned(tiling::ceil_div(sh.batch * sh.out_h() * sh.out_w(), tile_n)));
+        CHECK(emu::last_launch().grid.y == unsigned(tiling::ceil_div(sh.out_channels, tile_m)));
+        cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
+        CHECK(emu::last_launch().grid.y == unsigned(tiling::ceil_div(sh.in_channels, tile_m)));
+        cu::conv2d_backward_weight_split(s, sh, x.data(), dy.data(), dw.data(), 2);
+        CHECK(y.guards_kept());
+        CHECK(dx.guards_kept());
+        CHECK(dw.guards_kept());
+        if (tile == 0) {
+          y_small = y.values(), dx_small = dx.values(), dw_small = dw.values();
+          continue;
+        }
+        CHECK(bit_differences(y.values(), y_small) == "");
+        CHECK(bit_differences(dx.values(), dx_small) == "");
+        CHECK(bit_differences(dw.values(), dw_small) == "");
+      }
+    }
+  }
+  MESSAGE("tiles: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
+}
