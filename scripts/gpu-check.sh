@@ -10,7 +10,9 @@
 #             executor), twice: bit-identical to PETRA on one stream and from run to run;
 #   bench     the kernels against cuDNN and the copy bandwidth (bench-cuda: ResNet-18 CIFAR
 #             convolutions at batch 128, FP32 and TF32, and batch norm);
-#   profile   Nsight Compute's kernel times over a few revbackprop steps, summed per kernel;
+#   profile   Nsight Compute's kernel times over a few revbackprop steps, summed per kernel; and,
+#             where Nsight Systems is installed, how busy each stream is when PETRA's two stages
+#             share the GPU (each stream's busy share, both at once, neither);
 #   sanitize  compute-sanitizer: memcheck on the cuda suite, racecheck and synccheck on its
 #             backend-ops case (every op's kernels);
 #   pytorch   the PyTorch peer of the training runs (benchmarks/pytorch_gpu.py, eager on cuDNN,
@@ -223,6 +225,87 @@ whole = sum(t for t, _ in totals.values())
 print(f"== ncu: {sum(c for _, c in totals.values())} launches, {whole:.1f} ms of kernels; the largest:")
 for key, (t, c) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:18]:
     print(f"   {t:8.2f} ms {100 * t / whole:5.1f}%  {c:5d} x  {key}")
+PY
+  profile_streams
+}
+
+# How busy each stream is when PETRA's two stages share the GPU (two workers, `--devices
+# cuda:0,cuda:0`): Nsight Systems traces every kernel and copy with its stream; the script merges
+# each stream's intervals over the steady steps (after the first 30% of the trace) and prints each
+# stream's busy share of that window, the share where both run at once, and where neither does.
+profile_streams() {
+  local nsys work=/tmp/petra-nsys
+  nsys=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda*/bin/nsys 2> /dev/null | head -n 1)
+  if [ -z "$nsys" ]; then
+    echo "== nsys not found: the streams' busy shares are not measured"
+    return 0
+  fi
+  rm -rf "$work" && mkdir -p "$work"
+  STEP_LOG="$out/nsys-petra-2-streams.log" step "nsys: PETRA on two streams of the GPU" 90 "$nsys" profile \
+    --trace cuda --sample none --cpuctxsw none --force-overwrite true --output "$work/petra" \
+    "$bin/petra-train" --dataset synthetic --synthetic-size 7680 --model revnet18 --width 64 --batch-size 128 \
+    --epochs 1 --no-augment --threads 8 --method petra --devices cuda:0,cuda:0
+  [ -f "$work/petra.nsys-rep" ] || { echo "== nsys: no report"; return 0; }
+  STEP_LOG="$out/nsys-stats.log" step "nsys: the GPU trace as CSV" 60 "$nsys" stats --report cuda_gpu_trace \
+    --format csv --force-export true --output "$work/trace" "$work/petra.nsys-rep"
+  local trace
+  trace=$(ls "$work"/trace*cuda_gpu_trace*.csv 2> /dev/null | head -n 1)
+  [ -n "$trace" ] || { echo "== nsys: no cuda_gpu_trace CSV (see nsys-stats.log)"; return 0; }
+  python3 - "$trace" <<'PY' | tee "$out/nsys-streams.txt"
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1], errors="replace")))
+head = rows[0]
+def col(word):
+    return next(i for i, h in enumerate(head) if h.startswith(word))
+start, duration, stream, name = col("Start"), col("Duration"), col("Strm"), col("Name")
+events = []
+for r in rows[1:]:
+    try:
+        events.append((int(r[start]), int(r[start]) + int(r[duration]), r[stream], r[name]))
+    except (ValueError, IndexError):
+        continue
+events.sort()
+begin, end = events[0][0], max(e[1] for e in events)
+window = (begin + 0.3 * (end - begin), end)  # the steady steps
+def merged(intervals):
+    out = []
+    for a, b in sorted(intervals):
+        a, b = max(a, window[0]), min(b, window[1])
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+def length(intervals):
+    return sum(b - a for a, b in intervals)
+def intersect(x, y):
+    out, i, j = [], 0, 0
+    while i < len(x) and j < len(y):
+        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if a < b:
+            out.append([a, b])
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+streams = {}
+for a, b, s, n in events:
+    streams.setdefault(s, []).append((a, b))
+busy = {s: merged(v) for s, v in streams.items()}
+span = window[1] - window[0]
+print(f"== nsys: {len(events)} kernels and copies; steady window {span / 1e6:.1f} ms (the last 70% of the trace)")
+for s, v in sorted(busy.items(), key=lambda kv: -length(kv[1])):
+    kernels = sum(1 for a, b, t, n in events if t == s and b > window[0])
+    print(f"== nsys: stream {s}: busy {100 * length(v) / span:5.1f}% of the window ({kernels} kernels and copies)")
+top = sorted(busy, key=lambda s: -length(busy[s]))[:2]
+if len(top) == 2:
+    both = length(intersect(busy[top[0]], busy[top[1]]))
+    either = length(merged([tuple(i) for s in busy for i in busy[s]]))
+    print(f"== nsys: streams {top[0]} and {top[1]} both busy {100 * both / span:5.1f}% of the window; "
+          f"some stream busy {100 * either / span:5.1f}%, none {100 - 100 * either / span:5.1f}%")
 PY
 }
 
