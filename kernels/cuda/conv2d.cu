@@ -82,6 +82,7 @@
 #include "petra/kernels/cuda/block_reduce.cuh"
 #include "petra/kernels/cuda/conv2d_tiling.cuh"
 #include "petra/kernels/cuda/fast_divide.cuh"
+#include "petra/kernels/cuda/lanes.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 
 #ifdef __CUDACC__
@@ -582,8 +583,11 @@ __global__ void sum_weight_partials(std::int64_t size, std::int64_t slices, cons
 // db[o] += the sum of dy[b, o, :, :] over b, in two launches (as batch norm's sums: one block per
 // channel had too few blocks for a GPU, 64 us for (128, 64, 32, 32) on an H200). Block
 // (o, slice) = blockIdx.x / slices, blockIdx.x % slices adds its thread's values of channel o
-// (the walk of fast_divide.cuh's ChannelWalk) in double, then cuda_detail::block_sum's fixed tree,
-// into partials[blockIdx.x]; add_bias_partials then adds each channel's partials in slice order.
+// (the walk of fast_divide.cuh's ChannelWalk, in units of V: float4 where the plane is a multiple
+// of 4 and dy 16-byte aligned, `plane` and `count` then in float4s) in double, then
+// cuda_detail::block_sum's fixed tree, into partials[blockIdx.x]; add_bias_partials then adds
+// each channel's partials in slice order.
+template <class V>
 __global__ void __launch_bounds__(cuda_detail::kBlockThreads)
     bias_partials(std::int64_t channels, FastDivide plane, std::int64_t count, std::int64_t slices,
                   const float* dy, double* partials) {
@@ -592,7 +596,8 @@ __global__ void __launch_bounds__(cuda_detail::kBlockThreads)
                      step = slices * cuda_detail::kBlockThreads;
   ChannelWalk walk(plane, channels, o, start, step);
   double sum = 0;
-  for (std::int64_t j = start; j < count; j += step, walk.advance()) sum += double(dy[walk.offset()]);
+  for (std::int64_t j = start; j < count; j += step, walk.advance())
+    cuda_detail::for_lanes([&](float v) { sum += double(v); }, reinterpret_cast<const V*>(dy)[walk.offset()]);
   const double total = cuda_detail::block_sum(sum);
   if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
@@ -698,9 +703,13 @@ void conv2d_backward_bias(const StreamHandle& s, const Conv2dShape& shape, const
   const std::int64_t plane = shape.out_h() * shape.out_w(), count = shape.batch * plane;
   const std::int64_t slices = channel_slices(count);
   auto* partials = static_cast<double*>(s.scratch(std::size_t(shape.out_channels * slices) * sizeof(double)));
-  cuda_detail::launch_blocks("conv2d_backward_bias", s, unsigned(shape.out_channels * slices),
-                             cuda_detail::kBlockThreads, bias_partials, shape.out_channels, FastDivide(plane), count,
-                             slices, dy, partials);
+  const unsigned blocks = unsigned(shape.out_channels * slices);
+  if (plane % 4 == 0 && cuda_detail::aligned_16(dy))
+    cuda_detail::launch_blocks("conv2d_backward_bias", s, blocks, cuda_detail::kBlockThreads, bias_partials<float4>,
+                               shape.out_channels, FastDivide(plane / 4), count / 4, slices, dy, partials);
+  else
+    cuda_detail::launch_blocks("conv2d_backward_bias", s, blocks, cuda_detail::kBlockThreads, bias_partials<float>,
+                               shape.out_channels, FastDivide(plane), count, slices, dy, partials);
   cuda_detail::launch_grid_stride("conv2d_backward_bias_sum", s, shape.out_channels, add_bias_partials,
                                   shape.out_channels, slices, partials, db);
 }
