@@ -57,11 +57,18 @@
 #include "petra/kernels/cuda/lanes.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 
+// A loop nvcc must not unroll (the host compiler of the emulation does not know the pragma).
+#ifdef __CUDACC__
+#define PETRA_NO_UNROLL _Pragma("unroll 1")
+#else
+#define PETRA_NO_UNROLL
+#endif
+
 namespace petra::kernels::cuda {
 namespace {
 
 using cuda_detail::block_tree_sum;
-using cuda_detail::for_lanes;
+using cuda_detail::lane;
 using cuda_detail::grid_threads;
 using cuda_detail::kBlockThreads;
 using cuda_detail::kWidth;
@@ -96,24 +103,26 @@ __global__ void __launch_bounds__(kBlockThreads)
   double s1 = 0, s2 = 0;
   const std::int64_t start = slice * kBlockThreads + threadIdx.x, step = slices * kBlockThreads;
   ChannelWalk walk(plane, channels, c, start, step);  // fast_divide.cuh
+  // Not unrolled: on sm_80 nvcc 13 unrolled the float4 walk of the fused ReLU's gradient sums and
+  // spilled 12 bytes (scripts/check-spills.sh); one 16-byte load per thread in flight suffices.
+  PETRA_NO_UNROLL
   for (std::int64_t j = start; j < count; j += step, walk.advance()) {
     const std::int64_t k = walk.offset();
     const V xv = reinterpret_cast<const V*>(x)[k];
     if constexpr (sums == Sums::kStatistics) {
-      for_lanes([&](float xf) {
-        const double d = double(xf) - pivot;
+      for (int i = 0; i < kWidth<V>; ++i) {
+        const double d = double(lane(xv, i)) - pivot;
         s1 += d;
         s2 += d * d;
-      }, xv);
+      }
     } else {
-      V gv = reinterpret_cast<const V*>(dy)[k];
-      if constexpr (relu)
-        gv = lanes([](float yf, float gf) { return relu_masked(yf, gf); }, reinterpret_cast<const V*>(y)[k], gv);
-      for_lanes([&](float xf, float gf) {
-        const double g = gf;
+      const V gv = reinterpret_cast<const V*>(dy)[k];
+      const V yv = relu ? reinterpret_cast<const V*>(y)[k] : gv;  // the mask (relu only)
+      for (int i = 0; i < kWidth<V>; ++i) {
+        const double g = relu ? relu_masked(lane(yv, i), lane(gv, i)) : lane(gv, i);
         s1 += g;
-        s2 += g * (double(xf) - pivot);
-      }, xv, gv);
+        s2 += g * (double(lane(xv, i)) - pivot);
+      }
     }
   }
   first[threadIdx.x] = s1;
@@ -480,3 +489,5 @@ void batchnorm_relu_coupling_eval(const StreamHandle& s, const BatchNormShape& s
 }
 
 }  // namespace petra::kernels::cuda
+
+#undef PETRA_NO_UNROLL

@@ -596,8 +596,10 @@ __global__ void __launch_bounds__(cuda_detail::kBlockThreads)
                      step = slices * cuda_detail::kBlockThreads;
   ChannelWalk walk(plane, channels, o, start, step);
   double sum = 0;
-  for (std::int64_t j = start; j < count; j += step, walk.advance())
-    cuda_detail::for_lanes([&](float v) { sum += double(v); }, reinterpret_cast<const V*>(dy)[walk.offset()]);
+  for (std::int64_t j = start; j < count; j += step, walk.advance()) {
+    const V v = reinterpret_cast<const V*>(dy)[walk.offset()];
+    for (int i = 0; i < cuda_detail::kWidth<V>; ++i) sum += double(cuda_detail::lane(v, i));
+  }
   const double total = cuda_detail::block_sum(sum);
   if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }

@@ -3,8 +3,8 @@
 // (16 bytes) per access where every pointer is 16-byte aligned: a quarter of the load and store
 // instructions for the same bytes. It is written for V = float or float4, loads and stores V, and
 // applies its per-value arithmetic with lanes(op, ...), the op applied to each lane in turn (the
-// same arithmetic per value either way, so the same bits). A reduction reads V too and feeds each
-// lane in turn to its per-value step with for_lanes (the order of its additions then depends on V).
+// same arithmetic per value either way, so the same bits). A reduction reads V too and adds its
+// lanes in turn with lane(v, i) (the order of its additions then depends on V).
 #pragma once
 #include <cstdint>
 
@@ -32,22 +32,9 @@ __device__ inline float4 lanes(Op op, float4 a, float4 b) {
   return make_float4(op(a.x, b.x), op(a.y, b.y), op(a.z, b.z), op(a.w, b.w));
 }
 
-// f(a_i) or f(a_i, b_i) for each lane i in order: a reduction's per-value step.
-template <class F>
-__device__ inline void for_lanes(F f, float a) {
-  f(a);
-}
-template <class F>
-__device__ inline void for_lanes(F f, float4 a) {
-  f(a.x), f(a.y), f(a.z), f(a.w);
-}
-template <class F>
-__device__ inline void for_lanes(F f, float a, float b) {
-  f(a, b);
-}
-template <class F>
-__device__ inline void for_lanes(F f, float4 a, float4 b) {
-  f(a.x, b.x), f(a.y, b.y), f(a.z, b.z), f(a.w, b.w);
-}
+// Lane i of a float (i = 0) or a float4 (0..3): a reduction reads V and adds its lanes in order,
+// for (i = 0; i < kWidth<V>; ++i) ... lane(v, i) (with i known at compile time once unrolled).
+__device__ inline float lane(float v, int) { return v; }
+__device__ inline float lane(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 }  // namespace petra::cuda_detail
