@@ -10,11 +10,11 @@
 #             executor), twice: bit-identical to PETRA on one stream and from run to run;
 #   bench     the kernels against cuDNN and the copy bandwidth (bench-cuda: ResNet-18 CIFAR
 #             convolutions at batch 128, FP32 and TF32, and batch norm);
-#   profile   Nsight Compute's kernel times over a few revbackprop steps, summed per kernel; and,
-#             where Nsight Systems is installed, how busy each stream is when PETRA's two stages
-#             share the GPU (each stream's busy share, both at once, neither);
 #   sanitize  compute-sanitizer: memcheck on the cuda suite, racecheck and synccheck on its
 #             backend-ops case (every op's kernels);
+#   profile   Nsight Compute's kernel times over a few revbackprop steps, summed per kernel;
+#   streams   where Nsight Systems is installed, how busy each stream is when PETRA's two stages
+#             share the GPU (each stream's busy share, both at once, neither; nsys-streams.txt);
 #   pytorch   the PyTorch peer of the training runs (benchmarks/pytorch_gpu.py, eager on cuDNN,
 #             FP32 and TF32), where the machine's python3 has PyTorch with CUDA;
 #   fashion   the default Fashion-MNIST run (petra-train's defaults) on cuda:0: accuracy and time;
@@ -23,7 +23,7 @@
 #   pipeline  bench-pipeline on the idle CPUs (not in the default list; measured on 2026-11-30).
 # Everything it prints also goes to OUT/gpu-check.log, the benchmarks' numbers to
 # OUT/bench-cuda.json and OUT/pytorch-gpu.json, each training run's log to OUT/train-<name>.log
-# and .jsonl, the GPU's utilisation per second to OUT/dmon.log.
+# and .jsonl, the GPU's utilisation per second to OUT/dmon.log. Default: every group but pipeline.
 #
 # It must end within 6 minutes on an H200 (a loan is 15 minutes, and a rerun must fit): every step
 # runs under a timeout, and a step is skipped, saying so, when the whole script has used its budget
@@ -226,14 +226,14 @@ print(f"== ncu: {sum(c for _, c in totals.values())} launches, {whole:.1f} ms of
 for key, (t, c) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:18]:
     print(f"   {t:8.2f} ms {100 * t / whole:5.1f}%  {c:5d} x  {key}")
 PY
-  profile_streams
 }
 
 # How busy each stream is when PETRA's two stages share the GPU (two workers, `--devices
 # cuda:0,cuda:0`): Nsight Systems traces every kernel and copy with its stream; the script merges
-# each stream's intervals over the steady steps (after the first 30% of the trace) and prints each
-# stream's busy share of that window, the share where both run at once, and where neither does.
-profile_streams() {
+# each stream's intervals over the steady steps (from 30% to 90% of the trace: past the warm-up,
+# before the drain and the test-set evaluation) and prints each stream's busy share of that window,
+# the share where both run at once, and where neither does.
+group_streams() {
   local nsys work=/tmp/petra-nsys
   nsys=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda*/bin/nsys 2> /dev/null | head -n 1)
   if [ -z "$nsys" ]; then
@@ -254,19 +254,23 @@ profile_streams() {
   python3 - "$trace" <<'PY' | tee "$out/nsys-streams.txt"
 import csv, sys
 rows = list(csv.reader(open(sys.argv[1], errors="replace")))
-head = rows[0]
+head = rows[0] if rows else []
 def col(word):
-    return next(i for i, h in enumerate(head) if h.startswith(word))
+    return next((i for i, h in enumerate(head) if h.startswith(word)), None)
 start, duration, stream, name = col("Start"), col("Duration"), col("Strm"), col("Name")
+if None in (start, duration, stream, name):
+    sys.exit(f"== nsys: unexpected columns {head}")
 events = []
 for r in rows[1:]:
     try:
         events.append((int(r[start]), int(r[start]) + int(r[duration]), r[stream], r[name]))
     except (ValueError, IndexError):
         continue
+if not events:
+    sys.exit("== nsys: no kernels in the trace")
 events.sort()
 begin, end = events[0][0], max(e[1] for e in events)
-window = (begin + 0.3 * (end - begin), end)  # the steady steps
+window = (begin + 0.3 * (end - begin), begin + 0.9 * (end - begin))  # the steady steps
 def merged(intervals):
     out = []
     for a, b in sorted(intervals):
@@ -296,9 +300,9 @@ for a, b, s, n in events:
     streams.setdefault(s, []).append((a, b))
 busy = {s: merged(v) for s, v in streams.items()}
 span = window[1] - window[0]
-print(f"== nsys: {len(events)} kernels and copies; steady window {span / 1e6:.1f} ms (the last 70% of the trace)")
+print(f"== nsys: {len(events)} kernels and copies; steady window {span / 1e6:.1f} ms (30% to 90% of the trace)")
 for s, v in sorted(busy.items(), key=lambda kv: -length(kv[1])):
-    kernels = sum(1 for a, b, t, n in events if t == s and b > window[0])
+    kernels = sum(1 for a, b, t, n in events if t == s and b > window[0] and a < window[1])
     print(f"== nsys: stream {s}: busy {100 * length(v) / span:5.1f}% of the window ({kernels} kernels and copies)")
 top = sorted(busy, key=lambda s: -length(busy[s]))[:2]
 if len(top) == 2:
@@ -379,7 +383,7 @@ group_pipeline() {
     env OMP_WAIT_POLICY=passive "$bin/bench-pipeline" --json "$out/bench-pipeline.json"
 }
 
-groups=${ONLY:-tests training bench profile sanitize pytorch fashion mpi}
+groups=${ONLY:-tests training bench sanitize profile streams pytorch fashion mpi}
 echo "== groups: $groups"
 # The GPU's utilisation once a second (nvidia-smi dmon: the share of time a kernel ran, and memory
 # traffic), with the time of day, to set beside the steps' start times above.
@@ -392,7 +396,7 @@ for group in $groups; do
   if declare -F "group_$group" > /dev/null; then
     "group_$group"
   else
-    echo "== unknown group '$group' (tests training bench profile sanitize pytorch fashion mpi pipeline)"
+    echo "== unknown group '$group' (tests training bench sanitize profile streams pytorch fashion mpi pipeline)"
   fi
 done
 

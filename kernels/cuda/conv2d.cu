@@ -1,6 +1,6 @@
 // kernels/cuda/conv2d.cu: the cuda:: 2-d convolution of kernels/conv2d.hpp (forward, backward
-// data, backward weight +=, backward bias +=), FP32 (and an optional TF32 forward), hand-written,
-// deterministic.
+// data, backward weight +=, backward bias +=), FP32 (and, optionally, TF32 on the tensor cores for
+// the three products), hand-written, deterministic.
 //
 // The three products are one shared-memory tiled SGEMM over operands gathered on the fly
 // (implicit GEMM: no im2col matrix is materialised; docs/gpu-kernels.md walks from the formula to
@@ -53,27 +53,31 @@
 // double and rounds once. With S = 1 the tile adds into dw directly.
 //
 // The TF32 path (all three passes, when set_conv2d_math(Conv2dMath::tf32)): implicit_gemm_tf32, the
-// same gather into the same shared tiles, but each of the 8 warps multiplies its 16 x 32 piece of
-// the tile on the tensor cores (WMMA m16n16k8, precision::tf32: inputs rounded to a 10-bit
-// mantissa, FP32 accumulation), and the finished tile goes through shared memory to the same
+// same gather into the same shared tiles (of the same choose_tile sizes), but each of the 8 warps
+// multiplies its piece of the tile (16 x 32 to 32 x 64, conv2d_tiling::WarpLayout) on the tensor
+// cores (WMMA m16n16k8, precision::tf32: inputs rounded to a 10-bit mantissa, FP32 accumulation),
+// and each finished 16 x 16 accumulator goes through a per-warp square of shared memory to the same
 // stores. The WMMA calls are confined to one small struct, WarpTileTf32; under the emulation (and
 // below sm_80) its twin does the same math lane by lane: fmaf(tf32_round(a), tf32_round(b), acc).
 //
 // The bias gradient: blocks of (out-channel, slice) add fixed strided parts of the channel's
 // batch*plane values in double (each with cuda_detail::block_sum's fixed tree), and one thread per
-// channel adds its slices' partials in order (the slices depend on the shape only).
+// channel adds its slices' partials in order (the slices depend on the shape only). The blocks read
+// float4s where the plane is a multiple of 4 and dy is 16-byte aligned, which changes how the
+// values are shared among the threads: an aligned dy and a misaligned view of the same values may
+// then differ in the last bit of db.
 //
 // Deterministic: every output is summed by one thread, k in increasing order; the slices, the
-// blocks' partition of a bias sum and every addition order depend on the shape only, never on the
-// grid or on scheduling. No floating-point atomics. Results agree with ref:: (double) to the float
+// blocks' partition of a bias sum and every addition order depend on the shape (and, for the bias,
+// dy's alignment) only, never on the grid, the tile or on scheduling. No floating-point atomics. Results agree with ref:: (double) to the float
 // rounding of a K-term sum (nvcc contracts the multiply-adds to FMAs; the emulation does not).
 //
 // Checked under the CUDA emulation (emulated-conv2d) and on an H200 (test-cuda), against ref::;
 // docs/results-gpu.md has its speed against cuDNN.
 // cuDNN's convolution is the alternative chosen at run time (--conv-impl cudnn,
-// kernels/cuda/cudnn_conv2d.cpp), not a part of this file (the emulation cannot run it). Global
-// loads are scalar (the gathers have no alignment to vectorise on), so no pointer alignment is
-// assumed.
+// kernels/cuda/cudnn_conv2d.cpp), not a part of this file (the emulation cannot run it). The
+// convolution's global loads are scalar (the gathers have no alignment to vectorise on), so they
+// assume no pointer alignment; the bias gradient checks dy's before it reads float4s.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>

@@ -196,13 +196,13 @@ struct TileShape {
   }
 };
 
-// The 64 x 64 tile: the TF32 path's (always) and the FP32 path's for small products.
+// The 64 x 64 tile: both paths' for small products (and the first tile; its names below).
 using SmallTile = TileShape<64, 64>;
 inline constexpr int kTileM = SmallTile::kM;
 inline constexpr int kTileN = SmallTile::kN;
 inline constexpr int kMicro = SmallTile::kMicroM;      // 4 rows and 4 columns per thread
 inline constexpr int kLoads = SmallTile::kLoadsA;      // 4 A and 4 B values per thread per step
-inline constexpr int kTileLd = SmallTile::kLdA;        // also the TF32 path's c_tile[m][n] row
+inline constexpr int kTileLd = SmallTile::kLdA;
 PETRA_HOST_DEVICE constexpr TileCoordinate a_load(int t, int q) { return SmallTile::a_load(t, q); }
 PETRA_HOST_DEVICE constexpr TileCoordinate b_load(int t, int q) { return SmallTile::b_load(t, q); }
 PETRA_HOST_DEVICE constexpr int micro_row(int t, int r) { return SmallTile::micro_row(t, r); }

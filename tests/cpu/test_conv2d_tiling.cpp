@@ -406,8 +406,14 @@ void check_warp_layout() {
   for (const int count : c) CHECK(count == 1);
   CHECK(Tile::kLdA % 4 == 0);
   CHECK(Tile::kLdB % 4 == 0);
-  CHECK(8 * Tile::kLdA * 4 % 32 == 0);
-  CHECK(8 * Tile::kLdB * 4 % 32 == 0);
+  // the byte offset of every fragment a warp loads, from the 32-byte aligned tile's start
+  for (int warp = 0; warp < Warps::kWarps; ++warp)
+    for (int k = 0; k < tiling::kTileK; k += 8) {
+      for (int f = 0; f < Warps::kFragmentsM; ++f)
+        CHECK((k * Tile::kLdA + Warps::row(warp) + 16 * f) * 4 % 32 == 0);
+      for (int f = 0; f < Warps::kFragmentsN; ++f)
+        CHECK((k * Tile::kLdB + Warps::column(warp) + 16 * f) * 4 % 32 == 0);
+    }
 }
 }  // namespace
 
@@ -422,7 +428,8 @@ TEST_CASE("conv2d tiling: the TF32 path's warps cover every block tile once") {
   CHECK(tiling::WarpLayout<tiling::TileShape<64, 128>>::kFragmentsM == 2);
   CHECK(tiling::WarpLayout<tiling::TileShape<64, 128>>::kFragmentsN == 2);
   CHECK(tiling::WarpLayout<tiling::TileShape<128, 128>>::kFragmentsN == 4);
-  // the staging squares: a multiple of 4 floats per row, each square 32-byte aligned
+  // the staging squares stage[warp][16][kStageLd]: a multiple of 4 floats per row, and each warp's
+  // square 32-byte aligned from the array's start
   CHECK(tiling::kStageLd % 4 == 0);
-  CHECK(16 * tiling::kStageLd * 4 % 32 == 0);
+  for (int warp = 0; warp < tiling::kThreads / 32; ++warp) CHECK(warp * 16 * tiling::kStageLd * 4 % 32 == 0);
 }

@@ -451,7 +451,25 @@ TEST_CASE("cuda: cuDNN batch norm + ReLU (cuDNN's batch norm, petra's relu) matc
 // petra's convolution with each block tile forced (set_conv2d_tile: 64x64, 64x128, 128x64,
 // 128x128): the same bits as the 64x64 tile in the three passes, FP32 and TF32 (each output is one
 // thread's, or one accumulator element's, sum over k in the same order; here the real WMMA runs,
-// where the emulated test runs its twin), and the FP32 results within their bound of ref::.
+// where the emulated test runs its twin), and the FP32 results within their bound of ref::. (It
+// needs no cuDNN, but shares this section's shapes' data; every build that has CUDA has cuDNN.)
+namespace {
+// Forces the math and the tile for a scope; gives the defaults back even when a check throws.
+class ConvSettings {
+ public:
+  ConvSettings(petra::kernels::cuda::Conv2dMath math, int tile) {
+    petra::kernels::cuda::set_conv2d_math(math);
+    petra::kernels::cuda::set_conv2d_tile(tile);
+  }
+  ~ConvSettings() {
+    petra::kernels::cuda::set_conv2d_tile(-1);
+    petra::kernels::cuda::set_conv2d_math(petra::kernels::cuda::Conv2dMath::fp32);
+  }
+  ConvSettings(const ConvSettings&) = delete;
+  ConvSettings& operator=(const ConvSettings&) = delete;
+};
+}  // namespace
+
 TEST_CASE("cuda: petra's conv2d gives the same bits with every block tile, FP32 and TF32" * doctest::skip(kNoGpu)) {
   namespace ref = petra::kernels::ref;
   namespace cu = petra::kernels::cuda;
@@ -464,27 +482,37 @@ TEST_CASE("cuda: petra's conv2d gives the same bits with every block tile, FP32 
     INFO("x (", k.batch, ", ", k.in_channels, ", ", k.in_h, ", ", k.in_w, ") out ", k.out_channels, " stride ", k.stride_h);
     const ConvData d(k);
     const auto ny = std::size_t(k.output_size()), nx = std::size_t(k.input_size());
-    std::vector<float> y_expected(ny), y_magnitude(ny);
+    const std::int64_t taps = k.kernel_h * k.kernel_w;
+    // ref:: and the sums of |terms| of the three passes (FP32 is checked against them)
+    std::vector<float> y_expected(ny), y_magnitude(ny), dx_expected(nx), dx_magnitude(nx);
+    std::vector<float> dw_expected = d.dw0, dw_magnitude = absolute(d.dw0);
     ref::conv2d_forward<float>(host, k, d.x.data(), d.w.data(), d.bias.data(), y_expected.data());
     ref::conv2d_forward<float>(host, k, absolute(d.x).data(), absolute(d.w).data(), absolute(d.bias).data(),
                                y_magnitude.data());
+    ref::conv2d_backward_data<float>(host, k, d.dy.data(), d.w.data(), dx_expected.data());
+    ref::conv2d_backward_data<float>(host, k, absolute(d.dy).data(), absolute(d.w).data(), dx_magnitude.data());
+    ref::conv2d_backward_weight<float>(host, k, d.x.data(), d.dy.data(), dw_expected.data());
+    ref::conv2d_backward_weight<float>(host, k, absolute(d.x).data(), absolute(d.dy).data(), dw_magnitude.data());
     Buffer x(d.x, cs), w(d.w, cs), bias(d.bias, cs), dy(d.dy, cs);
     for (const cu::Conv2dMath math : {cu::Conv2dMath::fp32, cu::Conv2dMath::tf32}) {
       CAPTURE(int(math));
       std::vector<float> y_small, dx_small, dw_small;
       for (const int tile : {0, 1, 2, 3}) {
         CAPTURE(tile);
-        cu::set_conv2d_math(math);
-        cu::set_conv2d_tile(tile);
         Buffer y(std::vector<float>(ny, 7.0f), cs), dx(std::vector<float>(nx, 7.0f), cs), dw(d.dw0, cs);
-        cu::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y.get());
-        cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx.get());
-        cu::conv2d_backward_weight(s, k, x.get(), dy.get(), dw.get());
-        cu::set_conv2d_tile(-1);
-        cu::set_conv2d_math(cu::Conv2dMath::fp32);
+        {
+          const ConvSettings forced(math, tile);
+          cu::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y.get());
+          cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx.get());
+          cu::conv2d_backward_weight(s, k, x.get(), dy.get(), dw.get());
+        }
         const auto y_got = y.download(cs), dx_got = dx.download(cs), dw_got = dw.download(cs);
-        if (math == cu::Conv2dMath::fp32)
-          CHECK(outside_bound(y_got, y_expected, y_magnitude, fp32_factor(k.in_channels * k.kernel_h * k.kernel_w + 1)) == 0);
+        if (math == cu::Conv2dMath::fp32) {
+          CHECK(outside_bound(y_got, y_expected, y_magnitude, fp32_factor(k.in_channels * taps + 1)) == 0);
+          CHECK(outside_bound(dx_got, dx_expected, dx_magnitude, fp32_factor(k.out_channels * taps)) == 0);
+          CHECK(outside_bound(dw_got, dw_expected, dw_magnitude,
+                              fp32_factor(k.batch * k.out_h() * k.out_w() + 1)) == 0);
+        }
         if (tile == 0) {
           y_small = y_got, dx_small = dx_got, dw_small = dw_got;
           continue;
