@@ -53,11 +53,11 @@
 // double and rounds once. With S = 1 the tile adds into dw directly.
 //
 // The TF32 path (all three passes, when set_conv2d_math(Conv2dMath::tf32)): implicit_gemm_tf32, the
-// same gather into the same shared tiles (of the same choose_tile sizes), but each of the 8 warps
-// multiplies its piece of the tile (16 x 32 to 32 x 64, conv2d_tiling::WarpLayout) on the tensor
-// cores (WMMA m16n16k8, precision::tf32: inputs rounded to a 10-bit mantissa, FP32 accumulation),
-// and each finished 16 x 16 accumulator goes through a per-warp square of shared memory to the same
-// stores. The WMMA calls are confined to one small struct, WarpTileTf32; under the emulation (and
+// same gather into the same shared tiles (64 x 64 unless set_conv2d_tile forces another), but each
+// of the 8 warps multiplies its piece of the tile (16 x 32 to 32 x 64, conv2d_tiling::WarpLayout)
+// on the tensor cores (WMMA m16n16k8, precision::tf32: inputs rounded to a 10-bit mantissa, FP32
+// accumulation), and each finished 16 x 16 accumulator goes through a per-warp square of shared
+// memory to the same stores. The WMMA calls are confined to one small struct, WarpTileTf32; under the emulation (and
 // below sm_80) its twin does the same math lane by lane: fmaf(tf32_round(a), tf32_round(b), acc).
 //
 // The bias gradient: blocks of (out-channel, slice) add fixed strided parts of the channel's
@@ -519,7 +519,7 @@ struct WarpTileTf32 {
 // each warp passes its accumulators one at a time through its own 16 x 16 square of shared memory
 // (the fragments' register layout is opaque) and its lanes store them (16 consecutive lanes write
 // 16 consecutive columns). Deterministic too: a fixed sequence of mma_sync per warp. The three
-// passes use it under TF32, with the tile choose_tile picks, as the FP32 path.
+// passes use it under TF32 (64 x 64 tiles unless set_conv2d_tile forces another; choose_kernel).
 template <class Problem, class Tile>
 __global__ void __launch_bounds__(kThreads) implicit_gemm_tf32(Problem whole) {
   using Warps = tiling::WarpLayout<Tile>;
@@ -640,14 +640,18 @@ KernelChoice<Problem> kernel_for(tiling::TileChoice tile, const char* name) {
 }
 
 // The pass's kernel for a product of rows x columns x layers under the current math and tile:
-// the tensor-core one or the FP32 one, with the tile set_conv2d_tile forces or choose_tile picks
-// (for TF32 too: not yet timed apart on a GPU). The launch name is the same for every tile.
+// the FP32 one with the tile set_conv2d_tile forces or choose_tile picks, or the tensor-core one
+// with the forced tile or else 64 x 64. (TF32's larger tiles need 172 to 255 registers per thread
+// with nvcc 13, so one block per multiprocessor, against two for its 64 x 64 tile and for FP32's
+// 128 x 64; capping them at 128 spills. They stay opt-in until a GPU run times them: bench-cuda
+// prints every tile.) The launch name is the same for every tile.
 template <class Problem>
 KernelChoice<Problem> choose_kernel(const char* fp32_name, const char* tf32_name, tiling::ConvPass pass,
                                     std::int64_t rows, std::int64_t columns, std::int64_t layers) {
   const int forced = conv_tile.load();
+  if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32)
+    return kernel_for<Problem, true>(forced >= 0 ? tiling::TileChoice(forced) : tiling::TileChoice::k64x64, tf32_name);
   const tiling::TileChoice tile = forced >= 0 ? tiling::TileChoice(forced) : tiling::choose_tile(pass, rows, columns, layers);
-  if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32) return kernel_for<Problem, true>(tile, tf32_name);
   return kernel_for<Problem, false>(tile, fp32_name);
 }
 

@@ -196,7 +196,8 @@ struct TileShape {
   }
 };
 
-// The 64 x 64 tile: both paths' for small products (and the first tile; its names below).
+// The 64 x 64 tile: the FP32 path's for small products, the TF32 path's by default (and the first
+// tile; its names below).
 using SmallTile = TileShape<64, 64>;
 inline constexpr int kTileM = SmallTile::kM;
 inline constexpr int kTileN = SmallTile::kN;
