@@ -6,10 +6,11 @@
 // for the gradients). They must be deterministic, so no floating-point atomics: a two-level
 // reduction with a fixed shape.
 //   1. channel_partials: the channel's n = N*H*W values are split into S slices (S depends only
-//      on n, at most 64: fast_divide.cuh's channel_slices), one block of 256 threads per (channel, slice). Each thread adds
-//      its values (a grid-stride walk of the slice, in a fixed order) in double; the block adds
-//      its threads' pairs with a fixed binary tree in shared memory (block_tree_sum,
-//      kernels/cuda/block_reduce.cuh) and writes one pair.
+//      on n, at most 64: fast_divide.cuh's channel_slices), one block of 256 threads per
+//      (channel, slice). Each thread adds its values (a grid-stride walk of the slice, in a fixed
+//      order; float4s where the plane allows) in double; the block adds its threads' pairs with a
+//      fixed binary tree in shared memory (block_tree_sum, kernels/cuda/block_reduce.cuh) and
+//      writes one pair.
 //   2. one thread per channel adds its S pairs in order, in double, and derives the per-channel
 //      results (mean, invstd, running statistics; or dgamma +=, dbeta +=, and the three
 //      coefficients of dx).
@@ -17,7 +18,9 @@
 // Double accumulation matches ref:: (which sums in double): the variance is E[(x-K)^2] - E[x-K]^2
 // with K the channel's first value, so the usual cancellation of sum/sum-of-squares is limited
 // to |mean - K| relative to the spread, and it happens in double. The slices and the tree do not
-// depend on the grid or the scheduling, so every run gives the same bits.
+// depend on the grid or the scheduling, so every run gives the same bits (the float4 walk shares the
+// values among threads otherwise than the float one: an aligned tensor and a misaligned view of it
+// may differ in the last bit of their sums).
 //
 // Index arithmetic: the channel of a value, (k / plane) % channels, by FastDivide's multiply and
 // shift (kernels/cuda/fast_divide.cuh) instead of two 64-bit divisions per value, which made these
@@ -88,8 +91,9 @@ enum class Sums {
 // are the slice's two sums. `relu` masks dy with y (kGradients only). The walk is in units of V
 // (float, or float4 where the plane is a multiple of 4 and the pointers 16-byte aligned): `plane`
 // and `count` are the plane and the channel's size in V units, and a thread adds the lanes of each
-// V it reads in order. With float4 each load brings 16 bytes: with one float per load the sums ran
-// at about 40% of the copy bandwidth on an H200 (too few bytes in flight per thread).
+// V it reads in order. With float4 each load brings 16 bytes: the training passes ran at 37-41% of
+// the copy bandwidth on an H200 with one float per load here, which too few bytes in flight per
+// thread explain (docs/gpu-kernels.md, "Bytes in flight"; the float4 walk is not yet timed).
 template <Sums sums, bool relu, class V>
 __global__ void __launch_bounds__(kBlockThreads)
     channel_partials(std::int64_t channels, FastDivide plane, std::int64_t count,

@@ -69,8 +69,9 @@
 //
 // Deterministic: every output is summed by one thread, k in increasing order; the slices, the
 // blocks' partition of a bias sum and every addition order depend on the shape (and, for the bias,
-// dy's alignment) only, never on the grid, the tile or on scheduling. No floating-point atomics. Results agree with ref:: (double) to the float
-// rounding of a K-term sum (nvcc contracts the multiply-adds to FMAs; the emulation does not).
+// dy's alignment) only, never on the grid, the tile or on scheduling. No floating-point atomics.
+// Results agree with ref:: (double) to the float rounding of a K-term sum (nvcc contracts the
+// multiply-adds to FMAs; the emulation does not).
 //
 // Checked under the CUDA emulation (emulated-conv2d) and on an H200 (test-cuda), against ref::;
 // docs/results-gpu.md has its speed against cuDNN.
@@ -651,7 +652,8 @@ KernelChoice<Problem> choose_kernel(const char* fp32_name, const char* tf32_name
   const int forced = conv_tile.load();
   if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32)
     return kernel_for<Problem, true>(forced >= 0 ? tiling::TileChoice(forced) : tiling::TileChoice::k64x64, tf32_name);
-  const tiling::TileChoice tile = forced >= 0 ? tiling::TileChoice(forced) : tiling::choose_tile(pass, rows, columns, layers);
+  const tiling::TileChoice tile =
+      forced >= 0 ? tiling::TileChoice(forced) : tiling::choose_tile(pass, rows, columns, layers);
   return kernel_for<Problem, false>(tile, fp32_name);
 }
 

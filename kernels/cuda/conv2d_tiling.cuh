@@ -235,7 +235,8 @@ inline TileChoice choose_tile(ConvPass pass, std::int64_t rows, std::int64_t col
     TileChoice choice;
     std::int64_t m, n;
   };
-  constexpr Candidate tall{TileChoice::k128x64, 128, 64}, wide{TileChoice::k64x128, 64, 128}, none{TileChoice::k64x64, 64, 64};
+  constexpr Candidate tall{TileChoice::k128x64, 128, 64}, wide{TileChoice::k64x128, 64, 128},
+      none{TileChoice::k64x64, 64, 64};
   const Candidate order[2] = {pass == ConvPass::data ? wide : tall,
                               pass == ConvPass::data ? tall : pass == ConvPass::forward ? wide : none};
   const std::int64_t min_blocks = pass == ConvPass::weight ? kMinWeightBlocksForLargerTile : kMinBlocksForLargerTile;

@@ -477,9 +477,13 @@ TEST_CASE("cuda: petra's conv2d gives the same bits with every block tile, FP32 
   const StreamHandle s = gpu_stream_handle(stream);
   void* cs = s.cuda_stream;
   const StreamHandle host{};
-  for (const Conv2dShape& k : {Conv2dShape{2, 5, 9, 11, 130, 3, 3, 1, 1, 1, 1}, Conv2dShape{2, 70, 7, 9, 6, 3, 3, 2, 2, 1, 1},
+  // 128-row and 128-column tiles with tails (M = 130 and 70, N = 198 and 630), stride 2, and one
+  // product as large as the ResNet-18 layer2 shapes' at batch 8
+  for (const Conv2dShape& k : {Conv2dShape{2, 5, 9, 11, 130, 3, 3, 1, 1, 1, 1},
+                               Conv2dShape{2, 70, 7, 9, 6, 3, 3, 2, 2, 1, 1},
                                Conv2dShape{8, 64, 16, 16, 128, 3, 3, 1, 1, 1, 1}}) {
-    INFO("x (", k.batch, ", ", k.in_channels, ", ", k.in_h, ", ", k.in_w, ") out ", k.out_channels, " stride ", k.stride_h);
+    INFO("x (", k.batch, ", ", k.in_channels, ", ", k.in_h, ", ", k.in_w, ") out ", k.out_channels, " stride ",
+         k.stride_h);
     const ConvData d(k);
     const auto ny = std::size_t(k.output_size()), nx = std::size_t(k.input_size());
     const std::int64_t taps = k.kernel_h * k.kernel_w;
