@@ -121,9 +121,10 @@ std::size_t conv2d_workspace_bytes(const Conv2dShape& shape, int num_threads);
 // floating-point atomics, every addition order fixed by the shape (and, for the bias gradient,
 // by whether dy is 16-byte aligned: its float4 path shares the values among threads otherwise).
 // conv2d_backward_weight needs scratch from s.workspace when it splits: at most 64 MiB
-// (kernels/cuda/conv2d_tiling.cuh, weight_split_slices); the bias gradient 512 bytes per channel. Checked under the CUDA emulation
-// (tests/emulation/test_emulated_conv2d.cpp) and on an H200 (docs/results-gpu.md). cuDNN's
-// convolution is the run-time alternative (petra::set_conv_impl, kernels/cuda_libraries.hpp).
+// (kernels/cuda/conv2d_tiling.cuh, weight_split_slices); the bias gradient 512 bytes per
+// channel. Checked under the CUDA emulation (tests/emulation/test_emulated_conv2d.cpp) and on an
+// H200 (docs/results-gpu.md). cuDNN's convolution is the run-time alternative
+// (petra::set_conv_impl, kernels/cuda_libraries.hpp).
 namespace cuda {
 
 void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float* x,

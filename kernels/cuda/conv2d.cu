@@ -57,8 +57,9 @@
 // of the 8 warps multiplies its piece of the tile (16 x 32 to 32 x 64, conv2d_tiling::WarpLayout)
 // on the tensor cores (WMMA m16n16k8, precision::tf32: inputs rounded to a 10-bit mantissa, FP32
 // accumulation), and each finished 16 x 16 accumulator goes through a per-warp square of shared
-// memory to the same stores. The WMMA calls are confined to one small struct, WarpTileTf32; under the emulation (and
-// below sm_80) its twin does the same math lane by lane: fmaf(tf32_round(a), tf32_round(b), acc).
+// memory to the same stores. The WMMA calls are confined to one small struct, WarpTileTf32; under
+// the emulation (and below sm_80) its twin does the same math lane by lane:
+// fmaf(tf32_round(a), tf32_round(b), acc).
 //
 // The bias gradient: blocks of (out-channel, slice) add fixed strided parts of the channel's
 // batch*plane values in double (each with cuda_detail::block_sum's fixed tree), and one thread per

@@ -231,18 +231,24 @@ enum class TileChoice { k64x64 = 0, k64x128 = 1, k128x64 = 2, k128x128 = 3 };
 inline constexpr std::int64_t kMinBlocksForLargerTile = 256;
 inline constexpr std::int64_t kMinWeightBlocksForLargerTile = 384;
 inline TileChoice choose_tile(ConvPass pass, std::int64_t rows, std::int64_t columns, std::int64_t layers) {
-  struct Candidate {
-    TileChoice choice;
-    std::int64_t m, n;
-  };
-  constexpr Candidate tall{TileChoice::k128x64, 128, 64}, wide{TileChoice::k64x128, 64, 128},
-      none{TileChoice::k64x64, 64, 64};
-  const Candidate order[2] = {pass == ConvPass::data ? wide : tall,
-                              pass == ConvPass::data ? tall : pass == ConvPass::forward ? wide : none};
   const std::int64_t min_blocks = pass == ConvPass::weight ? kMinWeightBlocksForLargerTile : kMinBlocksForLargerTile;
-  for (const Candidate c : order) {
-    if (c.choice == TileChoice::k64x64 || (c.m == 128 && rows <= 64) || (c.n == 128 && columns <= 64)) continue;
-    if (ceil_div(rows, c.m) * ceil_div(columns, c.n) * layers >= min_blocks) return c.choice;
+  // A tile of m x n rows and columns: not padding 64 or fewer to 128, and leaving enough blocks.
+  const auto fits = [&](std::int64_t m, std::int64_t n) {
+    if ((m == 128 && rows <= 64) || (n == 128 && columns <= 64)) return false;
+    return ceil_div(rows, m) * ceil_div(columns, n) * layers >= min_blocks;
+  };
+  switch (pass) {
+    case ConvPass::forward:
+      if (fits(128, 64)) return TileChoice::k128x64;
+      if (fits(64, 128)) return TileChoice::k64x128;
+      break;
+    case ConvPass::data:
+      if (fits(64, 128)) return TileChoice::k64x128;
+      if (fits(128, 64)) return TileChoice::k128x64;
+      break;
+    case ConvPass::weight:
+      if (fits(128, 64)) return TileChoice::k128x64;
+      break;
   }
   return TileChoice::k64x64;
 }
