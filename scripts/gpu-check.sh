@@ -12,9 +12,11 @@
 #             convolutions at batch 128, FP32 and TF32, and batch norm);
 #   sanitize  compute-sanitizer: memcheck on the cuda suite, racecheck and synccheck on its
 #             backend-ops case (every op's kernels);
-#   profile   Nsight Compute's kernel times over a few revbackprop steps, summed per kernel;
-#   streams   where Nsight Systems is installed, how busy each stream is when PETRA's two stages
-#             share the GPU (each stream's busy share, both at once, neither; nsys-streams.txt);
+#   profile   Nsight Compute's kernel times over a few revbackprop and backprop steps, summed per
+#             kernel (PROFILE_METHODS="revbackprop backprop" by default);
+#   streams   where an nsys CLI is found, how busy each stream is when PETRA's two stages share
+#             the GPU (each stream's busy share, both at once, neither), and how busy backprop
+#             keeps its one stream (nsys-streams-<run>.txt);
 #   pytorch   the PyTorch peer of the training runs (benchmarks/pytorch_gpu.py, eager on cuDNN,
 #             FP32 and TF32), where the machine's python3 has PyTorch with CUDA;
 #   fashion   the default Fashion-MNIST run (petra-train's defaults) on cuda:0: accuracy and time;
@@ -183,21 +185,30 @@ group_fashion() {
     grep -E "^training on|^epoch |^final|^petra-train: " | tail -n 8
 }
 
-# Nsight Compute's kernel times over a few steps of revbackprop (RevNet18 width 64, batch 128, petra's
-# kernels), summed per kernel name: where a training step's device time goes. Launches are replayed
-# one at a time (--clock-control none: the card's clocks as found), so only the durations count.
+# Nsight Compute's kernel times over a few steps of revbackprop and of backprop (RevNet18 width 64,
+# batch 128, petra's kernels), summed per kernel name: where a training step's device time goes.
+# Launches are replayed one at a time (--clock-control none: the card's clocks as found;
+# --cache-control none: the L2 as the previous kernel left it, as in a real step; run 4 flushed it
+# before every launch, which slowed the small kernels most), so only the durations count.
 group_profile() {
-  local ncu
+  local ncu method
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2> /dev/null | head -n 1)
   if [ -z "$ncu" ]; then
     echo "== ncu not found: profile skipped"
     return 0
   fi
-  STEP_LOG="$out/ncu-revbackprop.csv" step "ncu: kernel times of revbackprop steps" 90 "$ncu" --clock-control none \
-    --metrics gpu__time_duration.sum --launch-skip 2000 --launch-count 1200 --csv --print-summary per-kernel \
-    "$bin/petra-train" --dataset synthetic --synthetic-size 2560 --model revnet18 --width 64 --batch-size 128 \
-    --epochs 1 --no-augment --threads 8 --method revbackprop --devices cuda:0
-  [ -s "$out/ncu-revbackprop.csv" ] && python3 - "$out/ncu-revbackprop.csv" <<'PY'
+  for method in ${PROFILE_METHODS:-revbackprop backprop}; do
+    STEP_LOG="$out/ncu-$method.csv" step "ncu: kernel times of $method steps" 90 "$ncu" --clock-control none \
+      --cache-control none --metrics gpu__time_duration.sum --launch-skip 2000 --launch-count 1200 --csv \
+      --print-summary per-kernel "$bin/petra-train" --dataset synthetic --synthetic-size 2560 --model revnet18 \
+      --width 64 --batch-size 128 --epochs 1 --no-augment --threads 8 --method "$method" --devices cuda:0
+    ncu_summary "$out/ncu-$method.csv"
+  done
+}
+
+# The per-kernel sums of one ncu CSV, the largest first.
+ncu_summary() {
+  [ -s "$1" ] && python3 - "$1" <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(l for l in open(sys.argv[1], errors="replace") if l.startswith('"'))]
 if not rows:
@@ -229,29 +240,27 @@ PY
 }
 
 # How busy each stream is when PETRA's two stages share the GPU (two workers, `--devices
-# cuda:0,cuda:0`): Nsight Systems traces every kernel and copy with its stream; the script merges
-# each stream's intervals over the steady steps (from 30% to 90% of the trace: past the warm-up,
-# before the drain and the test-set evaluation) and prints each stream's busy share of that window,
-# the share where both run at once, and where neither does.
-group_streams() {
-  local nsys work=/tmp/petra-nsys
-  nsys=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda*/bin/nsys 2> /dev/null | head -n 1)
-  if [ -z "$nsys" ]; then
-    echo "== nsys not found: the streams' busy shares are not measured"
-    return 0
-  fi
+# cuda:0,cuda:0`), and how busy the one stream of backprop is (the GPU's idle share: the time the
+# host leaves it waiting): Nsight Systems traces every kernel and copy with its stream; the script
+# merges each stream's intervals over the steady steps (from 30% to 90% of the trace: past the
+# warm-up, before the drain and the test-set evaluation) and prints each stream's busy share of
+# that window, the share where both run at once, and where neither does. The images have no
+# Nsight Systems of its own but Nsight Compute's copy of the nsys CLI (target-linux-x64/nsys).
+nsys_busy() {
+  local name=$1 nsys=$2 work=/tmp/petra-nsys/$1
+  shift 2
   rm -rf "$work" && mkdir -p "$work"
-  STEP_LOG="$out/nsys-petra-2-streams.log" step "nsys: PETRA on two streams of the GPU" 90 "$nsys" profile \
-    --trace cuda --sample none --cpuctxsw none --force-overwrite true --output "$work/petra" \
+  STEP_LOG="$out/nsys-$name.log" step "nsys: $name" 90 "$nsys" profile \
+    --trace cuda --sample none --cpuctxsw none --force-overwrite true --output "$work/trace" \
     "$bin/petra-train" --dataset synthetic --synthetic-size 7680 --model revnet18 --width 64 --batch-size 128 \
-    --epochs 1 --no-augment --threads 8 --method petra --devices cuda:0,cuda:0
-  [ -f "$work/petra.nsys-rep" ] || { echo "== nsys: no report"; return 0; }
-  STEP_LOG="$out/nsys-stats.log" step "nsys: the GPU trace as CSV" 60 "$nsys" stats --report cuda_gpu_trace \
-    --format csv --force-export true --output "$work/trace" "$work/petra.nsys-rep"
+    --epochs 1 --no-augment --threads 8 "$@"
+  [ -f "$work/trace.nsys-rep" ] || { echo "== nsys: no report (see nsys-$name.log)"; tail -n 5 "$out/nsys-$name.log"; return 0; }
+  STEP_LOG="$out/nsys-stats-$name.log" step "nsys: $name, the GPU trace as CSV" 60 "$nsys" stats \
+    --report cuda_gpu_trace --format csv --force-export true --output "$work/csv" "$work/trace.nsys-rep"
   local trace
-  trace=$(ls "$work"/trace*cuda_gpu_trace*.csv 2> /dev/null | head -n 1)
-  [ -n "$trace" ] || { echo "== nsys: no cuda_gpu_trace CSV (see nsys-stats.log)"; return 0; }
-  python3 - "$trace" <<'PY' | tee "$out/nsys-streams.txt"
+  trace=$(ls "$work"/csv*cuda_gpu_trace*.csv 2> /dev/null | head -n 1)
+  [ -n "$trace" ] || { echo "== nsys: no cuda_gpu_trace CSV (see nsys-stats-$name.log)"; return 0; }
+  python3 - "$trace" "$name" <<'PY' | tee "$out/nsys-streams-$name.txt"
 import csv, sys
 rows = list(csv.reader(open(sys.argv[1], errors="replace")))
 head = rows[0] if rows else []
@@ -259,7 +268,7 @@ def col(word):
     return next((i for i, h in enumerate(head) if h.startswith(word)), None)
 start, duration, stream, name = col("Start"), col("Duration"), col("Strm"), col("Name")
 if None in (start, duration, stream, name):
-    sys.exit(f"== nsys: unexpected columns {head}")
+    sys.exit(f"== nsys {sys.argv[2]}: unexpected columns {head}")
 events = []
 for r in rows[1:]:
     try:
@@ -300,17 +309,31 @@ for a, b, s, n in events:
     streams.setdefault(s, []).append((a, b))
 busy = {s: merged(v) for s, v in streams.items()}
 span = window[1] - window[0]
-print(f"== nsys: {len(events)} kernels and copies; steady window {span / 1e6:.1f} ms (30% to 90% of the trace)")
+label = sys.argv[2]
+print(f"== nsys {label}: {len(events)} kernels and copies; steady window {span / 1e6:.1f} ms (30% to 90% of the trace)")
 for s, v in sorted(busy.items(), key=lambda kv: -length(kv[1])):
     kernels = sum(1 for a, b, t, n in events if t == s and b > window[0] and a < window[1])
-    print(f"== nsys: stream {s}: busy {100 * length(v) / span:5.1f}% of the window ({kernels} kernels and copies)")
+    print(f"== nsys {label}: stream {s}: busy {100 * length(v) / span:5.1f}% of the window ({kernels} kernels and copies)")
 top = sorted(busy, key=lambda s: -length(busy[s]))[:2]
 if len(top) == 2:
     both = length(intersect(busy[top[0]], busy[top[1]]))
     either = length(merged([tuple(i) for s in busy for i in busy[s]]))
-    print(f"== nsys: streams {top[0]} and {top[1]} both busy {100 * both / span:5.1f}% of the window; "
+    print(f"== nsys {label}: streams {top[0]} and {top[1]} both busy {100 * both / span:5.1f}% of the window; "
           f"some stream busy {100 * either / span:5.1f}%, none {100 - 100 * either / span:5.1f}%")
 PY
+}
+
+group_streams() {
+  local nsys
+  nsys=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda*/bin/nsys \
+    /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys 2> /dev/null | head -n 1)
+  if [ -z "$nsys" ]; then
+    echo "== nsys not found: the streams' busy shares are not measured"
+    return 0
+  fi
+  echo "== nsys: $nsys ($("$nsys" --version 2>&1 | head -n 1))"
+  nsys_busy petra-2-streams "$nsys" --method petra --devices cuda:0,cuda:0
+  nsys_busy backprop "$nsys" --method backprop --devices cuda:0
 }
 
 # compute-sanitizer on the cuda suite: memcheck on all of it, racecheck (shared-memory races) and

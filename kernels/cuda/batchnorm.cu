@@ -6,14 +6,14 @@
 // for the gradients). They must be deterministic, so no floating-point atomics: a two-level
 // reduction with a fixed shape.
 //   1. channel_partials: the channel's n = N*H*W values are split into S slices (S depends only
-//      on n, at most 64: fast_divide.cuh's channel_slices), one block of 256 threads per
+//      on n, at most 32: fast_divide.cuh's channel_slices), one block of 256 threads per
 //      (channel, slice). Each thread adds its values (a grid-stride walk of the slice, in a fixed
-//      order; float4s where the plane allows) in double; the block adds its threads' pairs with a
-//      fixed binary tree in shared memory (block_tree_sum, kernels/cuda/block_reduce.cuh) and
-//      writes one pair.
-//   2. one thread per channel adds its S pairs in order, in double, and derives the per-channel
-//      results (mean, invstd, running statistics; or dgamma +=, dbeta +=, and the three
-//      coefficients of dx).
+//      order, four loads ahead; float4s where the plane allows) in double; the block adds its
+//      threads' pairs with a fixed binary tree in shared memory (block_tree_sum,
+//      kernels/cuda/block_reduce.cuh) and writes one pair.
+//   2. one warp per channel adds its S pairs (lane l the slices l, l + 32, ... in order, then a
+//      fixed shuffle tree), in double, and its lane 0 derives the per-channel results (mean,
+//      invstd, running statistics; or dgamma +=, dbeta +=, and the three coefficients of dx).
 //   3. an element-wise grid-stride pass writes y or dx from those per-channel values.
 // Double accumulation matches ref:: (which sums in double): the variance is E[(x-K)^2] - E[x-K]^2
 // with K the channel's first value, so the usual cancellation of sum/sum-of-squares is limited
@@ -78,6 +78,7 @@ using cuda_detail::kWidth;
 using cuda_detail::lanes;
 using cuda_detail::launch_grid_stride;
 using cuda_detail::thread_index;
+using cuda_detail::warp_sum;
 
 // Slices of a channel (fast_divide.cuh's channel_slices): about 2048 values each, at most 64.
 inline std::int64_t slices_of(const BatchNormShape& shape) { return channel_slices(shape.values_per_channel()); }
@@ -91,44 +92,54 @@ enum class Sums {
 // are the slice's two sums. `relu` masks dy with y (kGradients only). The walk is in units of V
 // (float, or float4 where the plane is a multiple of 4 and the pointers 16-byte aligned): `plane`
 // and `count` are the plane and the channel's size in V units, and a thread adds the lanes of each
-// V it reads in order. With float4 each load brings 16 bytes: the training passes ran at 37-41% of
-// the copy bandwidth on an H200 with one float per load here, which too few bytes in flight per
-// thread explain (docs/gpu-kernels.md, "Bytes in flight"; the float4 walk is not yet timed).
+// V it reads in order, reading kLoadBatch Vs ahead (fast_divide.cuh's walk_channel). With one float
+// per load and 2048-value slices the training passes ran at 37-41% of the copy bandwidth on an
+// H200 (docs/gpu-kernels.md, "Bytes in flight").
+inline constexpr int kLoadBatch = 4;
+
+template <class V>
+struct GradientItem {  // what the gradient sums read at one offset
+  V x, y, dy;
+};
+
 template <Sums sums, bool relu, class V>
 __global__ void __launch_bounds__(kBlockThreads)
     channel_partials(std::int64_t channels, FastDivide plane, std::int64_t count,
                      std::int64_t slices, const float* x, const float* y, const float* dy,
                      const float* saved_mean, double* partials) {
-  __shared__ double first[kBlockThreads];
-  __shared__ double second[kBlockThreads];
   const std::int64_t c = blockIdx.x / slices, slice = blockIdx.x % slices;
   const double pivot =
       sums == Sums::kStatistics ? double(x[c * plane.divisor() * kWidth<V>]) : double(saved_mean[c]);
   double s1 = 0, s2 = 0;
   const std::int64_t start = slice * kBlockThreads + threadIdx.x, step = slices * kBlockThreads;
-  ChannelWalk walk(plane, channels, c, start, step);  // fast_divide.cuh
-  // Not unrolled: on sm_80 nvcc 13 unrolled the float4 walk of the fused ReLU's gradient sums and
-  // spilled 12 bytes (scripts/check-spills.sh); one 16-byte load per thread in flight suffices.
-  PETRA_NO_UNROLL
-  for (std::int64_t j = start; j < count; j += step, walk.advance()) {
-    const std::int64_t k = walk.offset();
-    const V xv = reinterpret_cast<const V*>(x)[k];
-    if constexpr (sums == Sums::kStatistics) {
-      for (int i = 0; i < kWidth<V>; ++i) {
-        const double d = double(lane(xv, i)) - pivot;
-        s1 += d;
-        s2 += d * d;
-      }
-    } else {
-      const V gv = reinterpret_cast<const V*>(dy)[k];
-      const V yv = relu ? reinterpret_cast<const V*>(y)[k] : gv;  // the mask (relu only)
-      for (int i = 0; i < kWidth<V>; ++i) {
-        const double g = relu ? relu_masked(lane(yv, i), lane(gv, i)) : lane(gv, i);
-        s1 += g;
-        s2 += g * (double(lane(xv, i)) - pivot);
-      }
-    }
+  const ChannelWalk walk(plane, channels, c, start, step);  // fast_divide.cuh
+  const auto* xv = reinterpret_cast<const V*>(x);
+  if constexpr (sums == Sums::kStatistics) {
+    walk_channel<kLoadBatch>(
+        walk, start, step, count, [=](std::int64_t k) { return xv[k]; },
+        [&](const V& v) {
+          for (int i = 0; i < kWidth<V>; ++i) {
+            const double d = double(lane(v, i)) - pivot;
+            s1 += d;
+            s2 += d * d;
+          }
+        });
+  } else {
+    const auto* yv = reinterpret_cast<const V*>(y);
+    const auto* gv = reinterpret_cast<const V*>(dy);
+    walk_channel<kLoadBatch>(
+        walk, start, step, count,
+        [=](std::int64_t k) { return GradientItem<V>{xv[k], relu ? yv[k] : V{}, gv[k]}; },
+        [&](const GradientItem<V>& item) {
+          for (int i = 0; i < kWidth<V>; ++i) {
+            const double g = relu ? relu_masked(lane(item.y, i), lane(item.dy, i)) : lane(item.dy, i);
+            s1 += g;
+            s2 += g * (double(lane(item.x, i)) - pivot);
+          }
+        });
   }
+  __shared__ double first[kBlockThreads];
+  __shared__ double second[kBlockThreads];
   first[threadIdx.x] = s1;
   second[threadIdx.x] = s2;
   block_tree_sum(first, second);  // kernels/cuda/block_reduce.cuh: a fixed tree
@@ -138,18 +149,26 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
-// The channel's two sums: its slices' partials added in order.
+// The channel's two sums, valid in lane 0 of the calling warp (every lane must call it): lane l
+// adds slices l, l + 32, ... in order, then warp_sum's fixed tree adds the lanes. A warp rather
+// than a thread per channel: one thread's 16-64 dependent loads of the partials cost microseconds.
 __device__ inline void channel_sums(const double* partials, std::int64_t c, std::int64_t slices,
                                     double& s1, double& s2) {
-  s1 = 0;
-  s2 = 0;
-  for (std::int64_t slice = 0; slice < slices; ++slice) {
-    s1 += partials[2 * (c * slices + slice)];
-    s2 += partials[2 * (c * slices + slice) + 1];
+  double a = 0, b = 0;
+  for (std::int64_t slice = threadIdx.x % 32; slice < slices; slice += 32) {
+    a += partials[2 * (c * slices + slice)];
+    b += partials[2 * (c * slices + slice) + 1];
   }
+  s1 = warp_sum(a);
+  s2 = warp_sum(b);
 }
 
-// One thread per channel: mean, invstd and the running statistics, as ref:: computes them, and
+// Channel c of a per-channel kernel launched with 32 threads per channel (launch_grid_stride over
+// channels * 32 items): one warp per channel, the loop's bound the same for the whole warp.
+__device__ inline std::int64_t warp_index() { return thread_index() / 32; }
+__device__ inline std::int64_t grid_warps() { return grid_threads() / 32; }
+
+// One warp per channel: mean, invstd and the running statistics, as ref:: computes them, and
 // the channel's map y = (x - mean_f) * scale + bias in maps[3c..3c+2]. When |mean| >> std,
 // float(mean) alone would lose digits of x - mean: the map subtracts mean_f = float(mean) (nearly
 // exactly) and folds mean - mean_f into the bias, as cpu:: does.
@@ -158,9 +177,10 @@ __global__ void statistics(std::int64_t channels, std::int64_t plane, std::int64
                            const float* gamma, const float* beta, const double* partials,
                            float* saved_mean, float* saved_invstd, float* running_mean,
                            float* running_var, float* maps) {
-  for (std::int64_t c = thread_index(); c < channels; c += grid_threads()) {
+  for (std::int64_t c = warp_index(); c < channels; c += grid_warps()) {
     double s1, s2;
     channel_sums(partials, c, slices, s1, s2);
+    if (threadIdx.x % 32 != 0) continue;
     const double n = double(count);
     const double shifted_mean = s1 / n;
     const double mean = double(x[c * plane]) + shifted_mean;
@@ -253,9 +273,10 @@ __global__ void gradient_coefficients(std::int64_t channels, std::int64_t count,
                                       std::int64_t slices, const double* partials,
                                       const float* gamma, const float* saved_invstd,
                                       float* coefficients, float* dgamma, float* dbeta) {
-  for (std::int64_t c = thread_index(); c < channels; c += grid_threads()) {
+  for (std::int64_t c = warp_index(); c < channels; c += grid_warps()) {
     double sum_dy, sum_dy_centred;
     channel_sums(partials, c, slices, sum_dy, sum_dy_centred);
+    if (threadIdx.x % 32 != 0) continue;
     const double invstd = saved_invstd[c];
     const double sum_dy_xhat = sum_dy_centred * invstd;
     const double n = double(count);
@@ -345,7 +366,7 @@ void forward_train(const LaunchNames& names, const StreamHandle& s, const BatchN
   auto* maps = reinterpret_cast<float*>(scratch + partial_bytes);
   launch_partials<Sums::kStatistics, false>(names.statistics, s, shape, slices, x, nullptr,
                                             nullptr, nullptr, partials);
-  launch_grid_stride(names.statistics, s, shape.channels, statistics, shape.channels,
+  launch_grid_stride(names.statistics, s, shape.channels * 32, statistics, shape.channels,
                      shape.plane(), shape.values_per_channel(), slices, eps, momentum, x,
                      gamma, beta, partials, saved_mean, saved_invstd, running_mean, running_var,
                      maps);
@@ -386,7 +407,7 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
   auto* coefficients = reinterpret_cast<float*>(scratch + partial_bytes);
   launch_partials<Sums::kGradients, relu>(names<relu>().gradient_sums, s, shape, slices, x, y, dy,
                                           saved_mean, partials);
-  launch_grid_stride(names<relu>().gradient_sums, s, shape.channels, gradient_coefficients,
+  launch_grid_stride(names<relu>().gradient_sums, s, shape.channels * 32, gradient_coefficients,
                      shape.channels, shape.values_per_channel(), slices, partials, gamma,
                      saved_invstd, coefficients, dgamma, dbeta);
   const ChannelOf channel_of(shape.plane(), shape.channels);

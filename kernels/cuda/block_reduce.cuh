@@ -2,10 +2,11 @@
 // threads (internal, not installed). Used by batchnorm.cu, optim.cu, loss.cu (block_tree) and
 // reduce.cu, conv2d.cu (block_sum).
 //
+//   warp_sum(value)              the sum of one double per lane over a warp: shuffles down by
+//                                offsets 16, 8, 4, 2, 1; valid in lane 0
 //   block_sum(value)             the sum of one double per thread over a block of kBlockThreads
-//                                (256): each warp adds its 32 values by shuffles (offsets 16, 8, 4,
-//                                2, 1), lane 0 writes the warp's sum to shared memory, then warp 0
-//                                adds the 8 warp sums the same way; valid in thread 0
+//                                (256): each warp's warp_sum, lane 0 writes it to shared memory,
+//                                then warp 0 adds the 8 warp sums the same way; valid in thread 0
 //   block_tree(combine)          combine(i, j) folds slot j into slot i, for the pairs of a fixed
 //                                binary tree over blockDim.x slots; the result ends in slot 0
 //   block_tree_sum(a, b, ...)    the same adding shared arrays element-wise: totals in a[0], b[0]
@@ -26,19 +27,23 @@
 
 namespace petra::cuda_detail {
 
+// Every lane of the warp must call it. Lane 0 ends with the warp's total, added by a fixed tree
+// (the other lanes hold partial sums).
+__device__ inline double warp_sum(double value) {
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_down_sync(0xffffffffu, value, offset);
+  return value;
+}
+
 // Every thread of the block must call it; blockDim.x must be kBlockThreads.
 __device__ inline double block_sum(double value) {
   constexpr int kWarps = kBlockThreads / 32;
   __shared__ double warp_sums[kWarps];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_down_sync(0xffffffffu, value, offset);
+  value = warp_sum(value);
   if (lane == 0) warp_sums[warp] = value;
   __syncthreads();
   double total = 0;
-  if (warp == 0) {
-    total = lane < kWarps ? warp_sums[lane] : 0.0;
-    for (int offset = 16; offset > 0; offset /= 2) total += __shfl_down_sync(0xffffffffu, total, offset);
-  }
+  if (warp == 0) total = warp_sum(lane < kWarps ? warp_sums[lane] : 0.0);
   __syncthreads();  // warp_sums is free again for the caller's next call
   return total;
 }

@@ -62,8 +62,8 @@
 // fmaf(tf32_round(a), tf32_round(b), acc).
 //
 // The bias gradient: blocks of (out-channel, slice) add fixed strided parts of the channel's
-// batch*plane values in double (each with cuda_detail::block_sum's fixed tree), and one thread per
-// channel adds its slices' partials in order (the slices depend on the shape only). The blocks read
+// batch*plane values in double (each with cuda_detail::block_sum's fixed tree), and one warp per
+// channel adds its slices' partials (a fixed tree; the slices depend on the shape only). The blocks read
 // float4s where the plane is a multiple of 4 and dy is 16-byte aligned, which changes how the
 // values are shared among the threads: an aligned dy and a misaligned view of the same values may
 // then differ in the last bit of db.
@@ -589,10 +589,10 @@ __global__ void sum_weight_partials(std::int64_t size, std::int64_t slices, cons
 // db[o] += the sum of dy[b, o, :, :] over b, in two launches (as batch norm's sums: one block per
 // channel had too few blocks for a GPU, 64 us for (128, 64, 32, 32) on an H200). Block
 // (o, slice) = blockIdx.x / slices, blockIdx.x % slices adds its thread's values of channel o
-// (the walk of fast_divide.cuh's ChannelWalk, in units of V: float4 where the plane is a multiple
-// of 4 and dy 16-byte aligned, `plane` and `count` then in float4s) in double, then
+// (fast_divide.cuh's walk_channel, four loads ahead, in units of V: float4 where the plane is a
+// multiple of 4 and dy 16-byte aligned, `plane` and `count` then in float4s) in double, then
 // cuda_detail::block_sum's fixed tree, into partials[blockIdx.x]; add_bias_partials then adds
-// each channel's partials in slice order.
+// each channel's partials with one warp (lane l the slices l, l + 32, ..., then warp_sum).
 template <class V>
 __global__ void __launch_bounds__(cuda_detail::kBlockThreads)
     bias_partials(std::int64_t channels, FastDivide plane, std::int64_t count, std::int64_t slices,
@@ -600,22 +600,26 @@ __global__ void __launch_bounds__(cuda_detail::kBlockThreads)
   const std::int64_t o = blockIdx.x / slices, slice = blockIdx.x % slices;
   const std::int64_t start = slice * cuda_detail::kBlockThreads + threadIdx.x,
                      step = slices * cuda_detail::kBlockThreads;
-  ChannelWalk walk(plane, channels, o, start, step);
+  const auto* dyv = reinterpret_cast<const V*>(dy);
   double sum = 0;
-  for (std::int64_t j = start; j < count; j += step, walk.advance()) {
-    const V v = reinterpret_cast<const V*>(dy)[walk.offset()];
-    for (int i = 0; i < cuda_detail::kWidth<V>; ++i) sum += double(cuda_detail::lane(v, i));
-  }
+  walk_channel<4>(
+      ChannelWalk(plane, channels, o, start, step), start, step, count, [=](std::int64_t k) { return dyv[k]; },
+      [&](const V& v) {
+        for (int i = 0; i < cuda_detail::kWidth<V>; ++i) sum += double(cuda_detail::lane(v, i));
+      });
   const double total = cuda_detail::block_sum(sum);
   if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
+// Launched with 32 threads per channel: warp o adds channel o's partials.
 __global__ void add_bias_partials(std::int64_t channels, std::int64_t slices, const double* partials,
                                   float* db) {
-  for (std::int64_t o = cuda_detail::thread_index(); o < channels; o += cuda_detail::grid_threads()) {
-    double total = 0;
-    for (std::int64_t slice = 0; slice < slices; ++slice) total += partials[o * slices + slice];
-    db[o] = float(double(db[o]) + total);
+  const int lane = threadIdx.x % 32;
+  for (std::int64_t o = cuda_detail::thread_index() / 32; o < channels; o += cuda_detail::grid_threads() / 32) {
+    double part = 0;
+    for (std::int64_t slice = lane; slice < slices; slice += 32) part += partials[o * slices + slice];
+    const double total = cuda_detail::warp_sum(part);
+    if (lane == 0) db[o] = float(double(db[o]) + total);
   }
 }
 
@@ -643,16 +647,17 @@ KernelChoice<Problem> kernel_for(tiling::TileChoice tile, const char* name) {
 
 // The pass's kernel for a product of rows x columns x layers under the current math and tile:
 // the FP32 one with the tile set_conv2d_tile forces or choose_tile picks, or the tensor-core one
-// with the forced tile or else 64 x 64. (TF32's larger tiles need 172 to 255 registers per thread
-// with nvcc 13, so one block per multiprocessor, against two for its 64 x 64 tile and for FP32's
-// 128 x 64; capping them at 128 spills. They stay opt-in until a GPU run times them: bench-cuda
-// prints every tile.) The launch name is the same for every tile.
+// with the forced tile or choose_tile_tf32's. (TF32's larger tiles need 172 to 255 registers per
+// thread with nvcc 13, so one block per multiprocessor, against two for its 64 x 64 tile and for
+// FP32's 128 x 64; capping them at 128 spills. Even so its 128 x 128 wins on the middle layers:
+// conv2d_tiling.cuh.) The launch name is the same for every tile.
 template <class Problem>
 KernelChoice<Problem> choose_kernel(const char* fp32_name, const char* tf32_name, tiling::ConvPass pass,
                                     std::int64_t rows, std::int64_t columns, std::int64_t layers) {
   const int forced = conv_tile.load();
   if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32)
-    return kernel_for<Problem, true>(forced >= 0 ? tiling::TileChoice(forced) : tiling::TileChoice::k64x64, tf32_name);
+    return kernel_for<Problem, true>(
+        forced >= 0 ? tiling::TileChoice(forced) : tiling::choose_tile_tf32(pass, rows, columns, layers), tf32_name);
   const tiling::TileChoice tile =
       forced >= 0 ? tiling::TileChoice(forced) : tiling::choose_tile(pass, rows, columns, layers);
   return kernel_for<Problem, false>(tile, fp32_name);
@@ -723,7 +728,7 @@ void conv2d_backward_bias(const StreamHandle& s, const Conv2dShape& shape, const
   else
     cuda_detail::launch_blocks("conv2d_backward_bias", s, blocks, cuda_detail::kBlockThreads, bias_partials<float>,
                                shape.out_channels, FastDivide(plane), count, slices, dy, partials);
-  cuda_detail::launch_grid_stride("conv2d_backward_bias_sum", s, shape.out_channels, add_bias_partials,
+  cuda_detail::launch_grid_stride("conv2d_backward_bias_sum", s, shape.out_channels * 32, add_bias_partials,
                                   shape.out_channels, slices, partials, db);
 }
 

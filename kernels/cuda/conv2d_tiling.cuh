@@ -253,6 +253,23 @@ inline TileChoice choose_tile(ConvPass pass, std::int64_t rows, std::int64_t col
   return TileChoice::k64x64;
 }
 
+// The TF32 path's tile, from the shape alone. Measured on an H200 with every tile forced in TF32
+// (bench-cuda, docs/results-gpu.md, 2026-12-04 run 5): 128 x 128 (a warp's piece 32 x 64, eight
+// 16 x 16 accumulators) was the fastest on the 16 x 16 and 8 x 8 planes, by 10-20% in the forward
+// and in stride-1 backward data, where the product has more than 64 rows and at least
+// kMinTf32BlocksForLargerTile blocks; it lost with fewer blocks (4 x 4 planes: 64 blocks, 1.5-1.7x
+// slower; it runs one block per multiprocessor, nvcc giving it 255 registers per thread), in
+// backward data over stride classes, and in backward weight but for two layers. 64 x 128 and
+// 128 x 64 were never the fastest in TF32. Else 64 x 64. Like choose_tile's, this choice never
+// changes the results.
+inline constexpr std::int64_t kMinTf32BlocksForLargerTile = 128;
+inline TileChoice choose_tile_tf32(ConvPass pass, std::int64_t rows, std::int64_t columns, std::int64_t layers) {
+  const bool large_product = rows > 64 && ceil_div(rows, 128) * ceil_div(columns, 128) * layers >= kMinTf32BlocksForLargerTile;
+  if (pass == ConvPass::forward && large_product) return TileChoice::k128x128;
+  if (pass == ConvPass::data && layers == 1 && large_product) return TileChoice::k128x128;
+  return TileChoice::k64x64;
+}
+
 // ---- the TF32 path (the three passes under conv2d_math() == Conv2dMath::tf32) -----------------
 
 // The 8 warps of a block split Tile's M x N output into kWarpsM x kWarpsN pieces of kRows x

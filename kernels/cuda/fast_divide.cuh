@@ -83,12 +83,37 @@ struct ChannelWalk {
   }
 };
 
-// How many blocks share one channel's sum (each then adds about kChannelValuesPerSlice values, 8
-// per thread of a 256-thread block), from the channel's value count alone, so that the order of
-// the additions never depends on the device: enough blocks to fill a GPU when the channels are
-// few, at most kMaxChannelSlices partial sums to add per channel.
-inline constexpr std::int64_t kChannelValuesPerSlice = 8 * 256;
-inline constexpr std::int64_t kMaxChannelSlices = 64;
+// A thread's part of a channel reduction: ChannelWalk's values from j = start (step apart, below
+// count), read kBatch at a time: load(offset) for up to kBatch offsets, then add(item) for each in
+// the same order. The additions are the one-at-a-time walk's, in its order (the same bits), but
+// kBatch loads are in flight per thread instead of one: a reduction moves no bytes but the loads,
+// and with one 16-byte load per thread a multiprocessor had too few bytes in flight to approach
+// the memory's bandwidth (docs/gpu-kernels.md, "Bytes in flight").
+template <int kBatch, class Load, class Add>
+PETRA_HOST_DEVICE void walk_channel(ChannelWalk walk, std::int64_t start, std::int64_t step, std::int64_t count,
+                                    Load load, Add add) {
+  using Item = decltype(load(std::int64_t(0)));
+  for (std::int64_t j = start; j < count; j += kBatch * step) {
+    Item items[kBatch]{};
+    for (int u = 0; u < kBatch; ++u)
+      if (j + u * step < count) {
+        items[u] = load(walk.offset());
+        walk.advance();
+      }
+    for (int u = 0; u < kBatch; ++u)
+      if (j + u * step < count) add(items[u]);
+  }
+}
+
+// How many blocks share one channel's sum (each then adds about kChannelValuesPerSlice values, 32
+// per thread of a 256-thread block: 8 float4s, two batches of 4 in flight), from the channel's
+// value count alone, so that the order of the additions never depends on the device: enough
+// blocks to fill a GPU when the channels are few (64 channels of (128, 64, 32, 32): 1024 blocks,
+// one wave on an H200), at most kMaxChannelSlices partial sums per channel (one warp adds them).
+// 2048 values a slice and 64 slices before 2026-12-04: blocks of 8 values per thread spent more
+// time starting, reducing and ending than reading.
+inline constexpr std::int64_t kChannelValuesPerSlice = 32 * 256;
+inline constexpr std::int64_t kMaxChannelSlices = 32;
 inline std::int64_t channel_slices(std::int64_t values_per_channel) {
   return std::clamp<std::int64_t>((values_per_channel + kChannelValuesPerSlice - 1) / kChannelValuesPerSlice, 1,
                                   kMaxChannelSlices);

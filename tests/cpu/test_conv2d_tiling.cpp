@@ -9,7 +9,8 @@
 //     output pixel), and partition the coordinates and the taps;
 //   - split_tap, split_pixel, quotient against / and %;
 //   - the block tiles (64 or 128 by 64 or 128): every A and B element loaded by exactly one
-//     (thread, q), every C element computed by exactly one (thread, r, q); choose_tile's rule;
+//     (thread, q), every C element computed by exactly one (thread, r, q); choose_tile's and
+//     choose_tile_tf32's rules;
 //   - split_k: slices in order, none empty, tile-aligned, covering K; weight_split_slices' bounds;
 //   - the TF32 path: tf32_round against the two TF32 neighbours of a float, the warps' pieces
 //     covering every tile once, with WMMA's alignment.
@@ -298,6 +299,28 @@ TEST_CASE("conv2d tiling: choose_tile's rule per pass, on the ResNet-18 CIFAR la
     CHECK(choose_tile(pass, 0, 0, 1) == TileChoice::k64x64);
     CHECK(choose_tile(pass, 1 << 20, 1 << 20, 64) != TileChoice::k128x128);
   }
+}
+
+TEST_CASE("conv2d tiling: choose_tile_tf32's rule, on the ResNet-18 CIFAR layers at batch 128") {
+  using tiling::ConvPass;
+  using tiling::TileChoice;
+  using tiling::choose_tile_tf32;
+  // forward: 128 x 128 on the 16 x 16 and 8 x 8 planes (256 and 128 blocks), not on 4 x 4 (64)
+  CHECK(choose_tile_tf32(ConvPass::forward, 64, 128 * 1024, 1) == TileChoice::k64x64);  // 64 rows
+  CHECK(choose_tile_tf32(ConvPass::forward, 128, 128 * 256, 1) == TileChoice::k128x128);
+  CHECK(choose_tile_tf32(ConvPass::forward, 256, 128 * 64, 1) == TileChoice::k128x128);  // exactly 128 blocks
+  CHECK(choose_tile_tf32(ConvPass::forward, 256, 128 * 63, 1) == TileChoice::k64x64);    // 126
+  CHECK(choose_tile_tf32(ConvPass::forward, 512, 128 * 16, 1) == TileChoice::k64x64);
+  // backward data: stride 1 only (one class)
+  CHECK(choose_tile_tf32(ConvPass::data, 128, 128 * 256, 1) == TileChoice::k128x128);
+  CHECK(choose_tile_tf32(ConvPass::data, 256, 128 * 64, 1) == TileChoice::k128x128);
+  CHECK(choose_tile_tf32(ConvPass::data, 128, 128 * 64, 4) == TileChoice::k64x64);       // stride 2
+  CHECK(choose_tile_tf32(ConvPass::data, 64, 128 * 1024, 1) == TileChoice::k64x64);
+  // backward weight: always 64 x 64
+  CHECK(choose_tile_tf32(ConvPass::weight, 128, 1152, 28) == TileChoice::k64x64);
+  CHECK(choose_tile_tf32(ConvPass::weight, 1 << 20, 1 << 20, 64) == TileChoice::k64x64);
+  for (const ConvPass pass : {ConvPass::forward, ConvPass::data, ConvPass::weight})
+    CHECK(choose_tile_tf32(pass, 0, 0, 1) == TileChoice::k64x64);
 }
 
 TEST_CASE("conv2d tiling: split_k cuts K into ordered, non-empty, tile-aligned slices") {

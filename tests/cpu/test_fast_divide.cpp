@@ -1,7 +1,7 @@
 // tests/cpu/test_fast_divide.cpp: kernels/cuda/fast_divide.cuh on the host, against / and %: every
 // divisor up to 4096 with the dividends around each multiple of it that matters (0, d - 1, d, d + 1,
 // the largest below 2^31), powers of two and their neighbours up to 2^31 - 1, random pairs, and
-// dividends past 2^31 (the plain-division path); ChannelOf, ChannelWalk and channel_slices against
+// dividends past 2^31 (the plain-division path); ChannelOf, ChannelWalk, walk_channel and channel_slices against
 // their definitions. Runs in every build (the header needs no CUDA).
 #include <doctest/doctest.h>
 
@@ -92,14 +92,44 @@ TEST_CASE("fast divide: ChannelWalk visits a channel's values j = start, start +
   }
 }
 
-TEST_CASE("fast divide: channel_slices gives about 2048 values per slice, 1 to 64 slices") {
+TEST_CASE("fast divide: walk_channel loads in batches and adds in the one-at-a-time walk's order") {
+  using petra::kernels::cuda::walk_channel;
+  const std::int64_t batch = 5, channels = 3, plane = 7, c = 1;
+  for (const std::int64_t start : {0, 2, 6})
+    for (const std::int64_t step : {1, 3, 8, 40}) {
+      CAPTURE(start);
+      CAPTURE(step);
+      std::vector<std::int64_t> expected;  // the plain walk's offsets
+      ChannelWalk plain(FastDivide(plane), channels, c, start, step);
+      for (std::int64_t j = start; j < batch * plane; j += step, plain.advance()) expected.push_back(plain.offset());
+      std::vector<std::int64_t> batch1, batch4;
+      walk_channel<1>(ChannelWalk(FastDivide(plane), channels, c, start, step), start, step, batch * plane,
+                      [](std::int64_t k) { return k; }, [&](std::int64_t k) { batch1.push_back(k); });
+      // Every load of a batch before any of its additions: the loads run ahead by up to 4.
+      std::int64_t loaded = 0;
+      walk_channel<4>(
+          ChannelWalk(FastDivide(plane), channels, c, start, step), start, step, batch * plane,
+          [&](std::int64_t k) { return ++loaded, k; },
+          [&](std::int64_t k) {
+            REQUIRE(loaded - std::int64_t(batch4.size()) >= 1);
+            REQUIRE(loaded - std::int64_t(batch4.size()) <= 4);
+            batch4.push_back(k);
+          });
+      CHECK(batch1 == expected);
+      CHECK(batch4 == expected);
+      CHECK(loaded == std::int64_t(expected.size()));
+    }
+}
+
+TEST_CASE("fast divide: channel_slices gives about 8192 values per slice, 1 to 32 slices") {
   using petra::kernels::cuda::channel_slices;
   CHECK(channel_slices(0) == 1);
   CHECK(channel_slices(1) == 1);
-  CHECK(channel_slices(2048) == 1);
-  CHECK(channel_slices(2049) == 2);
-  CHECK(channel_slices(3000) == 2);
+  CHECK(channel_slices(8192) == 1);
+  CHECK(channel_slices(8193) == 2);
+  CHECK(channel_slices(12000) == 2);
   CHECK(channel_slices(128 * 16) == 1);     // (128, 512, 4, 4)
-  CHECK(channel_slices(128 * 1024) == 64);  // (128, 64, 32, 32)
-  CHECK(channel_slices(std::int64_t(1) << 40) == 64);
+  CHECK(channel_slices(128 * 64) == 1);     // (128, 256, 8, 8)
+  CHECK(channel_slices(128 * 1024) == 16);  // (128, 64, 32, 32)
+  CHECK(channel_slices(std::int64_t(1) << 40) == 32);
 }
