@@ -30,6 +30,8 @@ for pair in "native:$native" "portable:$portable"; do
   cp -L "$dir/libpetra-core.so.0.1" "$dir/libpetra.so.0.1" "$bundle/$variant/"
   cp "$dir/tests/test-cuda" "$dir/bench-cuda" "$dir/bench-pipeline" "$dir/petra-train" "$bundle/$variant/"
   [ -f "$dir/tests/test-mpi" ] && cp "$dir/tests/test-mpi" "$bundle/$variant/"  # gpu-check's NCCL step
+  # gpu-check's streams group: the CUPTI kernel tracer (benchmarks/kernel_trace.cpp)
+  [ -f "$dir/libpetra-kernel-trace.so" ] && cp "$dir/libpetra-kernel-trace.so" "$bundle/$variant/"
 done
 for lib in libfmt.so.9 libgomp.so.1; do
   cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l { print $NF; exit }')" "$bundle/lib/"

@@ -14,9 +14,9 @@
 #             backend-ops case (every op's kernels);
 #   profile   Nsight Compute's kernel times over a few revbackprop and backprop steps, summed per
 #             kernel (PROFILE_METHODS="revbackprop backprop" by default);
-#   streams   where an nsys CLI is found, how busy each stream is when PETRA's two stages share
-#             the GPU (each stream's busy share, both at once, neither), and how busy backprop
-#             keeps its one stream (nsys-streams-<run>.txt);
+#   streams   how busy each stream is when PETRA's two stages share the GPU (each stream's busy
+#             share, both at once, neither), and how busy backprop keeps its one stream, from
+#             petra's CUPTI tracer or nsys (streams-<run>.txt);
 #   pytorch   the PyTorch peer of the training runs (benchmarks/pytorch_gpu.py, eager on cuDNN,
 #             FP32 and TF32), where the machine's python3 has PyTorch with CUDA;
 #   fashion   the default Fashion-MNIST run (petra-train's defaults) on cuda:0: accuracy and time;
@@ -241,42 +241,60 @@ PY
 
 # How busy each stream is when PETRA's two stages share the GPU (two workers, `--devices
 # cuda:0,cuda:0`), and how busy the one stream of backprop is (the GPU's idle share: the time the
-# host leaves it waiting): Nsight Systems traces every kernel and copy with its stream; the script
+# host leaves it waiting): every kernel, copy and memset with its stream and its start and end on
+# the GPU's clock, from petra's CUPTI tracer (benchmarks/kernel_trace.cpp, loaded by the driver
+# through CUDA_INJECTION64_PATH) or else Nsight Systems (the H200 images have only Nsight
+# Compute's copy of the nsys CLI, which could not import its own trace on 2026-12-04); the script
 # merges each stream's intervals over the steady steps (from 30% to 90% of the trace: past the
 # warm-up, before the drain and the test-set evaluation) and prints each stream's busy share of
-# that window, the share where both run at once, and where neither does. The images have no
-# Nsight Systems of its own but Nsight Compute's copy of the nsys CLI (target-linux-x64/nsys).
-nsys_busy() {
-  local name=$1 nsys=$2 work=/tmp/petra-nsys/$1
-  shift 2
+# that window, the share where both run at once, and where neither does.
+trace_busy() {
+  local name=$1 work=/tmp/petra-trace/$1 trace
+  shift
   rm -rf "$work" && mkdir -p "$work"
-  STEP_LOG="$out/nsys-$name.log" step "nsys: $name" 90 "$nsys" profile \
-    --trace cuda --sample none --cpuctxsw none --force-overwrite true --output "$work/trace" \
-    "$bin/petra-train" --dataset synthetic --synthetic-size 7680 --model revnet18 --width 64 --batch-size 128 \
-    --epochs 1 --no-augment --threads 8 "$@"
-  [ -f "$work/trace.nsys-rep" ] || { echo "== nsys: no report (see nsys-$name.log)"; tail -n 5 "$out/nsys-$name.log"; return 0; }
-  STEP_LOG="$out/nsys-stats-$name.log" step "nsys: $name, the GPU trace as CSV" 60 "$nsys" stats \
-    --report cuda_gpu_trace --format csv --force-export true --output "$work/csv" "$work/trace.nsys-rep"
-  local trace
-  trace=$(ls "$work"/csv*cuda_gpu_trace*.csv 2> /dev/null | head -n 1)
-  [ -n "$trace" ] || { echo "== nsys: no cuda_gpu_trace CSV (see nsys-stats-$name.log)"; return 0; }
-  python3 - "$trace" "$name" <<'PY' | tee "$out/nsys-streams-$name.txt"
+  local run=("$bin/petra-train" --dataset synthetic --synthetic-size 7680 --model revnet18 --width 64
+             --batch-size 128 --epochs 1 --no-augment --threads 8 "$@")
+  if [ -f "$bin/libpetra-kernel-trace.so" ]; then
+    STEP_LOG="$out/trace-$name.log" step "CUPTI trace: $name" 90 env CUDA_INJECTION64_PATH="$bin/libpetra-kernel-trace.so" \
+      PETRA_KERNEL_TRACE="$work/trace.csv" \
+      LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda/extras/CUPTI/lib64" \
+      "${run[@]}"
+    trace=$work/trace.csv
+    grep -h 'petra-kernel-trace' "$out/trace-$name.log" | head -n 3
+  else
+    local nsys
+    nsys=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda*/bin/nsys \
+      /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys 2> /dev/null | head -n 1)
+    [ -n "$nsys" ] || { echo "== no CUPTI tracer in the bundle and no nsys: the streams' busy shares are not measured"; return 0; }
+    STEP_LOG="$out/nsys-$name.log" step "nsys: $name" 90 "$nsys" profile --trace cuda --sample none \
+      --cpuctxsw none --force-overwrite true --output "$work/trace" "${run[@]}"
+    [ -f "$work/trace.nsys-rep" ] || { echo "== nsys: no report (see nsys-$name.log)"; return 0; }
+    STEP_LOG="$out/nsys-stats-$name.log" step "nsys: $name, the GPU trace as CSV" 60 "$nsys" stats \
+      --report cuda_gpu_trace --format csv --force-export true --output "$work/csv" "$work/trace.nsys-rep"
+    trace=$(ls "$work"/csv*cuda_gpu_trace*.csv 2> /dev/null | head -n 1)
+  fi
+  [ -s "$trace" ] || { echo "== $name: no trace"; return 0; }
+  python3 - "$trace" "$name" <<'PY' | tee "$out/streams-$name.txt"
 import csv, sys
 rows = list(csv.reader(open(sys.argv[1], errors="replace")))
 head = rows[0] if rows else []
 def col(word):
     return next((i for i, h in enumerate(head) if h.startswith(word)), None)
-start, duration, stream, name = col("Start"), col("Duration"), col("Strm"), col("Name")
-if None in (start, duration, stream, name):
-    sys.exit(f"== nsys {sys.argv[2]}: unexpected columns {head}")
+# petra's tracer: start_ns,end_ns,stream,kind,name; nsys: Start (ns),Duration (ns),...,Strm,...,Name
+cupti = col("start_ns") is not None
+start, stop, stream, name = ((col("start_ns"), col("end_ns"), col("stream"), col("name")) if cupti else
+                             (col("Start"), col("Duration"), col("Strm"), col("Name")))
+if None in (start, stop, stream, name):
+    sys.exit(f"== trace {sys.argv[2]}: unexpected columns {head}")
 events = []
 for r in rows[1:]:
     try:
-        events.append((int(r[start]), int(r[start]) + int(r[duration]), r[stream], r[name]))
+        a = int(r[start])
+        events.append((a, int(r[stop]) if cupti else a + int(r[stop]), r[stream], r[name]))
     except (ValueError, IndexError):
         continue
 if not events:
-    sys.exit("== nsys: no kernels in the trace")
+    sys.exit(f"== trace {sys.argv[2]}: no kernels in it")
 events.sort()
 begin, end = events[0][0], max(e[1] for e in events)
 window = (begin + 0.3 * (end - begin), begin + 0.9 * (end - begin))  # the steady steps
@@ -310,30 +328,22 @@ for a, b, s, n in events:
 busy = {s: merged(v) for s, v in streams.items()}
 span = window[1] - window[0]
 label = sys.argv[2]
-print(f"== nsys {label}: {len(events)} kernels and copies; steady window {span / 1e6:.1f} ms (30% to 90% of the trace)")
+print(f"== streams {label}: {len(events)} kernels and copies; steady window {span / 1e6:.1f} ms (30% to 90% of the trace)")
 for s, v in sorted(busy.items(), key=lambda kv: -length(kv[1])):
     kernels = sum(1 for a, b, t, n in events if t == s and b > window[0] and a < window[1])
-    print(f"== nsys {label}: stream {s}: busy {100 * length(v) / span:5.1f}% of the window ({kernels} kernels and copies)")
+    print(f"== streams {label}: stream {s}: busy {100 * length(v) / span:5.1f}% of the window ({kernels} kernels and copies)")
 top = sorted(busy, key=lambda s: -length(busy[s]))[:2]
 if len(top) == 2:
     both = length(intersect(busy[top[0]], busy[top[1]]))
     either = length(merged([tuple(i) for s in busy for i in busy[s]]))
-    print(f"== nsys {label}: streams {top[0]} and {top[1]} both busy {100 * both / span:5.1f}% of the window; "
+    print(f"== streams {label}: streams {top[0]} and {top[1]} both busy {100 * both / span:5.1f}% of the window; "
           f"some stream busy {100 * either / span:5.1f}%, none {100 - 100 * either / span:5.1f}%")
 PY
 }
 
 group_streams() {
-  local nsys
-  nsys=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda*/bin/nsys \
-    /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys 2> /dev/null | head -n 1)
-  if [ -z "$nsys" ]; then
-    echo "== nsys not found: the streams' busy shares are not measured"
-    return 0
-  fi
-  echo "== nsys: $nsys ($("$nsys" --version 2>&1 | head -n 1))"
-  nsys_busy petra-2-streams "$nsys" --method petra --devices cuda:0,cuda:0
-  nsys_busy backprop "$nsys" --method backprop --devices cuda:0
+  trace_busy petra-2-streams --method petra --devices cuda:0,cuda:0
+  trace_busy backprop --method backprop --devices cuda:0
 }
 
 # compute-sanitizer on the cuda suite: memcheck on all of it, racecheck (shared-memory races) and
