@@ -83,6 +83,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "petra/kernels/conv2d.hpp"
 #include "petra/kernels/cuda/block_reduce.cuh"
@@ -282,12 +283,12 @@ struct WeightProblem {
 
 // ---- the tiled implicit GEMM ------------------------------------------------------------------
 
-// The decomposition of a K step's kTileK indices k0 .. k0 + 15 (Problem::k_entry), written by
-// threads 0..15 and read by all: entry[k - k0]. An index past k_end repeats the last valid one
-// (its values are never gathered: TileGather checks k < k_end).
-template <class Problem>
+// The decomposition of a K step's K indices k0 .. k0 + K - 1 (Problem::k_entry; K = Tile::kK,
+// 16 or 32), written by threads 0..K-1 and read by all: entry[k - k0]. An index past k_end repeats
+// the last valid one (its values are never gathered: TileGather checks k < k_end).
+template <int K, class Problem>
 __device__ void fill_k_step_table(const Problem& p, int t, std::int64_t k0, std::int64_t k_end, KEntry* entry) {
-  if (t < kTileK) {
+  if (t < K) {
     const std::int64_t k = k0 + t;
     entry[t] = p.k_entry(k < k_end ? k : k_end - 1);
   }
@@ -358,17 +359,17 @@ PETRA_UNROLL
 template <class Tile, class Problem, class Multiply>
 __device__ void k_loop(const Problem& p, int t, std::int64_t m0, std::int64_t n0, std::int64_t k_begin,
                        std::int64_t k_end, float (*a_tile)[Tile::kLdA], float (*b_tile)[Tile::kLdB],
-                       KEntry (*table)[kTileK], Multiply multiply) {
+                       KEntry (*table)[Tile::kK], Multiply multiply) {
   if (k_begin >= k_end) return;
   TileGather<Problem, Tile> gather(p, t, m0, n0);
-  fill_k_step_table(p, t, k_begin, k_end, table[0]);
+  fill_k_step_table<Tile::kK>(p, t, k_begin, k_end, table[0]);
   __syncthreads();
   gather.fetch(p, t, k_begin, k_end, table[0]);
   int next = 1;
-  for (std::int64_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
+  for (std::int64_t k0 = k_begin; k0 < k_end; k0 += Tile::kK) {
     gather.put(t, a_tile, b_tile);
-    const std::int64_t k_next = k0 + kTileK;
-    if (k_next < k_end) fill_k_step_table(p, t, k_next, k_end, table[next]);
+    const std::int64_t k_next = k0 + Tile::kK;
+    if (k_next < k_end) fill_k_step_table<Tile::kK>(p, t, k_next, k_end, table[next]);
     __syncthreads();
     if (k_next < k_end) gather.fetch(p, t, k_next, k_end, table[next]);
     multiply(a_tile, b_tile);
@@ -383,9 +384,9 @@ __global__ void __launch_bounds__(kThreads) implicit_gemm(Problem whole) {
   // a_tile[k][m] (A transposed) and b_tile[k][n]: in the inner loop each thread reads its groups of
   // 4 consecutive a_tile values and of 4 consecutive b_tile values of a k as one float4 each (rows
   // of kLdA and kLdB floats keep every float4 16-byte aligned).
-  __shared__ __align__(32) float a_tile[kTileK][Tile::kLdA];
-  __shared__ __align__(32) float b_tile[kTileK][Tile::kLdB];
-  __shared__ KEntry table[2][kTileK];
+  __shared__ __align__(32) float a_tile[Tile::kK][Tile::kLdA];
+  __shared__ __align__(32) float b_tile[Tile::kK][Tile::kLdB];
+  __shared__ KEntry table[2][Tile::kK];
   const int t = int(threadIdx.x);
   const std::int64_t m0 = std::int64_t(blockIdx.y) * Tile::kM, n0 = std::int64_t(blockIdx.x) * Tile::kN;
   const Problem p = whole.in_slice(blockIdx.z);
@@ -396,7 +397,7 @@ __global__ void __launch_bounds__(kThreads) implicit_gemm(Problem whole) {
   k_loop<Tile>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
                [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) {
 PETRA_UNROLL
-                 for (int k = 0; k < kTileK; ++k) {
+                 for (int k = 0; k < Tile::kK; ++k) {
                    float av[kMicroM], bv[kMicroN];
 PETRA_UNROLL
                    for (int g = 0; g < kMicroM; g += 4) {
@@ -430,8 +431,8 @@ PETRA_UNROLL
 // ---- the TF32 path: the same tiles, multiplied by the tensor cores -----------------------------
 
 // A warp's FM x FN accumulators of 16 x 16 (its piece of the block's C tile, rows wm..,
-// columns wn.., conv2d_tiling::WarpLayout): zero(), mma() adds A(wm.., 0..kTileK)
-// B(0..kTileK, wn..) from the shared tiles with TF32 inputs and FP32 accumulation, store(fm, fn,
+// columns wn.., conv2d_tiling::WarpLayout): zero(), mma<K>() adds A(wm.., 0..K)
+// B(0..K, wn..) from the shared tiles with TF32 inputs and FP32 accumulation, store(fm, fn,
 // stage) writes accumulator (fm, fn) to a 16 x 16 square stage[r][c] (row length kStageLd). Every
 // lane of the warp calls each (they are warp-collective). The only code that touches WMMA; below
 // sm_80 and under the emulation it is the twin after it.
@@ -446,11 +447,11 @@ PETRA_UNROLL
 PETRA_UNROLL
       for (int fn = 0; fn < FN; ++fn) nvcuda::wmma::fill_fragment(c[fm][fn], 0.0f);
   }
-  template <int LdA, int LdB>
+  template <int K, int LdA, int LdB>
   __device__ void mma(const float (*a_tile)[LdA], const float (*b_tile)[LdB], int wm, int wn) {
     namespace wmma = nvcuda::wmma;
 PETRA_UNROLL
-    for (int k = 0; k < kTileK; k += 8) {
+    for (int k = 0; k < K; k += 8) {
       // A(m, k) is a_tile[k][m]: column-major with leading dimension LdA.
       wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> a[FM];
 PETRA_UNROLL
@@ -490,7 +491,7 @@ struct WarpTileTf32 {
       for (int fn = 0; fn < FN; ++fn)
         for (int i = 0; i < 8; ++i) c[fm][fn][i] = 0.0f;
   }
-  template <int LdA, int LdB>
+  template <int K, int LdA, int LdB>
   __device__ void mma(const float (*a_tile)[LdA], const float (*b_tile)[LdB], int wm, int wn) {
     __syncwarp();
     const int lane = int(threadIdx.x) % 32;
@@ -499,7 +500,7 @@ struct WarpTileTf32 {
         for (int i = 0; i < 8; ++i) {
           const int e = lane + 32 * i, row = wm + 16 * fm + e / 16, column = wn + 16 * fn + e % 16;
           float v = c[fm][fn][i];
-          for (int k = 0; k < kTileK; ++k)
+          for (int k = 0; k < K; ++k)
             v = fmaf(tiling::tf32_round(a_tile[k][row]), tiling::tf32_round(b_tile[k][column]), v);
           c[fm][fn][i] = v;
         }
@@ -521,14 +522,17 @@ struct WarpTileTf32 {
 // each warp passes its accumulators one at a time through its own 16 x 16 square of shared memory
 // (the fragments' register layout is opaque) and its lanes store them (16 consecutive lanes write
 // 16 consecutive columns). Deterministic too: a fixed sequence of mma_sync per warp. The three
-// passes use it under TF32 (64 x 64 tiles unless set_conv2d_tile forces another; choose_kernel).
+// passes use it under TF32 (choose_tile_tf32's tile unless set_conv2d_tile forces another;
+// choose_kernel). The 64 x 64 tile is held to 128 registers, two blocks per multiprocessor (nvcc
+// gave it 128-192; the larger tiles take 200-255, one block).
 template <class Problem, class Tile>
-__global__ void __launch_bounds__(kThreads) implicit_gemm_tf32(Problem whole) {
+__global__ void __launch_bounds__(kThreads, Tile::kM == 64 && Tile::kN == 64 ? 2 : 1)
+    implicit_gemm_tf32(Problem whole) {
   using Warps = tiling::WarpLayout<Tile>;
-  __shared__ __align__(32) float a_tile[kTileK][Tile::kLdA];
-  __shared__ __align__(32) float b_tile[kTileK][Tile::kLdB];
+  __shared__ __align__(32) float a_tile[Tile::kK][Tile::kLdA];
+  __shared__ __align__(32) float b_tile[Tile::kK][Tile::kLdB];
   __shared__ __align__(32) float stage[Warps::kWarps][16][tiling::kStageLd];
-  __shared__ KEntry table[2][kTileK];
+  __shared__ KEntry table[2][Tile::kK];
   const int t = int(threadIdx.x), warp = t / 32, lane = t % 32;
   const int wm = Warps::row(warp), wn = Warps::column(warp);
   const std::int64_t m0 = std::int64_t(blockIdx.y) * Tile::kM, n0 = std::int64_t(blockIdx.x) * Tile::kN;
@@ -538,7 +542,9 @@ __global__ void __launch_bounds__(kThreads) implicit_gemm_tf32(Problem whole) {
   WarpTileTf32<Warps::kFragmentsM, Warps::kFragmentsN> acc;
   acc.zero();
   k_loop<Tile>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
-               [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) { acc.mma(as, bs, wm, wn); });
+               [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) {
+                 acc.template mma<Tile::kK>(as, bs, wm, wn);
+               });
   const std::int64_t rows = p.rows(), columns = p.columns();
 PETRA_UNROLL
   for (int fm = 0; fm < Warps::kFragmentsM; ++fm)
@@ -634,15 +640,24 @@ KernelChoice<Problem> kernel_with(const char* name) {
   if constexpr (tf32) return {implicit_gemm_tf32<Problem, Tile>, Tile::kM, Tile::kN, name};
   else return {implicit_gemm<Problem, Tile>, Tile::kM, Tile::kN, name};
 }
+// The FP32 path's tiles step K by 16, the TF32 path's by 32 but in backward data and the 128 x 128
+// tile (conv2d_tiling.cuh, kTf32TileK).
+template <class Problem, bool tf32, int M, int N>
+KernelChoice<Problem> kernel_of_shape(const char* name) {
+  if constexpr (tf32 && !std::is_same_v<Problem, DataProblem>)
+    return kernel_with<Problem, true, tiling::Tf32Tile<M, N>>(name);
+  else
+    return kernel_with<Problem, tf32, tiling::TileShape<M, N>>(name);
+}
 template <class Problem, bool tf32>
 KernelChoice<Problem> kernel_for(tiling::TileChoice tile, const char* name) {
   switch (tile) {
-    case tiling::TileChoice::k128x128: return kernel_with<Problem, tf32, tiling::TileShape<128, 128>>(name);
-    case tiling::TileChoice::k64x128: return kernel_with<Problem, tf32, tiling::TileShape<64, 128>>(name);
-    case tiling::TileChoice::k128x64: return kernel_with<Problem, tf32, tiling::TileShape<128, 64>>(name);
+    case tiling::TileChoice::k128x128: return kernel_of_shape<Problem, tf32, 128, 128>(name);
+    case tiling::TileChoice::k64x128: return kernel_of_shape<Problem, tf32, 64, 128>(name);
+    case tiling::TileChoice::k128x64: return kernel_of_shape<Problem, tf32, 128, 64>(name);
     case tiling::TileChoice::k64x64: break;
   }
-  return kernel_with<Problem, tf32, tiling::SmallTile>(name);
+  return kernel_of_shape<Problem, tf32, 64, 64>(name);
 }
 
 // The pass's kernel for a product of rows x columns x layers under the current math and tile:

@@ -168,23 +168,25 @@ struct TileCoordinate {
   int mn, k;
 };
 
-template <int M, int N>
+// K: the K step (kTileK = 16 for the FP32 path; kTf32TileK = 32 for the TF32 path, below).
+template <int M, int N, int K = kTileK>
 struct TileShape {
   static_assert((M == 64 || M == 128) && (N == 64 || N == 128));
-  static constexpr int kM = M, kN = N;
+  static_assert(K == 16 || K == 32);
+  static constexpr int kM = M, kN = N, kK = K;
   static constexpr int kMicroM = M / kThreadsY, kMicroN = N / kThreadsX;  // 4 or 8
-  static constexpr int kLoadsA = M * kTileK / kThreads, kLoadsB = N * kTileK / kThreads;
+  static constexpr int kLoadsA = M * K / kThreads, kLoadsB = N * K / kThreads;
   // Row lengths of the shared tiles a_tile[k][m], b_tile[k][n]: padded by 4 floats, multiples of 4
   // (16-byte rows; WMMA's leading dimension in the TF32 path).
   static constexpr int kLdA = M + 4, kLdB = N + 4;
 
-  // The q-th A value and B value that thread t loads, q < kLoadsA (kLoadsB). A: 16 consecutive
-  // threads take 16 consecutive k of one row (the weight rows and dy rows are contiguous in k).
+  // The q-th A value and B value that thread t loads, q < kLoadsA (kLoadsB). A: K consecutive
+  // threads take K consecutive k of one row (the weight rows and dy rows are contiguous in k).
   // B: N consecutive threads take N consecutive columns of one k (consecutive pixels in the
   // forward and backward data). A thread keeps its B column and its A rows for the whole K loop,
   // so their decomposition is done once.
   PETRA_HOST_DEVICE static constexpr TileCoordinate a_load(int t, int q) {
-    return {t / kTileK + q * (kThreads / kTileK), t % kTileK};
+    return {t / K + q * (kThreads / K), t % K};
   }
   PETRA_HOST_DEVICE static constexpr TileCoordinate b_load(int t, int q) {
     return {t % N, t / N + q * (kThreads / N)};
@@ -271,6 +273,19 @@ inline TileChoice choose_tile_tf32(ConvPass pass, std::int64_t rows, std::int64_
 }
 
 // ---- the TF32 path (the three passes under conv2d_math() == Conv2dMath::tf32) -----------------
+
+// The TF32 path's K step: 32, twice the FP32 path's, where nvcc fits the kernel in registers. The
+// tensor cores multiply a K step of 16 so fast that each step's time was the latency of its gather
+// (the loads issued after one barrier are needed before the next): petra's TF32 kernels ran at the
+// FP32 kernels' 14-20 TFLOP/s on an H200 (2026-12-04). A step of 32 doubles the loads in flight
+// per thread and the products per pair of barriers. Not for the 128 x 128 tile (it has 8 + 8 loads
+// per thread with a step of 16 already; with 32 nvcc 13 spills it, 20-100 bytes) nor for backward
+// data (its gather keeps more per value: 192 registers at 64 x 64 with 32, so one block per
+// multiprocessor; capped at 128 it spills). The accumulation order (k8 products in k order) does
+// not depend on the step, so neither do the results.
+inline constexpr int kTf32TileK = 32;
+template <int M, int N>
+using Tf32Tile = TileShape<M, N, M == 128 && N == 128 ? kTileK : kTf32TileK>;
 
 // The 8 warps of a block split Tile's M x N output into kWarpsM x kWarpsN pieces of kRows x
 // kColumns: warp w computes rows row(w) .. + kRows - 1 and columns column(w) .. + kColumns - 1, as

@@ -203,23 +203,24 @@ TEST_CASE("conv2d tiling: stride_class partitions coordinates and taps by residu
 }
 
 namespace {
-// Every element of Tile's A tile (M x kTileK), B tile (kTileK x N) and C tile (M x N) is loaded,
+// Every element of Tile's A tile (M x K), B tile (K x N) and C tile (M x N) is loaded,
 // or computed, by exactly one (thread, q); a thread keeps one B column and one k of A; its
 // outputs come in groups of 4 consecutive rows and columns, each group 16-byte aligned.
 template <class Tile>
 void check_tile_coverage() {
-  constexpr int M = Tile::kM, N = Tile::kN;
+  constexpr int M = Tile::kM, N = Tile::kN, K = Tile::kK;
   CAPTURE(M);
   CAPTURE(N);
-  std::vector<int> a(M * tiling::kTileK, 0), b(tiling::kTileK * N, 0), c(M * N, 0);
+  CAPTURE(K);
+  std::vector<int> a(M * K, 0), b(K * N, 0), c(M * N, 0);
   for (int t = 0; t < tiling::kThreads; ++t) {
     for (int q = 0; q < Tile::kLoadsA; ++q) {
       const tiling::TileCoordinate at = Tile::a_load(t, q);
       REQUIRE(at.mn >= 0);
       REQUIRE(at.mn < M);
       REQUIRE(at.k >= 0);
-      REQUIRE(at.k < tiling::kTileK);
-      ++a[at.mn * tiling::kTileK + at.k];
+      REQUIRE(at.k < K);
+      ++a[at.mn * K + at.k];
       CHECK(at.k == Tile::a_load(t, 0).k);
     }
     for (int q = 0; q < Tile::kLoadsB; ++q) {
@@ -227,7 +228,7 @@ void check_tile_coverage() {
       REQUIRE(bt.mn >= 0);
       REQUIRE(bt.mn < N);
       REQUIRE(bt.k >= 0);
-      REQUIRE(bt.k < tiling::kTileK);
+      REQUIRE(bt.k < K);
       ++b[bt.k * N + bt.mn];
       // the kernel keeps one B column per thread for the whole K loop
       CHECK(bt.mn == Tile::b_load(t, 0).mn);
@@ -259,6 +260,13 @@ TEST_CASE("conv2d tiling: each tile element is loaded once and computed once, in
   check_tile_coverage<tiling::TileShape<64, 128>>();
   check_tile_coverage<tiling::TileShape<128, 64>>();
   check_tile_coverage<tiling::TileShape<128, 128>>();
+  // the TF32 path's: a K step of 32 but for 128 x 128
+  check_tile_coverage<tiling::Tf32Tile<64, 64>>();
+  check_tile_coverage<tiling::Tf32Tile<64, 128>>();
+  check_tile_coverage<tiling::Tf32Tile<128, 64>>();
+  check_tile_coverage<tiling::Tf32Tile<128, 128>>();
+  CHECK(tiling::Tf32Tile<64, 64>::kK == 32);
+  CHECK(tiling::Tf32Tile<128, 128>::kK == 16);
   // the 64 x 64 tile's free functions are its own
   for (int t = 0; t < tiling::kThreads; ++t)
     for (int q = 0; q < tiling::kLoads; ++q) {
@@ -431,7 +439,7 @@ void check_warp_layout() {
   CHECK(Tile::kLdB % 4 == 0);
   // the byte offset of every fragment a warp loads, from the 32-byte aligned tile's start
   for (int warp = 0; warp < Warps::kWarps; ++warp)
-    for (int k = 0; k < tiling::kTileK; k += 8) {
+    for (int k = 0; k < Tile::kK; k += 8) {
       for (int f = 0; f < Warps::kFragmentsM; ++f)
         CHECK((k * Tile::kLdA + Warps::row(warp) + 16 * f) * 4 % 32 == 0);
       for (int f = 0; f < Warps::kFragmentsN; ++f)
@@ -445,6 +453,9 @@ TEST_CASE("conv2d tiling: the TF32 path's warps cover every block tile once") {
   check_warp_layout<tiling::TileShape<64, 128>>();
   check_warp_layout<tiling::TileShape<128, 64>>();
   check_warp_layout<tiling::TileShape<128, 128>>();
+  check_warp_layout<tiling::Tf32Tile<64, 64>>();
+  check_warp_layout<tiling::Tf32Tile<64, 128>>();
+  check_warp_layout<tiling::Tf32Tile<128, 64>>();
   // the 64 x 64 tile keeps its 16 x 32 pieces; the others have pieces of 32 x 32 or 32 x 64
   CHECK(tiling::WarpLayout<tiling::SmallTile>::kFragmentsM == 1);
   CHECK(tiling::WarpLayout<tiling::SmallTile>::kFragmentsN == 2);
