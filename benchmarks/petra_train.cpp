@@ -283,9 +283,12 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
               settings.at("method").c_str(), trainer.config().threads > 0 ? trainer.config().threads
                                                                           : petra::default_cpu_threads());
   if (trainer.device().is_cuda())
-    std::printf("training on %s: %s; convolutions and batch norms: %s, %s\n", trainer.device().str().c_str(),
+    std::printf("training on %s: %s; convolutions and batch norms: %s, %s%s\n", trainer.device().str().c_str(),
                 petra::cuda_backend::describe().c_str(), petra::name_of(petra::conv_impl()),
-                petra::name_of(petra::conv_math()));
+                petra::name_of(petra::conv_math()),
+                petra::cudnn_algorithms() == petra::CudnnAlgorithms::fastest
+                    ? ", cuDNN's fastest algorithms (timed; not bit-reproducible)"
+                    : "");
   if (!eval_only) {
     std::printf("stages (--stages %s): %s\n", config.stages.empty() ? "blocks" : config.stages.c_str(),
                 layout_text(trainer.config().stage_sizes, trainer.block_profiles()).c_str());
@@ -395,6 +398,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
     nlohmann::json summary = {{"configuration", settings},
                               {"conv_impl", petra::name_of(petra::conv_impl())},
                               {"conv_math", petra::name_of(petra::conv_math())},
+                              {"cudnn_algorithms", petra::name_of(petra::cudnn_algorithms())},
                               {"final_test_accuracy", final_accuracy},
                               {"epochs_run", reports.size()},
                               {"total_seconds", total},
@@ -438,6 +442,15 @@ void use_conv_impl(petra::ConvImpl impl, const std::vector<petra::Device>& devic
 void use_conv_math(petra::ConvMath math, const std::vector<petra::Device>& devices) {
   if (math == petra::ConvMath::tf32) require_cuda_devices("--conv-math tf32", devices);
   petra::set_conv_math(math);
+}
+
+// --cudnn-algorithms fastest: only cuDNN's convolutions have algorithms to time, so it needs
+// --conv-impl cudnn (set first): with petra's kernels it would change nothing, silently.
+void use_cudnn_algorithms(petra::CudnnAlgorithms choice) {
+  PETRA_CHECK(choice == petra::CudnnAlgorithms::deterministic || petra::conv_impl() == petra::ConvImpl::cudnn,
+              petra::ValueError, "--cudnn-algorithms fastest: needs --conv-impl cudnn (petra's kernels have no "
+              "algorithms to time)");
+  petra::set_cudnn_algorithms(choice);
 }
 
 }  // namespace
@@ -501,6 +514,12 @@ int main(int argc, char** argv) {
                  "convolutions' arithmetic on GPUs, petra's kernels and cuDNN's alike: fp32 (FP32 multiply-adds) or "
                  "tf32 (the tensor cores, TF32 inputs, FP32 sums; PyTorch's default for convolutions)")
       ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"fp32", "tf32"}));
+  std::string cudnn_algorithms_text = "deterministic";
+  app.add_option("--cudnn-algorithms", cudnn_algorithms_text,
+                 "with --conv-impl cudnn: deterministic (cuDNN's heuristics, deterministic algorithms only, the same "
+                 "bits every run) or fastest (every algorithm timed on a shape's first call, the fastest kept, "
+                 "deterministic or not, as PyTorch's cudnn.benchmark)")
+      ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"deterministic", "fastest"}));
   app.add_flag("--mpi", c.mpi,
                "spread the stages over the processes of mpirun (contiguous groups; the first process reports): "
                "mpirun --allow-run-as-root --oversubscribe -np 2 build/petra-train --mpi --method petra (GPUs: add "
@@ -616,6 +635,7 @@ int main(int argc, char** argv) {
       for (const auto& d : split_list(devices_text)) c.devices.push_back(petra::Device::parse(d));
     use_conv_impl(petra::parse_conv_impl(conv_impl_text), c.devices);
     use_conv_math(petra::parse_conv_math(conv_math_text), c.devices);
+    use_cudnn_algorithms(petra::parse_cudnn_algorithms(cudnn_algorithms_text));
     c.stages = stages_text;
     std::vector<petra::pipeline::BlockProfile> blocks;  // what the layout printed below is made of
     if (print_schedule > 0 || print_model) {  // no data is loaded: the dataset's usual shape

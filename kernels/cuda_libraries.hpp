@@ -78,6 +78,13 @@ struct Conv2dAlgorithm {
 };
 Conv2dAlgorithm conv2d_algorithm(const StreamHandle& s, const Conv2dShape& shape, int pass);
 
+// How the three passes choose their algorithm, for the whole process (petra::set_cudnn_algorithms):
+// false (the default): cuDNN's heuristics, the first deterministic algorithm, nothing timed;
+// true: cudnnFind* times every algorithm on a shape's first call and the fastest is kept,
+// deterministic or not (PyTorch's cudnn.benchmark). A choice is cached under the mode it was made in.
+void set_conv2d_fastest_algorithms(bool fastest);
+bool conv2d_fastest_algorithms();
+
 // Batch norm, with petra's semantics (kernels/batchnorm.hpp) mapped onto cuDNN's:
 //   momentum -> exponentialAverageFactor (both: new = (1 - m) old + m batch);
 //   the running variance is updated with the unbiased batch variance by both;

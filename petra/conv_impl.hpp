@@ -36,4 +36,16 @@ ConvMath conv_math();
 ConvMath parse_conv_math(std::string_view text, std::string_view flag = "--conv-math");
 const char* name_of(ConvMath math);
 
+// How cuDNN chooses its convolution algorithms (with ConvImpl::cudnn; petra-train's
+// --cudnn-algorithms), for the whole process: deterministic (the default: cuDNN's heuristics, the
+// first deterministic algorithm, nothing timed, the same bits from run to run) or fastest
+// (cudnnFind* times every algorithm on a shape's first call and keeps the fastest, deterministic or
+// not, as PyTorch's cudnn.benchmark: what determinism costs, measured; results may then vary in the
+// last bits). A build without cuDNN accepts deterministic only.
+enum class CudnnAlgorithms { deterministic, fastest };
+void set_cudnn_algorithms(CudnnAlgorithms choice);  // DeviceError for fastest without cuDNN
+CudnnAlgorithms cudnn_algorithms();
+CudnnAlgorithms parse_cudnn_algorithms(std::string_view text, std::string_view flag = "--cudnn-algorithms");
+const char* name_of(CudnnAlgorithms choice);
+
 }  // namespace petra

@@ -215,6 +215,33 @@ ConvMath parse_conv_math(std::string_view text, std::string_view flag) {
 
 const char* name_of(ConvMath math) { return math == ConvMath::tf32 ? "tf32" : "fp32"; }
 
+void set_cudnn_algorithms(CudnnAlgorithms choice) {
+#if PETRA_HAVE_CUDA && PETRA_HAVE_CUDNN
+  kernels::cudnn::set_conv2d_fastest_algorithms(choice == CudnnAlgorithms::fastest);
+#else
+  PETRA_CHECK(choice == CudnnAlgorithms::deterministic, DeviceError,
+              "set_cudnn_algorithms(fastest): this petra was built without cuDNN");
+#endif
+}
+
+CudnnAlgorithms cudnn_algorithms() {
+#if PETRA_HAVE_CUDA && PETRA_HAVE_CUDNN
+  return kernels::cudnn::conv2d_fastest_algorithms() ? CudnnAlgorithms::fastest : CudnnAlgorithms::deterministic;
+#else
+  return CudnnAlgorithms::deterministic;
+#endif
+}
+
+CudnnAlgorithms parse_cudnn_algorithms(std::string_view text, std::string_view flag) {
+  if (text == "deterministic") return CudnnAlgorithms::deterministic;
+  if (text == "fastest") return CudnnAlgorithms::fastest;
+  throw ValueError(detail::concat(flag, " ", std::string(text), ": expected deterministic or fastest"));
+}
+
+const char* name_of(CudnnAlgorithms choice) {
+  return choice == CudnnAlgorithms::fastest ? "fastest" : "deterministic";
+}
+
 }  // namespace petra
 
 namespace petra::ops {

@@ -6,7 +6,8 @@
 #   training  petra-train on the GPU: RevNet18 width 64 on synthetic CIFAR-shaped data, batch 128,
 #             300 steps, with backprop, revbackprop, revbackprop on cuDNN's convolution and batch
 #             norm (--conv-impl cudnn: the anchor of petra's kernels), the same three in TF32
-#             (--conv-math tf32), PETRA, and PETRA on two streams of the one GPU (the concurrent
+#             (--conv-math tf32), backprop on cuDNN with its deterministic and its fastest
+#             algorithms, PETRA, and PETRA on two streams of the one GPU (the concurrent
 #             executor), twice: bit-identical to PETRA on one stream and from run to run;
 #   bench     the kernels against cuDNN and the copy bandwidth (bench-cuda: ResNet-18 CIFAR
 #             convolutions at batch 128, FP32 and TF32, and batch norm);
@@ -138,6 +139,20 @@ print(f"== {label}: images/s {petra['images_per_second']:.0f} vs {cudnn['images_
 PY
 }
 
+# images/s of several runs' JSON logs, side by side.
+images_per_second() {
+  local label=$1
+  shift
+  python3 - "$label" "$@" <<'PY'
+import json, os, sys
+parts = []
+for path in sys.argv[2:]:
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        parts.append(f"{os.path.basename(path)[6:-6]} {json.loads(open(path).readline())['images_per_second']:.0f}")
+print(f"== {sys.argv[1]}: images/s " + ", ".join(parts))
+PY
+}
+
 group_training() {
   train backprop --method backprop --devices cuda:0
   train revbackprop --method revbackprop --devices cuda:0
@@ -150,6 +165,13 @@ group_training() {
   train revbackprop-cudnn-tf32 --method revbackprop --devices cuda:0 --conv-impl cudnn --conv-math tf32
   petra_vs_cudnn "conv-impl petra vs cudnn (TF32)" "$out/train-revbackprop-tf32.jsonl" \
     "$out/train-revbackprop-cudnn-tf32.jsonl"
+  # Backprop on cuDNN, with its deterministic algorithms (petra's default) and with the fastest it
+  # times (--cudnn-algorithms fastest, as PyTorch's cudnn.benchmark): what determinism costs, and
+  # how far petra's stack is from PyTorch's (group pytorch) with cuDNN's kernels on both sides.
+  train backprop-cudnn --method backprop --devices cuda:0 --conv-impl cudnn
+  train backprop-cudnn-fastest --method backprop --devices cuda:0 --conv-impl cudnn --cudnn-algorithms fastest
+  images_per_second "backprop, FP32" "$out/train-backprop.jsonl" "$out/train-backprop-cudnn.jsonl" \
+    "$out/train-backprop-cudnn-fastest.jsonl"
   train petra --method petra --devices cuda:0
   # PETRA's stages on two streams of the one GPU (two workers, the concurrent executor): the same
   # numbers as the sequential executor's on the same GPU, bit for bit, and from run to run.

@@ -14,7 +14,8 @@
 //   2. one warp per channel adds its S pairs (lane l the slices l, l + 32, ... in order, then a
 //      fixed shuffle tree), in double, and its lane 0 derives the per-channel results (mean,
 //      invstd, running statistics; or dgamma +=, dbeta +=, and the three coefficients of dx).
-//   3. an element-wise grid-stride pass writes y or dx from those per-channel values.
+//   3. an element-wise grid-stride pass writes y or dx from those per-channel values, walking
+//      from the tensor's end (what step 1 read last is likeliest to be still in the L2 cache).
 // Double accumulation matches ref:: (which sums in double): the variance is E[(x-K)^2] - E[x-K]^2
 // with K the channel's first value, so the usual cancellation of sum/sum-of-squares is limited
 // to |mean - K| relative to the spread, and it happens in double. The slices and the tree do not
@@ -244,11 +245,19 @@ struct CouplingOutput {
   bool aligned() const { return cuda_detail::aligned_16(a) && cuda_detail::aligned_16(out); }
 };
 
-// BN(x) = gamma * (x - mean) * invstd + beta = (x - mean_f) * scale + bias, per value, to `output`.
+// The training passes' second walk over x (and dy) goes from the tensor's end to its start: the
+// first pass's blocks all advance through their channels' samples together, so the lines it read
+// last, the ones most likely still in the L2 cache (50 MB on an H200; x is 33.5 MB at
+// (128, 64, 32, 32)), are the last samples'. Consecutive threads still touch consecutive addresses.
+__device__ inline std::int64_t backwards(std::int64_t i, std::int64_t count) { return count - 1 - i; }
+
+// BN(x) = gamma * (x - mean) * invstd + beta = (x - mean_f) * scale + bias, per value, to `output`,
+// walking from the end (backwards(), above).
 template <class Output, class V>
 __global__ void normalise(std::int64_t vectors, ChannelOf channel_of, const float* x, const float* maps,
                           Output output) {
-  for (std::int64_t g = thread_index(); g < vectors; g += grid_threads()) {
+  for (std::int64_t i = thread_index(); i < vectors; i += grid_threads()) {
+    const std::int64_t g = backwards(i, vectors);
     const std::int64_t c = channel_of(g * kWidth<V>);
     const float mean = maps[3 * c], scale = maps[3 * c + 1], bias = maps[3 * c + 2];
     output.store(g, lanes([=](float v) { return (v - mean) * scale + bias; }, reinterpret_cast<const V*>(x)[g]));
@@ -289,11 +298,13 @@ __global__ void gradient_coefficients(std::int64_t channels, std::int64_t count,
   }
 }
 
+// From the end, as normalise (backwards()).
 template <bool relu, class V>
 __global__ void input_gradient(std::int64_t vectors, ChannelOf channel_of, const float* x, const float* y,
                                const float* dy, const float* saved_mean, const float* coefficients,
                                float* dx) {
-  for (std::int64_t g = thread_index(); g < vectors; g += grid_threads()) {
+  for (std::int64_t i = thread_index(); i < vectors; i += grid_threads()) {
+    const std::int64_t g = backwards(i, vectors);
     const std::int64_t c = channel_of(g * kWidth<V>);
     const float a = coefficients[3 * c], b = coefficients[3 * c + 1], k = coefficients[3 * c + 2],
                 mean = saved_mean[c];

@@ -18,15 +18,24 @@
 // The choice is cached per (device, shape, pass, math): the same shape gets the same algorithm for
 // the whole run, and in every run on the same GPU model with the same cuDNN.
 //
+// The fastest algorithms instead (set_conv2d_fastest_algorithms(true); petra-train
+// --cudnn-algorithms fastest): cudnnFind* runs every algorithm on the shape's first call and ranks
+// them by time; the first that succeeded within the workspace limit is kept, deterministic or not,
+// as PyTorch's cudnn.benchmark does. It measures what determinism costs; results may then differ
+// from run to run in the last bits (the algorithm may change, and ALGO_0 / ALGO_3 of the backward
+// passes add with atomics).
+//
 // Math: every pass follows cuda::conv2d_math(), as petra's kernels do: fp32 sets CUDNN_FMA_MATH (no
 // tensor cores, no TF32 rounding), tf32 lets cuDNN use the tensor cores (the algorithm's math type
 // as the heuristics rank it, as PyTorch does).
 #include <cudnn.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "petra/error.hpp"
@@ -184,9 +193,66 @@ const char* pass_name(Pass pass) {
                                                                     : "cudnn::conv2d_backward_weight";
 }
 
+// set_conv2d_fastest_algorithms: process-wide, deterministic (false) unless asked.
+std::atomic<bool> fastest_setting{false};
+
+// cudnnFind*'s results for `pass`, fastest first, with the workspace each needs. cuDNN allocates
+// the buffers it times with itself; the descriptor's math is the requested one (FMA under FP32).
+std::vector<std::pair<Candidate, std::size_t>> timed(cudnnHandle_t h, const Descriptors& d, Pass pass) {
+  std::vector<std::pair<Candidate, std::size_t>> out;
+  const auto collect = [&](const auto* perf, int returned) {
+    for (int i = 0; i < returned; ++i)
+      out.push_back({{int(perf[i].algo), perf[i].status, perf[i].determinism, perf[i].mathType}, perf[i].memory});
+  };
+  int returned = 0;
+  switch (pass) {
+    case kForward: {
+      std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perf{};
+      PETRA_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, d.input.get(), d.filter.get(), d.convolution.get(),
+                                                             d.output.get(), int(perf.size()), &returned, perf.data()));
+      collect(perf.data(), returned);
+      break;
+    }
+    case kData: {
+      std::array<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> perf{};
+      PETRA_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(h, d.filter.get(), d.output.get(),
+                                                                  d.convolution.get(), d.input.get(), int(perf.size()),
+                                                                  &returned, perf.data()));
+      collect(perf.data(), returned);
+      break;
+    }
+    case kWeight: {
+      std::array<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> perf{};
+      PETRA_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(h, d.input.get(), d.output.get(),
+                                                                    d.convolution.get(), d.filter.get(),
+                                                                    int(perf.size()), &returned, perf.data()));
+      collect(perf.data(), returned);
+      break;
+    }
+  }
+  return out;
+}
+
+// The fastest candidate cudnnFind* timed that succeeded within the workspace limit; sets d's math.
+Conv2dAlgorithm choose_fastest(cudnnHandle_t h, Descriptors& d, const Conv2dShape& k, Pass pass,
+                               cudnnMathType_t math, std::size_t max_workspace) {
+  d.convolution.set_math(math);
+  for (const auto& [c, bytes] : timed(h, d, pass)) {
+    if (c.status != CUDNN_STATUS_SUCCESS || bytes > max_workspace) continue;
+    const cudnnMathType_t run_math = math == CUDNN_FMA_MATH ? CUDNN_FMA_MATH : c.math;
+    d.convolution.set_math(run_math);
+    return {c.algorithm, bytes, int(run_math)};
+  }
+  throw DeviceError(detail::concat(pass_name(pass), ": cuDNN timed no algorithm within ", max_workspace >> 20,
+                                   " MiB of workspace for x (", k.batch, ", ", k.in_channels, ", ", k.in_h, ", ",
+                                   k.in_w, "), w (", k.out_channels, ", ", k.in_channels, ", ", k.kernel_h, ", ",
+                                   k.kernel_w, ")"));
+}
+
 // The first deterministic, supported candidate within the workspace limit; sets d's math to it.
 Conv2dAlgorithm choose(cudnnHandle_t h, Descriptors& d, const Conv2dShape& k, Pass pass, cudnnMathType_t math,
                        std::size_t max_workspace) {
+  if (fastest_setting.load()) return choose_fastest(h, d, k, pass, math, max_workspace);
   for (const Candidate& c : candidates(h, d, pass)) {
     if (c.status != CUDNN_STATUS_SUCCESS || c.determinism != CUDNN_DETERMINISTIC) continue;
     // Under FP32 the descriptor stays CUDNN_FMA_MATH whatever the heuristics rank; under TF32 the
@@ -205,10 +271,11 @@ Conv2dAlgorithm choose(cudnnHandle_t h, Descriptors& d, const Conv2dShape& k, Pa
 }
 
 // The cache of choices: the key is everything the choice depends on.
-using Key = std::array<std::int64_t, 15>;
+using Key = std::array<std::int64_t, 16>;
 Key key_of(const StreamHandle& s, const Conv2dShape& k, Pass pass, cudnnMathType_t math, std::size_t max_workspace) {
   return {s.device_index, k.batch,    k.in_channels, k.in_h,     k.in_w,   k.out_channels, k.kernel_h, k.kernel_w,
-          k.stride_h,     k.stride_w, k.pad_h,       k.pad_w,    pass,     int(math),      std::int64_t(max_workspace)};
+          k.stride_h,     k.stride_w, k.pad_h,       k.pad_w,    pass,     int(math),      std::int64_t(max_workspace),
+          fastest_setting.load() ? 1 : 0};
 }
 
 // The (cached) algorithm for this call, with d's math set to run it.
@@ -235,6 +302,9 @@ Conv2dAlgorithm algorithm_for(const StreamHandle& s, cudnnHandle_t h, Descriptor
 void* workspace(const StreamHandle& s, std::size_t bytes) { return bytes == 0 ? nullptr : s.scratch(bytes); }
 
 }  // namespace
+
+void set_conv2d_fastest_algorithms(bool fastest) { fastest_setting.store(fastest); }
+bool conv2d_fastest_algorithms() { return fastest_setting.load(); }
 
 Conv2dAlgorithm conv2d_algorithm(const StreamHandle& s, const Conv2dShape& shape, int pass) {
   PETRA_CHECK(pass >= 0 && pass <= 2, ValueError, "cudnn::conv2d_algorithm: pass ", pass, " is not 0, 1 or 2");

@@ -6,6 +6,7 @@
 # --conv-impl cudnn is refused (exit 2, naming --conv-impl) wherever a stage would run on the CPU (no
 # --devices, cpu:N, cpu + cuda) and in a build without cuDNN; with --devices cuda:0 it gets past the
 # flag and meets the device check (exit 6 here without a GPU). An unknown --conv-impl is exit 2.
+# --cudnn-algorithms fastest without --conv-impl cudnn, or an unknown choice, is exit 2.
 set -uo pipefail
 train=$1
 common=(--dataset synthetic --synthetic-size 64 --batch-size 32 --width 4 --threads 1 --epochs 1 --max-steps 2)
@@ -49,6 +50,11 @@ expect_exit 2 "--conv-math tf32 runs on CUDA devices only" --method backprop --c
 expect_exit 2 "--conv-math tf32 runs on CUDA devices only" --method petra --conv-math tf32 --devices cpu:0,cuda:0
 expect_exit 2 "--conv-math" --method backprop --conv-math bf16
 expect_exit 0 "^final" --method backprop --conv-math fp32
+# --cudnn-algorithms fastest times cuDNN's algorithms: it needs --conv-impl cudnn (with petra's
+# kernels it would change nothing); deterministic (the default) passes anywhere.
+expect_exit 2 "needs --conv-impl cudnn" --method backprop --cudnn-algorithms fastest
+expect_exit 2 "--cudnn-algorithms" --method backprop --cudnn-algorithms fast
+expect_exit 0 "^final" --method backprop --cudnn-algorithms deterministic
 # The default, and petra named explicitly, train on the CPU as ever.
 expect_exit 0 "^final" --method backprop --conv-impl petra
 # cuda:0 passes the flag's check; without a GPU the device check answers (exit 6), and in a build

@@ -81,6 +81,24 @@ TEST_CASE("conv math: fp32 by default, tf32 where CUDA is built, the choice pars
   CHECK(petra::conv_math() == petra::ConvMath::fp32);
 }
 
+TEST_CASE("cudnn algorithms: deterministic by default, fastest where cuDNN is built, the choice parsed and named") {
+  CHECK(petra::cudnn_algorithms() == petra::CudnnAlgorithms::deterministic);
+  CHECK(petra::parse_cudnn_algorithms("deterministic") == petra::CudnnAlgorithms::deterministic);
+  CHECK(petra::parse_cudnn_algorithms("fastest") == petra::CudnnAlgorithms::fastest);
+  CHECK_THROWS_WITH_AS(petra::parse_cudnn_algorithms("fast"),
+                       doctest::Contains("--cudnn-algorithms fast: expected deterministic or fastest"), petra::ValueError);
+  CHECK(std::string(petra::name_of(petra::CudnnAlgorithms::fastest)) == "fastest");
+  if (petra::cudnn_compiled()) {
+    petra::set_cudnn_algorithms(petra::CudnnAlgorithms::fastest);
+    CHECK(petra::cudnn_algorithms() == petra::CudnnAlgorithms::fastest);
+  } else {
+    CHECK_THROWS_WITH_AS(petra::set_cudnn_algorithms(petra::CudnnAlgorithms::fastest),
+                         doctest::Contains("without cuDNN"), petra::DeviceError);
+  }
+  petra::set_cudnn_algorithms(petra::CudnnAlgorithms::deterministic);
+  CHECK(petra::cudnn_algorithms() == petra::CudnnAlgorithms::deterministic);
+}
+
 TEST_CASE("conv impl: CPU tensors ignore the setting (there is no CPU cuDNN)") {
   if (!petra::cudnn_compiled()) return;  // the setting cannot be cudnn in this build
   const auto x = petra::Tensor::uniform({2, 3, 5, 5}, 1, -1.0, 1.0), w = petra::Tensor::uniform({4, 3, 3, 3}, 2, -1.0, 1.0);
@@ -231,7 +249,7 @@ struct ConvData {
 
 }  // namespace
 
-TEST_CASE("cuda: cuDNN conv2d forward, backward data and backward weight match ref (and petra's, in TF32)" * doctest::skip(kNoGpu)) {
+TEST_CASE("cuda: cuDNN conv2d forward, backward data and backward weight match ref (and petra's, in TF32; and with the fastest algorithms)" * doctest::skip(kNoGpu)) {
   namespace ref = petra::kernels::ref;
   namespace dnn = petra::kernels::cudnn;
   namespace cu = petra::kernels::cuda;
@@ -262,6 +280,29 @@ TEST_CASE("cuda: cuDNN conv2d forward, backward data and backward weight match r
       CHECK(again.download(cs) == got);
       const auto algorithm = dnn::conv2d_algorithm(s, k, 0);
       MESSAGE("forward algorithm ", algorithm.algorithm, ", workspace ", algorithm.workspace_bytes, " bytes");
+    }
+    {  // cuDNN's fastest algorithms (timed, deterministic or not), the three passes: the same FP32 bounds.
+      petra::set_cudnn_algorithms(petra::CudnnAlgorithms::fastest);
+      Buffer y(std::vector<float>(ny, 7.0f), cs), dx(std::vector<float>(nx, 7.0f), cs), dw(d.dw0, cs);
+      dnn::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y.get());
+      dnn::conv2d_backward_data(s, k, dy.get(), w.get(), dx.get());
+      dnn::conv2d_backward_weight(s, k, x.get(), dy.get(), dw.get());
+      const auto forward = dnn::conv2d_algorithm(s, k, 0), data = dnn::conv2d_algorithm(s, k, 1),
+                 weight = dnn::conv2d_algorithm(s, k, 2);
+      petra::set_cudnn_algorithms(petra::CudnnAlgorithms::deterministic);
+      MESSAGE("fastest algorithms: forward ", forward.algorithm, ", data ", data.algorithm, ", weight ",
+              weight.algorithm);
+      CHECK(outside_bound(y.download(cs), y_expected, y_magnitude, kTransformFactor + fp32_factor(taps + 1)) == 0);
+      std::vector<float> dx_expected(nx), dx_magnitude(nx);
+      ref::conv2d_backward_data<float>(host, k, d.dy.data(), d.w.data(), dx_expected.data());
+      ref::conv2d_backward_data<float>(host, k, absolute(d.dy).data(), absolute(d.w).data(), dx_magnitude.data());
+      CHECK(outside_bound(dx.download(cs), dx_expected, dx_magnitude,
+                          kTransformFactor + fp32_factor(k.out_channels * k.kernel_h * k.kernel_w)) == 0);
+      std::vector<float> dw_expected = d.dw0, dw_magnitude = absolute(d.dw0);
+      ref::conv2d_backward_weight<float>(host, k, d.x.data(), d.dy.data(), dw_expected.data());
+      ref::conv2d_backward_weight<float>(host, k, absolute(d.x).data(), absolute(d.dy).data(), dw_magnitude.data());
+      CHECK(outside_bound(dw.download(cs), dw_expected, dw_magnitude,
+                          kTransformFactor + fp32_factor(k.batch * k.out_h() * k.out_w() + 1)) == 0);
     }
     {  // TF32 forward: within the TF32 bound, for both implementations.
       cu::set_conv2d_math(cu::Conv2dMath::tf32);

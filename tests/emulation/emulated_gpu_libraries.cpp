@@ -50,6 +50,12 @@ void conv2d_backward_weight(const StreamHandle&, const Conv2dShape&, const float
   no_cudnn("conv2d_backward_weight");
 }
 Conv2dAlgorithm conv2d_algorithm(const StreamHandle&, const Conv2dShape&, int) { no_cudnn("conv2d_algorithm"); }
+// The setting alone (no algorithm is ever chosen here): the option parses and reads back as on a GPU.
+namespace {
+bool fastest_algorithms = false;
+}  // namespace
+void set_conv2d_fastest_algorithms(bool fastest) { fastest_algorithms = fastest; }
+bool conv2d_fastest_algorithms() { return fastest_algorithms; }
 void batchnorm_forward_train(const StreamHandle&, const BatchNormShape&, double, double, const float*, const float*,
                              const float*, float*, float*, float*, float*, float*) {
   no_cudnn("batchnorm_forward_train");
