@@ -14,8 +14,9 @@
 //   2. one warp per channel adds its S pairs (lane l the slices l, l + 32, ... in order, then a
 //      fixed shuffle tree), in double, and its lane 0 derives the per-channel results (mean,
 //      invstd, running statistics; or dgamma +=, dbeta +=, and the three coefficients of dx).
-//   3. an element-wise grid-stride pass writes y or dx from those per-channel values, walking
-//      from the tensor's end (what step 1 read last is likeliest to be still in the L2 cache).
+//   3. an element-wise grid-stride pass writes y or dx from those per-channel values, on tensors
+//      of 16 MiB and more walking from the end (what step 1 read last is likeliest to be still in
+//      the L2 cache; SecondWalk).
 // Double accumulation matches ref:: (which sums in double): the variance is E[(x-K)^2] - E[x-K]^2
 // with K the channel's first value, so the usual cancellation of sum/sum-of-squares is limited
 // to |mean - K| relative to the spread, and it happens in double. The slices and the tree do not
@@ -245,19 +246,35 @@ struct CouplingOutput {
   bool aligned() const { return cuda_detail::aligned_16(a) && cuda_detail::aligned_16(out); }
 };
 
-// The training passes' second walk over x (and dy) goes from the tensor's end to its start: the
-// first pass's blocks all advance through their channels' samples together, so the lines it read
-// last, the ones most likely still in the L2 cache (50 MB on an H200; x is 33.5 MB at
-// (128, 64, 32, 32)), are the last samples'. Consecutive threads still touch consecutive addresses.
-__device__ inline std::int64_t backwards(std::int64_t i, std::int64_t count) { return count - 1 - i; }
+// The order of the training passes' second walk over x (and dy). On a large tensor it goes from
+// the end to the start: the first pass's blocks all advance through their channels' samples
+// together, so the lines it read last, the ones most likely still in the L2 cache (50 MB on an
+// H200), are the last samples'. Run 7 (docs/results-gpu.md): at (128, 64, 32, 32), 33.5 MB, the
+// training forward 37.4 -> 35.5 us, the backward 52.2 -> 49.7, the forward fused into the coupling
+// 71.7 -> 61.3; but at (128, 256, 8, 8), 8.4 MB, which stays in the L2 whichever the order, 14.4 ->
+// 18.5 us (cause not known). So from the end only from kFromEndBytes up. Consecutive threads touch
+// consecutive addresses either way, and the values are the same. (Under the emulation the threshold
+// is 4 KiB, so that the kernel tests' small tensors take both orders.)
+#ifdef PETRA_CUDA_EMULATION
+inline constexpr std::int64_t kFromEndBytes = std::int64_t(4) << 10;
+#else
+inline constexpr std::int64_t kFromEndBytes = std::int64_t(16) << 20;
+#endif
+struct SecondWalk {
+  bool from_end;
+  __device__ std::int64_t operator()(std::int64_t i, std::int64_t count) const { return from_end ? count - 1 - i : i; }
+};
+inline SecondWalk second_walk(const BatchNormShape& shape) {
+  return {shape.size() * std::int64_t(sizeof(float)) >= kFromEndBytes};
+}
 
 // BN(x) = gamma * (x - mean) * invstd + beta = (x - mean_f) * scale + bias, per value, to `output`,
-// walking from the end (backwards(), above).
+// in the order of `walk` (above).
 template <class Output, class V>
-__global__ void normalise(std::int64_t vectors, ChannelOf channel_of, const float* x, const float* maps,
-                          Output output) {
+__global__ void normalise(std::int64_t vectors, ChannelOf channel_of, SecondWalk walk, const float* x,
+                          const float* maps, Output output) {
   for (std::int64_t i = thread_index(); i < vectors; i += grid_threads()) {
-    const std::int64_t g = backwards(i, vectors);
+    const std::int64_t g = walk(i, vectors);
     const std::int64_t c = channel_of(g * kWidth<V>);
     const float mean = maps[3 * c], scale = maps[3 * c + 1], bias = maps[3 * c + 2];
     output.store(g, lanes([=](float v) { return (v - mean) * scale + bias; }, reinterpret_cast<const V*>(x)[g]));
@@ -298,13 +315,13 @@ __global__ void gradient_coefficients(std::int64_t channels, std::int64_t count,
   }
 }
 
-// From the end, as normalise (backwards()).
+// In the order of `walk`, as normalise.
 template <bool relu, class V>
-__global__ void input_gradient(std::int64_t vectors, ChannelOf channel_of, const float* x, const float* y,
-                               const float* dy, const float* saved_mean, const float* coefficients,
+__global__ void input_gradient(std::int64_t vectors, ChannelOf channel_of, SecondWalk walk, const float* x,
+                               const float* y, const float* dy, const float* saved_mean, const float* coefficients,
                                float* dx) {
   for (std::int64_t i = thread_index(); i < vectors; i += grid_threads()) {
-    const std::int64_t g = backwards(i, vectors);
+    const std::int64_t g = walk(i, vectors);
     const std::int64_t c = channel_of(g * kWidth<V>);
     const float a = coefficients[3 * c], b = coefficients[3 * c + 1], k = coefficients[3 * c + 2],
                 mean = saved_mean[c];
@@ -384,10 +401,10 @@ void forward_train(const LaunchNames& names, const StreamHandle& s, const BatchN
   const ChannelOf channel_of(shape.plane(), shape.channels);
   if (vector_path(shape, {x}) && output.aligned())
     launch_grid_stride(names.forward_train, s, shape.size() / 4, normalise<Output, float4>, shape.size() / 4, channel_of,
-                       x, maps, output);
+                       second_walk(shape), x, maps, output);
   else
-    launch_grid_stride(names.forward_train, s, shape.size(), normalise<Output, float>, shape.size(), channel_of, x,
-                       maps, output);
+    launch_grid_stride(names.forward_train, s, shape.size(), normalise<Output, float>, shape.size(), channel_of,
+                       second_walk(shape), x, maps, output);
 }
 
 template <class Output>
@@ -424,10 +441,10 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
   const ChannelOf channel_of(shape.plane(), shape.channels);
   if (vector_path(shape, {x, y, dy, dx}))
     launch_grid_stride(names<relu>().backward, s, shape.size() / 4, input_gradient<relu, float4>, shape.size() / 4,
-                       channel_of, x, y, dy, saved_mean, coefficients, dx);
+                       channel_of, second_walk(shape), x, y, dy, saved_mean, coefficients, dx);
   else
     launch_grid_stride(names<relu>().backward, s, shape.size(), input_gradient<relu, float>, shape.size(), channel_of,
-                       x, y, dy, saved_mean, coefficients, dx);
+                       second_walk(shape), x, y, dy, saved_mean, coefficients, dx);
 }
 
 }  // namespace

@@ -314,7 +314,7 @@ TEST_CASE("emulated conv2d: backward bias accumulates, matching ref, the same bi
       {1, 2, 7, 11, 3, 2, 5, 1, 2, 1, 2},   // batch 1, 7x5
       {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},    // one of everything
       {0, 3, 5, 5, 4, 3, 3, 1, 1, 1, 1},    // empty batch: db += 0
-      {3, 1, 25, 40, 2, 1, 1, 1, 1, 0, 0},  // 3000 values per channel: two slices (channel_slices)
+      {3, 1, 60, 50, 2, 1, 1, 1, 1, 0, 0},  // 9000 values per channel: two slices (channel_slices)
   };
   for (const Conv2dShape& sh : shapes) {
     seed += 10;
