@@ -15,6 +15,8 @@
 #             backend-ops case (every op's kernels);
 #   profile   Nsight Compute's kernel times over a few revbackprop and backprop steps, summed per
 #             kernel (PROFILE_METHODS="revbackprop backprop" by default);
+#   stalls    Nsight Compute's warp stall reasons, scheduler and occupancy for a few launches of
+#             the FP32 and TF32 convolution kernels (ncu-stalls-*.txt; not in the default list);
 #   streams   how busy each stream is when PETRA's two stages share the GPU (each stream's busy
 #             share, both at once, neither), and how busy backprop keeps its one stream, from
 #             petra's CUPTI tracer or nsys (streams-<run>.txt);
@@ -225,6 +227,28 @@ group_profile() {
       --print-summary per-kernel "$bin/petra-train" --dataset synthetic --synthetic-size 2560 --model revnet18 \
       --width 64 --batch-size 128 --epochs 1 --no-augment --threads 8 --method "$method" --devices cuda:0
     ncu_summary "$out/ncu-$method.csv"
+  done
+}
+
+# Why the convolution kernels run at the rate they do: Nsight Compute's warp-state, scheduler and
+# occupancy sections on a few launches of petra's FP32 and TF32 implicit GEMMs inside a revbackprop
+# run (after 300 convolutions: past the first steps), the stall reasons of each (ncu-stalls-*.txt).
+group_stalls() {
+  local ncu pattern math
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2> /dev/null | head -n 1)
+  [ -n "$ncu" ] || { echo "== ncu not found: stalls skipped"; return 0; }
+  for math in fp32 tf32; do
+    pattern='implicit_gemm<'
+    [ "$math" = tf32 ] && pattern='implicit_gemm_tf32<'
+    STEP_LOG="$out/ncu-stalls-$math.txt" step "ncu: stall reasons of the $math convolution" 90 "$ncu" \
+      --clock-control none --kernel-name-base demangled --kernel-name "regex:$pattern" --launch-skip 300 \
+      --launch-count 3 --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+      "$bin/petra-train" --dataset synthetic --synthetic-size 1280 --model revnet18 --width 64 \
+      --batch-size 128 --epochs 1 --no-augment --threads 8 --method revbackprop --devices cuda:0 --conv-math "$math"
+    [ -s "$out/ncu-stalls-$math.txt" ] && grep -E "implicit_gemm|stalled_[a-z_]+_per_issue_active\.ratio +[^ ]+ +[0-9.]*[1-9]|No Eligible|Issued Warp|Active Warps Per|Achieved Occupancy|Registers Per|Block Limit (Reg|Shared)|Compute \(SM\) Throughput|Memory Throughput|Duration" \
+      "$out/ncu-stalls-$math.txt" | sed -E 's/ +/ /g; s/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//;
+        s/petra::kernels::cuda::(\(anonymous namespace\)::|conv2d_tiling::)?//g; s/\(int\)//g' | cut -c1-160 | head -n 75
   done
 }
 
@@ -451,7 +475,7 @@ for group in $groups; do
   if declare -F "group_$group" > /dev/null; then
     "group_$group"
   else
-    echo "== unknown group '$group' (tests training bench sanitize profile streams pytorch fashion mpi pipeline)"
+    echo "== unknown group '$group' (tests training bench sanitize profile stalls streams pytorch fashion mpi pipeline)"
   fi
 done
 
