@@ -294,6 +294,16 @@ __device__ void fill_k_step_table(const Problem& p, int t, std::int64_t k0, std:
   }
 }
 
+// x rounded to TF32 as the tensor cores' conversion does (cvt.rna.tf32.f32; conv2d_tiling's
+// tf32_round is the same function on the host and below sm_80).
+__device__ inline float to_tf32(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return nvcuda::wmma::__float_to_tf32(x);
+#else
+  return tiling::tf32_round(x);
+#endif
+}
+
 // One thread's part of gathering the tiles: the A rows and the B column it loads, decomposed
 // once (Tile::a_load, b_load); fetch() gathers its values of one K step into registers, put()
 // stores them into the shared tiles. The two are apart so that the next step's global loads are
@@ -334,17 +344,20 @@ PETRA_UNROLL
     }
   }
 
-  // a_tile[k][m] = A(m0 + m, k0 + k), b_tile[k][n] = B(k0 + k, n0 + n): the values fetch() got.
+  // a_tile[k][m] = A(m0 + m, k0 + k), b_tile[k][n] = B(k0 + k, n0 + n): the values fetch() got,
+  // rounded to TF32 for the tensor-core kernel (kTf32: once per value here, rather than once per
+  // warp that loads it into a fragment, next to the products).
+  template <bool kTf32>
   __device__ void put(int t, float (*a_tile)[Tile::kLdA], float (*b_tile)[Tile::kLdB]) const {
 PETRA_UNROLL
     for (int q = 0; q < Tile::kLoadsA; ++q) {
       const tiling::TileCoordinate at = Tile::a_load(t, q);
-      a_tile[at.k][at.mn] = a_values[q];
+      a_tile[at.k][at.mn] = kTf32 ? to_tf32(a_values[q]) : a_values[q];
     }
 PETRA_UNROLL
     for (int q = 0; q < Tile::kLoadsB; ++q) {
       const tiling::TileCoordinate at = Tile::b_load(t, q);
-      b_tile[at.k][at.mn] = b_values[q];
+      b_tile[at.k][at.mn] = kTf32 ? to_tf32(b_values[q]) : b_values[q];
     }
   }
 };
@@ -356,7 +369,8 @@ PETRA_UNROLL
 //   multiply(...) reads the tiles; barrier.
 // Hazards: a tile is written only after the previous step's multiply passed the second barrier;
 // a table is rewritten two steps after its fetch, across two barriers.
-template <class Tile, class Problem, class Multiply>
+// kTf32: the tiles hold TF32-rounded values (TileGather::put).
+template <class Tile, bool kTf32, class Problem, class Multiply>
 __device__ void k_loop(const Problem& p, int t, std::int64_t m0, std::int64_t n0, std::int64_t k_begin,
                        std::int64_t k_end, float (*a_tile)[Tile::kLdA], float (*b_tile)[Tile::kLdB],
                        KEntry (*table)[Tile::kK], Multiply multiply) {
@@ -367,7 +381,7 @@ __device__ void k_loop(const Problem& p, int t, std::int64_t m0, std::int64_t n0
   gather.fetch(p, t, k_begin, k_end, table[0]);
   int next = 1;
   for (std::int64_t k0 = k_begin; k0 < k_end; k0 += Tile::kK) {
-    gather.put(t, a_tile, b_tile);
+    gather.template put<kTf32>(t, a_tile, b_tile);
     const std::int64_t k_next = k0 + Tile::kK;
     if (k_next < k_end) fill_k_step_table<Tile::kK>(p, t, k_next, k_end, table[next]);
     __syncthreads();
@@ -394,7 +408,7 @@ __global__ void __launch_bounds__(kThreads) implicit_gemm(Problem whole) {
 
   constexpr int kMicroM = Tile::kMicroM, kMicroN = Tile::kMicroN;
   float acc[kMicroM][kMicroN] = {};
-  k_loop<Tile>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
+  k_loop<Tile, false>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
                [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) {
 PETRA_UNROLL
                  for (int k = 0; k < Tile::kK; ++k) {
@@ -432,10 +446,12 @@ PETRA_UNROLL
 
 // A warp's FM x FN accumulators of 16 x 16 (its piece of the block's C tile, rows wm..,
 // columns wn.., conv2d_tiling::WarpLayout): zero(), mma<K>() adds A(wm.., 0..K)
-// B(0..K, wn..) from the shared tiles with TF32 inputs and FP32 accumulation, store(fm, fn,
+// B(0..K, wn..) from the shared tiles, whose values are already rounded to TF32 (TileGather::put;
+// until run 8 every fragment element was converted after its load, an instruction next to the
+// products for each of the 2-4 warps that load a value), with FP32 accumulation; store(fm, fn,
 // stage) writes accumulator (fm, fn) to a 16 x 16 square stage[r][c] (row length kStageLd). Every
 // lane of the warp calls each (they are warp-collective). The only code that touches WMMA; below
-// sm_80 and under the emulation it is the twin after it.
+// sm_80 and under the emulation it is the twin after it (which rounds again: the same values).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 template <int FM, int FN>
 struct WarpTileTf32 {
@@ -455,17 +471,11 @@ PETRA_UNROLL
       // A(m, k) is a_tile[k][m]: column-major with leading dimension LdA.
       wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> a[FM];
 PETRA_UNROLL
-      for (int fm = 0; fm < FM; ++fm) {
-        wmma::load_matrix_sync(a[fm], &a_tile[k][wm + 16 * fm], LdA);
-PETRA_UNROLL
-        for (int i = 0; i < a[fm].num_elements; ++i) a[fm].x[i] = wmma::__float_to_tf32(a[fm].x[i]);
-      }
+      for (int fm = 0; fm < FM; ++fm) wmma::load_matrix_sync(a[fm], &a_tile[k][wm + 16 * fm], LdA);
 PETRA_UNROLL
       for (int fn = 0; fn < FN; ++fn) {
         wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b;
         wmma::load_matrix_sync(b, &b_tile[k][wn + 16 * fn], LdB);
-PETRA_UNROLL
-        for (int i = 0; i < b.num_elements; ++i) b.x[i] = wmma::__float_to_tf32(b.x[i]);
 PETRA_UNROLL
         for (int fm = 0; fm < FM; ++fm) wmma::mma_sync(c[fm][fn], a[fm], b, c[fm][fn]);
       }
@@ -541,7 +551,7 @@ __global__ void __launch_bounds__(kThreads, Tile::kM == 64 && Tile::kN == 64 ? 2
 
   WarpTileTf32<Warps::kFragmentsM, Warps::kFragmentsN> acc;
   acc.zero();
-  k_loop<Tile>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
+  k_loop<Tile, true>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
                [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) {
                  acc.template mma<Tile::kK>(as, bs, wm, wn);
                });
