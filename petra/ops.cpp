@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "petra/kernels/batchnorm.hpp"
 #include "petra/kernels/channel.hpp"
@@ -185,10 +186,19 @@ ConvImpl conv_impl() { return ConvImpl(ops::conv_impl_setting.load()); }
 
 const char* name_of(ConvImpl impl) { return impl == ConvImpl::cudnn ? "cudnn" : "petra"; }
 
+namespace {
+// `text` as one of two named choices, or a ValueError naming `flag` and both names.
+template <class E>
+E parse_choice(std::string_view text, std::string_view flag, std::pair<const char*, E> first,
+               std::pair<const char*, E> second) {
+  if (text == first.first) return first.second;
+  if (text == second.first) return second.second;
+  throw ValueError(detail::concat(flag, " ", std::string(text), ": expected ", first.first, " or ", second.first));
+}
+}  // namespace
+
 ConvImpl parse_conv_impl(std::string_view text, std::string_view flag) {
-  if (text == "petra") return ConvImpl::petra;
-  if (text == "cudnn") return ConvImpl::cudnn;
-  throw ValueError(detail::concat(flag, " ", std::string(text), ": expected petra or cudnn"));
+  return parse_choice(text, flag, std::pair{"petra", ConvImpl::petra}, std::pair{"cudnn", ConvImpl::cudnn});
 }
 
 void set_conv_math(ConvMath math) {
@@ -208,9 +218,7 @@ ConvMath conv_math() {
 }
 
 ConvMath parse_conv_math(std::string_view text, std::string_view flag) {
-  if (text == "fp32") return ConvMath::fp32;
-  if (text == "tf32") return ConvMath::tf32;
-  throw ValueError(detail::concat(flag, " ", std::string(text), ": expected fp32 or tf32"));
+  return parse_choice(text, flag, std::pair{"fp32", ConvMath::fp32}, std::pair{"tf32", ConvMath::tf32});
 }
 
 const char* name_of(ConvMath math) { return math == ConvMath::tf32 ? "tf32" : "fp32"; }
@@ -233,9 +241,8 @@ CudnnAlgorithms cudnn_algorithms() {
 }
 
 CudnnAlgorithms parse_cudnn_algorithms(std::string_view text, std::string_view flag) {
-  if (text == "deterministic") return CudnnAlgorithms::deterministic;
-  if (text == "fastest") return CudnnAlgorithms::fastest;
-  throw ValueError(detail::concat(flag, " ", std::string(text), ": expected deterministic or fastest"));
+  return parse_choice(text, flag, std::pair{"deterministic", CudnnAlgorithms::deterministic},
+                      std::pair{"fastest", CudnnAlgorithms::fastest});
 }
 
 const char* name_of(CudnnAlgorithms choice) {

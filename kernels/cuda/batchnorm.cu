@@ -62,13 +62,6 @@
 #include "petra/kernels/cuda/lanes.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 
-// A loop nvcc must not unroll (the host compiler of the emulation does not know the pragma).
-#ifdef __CUDACC__
-#define PETRA_NO_UNROLL _Pragma("unroll 1")
-#else
-#define PETRA_NO_UNROLL
-#endif
-
 namespace petra::kernels::cuda {
 namespace {
 
@@ -82,7 +75,7 @@ using cuda_detail::launch_grid_stride;
 using cuda_detail::thread_index;
 using cuda_detail::warp_sum;
 
-// Slices of a channel (fast_divide.cuh's channel_slices): about 2048 values each, at most 64.
+// Slices of a channel (fast_divide.cuh's channel_slices): about 8192 values each, at most 32.
 inline std::int64_t slices_of(const BatchNormShape& shape) { return channel_slices(shape.values_per_channel()); }
 
 enum class Sums {
@@ -543,4 +536,3 @@ void batchnorm_relu_coupling_eval(const StreamHandle& s, const BatchNormShape& s
 
 }  // namespace petra::kernels::cuda
 
-#undef PETRA_NO_UNROLL

@@ -53,11 +53,12 @@
 // double and rounds once. With S = 1 the tile adds into dw directly.
 //
 // The TF32 path (all three passes, when set_conv2d_math(Conv2dMath::tf32)): implicit_gemm_tf32, the
-// same gather into the same shared tiles (64 x 64 unless set_conv2d_tile forces another), but each
-// of the 8 warps multiplies its piece of the tile (16 x 32 to 32 x 64, conv2d_tiling::WarpLayout)
-// on the tensor cores (WMMA m16n16k8, precision::tf32: inputs rounded to a 10-bit mantissa, FP32
-// accumulation), and each finished 16 x 16 accumulator goes through a per-warp square of shared
-// memory to the same stores. The WMMA calls are confined to one small struct, WarpTileTf32; under
+// same gather into the same shared tiles (choose_tile_tf32's: 128 x 128 on the middle layers, else
+// 64 x 64; K steps of 32 but in backward data and the 128 x 128 tile, conv2d_tiling's Tf32Tile),
+// each value rounded to TF32 (a 10-bit mantissa) as it is stored there, and each of the 8 warps
+// multiplies its piece of the tile (16 x 32 to 32 x 64, conv2d_tiling::WarpLayout) on the tensor
+// cores (WMMA m16n16k8, precision::tf32, FP32 accumulation); each finished 16 x 16 accumulator goes
+// through a per-warp square of shared memory to the same stores. The WMMA calls are confined to one small struct, WarpTileTf32; under
 // the emulation (and below sm_80) its twin does the same math lane by lane:
 // fmaf(tf32_round(a), tf32_round(b), acc).
 //
