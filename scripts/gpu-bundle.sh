@@ -52,5 +52,5 @@ mkdir -p "$bundle/benchmarks"
 cp benchmarks/pytorch_gpu.py benchmarks/compare_pytorch.py "$bundle/benchmarks/"
 fashion=/usr/share/datasets/fashion-mnist
 [ -d "$fashion" ] && cp -r "$fashion" "$bundle/fashion-mnist"
-cp scripts/gpu-check.sh "$bundle/"
+cp scripts/gpu-check.sh scripts/stream_busy.py "$bundle/"
 du -sh "$bundle"

@@ -293,7 +293,7 @@ PY
 # Compute's copy of the nsys CLI, which could not import its own trace on 2026-12-04); the script
 # merges each stream's intervals over the steady steps (from 30% to 90% of the trace: past the
 # warm-up, before the drain and the test-set evaluation) and prints each stream's busy share of
-# that window, the share where both run at once, and where neither does.
+# that window, the share where both run at once, and where neither does (scripts/stream_busy.py).
 trace_busy() {
   local name=$1 work=/tmp/petra-trace/$1 trace
   shift
@@ -320,71 +320,7 @@ trace_busy() {
     trace=$(ls "$work"/csv*cuda_gpu_trace*.csv 2> /dev/null | head -n 1)
   fi
   [ -s "$trace" ] || { echo "== $name: no trace"; return 0; }
-  python3 - "$trace" "$name" <<'PY' | tee "$out/streams-$name.txt"
-import csv, sys
-rows = list(csv.reader(open(sys.argv[1], errors="replace")))
-head = rows[0] if rows else []
-def col(word):
-    return next((i for i, h in enumerate(head) if h.startswith(word)), None)
-# petra's tracer: start_ns,end_ns,stream,kind,name; nsys: Start (ns),Duration (ns),...,Strm,...,Name
-cupti = col("start_ns") is not None
-start, stop, stream, name = ((col("start_ns"), col("end_ns"), col("stream"), col("name")) if cupti else
-                             (col("Start"), col("Duration"), col("Strm"), col("Name")))
-if None in (start, stop, stream, name):
-    sys.exit(f"== trace {sys.argv[2]}: unexpected columns {head}")
-events = []
-for r in rows[1:]:
-    try:
-        a = int(r[start])
-        events.append((a, int(r[stop]) if cupti else a + int(r[stop]), r[stream], r[name]))
-    except (ValueError, IndexError):
-        continue
-if not events:
-    sys.exit(f"== trace {sys.argv[2]}: no kernels in it")
-events.sort()
-begin, end = events[0][0], max(e[1] for e in events)
-window = (begin + 0.3 * (end - begin), begin + 0.9 * (end - begin))  # the steady steps
-def merged(intervals):
-    out = []
-    for a, b in sorted(intervals):
-        a, b = max(a, window[0]), min(b, window[1])
-        if b <= a:
-            continue
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return out
-def length(intervals):
-    return sum(b - a for a, b in intervals)
-def intersect(x, y):
-    out, i, j = [], 0, 0
-    while i < len(x) and j < len(y):
-        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
-        if a < b:
-            out.append([a, b])
-        if x[i][1] < y[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-streams = {}
-for a, b, s, n in events:
-    streams.setdefault(s, []).append((a, b))
-busy = {s: merged(v) for s, v in streams.items()}
-span = window[1] - window[0]
-label = sys.argv[2]
-print(f"== streams {label}: {len(events)} kernels and copies; steady window {span / 1e6:.1f} ms (30% to 90% of the trace)")
-for s, v in sorted(busy.items(), key=lambda kv: -length(kv[1])):
-    kernels = sum(1 for a, b, t, n in events if t == s and b > window[0] and a < window[1])
-    print(f"== streams {label}: stream {s}: busy {100 * length(v) / span:5.1f}% of the window ({kernels} kernels and copies)")
-top = sorted(busy, key=lambda s: -length(busy[s]))[:2]
-if len(top) == 2:
-    both = length(intersect(busy[top[0]], busy[top[1]]))
-    either = length(merged([tuple(i) for s in busy for i in busy[s]]))
-    print(f"== streams {label}: streams {top[0]} and {top[1]} both busy {100 * both / span:5.1f}% of the window; "
-          f"some stream busy {100 * either / span:5.1f}%, none {100 - 100 * either / span:5.1f}%")
-PY
+  python3 "$bundle/stream_busy.py" "$trace" "$name" | tee "$out/streams-$name.txt"
 }
 
 group_streams() {
