@@ -14,6 +14,11 @@
 #   scripts/gpu-bundle.sh [native-build-dir] [portable-build-dir]     # default: build build-portable
 #   (the portable build: meson setup build-portable -Dbuildtype=release -Dcpu_arch=x86-64-v3 &&
 #    ninja -C build-portable tests/test-cuda bench-cuda bench-pipeline petra-train)
+#   GPU_BUNDLE_SKIP="portable fashion-mnist" scripts/gpu-bundle.sh    # leave parts out
+#
+# A device call carries the working tree and the bundle, at most 64 MiB together: the script prints
+# the sum and, past it, what to leave out (the H200 host has AVX-512, so it runs the native
+# binaries; the fashion group alone needs the dataset).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 native=${1:-build}
@@ -22,8 +27,10 @@ bundle=.gpu
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 rm -rf "$bundle"
 mkdir -p "$bundle/lib"
+skip=" ${GPU_BUNDLE_SKIP:-} "
 for pair in "native:$native" "portable:$portable"; do
   variant=${pair%%:*} dir=${pair#*:}
+  [[ "$skip" == *" $variant "* ]] && { echo "gpu-bundle: leaving out the $variant variant (GPU_BUNDLE_SKIP)"; continue; }
   [ -f "$dir/petra-train" ] || { echo "gpu-bundle: no $dir/petra-train; skipping the $variant variant"; continue; }
   mkdir -p "$bundle/$variant"
   # The libraries under the names the binaries ask for (their sonames), not the symlinks' targets.
@@ -51,6 +58,14 @@ done
 mkdir -p "$bundle/benchmarks"
 cp benchmarks/pytorch_gpu.py benchmarks/compare_pytorch.py "$bundle/benchmarks/"
 fashion=/usr/share/datasets/fashion-mnist
-[ -d "$fashion" ] && cp -r "$fashion" "$bundle/fashion-mnist"
+[ -d "$fashion" ] && [[ "$skip" != *" fashion-mnist "* ]] && cp -r "$fashion" "$bundle/fashion-mnist"
 cp scripts/gpu-check.sh scripts/stream_busy.py "$bundle/"
-du -sh "$bundle"
+# What a device call will carry: the bundle plus the tracked and untracked-not-ignored files.
+bundle_kib=$(du -sk "$bundle" | cut -f1)
+tree_kib=$(git ls-files -z --cached --others --exclude-standard | du -ck --files0-from=- 2> /dev/null | tail -n 1 | cut -f1)
+total_mib=$(((bundle_kib + tree_kib) / 1024))
+echo "gpu-bundle: $((bundle_kib / 1024)) MiB of bundle + $((tree_kib / 1024)) MiB of working tree = $total_mib MiB (a device call carries at most 64)"
+if [ "$total_mib" -ge 64 ]; then
+  echo "gpu-bundle: too large for one call: rerun with GPU_BUNDLE_SKIP=portable (the H200 host has AVX-512)" \
+    "or GPU_BUNDLE_SKIP=fashion-mnist (only the fashion group needs it)"
+fi
