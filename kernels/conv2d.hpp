@@ -148,10 +148,10 @@ enum class Conv2dMath { fp32, tf32 };
 void set_conv2d_math(Conv2dMath math);
 Conv2dMath conv2d_math();
 
-// The block tile, for the whole process: -1 (the default) lets each FP32 product pick its tile by
-// its shape (conv2d_tiling::choose_tile, from measurements on an H200) and keeps TF32 on 64x64;
-// 0, 1, 2, 3 force 64x64, 64x128, 128x64, 128x128 on both paths (benchmarks time each so). The
-// results are the same bits whatever the tile.
+// The block tile, for the whole process: -1 (the default) lets each product pick its tile by its
+// shape (conv2d_tiling::choose_tile and choose_tile_tf32, from measurements on an H200); 0, 1, 2, 3
+// force 64x64, 64x128, 128x64, 128x128 on both paths (benchmarks time each so). The results are
+// the same bits whatever the tile.
 void set_conv2d_tile(int tile);
 
 }  // namespace cuda

@@ -73,7 +73,9 @@ using cuda_detail::kWidth;
 using cuda_detail::lanes;
 using cuda_detail::launch_grid_stride;
 using cuda_detail::thread_index;
-using cuda_detail::warp_sum;
+using cuda_detail::grid_warps;
+using cuda_detail::warp_index;
+using cuda_detail::warp_strided_sum;
 
 // Slices of a channel (fast_divide.cuh's channel_slices): about 8192 values each, at most 32.
 inline std::int64_t slices_of(const BatchNormShape& shape) { return channel_slices(shape.values_per_channel()); }
@@ -144,24 +146,14 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
-// The channel's two sums, valid in lane 0 of the calling warp (every lane must call it): lane l
-// adds slices l, l + 32, ... in order, then warp_sum's fixed tree adds the lanes. A warp rather
-// than a thread per channel: one thread's 16-64 dependent loads of the partials cost microseconds.
+// The channel's two sums, valid in lane 0 of the calling warp (every lane must call it): its
+// slices' pairs added by warp_strided_sum. A warp rather than a thread per channel: one thread's
+// 16-64 dependent loads of the partials cost microseconds.
 __device__ inline void channel_sums(const double* partials, std::int64_t c, std::int64_t slices,
                                     double& s1, double& s2) {
-  double a = 0, b = 0;
-  for (std::int64_t slice = threadIdx.x % 32; slice < slices; slice += 32) {
-    a += partials[2 * (c * slices + slice)];
-    b += partials[2 * (c * slices + slice) + 1];
-  }
-  s1 = warp_sum(a);
-  s2 = warp_sum(b);
+  s1 = warp_strided_sum(partials + 2 * c * slices, slices, 2);
+  s2 = warp_strided_sum(partials + 2 * c * slices + 1, slices, 2);
 }
-
-// Channel c of a per-channel kernel launched with 32 threads per channel (launch_grid_stride over
-// channels * 32 items): one warp per channel, the loop's bound the same for the whole warp.
-__device__ inline std::int64_t warp_index() { return thread_index() / 32; }
-__device__ inline std::int64_t grid_warps() { return grid_threads() / 32; }
 
 // One warp per channel: mean, invstd and the running statistics, as ref:: computes them, and
 // the channel's map y = (x - mean_f) * scale + bias in maps[3c..3c+2]. When |mean| >> std,
@@ -535,4 +527,3 @@ void batchnorm_relu_coupling_eval(const StreamHandle& s, const BatchNormShape& s
 }
 
 }  // namespace petra::kernels::cuda
-

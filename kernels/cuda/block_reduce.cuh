@@ -1,9 +1,13 @@
 // kernels/cuda/block_reduce.cuh: the fixed-shape trees that combine the values of a block's
-// threads (internal, not installed). Used by batchnorm.cu, optim.cu, loss.cu (block_tree) and
-// reduce.cu, conv2d.cu (block_sum).
+// threads (internal, not installed). Used by batchnorm.cu, optim.cu, loss.cu (block_tree),
+// reduce.cu, conv2d.cu (block_sum) and batchnorm.cu, conv2d.cu, pool.cu (warp_strided_sum).
 //
 //   warp_sum(value)              the sum of one double per lane over a warp: shuffles down by
 //                                offsets 16, 8, 4, 2, 1; valid in lane 0
+//   warp_strided_sum(v, n, s)    the sum of v[0], v[s], ..., v[(n - 1) s] by one warp, in double:
+//                                lane l adds items l, l + 32, ... in order, then warp_sum; valid in
+//                                lane 0 (a warp per channel or per plane: batch norm's and the
+//                                bias gradient's partials, global average pooling)
 //   block_sum(value)             the sum of one double per thread over a block of kBlockThreads
 //                                (256): each warp's warp_sum, lane 0 writes it to shared memory,
 //                                then warp 0 adds the 8 warp sums the same way; valid in thread 0
@@ -23,6 +27,8 @@
 // call).
 #pragma once
 
+#include <cstdint>
+
 #include "petra/kernels/cuda/launch.cuh"
 
 namespace petra::cuda_detail {
@@ -32,6 +38,14 @@ namespace petra::cuda_detail {
 __device__ inline double warp_sum(double value) {
   for (int offset = 16; offset > 0; offset /= 2) value += __shfl_down_sync(0xffffffffu, value, offset);
   return value;
+}
+
+// Every lane of the warp must call it.
+template <class T>
+__device__ inline double warp_strided_sum(const T* values, std::int64_t count, std::int64_t stride) {
+  double part = 0;
+  for (std::int64_t i = threadIdx.x % 32; i < count; i += 32) part += double(values[i * stride]);
+  return warp_sum(part);
 }
 
 // Every thread of the block must call it; blockDim.x must be kBlockThreads.

@@ -58,16 +58,16 @@
 // each value rounded to TF32 (a 10-bit mantissa) as it is stored there, and each of the 8 warps
 // multiplies its piece of the tile (16 x 32 to 32 x 64, conv2d_tiling::WarpLayout) on the tensor
 // cores (WMMA m16n16k8, precision::tf32, FP32 accumulation); each finished 16 x 16 accumulator goes
-// through a per-warp square of shared memory to the same stores. The WMMA calls are confined to one small struct, WarpTileTf32; under
-// the emulation (and below sm_80) its twin does the same math lane by lane:
-// fmaf(tf32_round(a), tf32_round(b), acc).
+// through a per-warp square of shared memory to the same stores. The WMMA calls are confined to
+// one small struct, WarpTileTf32; under the emulation (and below sm_80) its twin does the same math
+// lane by lane: fmaf(tf32_round(a), tf32_round(b), acc).
 //
 // The bias gradient: blocks of (out-channel, slice) add fixed strided parts of the channel's
 // batch*plane values in double (each with cuda_detail::block_sum's fixed tree), and one warp per
-// channel adds its slices' partials (a fixed tree; the slices depend on the shape only). The blocks read
-// float4s where the plane is a multiple of 4 and dy is 16-byte aligned, which changes how the
-// values are shared among the threads: an aligned dy and a misaligned view of the same values may
-// then differ in the last bit of db.
+// channel adds its slices' partials (a fixed tree; the slices depend on the shape only). The
+// blocks read float4s where the plane is a multiple of 4 and dy is 16-byte aligned, which changes
+// how the values are shared among the threads: an aligned dy and a misaligned view of the same
+// values may then differ in the last bit of db.
 //
 // Deterministic: every output is summed by one thread, k in increasing order; the slices, the
 // blocks' partition of a bias sum and every addition order depend on the shape (and, for the bias,
@@ -84,7 +84,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <type_traits>
 
 #include "petra/kernels/conv2d.hpp"
 #include "petra/kernels/cuda/block_reduce.cuh"
@@ -139,6 +138,7 @@ __device__ inline bool inside(std::int64_t v, std::int64_t extent) {
 
 // y = w . im2col(x) + bias. A = w as (out_channels) x (in_channels*kh*kw), row-major.
 struct ForwardProblem {
+  static constexpr tiling::ConvPass kPass = tiling::ConvPass::forward;
   ConvGeometry g;
   const float* x;
   const float* w;
@@ -183,6 +183,7 @@ struct ForwardProblem {
 // class blockIdx.z = r_h * stride_w + r_w: N = batch x the class's rows x its columns, K =
 // out_channels x the class's tap rows x its tap columns, A(c, (o,i,j)) = w[o, c, i, j].
 struct DataProblem {
+  static constexpr tiling::ConvPass kPass = tiling::ConvPass::data;
   ConvGeometry g;
   const float* dy;
   const float* w;
@@ -235,6 +236,7 @@ struct DataProblem {
 
 // dw += dy . im2col(x)^T over K slice blockIdx.z. A(o, (b,oh,ow)) = dy[b, o, oh, ow].
 struct WeightProblem {
+  static constexpr tiling::ConvPass kPass = tiling::ConvPass::weight;
   ConvGeometry g;
   const float* x;
   const float* dy;
@@ -631,12 +633,9 @@ __global__ void __launch_bounds__(cuda_detail::kBlockThreads)
 // Launched with 32 threads per channel: warp o adds channel o's partials.
 __global__ void add_bias_partials(std::int64_t channels, std::int64_t slices, const double* partials,
                                   float* db) {
-  const int lane = threadIdx.x % 32;
-  for (std::int64_t o = cuda_detail::thread_index() / 32; o < channels; o += cuda_detail::grid_threads() / 32) {
-    double part = 0;
-    for (std::int64_t slice = lane; slice < slices; slice += 32) part += partials[o * slices + slice];
-    const double total = cuda_detail::warp_sum(part);
-    if (lane == 0) db[o] = float(double(db[o]) + total);
+  for (std::int64_t o = cuda_detail::warp_index(); o < channels; o += cuda_detail::grid_warps()) {
+    const double total = cuda_detail::warp_strided_sum(partials + o * slices, slices, 1);
+    if (threadIdx.x % 32 == 0) db[o] = float(double(db[o]) + total);
   }
 }
 
@@ -651,14 +650,14 @@ KernelChoice<Problem> kernel_with(const char* name) {
   if constexpr (tf32) return {implicit_gemm_tf32<Problem, Tile>, Tile::kM, Tile::kN, name};
   else return {implicit_gemm<Problem, Tile>, Tile::kM, Tile::kN, name};
 }
-// The FP32 path's tiles step K by 16, the TF32 path's by 32 but in backward data and the 128 x 128
-// tile (conv2d_tiling.cuh, kTf32TileK).
+// The FP32 path's tiles step K by 16, the TF32 path's by its pass's step (conv2d_tiling.cuh,
+// Tf32Tile).
 template <class Problem, bool tf32, int M, int N>
 KernelChoice<Problem> kernel_of_shape(const char* name) {
-  if constexpr (tf32 && !std::is_same_v<Problem, DataProblem>)
-    return kernel_with<Problem, true, tiling::Tf32Tile<M, N>>(name);
+  if constexpr (tf32)
+    return kernel_with<Problem, true, tiling::Tf32Tile<M, N, Problem::kPass>>(name);
   else
-    return kernel_with<Problem, tf32, tiling::TileShape<M, N>>(name);
+    return kernel_with<Problem, false, tiling::TileShape<M, N>>(name);
 }
 template <class Problem, bool tf32>
 KernelChoice<Problem> kernel_for(tiling::TileChoice tile, const char* name) {

@@ -168,7 +168,7 @@ struct TileCoordinate {
   int mn, k;
 };
 
-// K: the K step (kTileK = 16 for the FP32 path; kTf32TileK = 32 for the TF32 path, below).
+// K: the K step (kTileK = 16 for the FP32 path; the TF32 path's is Tf32Tile's, below).
 template <int M, int N, int K = kTileK>
 struct TileShape {
   static_assert((M == 64 || M == 128) && (N == 64 || N == 128));
@@ -198,8 +198,7 @@ struct TileShape {
   }
 };
 
-// The 64 x 64 tile: the FP32 path's for small products, the TF32 path's by default (and the first
-// tile; its names below).
+// The 64 x 64 tile: both paths' for small products (and the first tile; its names below).
 using SmallTile = TileShape<64, 64>;
 inline constexpr int kTileM = SmallTile::kM;
 inline constexpr int kTileN = SmallTile::kN;
@@ -274,18 +273,17 @@ inline TileChoice choose_tile_tf32(ConvPass pass, std::int64_t rows, std::int64_
 
 // ---- the TF32 path (the three passes under conv2d_math() == Conv2dMath::tf32) -----------------
 
-// The TF32 path's K step: 32, twice the FP32 path's, where nvcc fits the kernel in registers. The
-// tensor cores multiply a K step of 16 so fast that each step's time was the latency of its gather
-// (the loads issued after one barrier are needed before the next): petra's TF32 kernels ran at the
-// FP32 kernels' 14-20 TFLOP/s on an H200 (2026-12-04). A step of 32 doubles the loads in flight
-// per thread and the products per pair of barriers. Not for the 128 x 128 tile (it has 8 + 8 loads
-// per thread with a step of 16 already; with 32 nvcc 13 spills it, 20-100 bytes) nor for backward
-// data (its gather keeps more per value: 192 registers at 64 x 64 with 32, so one block per
-// multiprocessor; capped at 128 it spills). The accumulation order (k8 products in k order) does
-// not depend on the step, so neither do the results.
+// The TF32 path's K step for pass `pass`: 32, twice the FP32 path's, where nvcc fits the kernel in
+// registers: not in backward data (its gather keeps more per value: 192 registers at 64 x 64 with
+// 32, so one block per multiprocessor; capped at 128 it spills) nor in the 128 x 128 tile (8 + 8
+// loads per thread with 16 already; with 32 nvcc 13 spills it, 20-100 bytes). Meant to hide the
+// gather's latency behind twice the products per pair of barriers, it gained 1-9% (run 7): run 8's
+// stall reasons showed the latency was not the limit (docs/gpu-kernels.md). It stays because it
+// halves the barriers and costs nothing. The accumulation order (k8 products in k order) does not
+// depend on the step, so neither do the results.
 inline constexpr int kTf32TileK = 32;
-template <int M, int N>
-using Tf32Tile = TileShape<M, N, M == 128 && N == 128 ? kTileK : kTf32TileK>;
+template <int M, int N, ConvPass pass>
+using Tf32Tile = TileShape<M, N, (M == 128 && N == 128) || pass == ConvPass::data ? kTileK : kTf32TileK>;
 
 // The 8 warps of a block split Tile's M x N output into kWarpsM x kWarpsN pieces of kRows x
 // kColumns: warp w computes rows row(w) .. + kRows - 1 and columns column(w) .. + kColumns - 1, as

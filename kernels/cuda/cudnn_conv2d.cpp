@@ -35,7 +35,6 @@
 #include <cstddef>
 #include <map>
 #include <mutex>
-#include <utility>
 #include <vector>
 
 #include "petra/error.hpp"
@@ -119,7 +118,7 @@ cudnnMathType_t requested_math() {
   return cuda::conv2d_math() == cuda::Conv2dMath::tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
-// One candidate of cuDNN's heuristics, whatever the pass.
+// One candidate of cuDNN's heuristics or of its timing, whatever the pass.
 struct Candidate {
   int algorithm;
   cudnnStatus_t status;
@@ -127,7 +126,8 @@ struct Candidate {
   cudnnMathType_t math;
 };
 
-// cuDNN's ranked candidates for `pass`, and the workspace each needs (under its math type).
+// cuDNN's ranked candidates for `pass`: query is cudnnGet*Algorithm_v7 (the heuristics' order) or
+// cudnnFind*Algorithm (every algorithm run, fastest first); the two share their signature.
 template <class Perf, class Query>
 std::vector<Candidate> ranked(Query query, int count) {
   std::vector<Perf> perf(static_cast<std::size_t>(count));
@@ -139,27 +139,33 @@ std::vector<Candidate> ranked(Query query, int count) {
   return out;
 }
 
-std::vector<Candidate> candidates(cudnnHandle_t h, const Descriptors& d, Pass pass) {
+// set_conv2d_fastest_algorithms: process-wide, deterministic (false) unless asked.
+std::atomic<bool> fastest_setting{false};
+
+// The candidates for `pass`: by cuDNN's heuristics, or timed when `timed` (cuDNN allocates the
+// buffers it times with itself; the descriptor's math is the requested one, FMA under FP32).
+std::vector<Candidate> candidates(cudnnHandle_t h, const Descriptors& d, Pass pass, bool timed) {
   switch (pass) {
     case kForward:
       return ranked<cudnnConvolutionFwdAlgoPerf_t>(
           [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* p) {
-            return cudnnGetConvolutionForwardAlgorithm_v7(h, d.input.get(), d.filter.get(), d.convolution.get(),
-                                                          d.output.get(), n, got, p);
+            return (timed ? cudnnFindConvolutionForwardAlgorithm : cudnnGetConvolutionForwardAlgorithm_v7)(
+                h, d.input.get(), d.filter.get(), d.convolution.get(), d.output.get(), n, got, p);
           },
           CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
     case kData:
       return ranked<cudnnConvolutionBwdDataAlgoPerf_t>(
           [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* p) {
-            return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.filter.get(), d.output.get(),
-                                                               d.convolution.get(), d.input.get(), n, got, p);
+            return (timed ? cudnnFindConvolutionBackwardDataAlgorithm : cudnnGetConvolutionBackwardDataAlgorithm_v7)(
+                h, d.filter.get(), d.output.get(), d.convolution.get(), d.input.get(), n, got, p);
           },
           CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
     case kWeight:
       return ranked<cudnnConvolutionBwdFilterAlgoPerf_t>(
           [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* p) {
-            return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.input.get(), d.output.get(),
-                                                                 d.convolution.get(), d.filter.get(), n, got, p);
+            return (timed ? cudnnFindConvolutionBackwardFilterAlgorithm
+                          : cudnnGetConvolutionBackwardFilterAlgorithm_v7)(
+                h, d.input.get(), d.output.get(), d.convolution.get(), d.filter.get(), n, got, p);
           },
           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
   }
@@ -193,69 +199,15 @@ const char* pass_name(Pass pass) {
                                                                     : "cudnn::conv2d_backward_weight";
 }
 
-// set_conv2d_fastest_algorithms: process-wide, deterministic (false) unless asked.
-std::atomic<bool> fastest_setting{false};
-
-// cudnnFind*'s results for `pass`, fastest first, with the workspace each needs. cuDNN allocates
-// the buffers it times with itself; the descriptor's math is the requested one (FMA under FP32).
-std::vector<std::pair<Candidate, std::size_t>> timed(cudnnHandle_t h, const Descriptors& d, Pass pass) {
-  std::vector<std::pair<Candidate, std::size_t>> out;
-  const auto collect = [&](const auto* perf, int returned) {
-    for (int i = 0; i < returned; ++i)
-      out.push_back({{int(perf[i].algo), perf[i].status, perf[i].determinism, perf[i].mathType}, perf[i].memory});
-  };
-  int returned = 0;
-  switch (pass) {
-    case kForward: {
-      std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perf{};
-      PETRA_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, d.input.get(), d.filter.get(), d.convolution.get(),
-                                                             d.output.get(), int(perf.size()), &returned, perf.data()));
-      collect(perf.data(), returned);
-      break;
-    }
-    case kData: {
-      std::array<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> perf{};
-      PETRA_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(h, d.filter.get(), d.output.get(),
-                                                                  d.convolution.get(), d.input.get(), int(perf.size()),
-                                                                  &returned, perf.data()));
-      collect(perf.data(), returned);
-      break;
-    }
-    case kWeight: {
-      std::array<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> perf{};
-      PETRA_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(h, d.input.get(), d.output.get(),
-                                                                    d.convolution.get(), d.filter.get(),
-                                                                    int(perf.size()), &returned, perf.data()));
-      collect(perf.data(), returned);
-      break;
-    }
-  }
-  return out;
-}
-
-// The fastest candidate cudnnFind* timed that succeeded within the workspace limit; sets d's math.
-Conv2dAlgorithm choose_fastest(cudnnHandle_t h, Descriptors& d, const Conv2dShape& k, Pass pass,
-                               cudnnMathType_t math, std::size_t max_workspace) {
-  d.convolution.set_math(math);
-  for (const auto& [c, bytes] : timed(h, d, pass)) {
-    if (c.status != CUDNN_STATUS_SUCCESS || bytes > max_workspace) continue;
-    const cudnnMathType_t run_math = math == CUDNN_FMA_MATH ? CUDNN_FMA_MATH : c.math;
-    d.convolution.set_math(run_math);
-    return {c.algorithm, bytes, int(run_math)};
-  }
-  throw DeviceError(detail::concat(pass_name(pass), ": cuDNN timed no algorithm within ", max_workspace >> 20,
-                                   " MiB of workspace for x (", k.batch, ", ", k.in_channels, ", ", k.in_h, ", ",
-                                   k.in_w, "), w (", k.out_channels, ", ", k.in_channels, ", ", k.kernel_h, ", ",
-                                   k.kernel_w, ")"));
-}
-
-// The first deterministic, supported candidate within the workspace limit; sets d's math to it.
+// The first candidate that is supported, within the workspace limit and deterministic (cuDNN's
+// heuristics, in their order), or the fastest supported one within the limit whatever its
+// determinism (set_conv2d_fastest_algorithms); sets d's math to it.
 Conv2dAlgorithm choose(cudnnHandle_t h, Descriptors& d, const Conv2dShape& k, Pass pass, cudnnMathType_t math,
                        std::size_t max_workspace) {
-  if (fastest_setting.load()) return choose_fastest(h, d, k, pass, math, max_workspace);
-  for (const Candidate& c : candidates(h, d, pass)) {
-    if (c.status != CUDNN_STATUS_SUCCESS || c.determinism != CUDNN_DETERMINISTIC) continue;
-    // Under FP32 the descriptor stays CUDNN_FMA_MATH whatever the heuristics rank; under TF32 the
+  const bool fastest = fastest_setting.load();
+  for (const Candidate& c : candidates(h, d, pass, fastest)) {
+    if (c.status != CUDNN_STATUS_SUCCESS || (!fastest && c.determinism != CUDNN_DETERMINISTIC)) continue;
+    // Under FP32 the descriptor stays CUDNN_FMA_MATH whatever the ranking says; under TF32 the
     // candidate's own math type (tensor cores where it has them).
     const cudnnMathType_t run_math = math == CUDNN_FMA_MATH ? CUDNN_FMA_MATH : c.math;
     d.convolution.set_math(run_math);
@@ -263,11 +215,11 @@ Conv2dAlgorithm choose(cudnnHandle_t h, Descriptors& d, const Conv2dShape& k, Pa
     if (!workspace_of(h, d, pass, c.algorithm, &bytes) || bytes > max_workspace) continue;
     return {c.algorithm, bytes, int(run_math)};
   }
-  throw DeviceError(detail::concat(pass_name(pass), ": cuDNN offers no deterministic algorithm within ",
-                                   max_workspace >> 20, " MiB of workspace for x (", k.batch, ", ", k.in_channels, ", ",
-                                   k.in_h, ", ", k.in_w, "), w (", k.out_channels, ", ", k.in_channels, ", ",
-                                   k.kernel_h, ", ", k.kernel_w, "), stride ", k.stride_h, "x", k.stride_w,
-                                   ", padding ", k.pad_h, "x", k.pad_w));
+  throw DeviceError(detail::concat(pass_name(pass), ": cuDNN offers no ", fastest ? "" : "deterministic ",
+                                   "algorithm within ", max_workspace >> 20, " MiB of workspace for x (", k.batch,
+                                   ", ", k.in_channels, ", ", k.in_h, ", ", k.in_w, "), w (", k.out_channels, ", ",
+                                   k.in_channels, ", ", k.kernel_h, ", ", k.kernel_w, "), stride ", k.stride_h, "x",
+                                   k.stride_w, ", padding ", k.pad_h, "x", k.pad_w));
 }
 
 // The cache of choices: the key is everything the choice depends on.

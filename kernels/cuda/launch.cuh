@@ -12,6 +12,7 @@
 //   stream_of(s)                      the cudaStream_t of a StreamHandle
 //   thread_index(), grid_threads()    inside a kernel: this thread's index in a 1-d grid, and the
 //                                     grid's thread count (the start and step of a grid-stride loop)
+//   warp_index(), grid_warps()        the same in warps, for a kernel with one warp per item
 //   grid_stride_blocks(n)             launch size of a grid-stride kernel over n items
 //   block_stride_blocks(n)            launch size of a kernel with a block per item (blocks loop)
 //   launch_blocks(name, s, blocks, threads, kernel, args...)   launch + check, explicit grid
@@ -101,6 +102,11 @@ __device__ inline std::int64_t thread_index() {
   return std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
 }
 __device__ inline std::int64_t grid_threads() { return std::int64_t(gridDim.x) * blockDim.x; }
+// The same for a kernel with one warp per item (launched over items * 32 threads): this thread's
+// warp and the grid's warp count; the loop's bound is then the same for the 32 lanes of a warp,
+// which may shuffle together inside it.
+__device__ inline std::int64_t warp_index() { return thread_index() / 32; }
+__device__ inline std::int64_t grid_warps() { return grid_threads() / 32; }
 
 // Launches `kernel` as `blocks` blocks of `threads` threads (1-d, no dynamic shared memory) on
 // s's stream, with s's device current, and checks the launch. `name` is the one the emulator's

@@ -32,6 +32,7 @@
 // Shapes arrive as the few int64 numbers a kernel needs (PoolGeometry), computed on the host.
 #include <cstdint>
 
+#include "petra/kernels/cuda/block_reduce.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 #include "petra/kernels/pool.hpp"
 
@@ -174,15 +175,9 @@ __global__ void avg_pool_backward(PoolGeometry g, double area, const float* dy, 
 // One warp per plane: y[p] = (sum of the plane's `plane` floats) / plane.
 __global__ void __launch_bounds__(kBlockThreads)
     global_pool_forward(std::int64_t planes, std::int64_t plane, const float* x, float* y) {
-  const unsigned lane = threadIdx.x % 32;
-  const std::int64_t warps = grid_threads() / 32;
-  // The loop's condition is the same for the 32 lanes of a warp, so they shuffle together.
-  for (std::int64_t p = thread_index() / 32; p < planes; p += warps) {
-    const float* in = x + p * plane;
-    double sum = 0;
-    for (std::int64_t k = lane; k < plane; k += 32) sum += double(in[k]);
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
-    if (lane == 0) y[p] = float(sum / double(plane));
+  for (std::int64_t p = cuda_detail::warp_index(); p < planes; p += cuda_detail::grid_warps()) {
+    const double sum = cuda_detail::warp_strided_sum(x + p * plane, plane, 1);
+    if (threadIdx.x % 32 == 0) y[p] = float(sum / double(plane));
   }
 }
 

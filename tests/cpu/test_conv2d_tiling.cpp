@@ -260,13 +260,17 @@ TEST_CASE("conv2d tiling: each tile element is loaded once and computed once, in
   check_tile_coverage<tiling::TileShape<64, 128>>();
   check_tile_coverage<tiling::TileShape<128, 64>>();
   check_tile_coverage<tiling::TileShape<128, 128>>();
-  // the TF32 path's: a K step of 32 but for 128 x 128
-  check_tile_coverage<tiling::Tf32Tile<64, 64>>();
-  check_tile_coverage<tiling::Tf32Tile<64, 128>>();
-  check_tile_coverage<tiling::Tf32Tile<128, 64>>();
-  check_tile_coverage<tiling::Tf32Tile<128, 128>>();
-  CHECK(tiling::Tf32Tile<64, 64>::kK == 32);
-  CHECK(tiling::Tf32Tile<128, 128>::kK == 16);
+  // the TF32 path's: a K step of 32 but in backward data and the 128 x 128 tile
+  using tiling::ConvPass;
+  check_tile_coverage<tiling::Tf32Tile<64, 64, ConvPass::forward>>();
+  check_tile_coverage<tiling::Tf32Tile<64, 128, ConvPass::weight>>();
+  check_tile_coverage<tiling::Tf32Tile<128, 64, ConvPass::forward>>();
+  check_tile_coverage<tiling::Tf32Tile<128, 128, ConvPass::forward>>();
+  CHECK(tiling::Tf32Tile<64, 64, ConvPass::forward>::kK == 32);
+  CHECK(tiling::Tf32Tile<64, 64, ConvPass::weight>::kK == 32);
+  CHECK(tiling::Tf32Tile<64, 64, ConvPass::data>::kK == 16);
+  CHECK(tiling::Tf32Tile<128, 64, ConvPass::data>::kK == 16);
+  CHECK(tiling::Tf32Tile<128, 128, ConvPass::forward>::kK == 16);
   // the 64 x 64 tile's free functions are its own
   for (int t = 0; t < tiling::kThreads; ++t)
     for (int q = 0; q < tiling::kLoads; ++q) {
@@ -453,9 +457,9 @@ TEST_CASE("conv2d tiling: the TF32 path's warps cover every block tile once") {
   check_warp_layout<tiling::TileShape<64, 128>>();
   check_warp_layout<tiling::TileShape<128, 64>>();
   check_warp_layout<tiling::TileShape<128, 128>>();
-  check_warp_layout<tiling::Tf32Tile<64, 64>>();
-  check_warp_layout<tiling::Tf32Tile<64, 128>>();
-  check_warp_layout<tiling::Tf32Tile<128, 64>>();
+  check_warp_layout<tiling::Tf32Tile<64, 64, tiling::ConvPass::forward>>();
+  check_warp_layout<tiling::Tf32Tile<64, 128, tiling::ConvPass::weight>>();
+  check_warp_layout<tiling::Tf32Tile<128, 64, tiling::ConvPass::forward>>();
   // the 64 x 64 tile keeps its 16 x 32 pieces; the others have pieces of 32 x 32 or 32 x 64
   CHECK(tiling::WarpLayout<tiling::SmallTile>::kFragmentsM == 1);
   CHECK(tiling::WarpLayout<tiling::SmallTile>::kFragmentsN == 2);

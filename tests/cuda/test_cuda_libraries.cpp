@@ -282,14 +282,16 @@ TEST_CASE("cuda: cuDNN conv2d forward, backward data and backward weight match r
       MESSAGE("forward algorithm ", algorithm.algorithm, ", workspace ", algorithm.workspace_bytes, " bytes");
     }
     {  // cuDNN's fastest algorithms (timed, deterministic or not), the three passes: the same FP32 bounds.
-      petra::set_cudnn_algorithms(petra::CudnnAlgorithms::fastest);
+      struct FastestAlgorithms {  // for this scope, given back even if a call throws
+        FastestAlgorithms() { petra::set_cudnn_algorithms(petra::CudnnAlgorithms::fastest); }
+        ~FastestAlgorithms() { petra::set_cudnn_algorithms(petra::CudnnAlgorithms::deterministic); }
+      } fastest_algorithms;
       Buffer y(std::vector<float>(ny, 7.0f), cs), dx(std::vector<float>(nx, 7.0f), cs), dw(d.dw0, cs);
       dnn::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y.get());
       dnn::conv2d_backward_data(s, k, dy.get(), w.get(), dx.get());
       dnn::conv2d_backward_weight(s, k, x.get(), dy.get(), dw.get());
       const auto forward = dnn::conv2d_algorithm(s, k, 0), data = dnn::conv2d_algorithm(s, k, 1),
                  weight = dnn::conv2d_algorithm(s, k, 2);
-      petra::set_cudnn_algorithms(petra::CudnnAlgorithms::deterministic);
       MESSAGE("fastest algorithms: forward ", forward.algorithm, ", data ", data.algorithm, ", weight ",
               weight.algorithm);
       CHECK(outside_bound(y.download(cs), y_expected, y_magnitude, kTransformFactor + fp32_factor(taps + 1)) == 0);
