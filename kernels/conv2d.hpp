@@ -154,6 +154,13 @@ Conv2dMath conv2d_math();
 // the same bits whatever the tile.
 void set_conv2d_tile(int tile);
 
+// The most elements (default and at most 2^31 - 1) an input or output of one launch may have: the
+// kernels index in 32 bits, and a larger batch runs in launches of fewer samples (forward and
+// backward data: the same results; backward weight: the parts added into dw in batch order). A
+// sample or the weights over the limit are a ShapeError. Tests lower it to check the split; <= 0
+// restores the default.
+void set_conv2d_launch_elements(std::int64_t limit);
+
 }  // namespace cuda
 #endif
 

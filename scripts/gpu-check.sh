@@ -17,6 +17,10 @@
 #             kernel (PROFILE_METHODS="revbackprop backprop" by default);
 #   stalls    Nsight Compute's warp stall reasons, scheduler and occupancy for a few launches of
 #             the FP32 and TF32 convolution kernels (ncu-stalls-*.txt; not in the default list);
+#   sass      the convolution kernels' machine code with, per instruction, how often it ran and
+#             where its warps stalled (Nsight Compute's source counters on one launch each of
+#             the FP32 and TF32 forward and weight passes, sass-*.csv; and cuobjdump's listing
+#             where the machine has one; not in the default list);
 #   streams   how busy each stream is when PETRA's two stages share the GPU (each stream's busy
 #             share, both at once, neither), and how busy backprop keeps its one stream, from
 #             petra's CUPTI tracer or nsys (streams-<run>.txt);
@@ -249,6 +253,37 @@ group_stalls() {
     [ -s "$out/ncu-stalls-$math.txt" ] && grep -E "implicit_gemm|stalled_[a-z_]+_per_issue_active\.ratio +[^ ]+ +[0-9.]*[1-9]|No Eligible|Issued Warp|Active Warps Per|Achieved Occupancy|Registers Per|Block Limit (Reg|Shared)|Compute \(SM\) Throughput|Memory Throughput|Duration" \
       "$out/ncu-stalls-$math.txt" | sed -E 's/ +/ /g; s/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//;
         s/petra::kernels::cuda::(\(anonymous namespace\)::|conv2d_tiling::)?//g; s/\(int\)//g' | cut -c1-160 | head -n 75
+  done
+}
+
+# The machine code the convolution kernels run, instruction by instruction, with how often each
+# ran and its warps' stall samples: what to shorten in the K loop (this machine has no disassembler;
+# ptxas's own is not shipped, so the profile is where the code is read). One launch of each kernel
+# past the first steps of a revbackprop run; then the source page as CSV (sass-<math>-<pass>.csv).
+group_sass() {
+  local ncu math pass pattern dis
+  dis=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2> /dev/null | head -n 1)
+  if [ -n "$dis" ]; then
+    STEP_LOG="$out/sass-cuobjdump.txt" step "cuobjdump: the convolution kernels' SASS" 30 "$dis" -sass \
+      "$bin/libpetra-core.so.0.1" || true
+  fi
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2> /dev/null | head -n 1)
+  [ -n "$ncu" ] || { echo "== ncu not found: sass skipped"; return 0; }
+  for math in ${SASS_MATHS:-tf32 fp32}; do
+    for pass in ${SASS_PASSES:-ForwardProblem WeightProblem}; do
+      pattern="implicit_gemm<.*$pass"
+      [ "$math" = tf32 ] && pattern="implicit_gemm_tf32<.*$pass"
+      STEP_LOG="$out/sass-$math-$pass.log" step "ncu: source counters of the $math $pass kernel" 60 "$ncu" \
+        --clock-control none --kernel-name-base demangled --kernel-name "regex:$pattern" --launch-skip 40 \
+        --launch-count 1 --section SourceCounters --section WarpStateStats -f -o "$out/sass-$math-$pass" \
+        "$bin/petra-train" --dataset synthetic --synthetic-size 1280 --model revnet18 --width 64 \
+        --batch-size 128 --epochs 1 --no-augment --threads 8 --method revbackprop --devices cuda:0 --conv-math "$math"
+      [ -s "$out/sass-$math-$pass.ncu-rep" ] || continue
+      "$ncu" -i "$out/sass-$math-$pass.ncu-rep" --page source --csv --print-source sass > "$out/sass-$math-$pass.csv" 2>&1 ||
+        "$ncu" -i "$out/sass-$math-$pass.ncu-rep" --page source --csv > "$out/sass-$math-$pass.csv" 2>&1
+      echo "== sass-$math-$pass.csv: $(wc -l < "$out/sass-$math-$pass.csv") lines; $(head -c 300 "$out/sass-$math-$pass.csv" | head -n 2 | tr '\n' ' ')"
+      rm -f "$out/sass-$math-$pass.ncu-rep"
+    done
   done
 }
 

@@ -57,10 +57,11 @@
 // 64 x 64; K steps of 32 but in backward data and the 128 x 128 tile, conv2d_tiling's Tf32Tile),
 // each value rounded to TF32 (a 10-bit mantissa) as it is stored there, and each of the 8 warps
 // multiplies its piece of the tile (16 x 32 to 32 x 64, conv2d_tiling::WarpLayout) on the tensor
-// cores (WMMA m16n16k8, precision::tf32, FP32 accumulation); each finished 16 x 16 accumulator goes
-// through a per-warp square of shared memory to the same stores. The WMMA calls are confined to
-// one small struct, WarpTileTf32; under the emulation (and below sm_80) its twin does the same math
-// lane by lane: fmaf(tf32_round(a), tf32_round(b), acc).
+// cores (mma.m16n8k8 .tf32, FP32 accumulation, fragments read from the tiles with 8- and 16-byte
+// loads in Tf32Fragment's row order), then stores its accumulators from the registers. The
+// tensor-core instructions are confined to one small struct, WarpTileTf32; under the emulation
+// (and below sm_80) its twin does the same math element by element: fmaf(tf32_round(a),
+// tf32_round(b), acc).
 //
 // The bias gradient: blocks of (out-channel, slice) add fixed strided parts of the channel's
 // batch*plane values in double (each with cuda_detail::block_sum's fixed tree), and one warp per
@@ -84,7 +85,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 
+#include "petra/error.hpp"
 #include "petra/kernels/conv2d.hpp"
 #include "petra/kernels/cuda/block_reduce.cuh"
 #include "petra/kernels/cuda/conv2d_tiling.cuh"
@@ -92,9 +96,6 @@
 #include "petra/kernels/cuda/lanes.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 
-#ifdef __CUDACC__
-#include <mma.h>  // WMMA, for the TF32 path
-#endif
 
 // nvcc unrolls the fixed-count loops; the host compiler of the emulation does not know the pragma.
 #ifdef __CUDACC__
@@ -120,20 +121,25 @@ using tiling::Tap;
 //
 // Each problem splits its gather in two. k_entry(k) decomposes one index k of the summed dimension
 // (the divisions by taps, kernel width, plane and row length): the block computes it once per k
-// per step, 16 threads for the step's 16 k, into a table in shared memory (KStepTable). a(row, e)
-// and b(column, e) then gather one value with adds and two bounds checks; a thread's rows and
+// per step, 16 threads for the step's 16 k, into a table in shared memory (KStepTable). A value
+// of A is then a_data()[a_offset(row, e)], one of B b_data()[b_offset(column, e)] where
+// b_inside(column, e) (else the zero padding): adds and two bounds checks; a thread's rows and
 // column are decomposed once, before the K loop. (Before the table each of the 256 threads
 // decomposed each of its 8 values' k again: integer work that outweighed the multiply-adds, so the
 // FP32 and TF32 kernels ran at the same ~11 TFLOP/s on an H200.)
+//
+// Offsets and coordinates in the K loop are 32-bit (Index): every tensor of a launch has fewer
+// than 2^31 elements (the host splits a larger batch, conv2d_forward and the others below). In
+// 64 bits each gathered value took twice the integer instructions, and the registers they needed
+// made nvcc recompute the rows' offsets inside the loop (Nsight Compute's source view, run 9).
+using Index = std::int32_t;
 struct KEntry {
-  std::int64_t a, b;  // offsets, problem-specific (see each k_entry)
-  std::int32_t i, j;  // coordinates for the bounds checks, problem-specific
+  Index a, b;  // offsets, problem-specific (see each k_entry)
+  Index i, j;  // coordinates for the bounds checks, problem-specific
 };
 
-// 0 <= v < extent, in one comparison.
-__device__ inline bool inside(std::int64_t v, std::int64_t extent) {
-  return std::uint64_t(v) < std::uint64_t(extent);
-}
+// 0 <= v < extent, in one comparison (extent < 2^31).
+__device__ inline bool inside(Index v, std::int64_t extent) { return std::uint32_t(v) < std::uint32_t(extent); }
 
 
 // y = w . im2col(x) + bias. A = w as (out_channels) x (in_channels*kh*kw), row-major.
@@ -146,11 +152,11 @@ struct ForwardProblem {
   float* y;
 
   struct Row {
-    std::int64_t w_row;  // offset of the weight row
+    Index w_row;  // offset of the weight row
   };
   struct Column {
-    std::int64_t x_corner;  // offset in x of the pixel's tap (0, 0) in channel 0 (may be padding)
-    std::int64_t h0, w0;    // that tap's input coordinates (negative in the padding)
+    Index x_corner;  // offset in x of the pixel's tap (0, 0) in channel 0 (may be padding)
+    Index h0, w0;    // that tap's input coordinates (negative in the padding)
   };
   __device__ ForwardProblem in_slice(unsigned /*z*/) const { return *this; }
   __device__ std::int64_t rows() const { return g.out_channels; }
@@ -158,24 +164,42 @@ struct ForwardProblem {
   __device__ std::int64_t depth() const { return g.in_channels * g.taps(); }
   __device__ std::int64_t k_begin(unsigned /*slice*/) const { return 0; }
   __device__ std::int64_t k_end(unsigned /*slice*/) const { return depth(); }
-  __device__ Row row(std::int64_t m) const { return {m * depth()}; }
+  __device__ Row row(std::int64_t m) const { return {Index(m * depth())}; }
   __device__ Column column(std::int64_t n) const {
     const tiling::OutputPixel o = tiling::output_pixel(g, n);
-    return {tiling::corner_offset(g, o), o.h0, o.w0};
+    return {Index(tiling::corner_offset(g, o)), Index(o.h0), Index(o.w0)};
   }
   // k = (c, i, j): a = k, b = the tap's offset from the corner, i, j.
   __device__ KEntry k_entry(std::int64_t k) const {
     const Tap t = tiling::split_tap(k, g.kernel_h, g.kernel_w);
-    return {k, tiling::tap_offset(g, t), std::int32_t(t.i), std::int32_t(t.j)};
+    return {Index(k), Index(tiling::tap_offset(g, t)), Index(t.i), Index(t.j)};
   }
-  __device__ float a(const Row& r, const KEntry& e) const { return w[r.w_row + e.a]; }
-  __device__ float b(const Column& c, const KEntry& e) const {
-    return inside(c.h0 + e.i, g.in_h) && inside(c.w0 + e.j, g.in_w) ? x[c.x_corner + e.b] : 0.0f;
+  __device__ const float* a_data() const { return w; }
+  __device__ Index a_offset(const Row& r, const KEntry& e) const { return r.w_row + e.a; }
+  __device__ const float* b_data() const { return x; }
+  __device__ bool b_inside(const Column& c, const KEntry& e) const {
+    return inside(c.h0 + e.i, g.in_h) & inside(c.w0 + e.j, g.in_w);
   }
-  __device__ void store(std::int64_t m, std::int64_t n, float value, unsigned /*slice*/) const {
+  __device__ Index b_offset(const Column& c, const KEntry& e) const { return c.x_corner + e.b; }
+  // y[b, m, pixel] for column n = (b, pixel): the column's part (decomposed once per column, not
+  // per output) plus the row's (m * plane, and the row's bias).
+  struct StoreColumn {
+    std::int64_t y_offset;  // b * out_channels * plane + pixel
+  };
+  struct StoreRow {
+    std::int64_t y_offset;  // m * plane
+    float bias;
+  };
+  __device__ StoreColumn store_column(std::int64_t n) const {
     const std::int64_t plane = g.out_plane();
     const std::int64_t b = tiling::quotient(n, plane);
-    y[(b * g.out_channels + m) * plane + (n - b * plane)] = bias != nullptr ? value + bias[m] : value;
+    return {b * g.out_channels * plane + (n - b * plane)};
+  }
+  __device__ StoreRow store_row(std::int64_t m) const {
+    return {m * g.out_plane(), bias != nullptr ? bias[m] : 0.0f};
+  }
+  __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned /*slice*/) const {
+    y[r.y_offset + c.y_offset] = bias != nullptr ? value + r.bias : value;
   }
 };
 
@@ -191,11 +215,11 @@ struct DataProblem {
   tiling::StrideClass class_h{}, class_w{};  // set by in_slice
 
   struct Row {
-    std::int64_t w_channel;  // c * kh * kw: the in-channel's offset inside a weight row
+    Index w_channel;  // c * kh * kw: the in-channel's offset inside a weight row
   };
   struct Column {
-    std::int64_t dy_sample;  // b * out_channels * out_h * out_w
-    std::int64_t oh0, ow0;   // the output pixel that reads this input pixel through the class's tap 0
+    Index dy_pixel;  // where output pixel (oh0, ow0) of the sample's channel 0 is in dy (may be outside)
+    Index oh0, ow0;  // the output pixel that reads this input pixel through the class's tap 0
   };
   __device__ DataProblem in_slice(unsigned z) const {
     DataProblem q = *this;
@@ -209,28 +233,43 @@ struct DataProblem {
   __device__ std::int64_t depth() const { return g.out_channels * class_h.taps * class_w.taps; }
   __device__ std::int64_t k_begin(unsigned /*slice*/) const { return 0; }
   __device__ std::int64_t k_end(unsigned /*slice*/) const { return depth(); }
-  __device__ Row row(std::int64_t m) const { return {m * g.taps()}; }
+  __device__ Row row(std::int64_t m) const { return {Index(m * g.taps())}; }
   __device__ Column column(std::int64_t n) const {
     const tiling::Pixel p = tiling::split_pixel(n, class_h.count, class_w.count);
-    return {p.b * g.out_channels * g.out_plane(), class_h.out0 + p.y, class_w.out0 + p.x};
+    const std::int64_t oh0 = class_h.out0 + p.y, ow0 = class_w.out0 + p.x;
+    return {Index(p.b * g.out_channels * g.out_plane() + oh0 * g.out_w + ow0), Index(oh0), Index(ow0)};
   }
   // k = (o, v_i, v_j), tap (i, j) = (tap0_h + v_i * stride_h, tap0_w + v_j * stride_w): a = where
-  // w[o, 0, i, j] is, b = where dy's channel o starts in a sample, i, j = v_i, v_j.
+  // w[o, 0, i, j] is; i, j = v_i, v_j; b = the offset in dy from a column's (oh0, ow0) in channel 0
+  // to the pixel (oh0 - v_i, ow0 - v_j) of channel o it reads through the tap.
   __device__ KEntry k_entry(std::int64_t k) const {
     const Tap t = tiling::split_tap(k, class_h.taps, class_w.taps);
     const std::int64_t i = class_h.tap0 + t.i * g.stride_h, j = class_w.tap0 + t.j * g.stride_w;
-    return {(t.c * g.in_channels) * g.taps() + i * g.kernel_w + j, t.c * g.out_plane(), std::int32_t(t.i),
-            std::int32_t(t.j)};
+    return {Index((t.c * g.in_channels) * g.taps() + i * g.kernel_w + j),
+            Index(t.c * g.out_plane() - t.i * g.out_w - t.j), Index(t.i), Index(t.j)};
   }
-  __device__ float a(const Row& r, const KEntry& e) const { return w[e.a + r.w_channel]; }
-  __device__ float b(const Column& c, const KEntry& e) const {
-    const std::int64_t oh = c.oh0 - e.i, ow = c.ow0 - e.j;
-    return inside(oh, g.out_h) && inside(ow, g.out_w) ? dy[c.dy_sample + e.b + oh * g.out_w + ow] : 0.0f;
+  __device__ const float* a_data() const { return w; }
+  __device__ Index a_offset(const Row& r, const KEntry& e) const { return e.a + r.w_channel; }
+  __device__ const float* b_data() const { return dy; }
+  __device__ bool b_inside(const Column& c, const KEntry& e) const {
+    return inside(c.oh0 - e.i, g.out_h) & inside(c.ow0 - e.j, g.out_w);
   }
-  __device__ void store(std::int64_t m, std::int64_t n, float value, unsigned /*slice*/) const {
+  __device__ Index b_offset(const Column& c, const KEntry& e) const { return c.dy_pixel + e.b; }
+  // dx[b, m, h, w] for column n = the class's pixel (b, h, w): the column's part plus m * in_plane.
+  struct StoreColumn {
+    std::int64_t dx_offset;  // (b * in_channels * in_h + h) * in_w + w
+  };
+  struct StoreRow {
+    std::int64_t dx_offset;  // m * in_h * in_w
+  };
+  __device__ StoreColumn store_column(std::int64_t n) const {
     const tiling::Pixel p = tiling::split_pixel(n, class_h.count, class_w.count);
     const std::int64_t h = class_h.first + p.y * g.stride_h, w = class_w.first + p.x * g.stride_w;
-    dx[((p.b * g.in_channels + m) * g.in_h + h) * g.in_w + w] = value;
+    return {(p.b * g.in_channels * g.in_h + h) * g.in_w + w};
+  }
+  __device__ StoreRow store_row(std::int64_t m) const { return {m * g.in_plane()}; }
+  __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned /*slice*/) const {
+    dx[r.dx_offset + c.dx_offset] = value;
   }
 };
 
@@ -245,11 +284,11 @@ struct WeightProblem {
   tiling::SplitK split;
 
   struct Row {
-    std::int64_t dy_channel;  // o * out_h * out_w
+    Index dy_channel;  // o * out_h * out_w
   };
   struct Column {
-    std::int64_t x_tap;  // the tap's offset from an output pixel's corner: (c * in_h + i) * in_w + j
-    std::int64_t i, j;
+    Index x_tap;  // the tap's offset from an output pixel's corner: (c * in_h + i) * in_w + j
+    Index i, j;
   };
   __device__ WeightProblem in_slice(unsigned /*z*/) const { return *this; }  // z: the K slice
   __device__ std::int64_t rows() const { return g.out_channels; }
@@ -257,10 +296,10 @@ struct WeightProblem {
   // K = batch*out_h*out_w, the part of it in slice blockIdx.z.
   __device__ std::int64_t k_begin(unsigned slice) const { return split.begin(slice); }
   __device__ std::int64_t k_end(unsigned slice) const { return split.end(slice); }
-  __device__ Row row(std::int64_t m) const { return {m * g.out_plane()}; }
+  __device__ Row row(std::int64_t m) const { return {Index(m * g.out_plane())}; }
   __device__ Column column(std::int64_t n) const {
     const Tap t = tiling::split_tap(n, g.kernel_h, g.kernel_w);
-    return {tiling::tap_offset(g, t), t.i, t.j};
+    return {Index(tiling::tap_offset(g, t)), Index(t.i), Index(t.j)};
   }
   // k = output pixel (b, oh, ow): a = its offset in dy's channel 0, b = its tap (0, 0)'s offset in
   // x's channel 0 (the corner, as ForwardProblem's), i, j = that tap's input coordinates.
@@ -268,15 +307,27 @@ struct WeightProblem {
     const std::int64_t plane = g.out_plane();
     const std::int64_t b = tiling::quotient(k, plane);
     const tiling::OutputPixel o = tiling::output_pixel(g, k);
-    return {b * g.out_channels * plane + (k - b * plane), tiling::corner_offset(g, o), std::int32_t(o.h0),
-            std::int32_t(o.w0)};
+    return {Index(b * g.out_channels * plane + (k - b * plane)), Index(tiling::corner_offset(g, o)), Index(o.h0),
+            Index(o.w0)};
   }
-  __device__ float a(const Row& r, const KEntry& e) const { return dy[e.a + r.dy_channel]; }
-  __device__ float b(const Column& c, const KEntry& e) const {
-    return inside(e.i + c.i, g.in_h) && inside(e.j + c.j, g.in_w) ? x[e.b + c.x_tap] : 0.0f;
+  __device__ const float* a_data() const { return dy; }
+  __device__ Index a_offset(const Row& r, const KEntry& e) const { return e.a + r.dy_channel; }
+  __device__ const float* b_data() const { return x; }
+  __device__ bool b_inside(const Column& c, const KEntry& e) const {
+    return inside(e.i + c.i, g.in_h) & inside(e.j + c.j, g.in_w);
   }
-  __device__ void store(std::int64_t m, std::int64_t n, float value, unsigned slice) const {
-    const std::int64_t index = m * columns() + n;
+  __device__ Index b_offset(const Column& c, const KEntry& e) const { return e.b + c.x_tap; }
+  // dw[m, n] (+=), or slice `slice`'s partial of it.
+  struct StoreColumn {
+    std::int64_t n;
+  };
+  struct StoreRow {
+    std::int64_t index;  // m * columns
+  };
+  __device__ StoreColumn store_column(std::int64_t n) const { return {n}; }
+  __device__ StoreRow store_row(std::int64_t m) const { return {m * columns()}; }
+  __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned slice) const {
+    const std::int64_t index = r.index + c.n;
     if (partials == nullptr)
       dw[index] += value;
     else
@@ -301,7 +352,9 @@ __device__ void fill_k_step_table(const Problem& p, int t, std::int64_t k0, std:
 // tf32_round is the same function on the host and below sm_80).
 __device__ inline float to_tf32(float x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return nvcuda::wmma::__float_to_tf32(x);
+  std::uint32_t bits;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(x));
+  return __uint_as_float(bits);
 #else
   return tiling::tf32_round(x);
 #endif
@@ -334,16 +387,30 @@ PETRA_UNROLL
 
   // A(m0 + m, k0 + k) and B(k0 + k, n0 + n) of this thread's tile elements, 0 outside [.., k_end),
   // with `entry` the step's table (fill_k_step_table).
+  // Branch-free: every load is issued, those of a value outside (a row or column past the tile's
+  // end, k past k_end, the zero padding) at offset 0 and the value then replaced by 0, so that all
+  // of a thread's loads are in flight at once (with a branch around each, as nvcc compiled the
+  // conditional loads, they were issued one after another).
   __device__ void fetch(const Problem& p, int t, std::int64_t k0, std::int64_t k_end, const KEntry* entry) {
+    // A thread's A values of a step share their k (Tile::a_load), hence one table entry.
+    const int a_k = Tile::a_load(t, 0).k;
+    const KEntry a_entry = entry[a_k];
+    const bool a_k_inside = k0 + a_k < k_end;
+    const float* a_data = p.a_data();
 PETRA_UNROLL
     for (int q = 0; q < Tile::kLoadsA; ++q) {
-      const tiling::TileCoordinate at = Tile::a_load(t, q);
-      a_values[q] = row_valid[q] && k0 + at.k < k_end ? p.a(rows[q], entry[at.k]) : 0.0f;
+      const bool ok = a_k_inside & row_valid[q];
+      const float v = a_data[ok ? p.a_offset(rows[q], a_entry) : 0];
+      a_values[q] = ok ? v : 0.0f;
     }
+    const float* b_data = p.b_data();
 PETRA_UNROLL
     for (int q = 0; q < Tile::kLoadsB; ++q) {
       const tiling::TileCoordinate at = Tile::b_load(t, q);
-      b_values[q] = column_valid && k0 + at.k < k_end ? p.b(column, entry[at.k]) : 0.0f;
+      const KEntry e = entry[at.k];
+      const bool ok = column_valid & (k0 + at.k < k_end) & p.b_inside(column, e);
+      const float v = b_data[ok ? p.b_offset(column, e) : 0];
+      b_values[q] = ok ? v : 0.0f;
     }
   }
 
@@ -395,9 +462,15 @@ __device__ void k_loop(const Problem& p, int t, std::int64_t m0, std::int64_t n0
   }
 }
 
+// Blocks per multiprocessor the FP32 kernel is compiled for: two (at most 128 registers per
+// thread, 16 warps to hide latencies; left to itself nvcc 13 gave some tiles 130-150 registers, so
+// one block) but for the 128 x 128 tile and backward data's 128 x 64, which would spill at 128.
+template <class Problem, class Tile>
+constexpr int kFp32BlocksPerSm = Tile::kM == 128 && (Tile::kN == 128 || Problem::kPass == tiling::ConvPass::data) ? 1 : 2;
+
 // C tile (blockIdx.y, blockIdx.x) of `p`, over K slice blockIdx.z. Block: kThreads threads (1-d).
 template <class Problem, class Tile>
-__global__ void __launch_bounds__(kThreads) implicit_gemm(Problem whole) {
+__global__ void __launch_bounds__(kThreads, kFp32BlocksPerSm<Problem, Tile>) implicit_gemm(Problem whole) {
   // a_tile[k][m] (A transposed) and b_tile[k][n]: in the inner loop each thread reads its groups of
   // 4 consecutive a_tile values and of 4 consecutive b_tile values of a k as one float4 each (rows
   // of kLdA and kLdB floats keep every float4 16-byte aligned).
@@ -432,119 +505,131 @@ PETRA_UNROLL
                      for (int q = 0; q < kMicroN; ++q) acc[r][q] += av[r] * bv[q];
                  }
                });
+  // The epilogue: each of the thread's columns decomposed once, each of its rows once (the
+  // decomposition per output, a division each, took more time than the K loop when K is short).
   const std::int64_t rows = p.rows(), columns = p.columns();
+  typename Problem::StoreColumn store_columns[kMicroN];
+  bool column_inside[kMicroN];
+PETRA_UNROLL
+  for (int q = 0; q < kMicroN; ++q) {
+    const std::int64_t n = n0 + Tile::micro_column(t, q);
+    column_inside[q] = n < columns;
+    store_columns[q] = p.store_column(column_inside[q] ? n : 0);
+  }
 PETRA_UNROLL
   for (int r = 0; r < kMicroM; ++r) {
     const std::int64_t m = m0 + Tile::micro_row(t, r);
     if (m >= rows) continue;
+    const typename Problem::StoreRow row = p.store_row(m);
 PETRA_UNROLL
-    for (int q = 0; q < kMicroN; ++q) {
-      const std::int64_t n = n0 + Tile::micro_column(t, q);
-      if (n < columns) p.store(m, n, acc[r][q], blockIdx.z);
-    }
+    for (int q = 0; q < kMicroN; ++q)
+      if (column_inside[q]) p.store(row, store_columns[q], acc[r][q], blockIdx.z);
   }
 }
 
 // ---- the TF32 path: the same tiles, multiplied by the tensor cores -----------------------------
 
-// A warp's FM x FN accumulators of 16 x 16 (its piece of the block's C tile, rows wm..,
-// columns wn.., conv2d_tiling::WarpLayout): zero(), mma<K>() adds A(wm.., 0..K)
-// B(0..K, wn..) from the shared tiles, whose values are already rounded to TF32 (TileGather::put;
-// until run 8 every fragment element was converted after its load, an instruction next to the
-// products for each of the 2-4 warps that load a value), with FP32 accumulation; store(fm, fn,
-// stage) writes accumulator (fm, fn) to a 16 x 16 square stage[r][c] (row length kStageLd). Every
-// lane of the warp calls each (they are warp-collective). The only code that touches WMMA; below
-// sm_80 and under the emulation it is the twin after it (which rounds again: the same values).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// A warp's FM x FN accumulators of 16 x 8 (its piece of the block's C tile, rows wm.., columns
+// wn.., conv2d_tiling::WarpLayout), in the registers of mma.m16n8k8's fragments: zero(), mma<K>()
+// adds A(wm.., 0..K) B(0..K, wn..) from the shared tiles, whose values are already rounded to TF32
+// (TileGather::put), with FP32 accumulation; c[fm][fn][e] is then C(wm + Fragment::row(fm, e / 2,
+// g), wn + Fragment::column(fn, t, e % 2)) for lane 4 g + t. Every lane of the warp calls mma (it
+// is warp-collective). The only code with tensor-core instructions; below sm_80 and under the
+// emulation it is the twin after it.
 template <int FM, int FN>
-struct WarpTileTf32 {
-  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float> c[FM][FN];
-
+struct WarpTileTf32Base {
+  using Fragment = tiling::Tf32Fragment<FM>;
+  float c[FM][FN][4];
   __device__ void zero() {
 PETRA_UNROLL
     for (int fm = 0; fm < FM; ++fm)
 PETRA_UNROLL
-      for (int fn = 0; fn < FN; ++fn) nvcuda::wmma::fill_fragment(c[fm][fn], 0.0f);
+      for (int fn = 0; fn < FN; ++fn)
+PETRA_UNROLL
+        for (int e = 0; e < 4; ++e) c[fm][fn][e] = 0.0f;
   }
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// Per k8 step, lane 4 g + t reads its 2 FM rows of A at k + t and at k + t + 4 as one float2 or
+// float4 each (Tf32Fragment puts them side by side) and, per fragment fn, its column of B at the
+// same two k: 2 + 2 FN shared loads for FM x FN products, each load's lanes on 32 different banks
+// (the tiles' rows are padded by 8 floats). (Until run 9 this was WMMA m16n16k8, whose fragment
+// loads nvcc emitted as generic loads with their own address arithmetic, one per element: 3 loads
+// per product on the 64 x 64 tile against 2.5 now, and 2 products per warp against 4.)
+template <int FM, int FN>
+struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
+  using Rows = std::conditional_t<FM == 1, float2, float4>;
   template <int K, int LdA, int LdB>
   __device__ void mma(const float (*a_tile)[LdA], const float (*b_tile)[LdB], int wm, int wn) {
-    namespace wmma = nvcuda::wmma;
+    const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
 PETRA_UNROLL
     for (int k = 0; k < K; k += 8) {
-      // A(m, k) is a_tile[k][m]: column-major with leading dimension LdA.
-      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> a[FM];
-PETRA_UNROLL
-      for (int fm = 0; fm < FM; ++fm) wmma::load_matrix_sync(a[fm], &a_tile[k][wm + 16 * fm], LdA);
+      const Rows low = *reinterpret_cast<const Rows*>(&a_tile[k + t][wm + 2 * FM * g]);
+      const Rows high = *reinterpret_cast<const Rows*>(&a_tile[k + t + 4][wm + 2 * FM * g]);
+      const float* low_rows = reinterpret_cast<const float*>(&low);
+      const float* high_rows = reinterpret_cast<const float*>(&high);
 PETRA_UNROLL
       for (int fn = 0; fn < FN; ++fn) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b;
-        wmma::load_matrix_sync(b, &b_tile[k][wn + 16 * fn], LdB);
+        const std::uint32_t b0 = __float_as_uint(b_tile[k + t][wn + 8 * fn + g]);
+        const std::uint32_t b1 = __float_as_uint(b_tile[k + t + 4][wn + 8 * fn + g]);
 PETRA_UNROLL
-        for (int fm = 0; fm < FM; ++fm) wmma::mma_sync(c[fm][fn], a[fm], b, c[fm][fn]);
+        for (int fm = 0; fm < FM; ++fm) {
+          float* d = this->c[fm][fn];
+          asm volatile(
+              "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+              "{%0, %1, %2, %3};\n"
+              : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+              : "r"(__float_as_uint(low_rows[2 * fm])), "r"(__float_as_uint(low_rows[2 * fm + 1])),
+                "r"(__float_as_uint(high_rows[2 * fm])), "r"(__float_as_uint(high_rows[2 * fm + 1])), "r"(b0),
+                "r"(b1));
+        }
       }
     }
   }
-  __device__ void store(int fm, int fn, float (*stage)[tiling::kStageLd]) const {
-    nvcuda::wmma::store_matrix_sync(&stage[0][0], c[fm][fn], tiling::kStageLd, nvcuda::wmma::mem_row_major);
-    __syncwarp();
-  }
 };
 #else
-// The emulated twin (also valid CUDA): lane l owns elements e = l + 32 i (row e / 16, column
-// e % 16) of each 16 x 16 accumulator and adds, k in order, fmaf(tf32(A), tf32(B), acc): TF32
-// inputs, FP32 accumulation. The tensor cores' internal order of a k8 step is not specified, so a
-// GPU's bits may differ from these; the emulated test holds the twin to a host model bit for bit
-// and both to ref:: within TF32's error.
+// The emulated twin (also valid CUDA): each of the lane's accumulator elements adds, k in order,
+// fmaf(tf32(A), tf32(B), acc) over the rows and columns Tf32Fragment assigns it: TF32 inputs, FP32
+// accumulation. The tensor cores' internal order of a k8 step is not specified, so a GPU's bits may
+// differ from these; the emulated test holds the twin to a host model bit for bit and both to ref::
+// within TF32's error (and the GPU's test-cuda holds the real instructions to ref::).
 template <int FM, int FN>
-struct WarpTileTf32 {
-  float c[FM][FN][8];
-
-  __device__ void zero() {
-    for (int fm = 0; fm < FM; ++fm)
-      for (int fn = 0; fn < FN; ++fn)
-        for (int i = 0; i < 8; ++i) c[fm][fn][i] = 0.0f;
-  }
+struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
+  using Fragment = tiling::Tf32Fragment<FM>;
   template <int K, int LdA, int LdB>
   __device__ void mma(const float (*a_tile)[LdA], const float (*b_tile)[LdB], int wm, int wn) {
     __syncwarp();
-    const int lane = int(threadIdx.x) % 32;
+    const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
     for (int fm = 0; fm < FM; ++fm)
       for (int fn = 0; fn < FN; ++fn)
-        for (int i = 0; i < 8; ++i) {
-          const int e = lane + 32 * i, row = wm + 16 * fm + e / 16, column = wn + 16 * fn + e % 16;
-          float v = c[fm][fn][i];
+        for (int e = 0; e < 4; ++e) {
+          const int row = wm + Fragment::row(fm, e / 2, g), column = wn + Fragment::column(fn, t, e % 2);
+          float v = this->c[fm][fn][e];
           for (int k = 0; k < K; ++k)
             v = fmaf(tiling::tf32_round(a_tile[k][row]), tiling::tf32_round(b_tile[k][column]), v);
-          c[fm][fn][i] = v;
+          this->c[fm][fn][e] = v;
         }
-    __syncwarp();
-  }
-  __device__ void store(int fm, int fn, float (*stage)[tiling::kStageLd]) const {
-    const int lane = int(threadIdx.x) % 32;
-    for (int i = 0; i < 8; ++i) {
-      const int e = lane + 32 * i;
-      stage[e / 16][e % 16] = c[fm][fn][i];
-    }
     __syncwarp();
   }
 };
 #endif
 
 // implicit_gemm with the multiply on the tensor cores: the same gather into the same shared
-// tiles; each warp accumulates its piece in WMMA fragments (conv2d_tiling::WarpLayout). At the end
-// each warp passes its accumulators one at a time through its own 16 x 16 square of shared memory
-// (the fragments' register layout is opaque) and its lanes store them (16 consecutive lanes write
-// 16 consecutive columns). Deterministic too: a fixed sequence of mma_sync per warp. The three
-// passes use it under TF32 (choose_tile_tf32's tile unless set_conv2d_tile forces another;
-// choose_kernel). The 64 x 64 tile is held to 128 registers, two blocks per multiprocessor (nvcc
-// gave it 128-192; the larger tiles take 200-255, one block).
+// tiles (rows padded by 8 floats); each warp accumulates its piece in mma.m16n8k8 fragments
+// (conv2d_tiling::WarpLayout, Tf32Fragment) and at the end stores them straight from its
+// registers: each lane's 2 FM rows and 2 FN columns decomposed once. Deterministic too: a fixed
+// sequence of mma per warp. The three passes use it under TF32 (choose_tile_tf32's tile unless
+// set_conv2d_tile forces another; choose_kernel). The 64 x 64 tile is held to 128 registers, two
+// blocks per multiprocessor (nvcc gave it 128-192; the larger tiles take 200-255, one block).
 template <class Problem, class Tile>
 __global__ void __launch_bounds__(kThreads, Tile::kM == 64 && Tile::kN == 64 ? 2 : 1)
     implicit_gemm_tf32(Problem whole) {
   using Warps = tiling::WarpLayout<Tile>;
+  using Fragment = tiling::Tf32Fragment<Warps::kFragmentsM>;
+  constexpr int FM = Warps::kFragmentsM, FN = Warps::kFragmentsN;
   __shared__ __align__(32) float a_tile[Tile::kK][Tile::kLdA];
   __shared__ __align__(32) float b_tile[Tile::kK][Tile::kLdB];
-  __shared__ __align__(32) float stage[Warps::kWarps][16][tiling::kStageLd];
   __shared__ KEntry table[2][Tile::kK];
   const int t = int(threadIdx.x), warp = t / 32, lane = t % 32;
   const int wm = Warps::row(warp), wn = Warps::column(warp);
@@ -552,25 +637,38 @@ __global__ void __launch_bounds__(kThreads, Tile::kM == 64 && Tile::kN == 64 ? 2
   const Problem p = whole.in_slice(blockIdx.z);
   if (n0 >= p.columns()) return;
 
-  WarpTileTf32<Warps::kFragmentsM, Warps::kFragmentsN> acc;
+  WarpTileTf32<FM, FN> acc;
   acc.zero();
   k_loop<Tile, true>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
                [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) {
                  acc.template mma<Tile::kK>(as, bs, wm, wn);
                });
+  // The epilogue: lane 4 g + t holds rows Fragment::row(fm, s, g) and columns Fragment::column(fn,
+  // t, e) of the piece; each is decomposed once.
+  const int g = lane / 4, lane_t = lane % 4;
   const std::int64_t rows = p.rows(), columns = p.columns();
+  typename Problem::StoreColumn store_columns[FN][2];
+  bool column_inside[FN][2];
 PETRA_UNROLL
-  for (int fm = 0; fm < Warps::kFragmentsM; ++fm)
+  for (int fn = 0; fn < FN; ++fn)
 PETRA_UNROLL
-    for (int fn = 0; fn < Warps::kFragmentsN; ++fn) {
-      acc.store(fm, fn, stage[warp]);
+    for (int e = 0; e < 2; ++e) {
+      const std::int64_t n = n0 + wn + Fragment::column(fn, lane_t, e);
+      column_inside[fn][e] = n < columns;
+      store_columns[fn][e] = p.store_column(column_inside[fn][e] ? n : 0);
+    }
 PETRA_UNROLL
-      for (int i = 0; i < 8; ++i) {
-        const int e = lane + 32 * i, r = e / 16, c = e % 16;
-        const std::int64_t m = m0 + wm + 16 * fm + r, n = n0 + wn + 16 * fn + c;
-        if (m < rows && n < columns) p.store(m, n, stage[warp][r][c], blockIdx.z);
-      }
-      __syncwarp();  // the square is rewritten by the next accumulator
+  for (int fm = 0; fm < FM; ++fm)
+PETRA_UNROLL
+    for (int s = 0; s < 2; ++s) {
+      const std::int64_t m = m0 + wm + Fragment::row(fm, s, g);
+      if (m >= rows) continue;
+      const typename Problem::StoreRow row = p.store_row(m);
+PETRA_UNROLL
+      for (int fn = 0; fn < FN; ++fn)
+PETRA_UNROLL
+        for (int e = 0; e < 2; ++e)
+          if (column_inside[fn][e]) p.store(row, store_columns[fn][e], acc.c[fm][fn][2 * s + e], blockIdx.z);
     }
 }
 
@@ -643,6 +741,31 @@ __global__ void add_bias_partials(std::int64_t channels, std::int64_t slices, co
 std::atomic<int> conv_math{int(Conv2dMath::fp32)};
 // The FP32 path's tile (set_conv2d_tile): < 0 for choose_tile's.
 std::atomic<int> conv_tile{-1};
+// The most elements a tensor of one launch may have (set_conv2d_launch_elements): the kernels
+// index in 32 bits.
+constexpr std::int64_t kIndexLimit = std::numeric_limits<Index>::max();
+std::atomic<std::int64_t> launch_element_limit{kIndexLimit};
+
+// Runs launch(part, b0) over consecutive parts of the batch, each of as many samples as keep the
+// input and output of a launch within launch_element_limit (the whole batch unless it is over
+// 2^31 elements). The parts depend on the shape only; the weight gradient adds them into dw in
+// batch order.
+template <class Launch>
+void for_each_batch_part(const Conv2dShape& shape, Launch launch) {
+  const std::int64_t limit = launch_element_limit.load();
+  const std::int64_t per_sample =
+      std::max(shape.in_channels * shape.in_h * shape.in_w, shape.out_channels * shape.out_h() * shape.out_w());
+  if (per_sample > limit || shape.weight_size() > limit)
+    throw ShapeError(detail::concat("conv2d: petra's CUDA kernels index a tensor of one sample and the weights in 32 "
+                                    "bits: a sample of ", per_sample, " elements and ", shape.weight_size(),
+                                    " weights are over the limit of ", limit, " (--conv-impl cudnn has none)"));
+  const std::int64_t part = std::max<std::int64_t>(1, limit / std::max<std::int64_t>(per_sample, 1));
+  for (std::int64_t b0 = 0; b0 < shape.batch; b0 += part) {
+    Conv2dShape sub = shape;
+    sub.batch = std::min(part, shape.batch - b0);
+    launch(sub, b0);
+  }
+}
 
 // The FP32 or tensor-core kernel of a tile.
 template <class Problem, bool tf32, class Tile>
@@ -692,11 +815,14 @@ KernelChoice<Problem> choose_kernel(const char* fp32_name, const char* tf32_name
 
 void set_conv2d_math(Conv2dMath math) { conv_math.store(int(math)); }
 void set_conv2d_tile(int tile) { conv_tile.store(tile < 0 || tile > 3 ? -1 : tile); }
+void set_conv2d_launch_elements(std::int64_t limit) {
+  launch_element_limit.store(limit <= 0 || limit > kIndexLimit ? kIndexLimit : limit);
+}
 Conv2dMath conv2d_math() { return Conv2dMath(conv_math.load()); }
 
-void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float* x,
-                    const float* w, const float* bias, float* y) {
-  if (shape.output_size() <= 0) return;
+namespace {
+void forward_launch(const StreamHandle& s, const Conv2dShape& shape, const float* x, const float* w,
+                    const float* bias, float* y) {
   const ForwardProblem p{ConvGeometry::of(shape), x, w, bias, y};
   const std::int64_t columns = shape.batch * shape.out_h() * shape.out_w();
   const auto k = choose_kernel<ForwardProblem>("conv2d_forward", "conv2d_forward_tf32", tiling::ConvPass::forward,
@@ -704,9 +830,7 @@ void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float
   launch_gemm(s, k, p, shape.out_channels, columns, 1);
 }
 
-void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const float* dy,
-                          const float* w, float* dx) {
-  if (shape.input_size() <= 0) return;
+void data_launch(const StreamHandle& s, const Conv2dShape& shape, const float* dy, const float* w, float* dx) {
   const DataProblem p{ConvGeometry::of(shape), dy, w, dx};
   // One grid layer per stride class, each as wide as the widest class (ceil(in / stride) per axis).
   const std::int64_t widest = shape.batch * tiling::ceil_div(shape.in_h, shape.stride_h) *
@@ -717,8 +841,8 @@ void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const
   launch_gemm(s, k, p, shape.in_channels, widest, classes);
 }
 
-void conv2d_backward_weight_split(const StreamHandle& s, const Conv2dShape& shape, const float* x,
-                                  const float* dy, float* dw, std::int64_t slices) {
+void weight_launch(const StreamHandle& s, const Conv2dShape& shape, const float* x, const float* dy, float* dw,
+                   std::int64_t slices) {
   const std::int64_t depth = shape.batch * shape.out_h() * shape.out_w();
   const std::int64_t size = shape.weight_size();
   if (size <= 0 || depth <= 0) return;  // dw += 0
@@ -733,6 +857,39 @@ void conv2d_backward_weight_split(const StreamHandle& s, const Conv2dShape& shap
   if (partials != nullptr)
     cuda_detail::launch_grid_stride("conv2d_backward_weight_sum", s, size, sum_weight_partials, size,
                                     split.slices, partials, dw);
+}
+
+}  // namespace
+
+// Each pass in launches over parts of the batch (for_each_batch_part: one launch unless a tensor
+// reaches 2^31 elements).
+void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float* x, const float* w,
+                    const float* bias, float* y) {
+  if (shape.output_size() <= 0) return;
+  const std::int64_t x_sample = shape.in_channels * shape.in_h * shape.in_w,
+                     y_sample = shape.out_channels * shape.out_h() * shape.out_w();
+  for_each_batch_part(shape, [&](const Conv2dShape& part, std::int64_t b0) {
+    forward_launch(s, part, x + b0 * x_sample, w, bias, y + b0 * y_sample);
+  });
+}
+
+void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const float* dy, const float* w,
+                          float* dx) {
+  if (shape.input_size() <= 0) return;
+  const std::int64_t x_sample = shape.in_channels * shape.in_h * shape.in_w,
+                     y_sample = shape.out_channels * shape.out_h() * shape.out_w();
+  for_each_batch_part(shape, [&](const Conv2dShape& part, std::int64_t b0) {
+    data_launch(s, part, dy + b0 * y_sample, w, dx + b0 * x_sample);
+  });
+}
+
+void conv2d_backward_weight_split(const StreamHandle& s, const Conv2dShape& shape, const float* x,
+                                  const float* dy, float* dw, std::int64_t slices) {
+  const std::int64_t x_sample = shape.in_channels * shape.in_h * shape.in_w,
+                     y_sample = shape.out_channels * shape.out_h() * shape.out_w();
+  for_each_batch_part(shape, [&](const Conv2dShape& part, std::int64_t b0) {
+    weight_launch(s, part, x + b0 * x_sample, dy + b0 * y_sample, dw, slices);
+  });
 }
 
 void conv2d_backward_weight(const StreamHandle& s, const Conv2dShape& shape, const float* x,

@@ -168,17 +168,21 @@ struct TileCoordinate {
   int mn, k;
 };
 
-// K: the K step (kTileK = 16 for the FP32 path; the TF32 path's is Tf32Tile's, below).
-template <int M, int N, int K = kTileK>
+// K: the K step (kTileK = 16 for the FP32 path; the TF32 path's is Tf32Tile's, below). Pad: the
+// shared tiles' row padding (4 floats for the FP32 path, 8 for the TF32 path's fragment loads).
+template <int M, int N, int K = kTileK, int Pad = 4>
 struct TileShape {
   static_assert((M == 64 || M == 128) && (N == 64 || N == 128));
   static_assert(K == 16 || K == 32);
+  static_assert(Pad == 4 || Pad == 8);
   static constexpr int kM = M, kN = N, kK = K;
   static constexpr int kMicroM = M / kThreadsY, kMicroN = N / kThreadsX;  // 4 or 8
   static constexpr int kLoadsA = M * K / kThreads, kLoadsB = N * K / kThreads;
-  // Row lengths of the shared tiles a_tile[k][m], b_tile[k][n]: padded by 4 floats, multiples of 4
-  // (16-byte rows; WMMA's leading dimension in the TF32 path).
-  static constexpr int kLdA = M + 4, kLdB = N + 4;
+  // Row lengths of the shared tiles a_tile[k][m], b_tile[k][n]: padded by Pad floats, multiples of
+  // 4 (16-byte rows, for the FP32 path's float4 reads). The TF32 path pads by 8, so that a row is
+  // 8 banks further than the previous one: the lanes (g, t) of a fragment load (rows t, columns
+  // g) then read 32 different banks (Tf32Fragment).
+  static constexpr int kLdA = M + Pad, kLdB = N + Pad;
 
   // The q-th A value and B value that thread t loads, q < kLoadsA (kLoadsB). A: K consecutive
   // threads take K consecutive k of one row (the weight rows and dy rows are contiguous in k).
@@ -283,28 +287,45 @@ inline TileChoice choose_tile_tf32(ConvPass pass, std::int64_t rows, std::int64_
 // depend on the step, so neither do the results.
 inline constexpr int kTf32TileK = 32;
 template <int M, int N, ConvPass pass>
-using Tf32Tile = TileShape<M, N, (M == 128 && N == 128) || pass == ConvPass::data ? kTileK : kTf32TileK>;
+using Tf32Tile = TileShape<M, N, (M == 128 && N == 128) || pass == ConvPass::data ? kTileK : kTf32TileK, 8>;
 
 // The 8 warps of a block split Tile's M x N output into kWarpsM x kWarpsN pieces of kRows x
 // kColumns: warp w computes rows row(w) .. + kRows - 1 and columns column(w) .. + kColumns - 1, as
-// kFragmentsM x kFragmentsN WMMA accumulators of 16 x 16. 64 x 64: 4 x 2 warps of 16 x 32 (1 x 2
-// accumulators); 128 x 64 and 64 x 128: pieces of 32 x 32 (2 x 2); 128 x 128: 32 x 64 (2 x 4).
-// Per k8 step a warp loads kFragmentsM A and kFragmentsN B fragments for kFragmentsM x kFragmentsN
-// tensor-core products, so the larger pieces read shared memory less per product.
+// kFragmentsM x kFragmentsN tensor-core accumulators of 16 x 8 (mma.m16n8k8). 64 x 64: 4 x 2 warps
+// of 16 x 32 (1 x 4 accumulators); 128 x 64 and 64 x 128: pieces of 32 x 32 (2 x 4); 128 x 128:
+// 32 x 64 (2 x 8). Per k8 step a warp loads its A rows and B columns once for kFragmentsM x
+// kFragmentsN products, so the larger pieces read shared memory less per product.
 template <class Tile>
 struct WarpLayout {
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kWarpsM = Tile::kM == 64 && Tile::kN == 128 ? 2 : 4;
   static constexpr int kWarpsN = kWarps / kWarpsM;
   static constexpr int kRows = Tile::kM / kWarpsM, kColumns = Tile::kN / kWarpsN;
-  static constexpr int kFragmentsM = kRows / 16, kFragmentsN = kColumns / 16;
-  static_assert(kRows % 16 == 0 && kColumns % 16 == 0);
+  static constexpr int kFragmentsM = kRows / 16, kFragmentsN = kColumns / 8;
+  static_assert(kRows == 16 || kRows == 32, "Tf32Fragment's row order covers 1 or 2 fragments of 16 rows");
+  static_assert(kColumns % 8 == 0);
   PETRA_HOST_DEVICE static constexpr int row(int warp) { return warp / kWarpsN * kRows; }
   PETRA_HOST_DEVICE static constexpr int column(int warp) { return warp % kWarpsN * kColumns; }
 };
-// The row length of a warp's 16 x 16 staging square (the epilogue passes each accumulator through
-// it): a multiple of 4 floats, as WMMA's store requires, so that every square starts 32-byte aligned.
-inline constexpr int kStageLd = 20;
+
+// Which tile rows and columns lane l = 4 g + t of a warp holds in its mma.m16n8k8 fragments, FM
+// fragments of 16 rows (1 or 2) per warp piece. In the PTX layout, accumulator element e (0..3) of
+// fragment (fm, fn) is C(row 8 (e / 2) + g of the fragment's 16, column 2 t + e % 2 of its 8), A's
+// element e is A(row 8 (e % 2) + g, k t + 4 (e / 2)) and B's element e is B(k t + 4 e, column g).
+// The fragments' rows are not the piece's rows in order: fragment fm's row 8 s + g is piece row
+// row(fm, s, g) = FM s' + ..., so that the rows a lane needs of one k are adjacent in a_tile[k]
+// (2 FM consecutive floats: one 8- or 16-byte load instead of 2 FM). The rows of C are the rows of
+// A, so the epilogue stores element e to the same row; the row order changes no sum (each output is
+// still its own sum over k, in k order). Columns are in order: fragment fn's column c is piece
+// column 8 fn + c.
+template <int FM>
+struct Tf32Fragment {
+  static_assert(FM == 1 || FM == 2);
+  // piece row of fragment fm's row 8 s + g (s = 0, 1)
+  PETRA_HOST_DEVICE static constexpr int row(int fm, int s, int g) { return 2 * FM * g + 2 * fm + s; }
+  // piece column of fragment fn's column 2 t + e (e = 0, 1)
+  PETRA_HOST_DEVICE static constexpr int column(int fn, int t, int e) { return 8 * fn + 2 * t + e; }
+};
 
 // x rounded to TF32 (the 10 leading bits of the mantissa), to nearest with ties away from zero,
 // as the tensor cores' conversion cvt.rna.tf32.f32 (wmma::__float_to_tf32) does. Infinities and

@@ -24,6 +24,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -418,56 +419,75 @@ TEST_CASE("conv2d tiling: tf32_round keeps 10 mantissa bits, to nearest, ties aw
 }
 
 namespace {
-// Tile's warps (WarpLayout) cover its output once, in 16 x 16 accumulators; WMMA's loads need a
-// leading dimension that is a multiple of 4 floats and 32-byte aligned fragment starts (rows k = 0
-// and 8 of the K step, columns at multiples of 16), its store the same of the staging square.
+// Tile's warps (WarpLayout) and their lanes' mma.m16n8k8 accumulator elements (Tf32Fragment)
+// cover its output once; the A rows a lane reads at one k are adjacent and aligned for one 8- or
+// 16-byte load; and each shared load of a fragment puts its lanes on different banks: A's float2
+// (float4) loads in half-warps (quarter-warps), which is how the hardware serves 8- and 16-byte
+// accesses, B's scalar loads across the whole warp.
 template <class Tile>
 void check_warp_layout() {
   using Warps = tiling::WarpLayout<Tile>;
+  constexpr int FM = Warps::kFragmentsM, FN = Warps::kFragmentsN;
+  using Fragment = tiling::Tf32Fragment<FM>;
   CAPTURE(Tile::kM);
   CAPTURE(Tile::kN);
   std::vector<int> c(Tile::kM * Tile::kN, 0);
+  for (int warp = 0; warp < Warps::kWarps; ++warp)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int fm = 0; fm < FM; ++fm)
+        for (int fn = 0; fn < FN; ++fn)
+          for (int e = 0; e < 4; ++e) {
+            const int row = Warps::row(warp) + Fragment::row(fm, e / 2, lane / 4);
+            const int column = Warps::column(warp) + Fragment::column(fn, lane % 4, e % 2);
+            REQUIRE(row < Tile::kM);
+            REQUIRE(column < Tile::kN);
+            ++c[row * Tile::kN + column];
+          }
+  for (const int count : c) CHECK(count == 1);
   for (int warp = 0; warp < Warps::kWarps; ++warp) {
-    CHECK(Warps::row(warp) % 16 == 0);
-    CHECK(Warps::column(warp) % 16 == 0);
-    for (int r = 0; r < Warps::kFragmentsM * 16; ++r)
-      for (int q = 0; q < Warps::kFragmentsN * 16; ++q) {
-        const int row = Warps::row(warp) + r, column = Warps::column(warp) + q;
-        REQUIRE(row < Tile::kM);
-        REQUIRE(column < Tile::kN);
-        ++c[row * Tile::kN + column];
+    // lane (g, t)'s A rows of a k: 2 FM consecutive floats from row(0, 0, g), aligned to their size
+    for (int g = 0; g < 8; ++g) {
+      const int first = Fragment::row(0, 0, g);
+      for (int fm = 0; fm < FM; ++fm)
+        for (int s = 0; s < 2; ++s) CHECK(Fragment::row(fm, s, g) == first + 2 * fm + s);
+      CHECK((Warps::row(warp) + first) % (2 * FM) == 0);
+    }
+    for (int k = 0; k < Tile::kK; k += 8)
+      for (int half = 0; half < 2; ++half) {  // the loads at k + t and at k + t + 4
+        const int lanes_per_wavefront = FM == 1 ? 16 : 8;  // 128 bytes: 16 float2s or 8 float4s
+        for (int first_lane = 0; first_lane < 32; first_lane += lanes_per_wavefront) {
+          std::set<int> a_banks;
+          for (int lane = first_lane; lane < first_lane + lanes_per_wavefront; ++lane) {
+            const int word = (k + lane % 4 + 4 * half) * Tile::kLdA + Warps::row(warp) + Fragment::row(0, 0, lane / 4);
+            for (int i = 0; i < 2 * FM; ++i) a_banks.insert((word + i) % 32);
+          }
+          CHECK(a_banks.size() == 32);
+        }
+        for (int fn = 0; fn < FN; ++fn) {
+          std::set<int> b_banks;
+          for (int lane = 0; lane < 32; ++lane)
+            b_banks.insert(((k + lane % 4 + 4 * half) * Tile::kLdB + Warps::column(warp) + 8 * fn + lane / 4) % 32);
+          CHECK(b_banks.size() == 32);
+        }
       }
   }
-  for (const int count : c) CHECK(count == 1);
-  CHECK(Tile::kLdA % 4 == 0);
-  CHECK(Tile::kLdB % 4 == 0);
-  // the byte offset of every fragment a warp loads, from the 32-byte aligned tile's start
-  for (int warp = 0; warp < Warps::kWarps; ++warp)
-    for (int k = 0; k < Tile::kK; k += 8) {
-      for (int f = 0; f < Warps::kFragmentsM; ++f)
-        CHECK((k * Tile::kLdA + Warps::row(warp) + 16 * f) * 4 % 32 == 0);
-      for (int f = 0; f < Warps::kFragmentsN; ++f)
-        CHECK((k * Tile::kLdB + Warps::column(warp) + 16 * f) * 4 % 32 == 0);
-    }
 }
 }  // namespace
 
-TEST_CASE("conv2d tiling: the TF32 path's warps cover every block tile once") {
-  check_warp_layout<tiling::TileShape<64, 64>>();
-  check_warp_layout<tiling::TileShape<64, 128>>();
-  check_warp_layout<tiling::TileShape<128, 64>>();
-  check_warp_layout<tiling::TileShape<128, 128>>();
+TEST_CASE("conv2d tiling: the TF32 path's warps and fragments cover every block tile once, bank-conflict free") {
   check_warp_layout<tiling::Tf32Tile<64, 64, tiling::ConvPass::forward>>();
+  check_warp_layout<tiling::Tf32Tile<64, 64, tiling::ConvPass::data>>();
   check_warp_layout<tiling::Tf32Tile<64, 128, tiling::ConvPass::weight>>();
   check_warp_layout<tiling::Tf32Tile<128, 64, tiling::ConvPass::forward>>();
+  check_warp_layout<tiling::Tf32Tile<128, 128, tiling::ConvPass::forward>>();
   // the 64 x 64 tile keeps its 16 x 32 pieces; the others have pieces of 32 x 32 or 32 x 64
   CHECK(tiling::WarpLayout<tiling::SmallTile>::kFragmentsM == 1);
-  CHECK(tiling::WarpLayout<tiling::SmallTile>::kFragmentsN == 2);
+  CHECK(tiling::WarpLayout<tiling::SmallTile>::kFragmentsN == 4);
   CHECK(tiling::WarpLayout<tiling::TileShape<64, 128>>::kFragmentsM == 2);
-  CHECK(tiling::WarpLayout<tiling::TileShape<64, 128>>::kFragmentsN == 2);
-  CHECK(tiling::WarpLayout<tiling::TileShape<128, 128>>::kFragmentsN == 4);
-  // the staging squares stage[warp][16][kStageLd]: a multiple of 4 floats per row, and each warp's
-  // square 32-byte aligned from the array's start
-  CHECK(tiling::kStageLd % 4 == 0);
-  for (int warp = 0; warp < tiling::kThreads / 32; ++warp) CHECK(warp * 16 * tiling::kStageLd * 4 % 32 == 0);
+  CHECK(tiling::WarpLayout<tiling::TileShape<64, 128>>::kFragmentsN == 4);
+  CHECK(tiling::WarpLayout<tiling::TileShape<128, 128>>::kFragmentsN == 8);
+  // the TF32 tiles' rows: 8 banks apart; the FP32 tiles': multiples of 4 floats (float4 reads)
+  CHECK(tiling::Tf32Tile<64, 64, tiling::ConvPass::forward>::kLdA % 32 == 8);
+  CHECK(tiling::Tf32Tile<128, 128, tiling::ConvPass::forward>::kLdB % 32 == 8);
+  CHECK(tiling::TileShape<64, 128>::kLdB % 4 == 0);
 }

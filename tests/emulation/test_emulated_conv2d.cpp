@@ -24,6 +24,7 @@
 // different bits from the FP32 path, the same bits twice.
 // The larger tiles (set_conv2d_tile: 64 x 128, 128 x 64, 128 x 128) give the 64 x 64 tile's bits
 // in all three passes, FP32 and TF32, on shapes with tails past 64 and 128.
+// A batch over the 32-bit index limit (lowered for the test) runs in parts with the same results.
 // The emulation runs each block's 256 threads on the CPU, so the shapes stay small (a few blocks).
 #include <doctest/doctest.h>
 
@@ -35,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "petra/error.hpp"
 #include "petra/kernels/common.hpp"
 #include "petra/kernels/conv2d.hpp"
 #include "petra/kernels/cuda/conv2d_tiling.cuh"
@@ -298,6 +300,62 @@ TEST_CASE("emulated conv2d: backward weight splits a long sum by itself, determi
   dw.reset();
   cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
   CHECK(bit_differences(dw.values(), got) == "");
+}
+
+// The kernels index in 32 bits; a batch whose tensors would reach 2^31 elements runs in launches
+// of fewer samples. With the limit lowered to 1.5 samples' worth, a batch of 3 runs as 3 launches
+// of one sample: the forward and backward data give the bits of one launch (the samples are
+// independent), the weight gradient adds the parts into dw in batch order (within the bound of
+// ref::, and the same bits twice); a sample over the limit is a ShapeError, before any launch.
+TEST_CASE("emulated conv2d: a batch over the 32-bit limit runs in parts, with the same results") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  const Conv2dShape sh{3, 5, 9, 9, 6, 3, 3, 1, 1, 1, 1};
+  const std::int64_t sample = std::max(sh.in_channels * sh.in_h * sh.in_w, sh.out_channels * sh.out_h() * sh.out_w());
+  const Buffer x(sh.input_size(), 31, 1), w(sh.weight_size(), 32, 0), bias(sh.out_channels, 33, 0),
+      y(sh.output_size(), 34, 1, 5, 6), dy(sh.output_size(), 35, 0), dx(sh.input_size(), 36, 1, 5, 6),
+      dw(sh.weight_size(), 37, 0);
+  cu::conv2d_forward(s, sh, x.data(), w.data(), bias.data(), y.data());
+  cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
+  const std::vector<float> y_whole = y.values(), dx_whole = dx.values();
+  y.reset(), dx.reset();
+
+  cu::set_conv2d_launch_elements(sample + sample / 2);
+  struct Restore {
+    ~Restore() { cu::set_conv2d_launch_elements(0); }
+  } restore;
+  std::size_t before = emu::launches();
+  cu::conv2d_forward(s, sh, x.data(), w.data(), bias.data(), y.data());
+  CHECK(emu::launches() - before == 3);
+  CHECK(emu::last_launch().grid.x == tiles(sh.out_h() * sh.out_w()));  // one sample's columns
+  CHECK(bit_differences(y.values(), y_whole) == "");
+  before = emu::launches();
+  cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
+  CHECK(emu::launches() - before == 3);
+  CHECK(bit_differences(dx.values(), dx_whole) == "");
+  CHECK(y.guards_kept());
+  CHECK(dx.guards_kept());
+
+  std::vector<float> want = dw.initial();
+  ref::conv2d_backward_weight<float>(s, sh, x.data(), dy.data(), want.data());
+  std::vector<double> magnitude = absolute(dw.initial());
+  const std::vector<double> ax = absolute(x.values()), ady = absolute(dy.values());
+  ref::conv2d_backward_weight<double>(s, sh, ax.data(), ady.data(), magnitude.data());
+  before = emu::launches();
+  cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
+  CHECK(emu::launches() - before == 3);
+  const std::vector<float> got = dw.values();
+  CHECK(error_in_bounds(got, want, magnitude, sh.batch * sh.out_h() * sh.out_w() + 3) <= 1.0);
+  dw.reset();
+  cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
+  CHECK(bit_differences(dw.values(), got) == "");
+  CHECK(dw.guards_kept());
+
+  cu::set_conv2d_launch_elements(sample - 1);
+  before = emu::launches();
+  CHECK_THROWS_AS(cu::conv2d_forward(s, sh, x.data(), w.data(), bias.data(), y.data()), petra::ShapeError);
+  CHECK_THROWS_AS(cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data()), petra::ShapeError);
+  CHECK(emu::launches() == before);
 }
 
 TEST_CASE("emulated conv2d: backward bias accumulates, matching ref, the same bits whatever the grid") {
