@@ -19,8 +19,8 @@
 #             the FP32 and TF32 convolution kernels (ncu-stalls-*.txt; not in the default list);
 #   sass      the convolution kernels' machine code with, per instruction, how often it ran and
 #             where its warps stalled (Nsight Compute's source counters on one launch each of
-#             the FP32 and TF32 forward and weight passes, sass-*.csv; and cuobjdump's listing
-#             where the machine has one; not in the default list);
+#             the FP32 and TF32 forward and weight passes, sass-*.csv; with SASS_CUOBJDUMP=1
+#             also cuobjdump's listing of the whole library; not in the default list);
 #   streams   how busy each stream is when PETRA's two stages share the GPU (each stream's busy
 #             share, both at once, neither), and how busy backprop keeps its one stream, from
 #             petra's CUPTI tracer or nsys (streams-<run>.txt);
@@ -263,7 +263,7 @@ group_stalls() {
 group_sass() {
   local ncu math pass pattern dis
   dis=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2> /dev/null | head -n 1)
-  if [ -n "$dis" ]; then
+  if [ -n "$dis" ] && [ -n "${SASS_CUOBJDUMP:-}" ]; then  # the whole library's SASS: ~90 MB, 20 s
     STEP_LOG="$out/sass-cuobjdump.txt" step "cuobjdump: the convolution kernels' SASS" 30 "$dis" -sass \
       "$bin/libpetra-core.so.0.1" || true
   fi

@@ -462,15 +462,22 @@ __device__ void k_loop(const Problem& p, int t, std::int64_t m0, std::int64_t n0
   }
 }
 
-// Blocks per multiprocessor the FP32 kernel is compiled for: two (at most 128 registers per
-// thread, 16 warps to hide latencies; left to itself nvcc 13 gave some tiles 130-150 registers, so
-// one block) but for the 128 x 128 tile and backward data's 128 x 64, which would spill at 128.
+// Blocks per multiprocessor the FP32 kernel is compiled for (its register budget: 65536 / (256
+// blocks)). Left to itself nvcc 13 gave some tiles 105-150 registers, one or two blocks where the
+// code fits more: the weight pass's 64 x 64 tile lost 30-40% so (run 9). Three for the forward and
+// weight passes' 64 x 64 tile (at most 85 registers), two for the other tiles (128), one for the
+// 128 x 128 tile and backward data's 128 x 64 (which spill at 128; backward data's 64 x 64 at 85).
 template <class Problem, class Tile>
-constexpr int kFp32BlocksPerSm = Tile::kM == 128 && (Tile::kN == 128 || Problem::kPass == tiling::ConvPass::data) ? 1 : 2;
+constexpr int fp32_blocks_per_sm() {
+  const bool data = Problem::kPass == tiling::ConvPass::data;
+  if (Tile::kM == 64 && Tile::kN == 64) return data ? 2 : 3;
+  if (Tile::kM == 128 && (Tile::kN == 128 || data)) return 1;
+  return 2;
+}
 
 // C tile (blockIdx.y, blockIdx.x) of `p`, over K slice blockIdx.z. Block: kThreads threads (1-d).
 template <class Problem, class Tile>
-__global__ void __launch_bounds__(kThreads, kFp32BlocksPerSm<Problem, Tile>) implicit_gemm(Problem whole) {
+__global__ void __launch_bounds__(kThreads, fp32_blocks_per_sm<Problem, Tile>()) implicit_gemm(Problem whole) {
   // a_tile[k][m] (A transposed) and b_tile[k][n]: in the inner loop each thread reads its groups of
   // 4 consecutive a_tile values and of 4 consecutive b_tile values of a k as one float4 each (rows
   // of kLdA and kLdB floats keep every float4 16-byte aligned).
