@@ -360,18 +360,41 @@ __device__ inline float to_tf32(float x) {
 #endif
 }
 
+// *shared_dst = ok ? *src : 0, as an asynchronous copy (cp.async, sm_80 and newer: global memory
+// to shared memory without passing through registers; with !ok it reads nothing and writes 0).
+// copy_commit() closes the group of copies this thread issued since the last one;
+// copy_wait<N>() returns when at most N of its groups are still in flight. A barrier after the
+// wait makes every thread's copies visible to the block. Under the emulation (and below sm_80)
+// the copy is a plain one, done when issued, and commit and wait do nothing.
+__device__ inline void copy_async(float* shared_dst, const float* src, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0));
+#else
+  *shared_dst = ok ? *src : 0.0f;
+#endif
+}
+__device__ inline void copy_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ inline void copy_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
 // One thread's part of gathering the tiles: the A rows and the B column it loads, decomposed
-// once (Tile::a_load, b_load); fetch() gathers its values of one K step into registers, put()
-// stores them into the shared tiles. The two are apart so that the next step's global loads are
-// in flight while the block multiplies the current step out of shared memory (register double
-// buffering).
+// once (Tile::a_load, b_load); issue() starts the copies of its values of one K step into one
+// stage of the shared tiles.
 template <class Problem, class Tile>
 struct TileGather {
   typename Problem::Row rows[Tile::kLoadsA];
   bool row_valid[Tile::kLoadsA];
   typename Problem::Column column;
   bool column_valid;
-  float a_values[Tile::kLoadsA], b_values[Tile::kLoadsB];
 
   __device__ TileGather(const Problem& p, int t, std::int64_t m0, std::int64_t n0) {
 PETRA_UNROLL
@@ -385,13 +408,14 @@ PETRA_UNROLL
     column = p.column(column_valid ? n : 0);
   }
 
-  // A(m0 + m, k0 + k) and B(k0 + k, n0 + n) of this thread's tile elements, 0 outside [.., k_end),
-  // with `entry` the step's table (fill_k_step_table).
-  // Branch-free: every load is issued, those of a value outside (a row or column past the tile's
-  // end, k past k_end, the zero padding) at offset 0 and the value then replaced by 0, so that all
-  // of a thread's loads are in flight at once (with a branch around each, as nvcc compiled the
-  // conditional loads, they were issued one after another).
-  __device__ void fetch(const Problem& p, int t, std::int64_t k0, std::int64_t k_end, const KEntry* entry) {
+  // a_tile[k][m] = A(m0 + m, k0 + k), b_tile[k][n] = B(k0 + k, n0 + n) for this thread's tile
+  // elements, 0 outside (a row or column past the tile's end, k past k_end, the zero padding), with
+  // `entry` the step's table (fill_k_step_table). Asynchronous copies (copy_async), so no register
+  // holds a value and all of a thread's loads are in flight at once; issued without a branch
+  // (with one around each, as nvcc compiled the conditional loads before run 9, they went one after
+  // another).
+  __device__ void issue(const Problem& p, int t, std::int64_t k0, std::int64_t k_end, const KEntry* entry,
+                        float (*a_tile)[Tile::kLdA], float (*b_tile)[Tile::kLdB]) const {
     // A thread's A values of a step share their k (Tile::a_load), hence one table entry.
     const int a_k = Tile::a_load(t, 0).k;
     const KEntry a_entry = entry[a_k];
@@ -399,9 +423,9 @@ PETRA_UNROLL
     const float* a_data = p.a_data();
 PETRA_UNROLL
     for (int q = 0; q < Tile::kLoadsA; ++q) {
+      const tiling::TileCoordinate at = Tile::a_load(t, q);
       const bool ok = a_k_inside & row_valid[q];
-      const float v = a_data[ok ? p.a_offset(rows[q], a_entry) : 0];
-      a_values[q] = ok ? v : 0.0f;
+      copy_async(&a_tile[at.k][at.mn], a_data + (ok ? p.a_offset(rows[q], a_entry) : 0), ok);
     }
     const float* b_data = p.b_data();
 PETRA_UNROLL
@@ -409,80 +433,72 @@ PETRA_UNROLL
       const tiling::TileCoordinate at = Tile::b_load(t, q);
       const KEntry e = entry[at.k];
       const bool ok = column_valid & (k0 + at.k < k_end) & p.b_inside(column, e);
-      const float v = b_data[ok ? p.b_offset(column, e) : 0];
-      b_values[q] = ok ? v : 0.0f;
-    }
-  }
-
-  // a_tile[k][m] = A(m0 + m, k0 + k), b_tile[k][n] = B(k0 + k, n0 + n): the values fetch() got,
-  // rounded to TF32 for the tensor-core kernel (kTf32: once per value here, rather than once per
-  // warp that loads it into a fragment, next to the products).
-  template <bool kTf32>
-  __device__ void put(int t, float (*a_tile)[Tile::kLdA], float (*b_tile)[Tile::kLdB]) const {
-PETRA_UNROLL
-    for (int q = 0; q < Tile::kLoadsA; ++q) {
-      const tiling::TileCoordinate at = Tile::a_load(t, q);
-      a_tile[at.k][at.mn] = kTf32 ? to_tf32(a_values[q]) : a_values[q];
-    }
-PETRA_UNROLL
-    for (int q = 0; q < Tile::kLoadsB; ++q) {
-      const tiling::TileCoordinate at = Tile::b_load(t, q);
-      b_tile[at.k][at.mn] = kTf32 ? to_tf32(b_values[q]) : b_values[q];
+      copy_async(&b_tile[at.k][at.mn], b_data + (ok ? p.b_offset(column, e) : 0), ok);
     }
   }
 };
 
-// The K loop both kernels share: for each step k0 of [k_begin, k_end), the shared tiles hold
-// A(m0.., k0..) and B(k0.., n0..) while multiply(a_tile, b_tile) runs. The order, per step:
-//   put the fetched values into the tiles; threads 0..15 decompose the next step's k into the
-//   other table; barrier; fetch the next step's values (global loads in flight) while
-//   multiply(...) reads the tiles; barrier.
-// Hazards: a tile is written only after the previous step's multiply passed the second barrier;
-// a table is rewritten two steps after its fetch, across two barriers.
-// kTf32: the tiles hold TF32-rounded values (TileGather::put).
-template <class Tile, bool kTf32, class Problem, class Multiply>
+// The K loop both kernels share, a pipeline of Tile::kStages stages of the shared tiles: while
+// the block multiplies step i out of stage i % S, the copies of steps i + 1 .. i + S - 1 are in
+// flight into the other stages. Per step i:
+//   wait for this thread's copies of step i; barrier (all threads' copies visible, and everyone
+//   done with step i - 1's stage and table); issue the copies of step i + S - 1 into the stage
+//   step i - 1 used; threads 0..K-1 decompose step i + S's k into the other table; multiply
+//   step i.
+// One barrier per step (two before run 10, when the values went through registers). Every thread
+// commits one group of copies per step, empty past the last step, so copy_wait<S - 2> always
+// means "step i has landed". A table is rewritten one step after its last reader, across a barrier.
+template <class Tile, class Problem, class Multiply>
 __device__ void k_loop(const Problem& p, int t, std::int64_t m0, std::int64_t n0, std::int64_t k_begin,
-                       std::int64_t k_end, float (*a_tile)[Tile::kLdA], float (*b_tile)[Tile::kLdB],
-                       KEntry (*table)[Tile::kK], Multiply multiply) {
+                       std::int64_t k_end, float (*a_tile)[Tile::kK][Tile::kLdA],
+                       float (*b_tile)[Tile::kK][Tile::kLdB], KEntry (*table)[Tile::kK], Multiply multiply) {
+  constexpr int S = Tile::kStages;
   if (k_begin >= k_end) return;
-  TileGather<Problem, Tile> gather(p, t, m0, n0);
+  const TileGather<Problem, Tile> gather(p, t, m0, n0);
+  const std::int64_t steps = tiling::ceil_div(k_end - k_begin, Tile::kK);
+  const auto k_of = [&](std::int64_t step) { return k_begin + step * Tile::kK; };
   fill_k_step_table<Tile::kK>(p, t, k_begin, k_end, table[0]);
-  __syncthreads();
-  gather.fetch(p, t, k_begin, k_end, table[0]);
-  int next = 1;
-  for (std::int64_t k0 = k_begin; k0 < k_end; k0 += Tile::kK) {
-    gather.template put<kTf32>(t, a_tile, b_tile);
-    const std::int64_t k_next = k0 + Tile::kK;
-    if (k_next < k_end) fill_k_step_table<Tile::kK>(p, t, k_next, k_end, table[next]);
+PETRA_UNROLL
+  for (int step = 0; step < S - 1; ++step) {
     __syncthreads();
-    if (k_next < k_end) gather.fetch(p, t, k_next, k_end, table[next]);
-    multiply(a_tile, b_tile);
+    if (step < steps) gather.issue(p, t, k_of(step), k_end, table[step % 2], a_tile[step], b_tile[step]);
+    copy_commit();
+    if (step + 1 < steps) fill_k_step_table<Tile::kK>(p, t, k_of(step + 1), k_end, table[(step + 1) % 2]);
+  }
+  for (std::int64_t step = 0; step < steps; ++step) {
+    copy_wait<S - 2>();
     __syncthreads();
-    next ^= 1;
+    const std::int64_t ahead = step + S - 1;
+    if (ahead < steps)
+      gather.issue(p, t, k_of(ahead), k_end, table[ahead % 2], a_tile[ahead % S], b_tile[ahead % S]);
+    copy_commit();
+    if (ahead + 1 < steps) fill_k_step_table<Tile::kK>(p, t, k_of(ahead + 1), k_end, table[(ahead + 1) % 2]);
+    multiply(a_tile[step % S], b_tile[step % S]);
   }
 }
 
-// Blocks per multiprocessor the FP32 kernel is compiled for (its register budget: 65536 / (256
-// blocks)). Left to itself nvcc 13 gave some tiles 105-150 registers, one or two blocks where the
-// code fits more: the weight pass's 64 x 64 tile lost 30-40% so (run 9). Three for the forward and
+// Blocks per multiprocessor a kernel is compiled for (its register budget: 65536 / (256 blocks)).
+// Left to itself nvcc 13 gave some tiles 105-150 registers, one or two blocks where the code fits
+// more: the weight pass's FP32 64 x 64 tile lost 30-40% so (run 9). Three for the forward and
 // weight passes' 64 x 64 tile (at most 85 registers), two for the other tiles (128), one for the
-// 128 x 128 tile and backward data's 128 x 64 (which spill at 128; backward data's 64 x 64 at 85).
-template <class Problem, class Tile>
-constexpr int fp32_blocks_per_sm() {
+// 128 x 128 tile and the FP32 backward data's 128 x 64 (which spill at 128; backward data's
+// 64 x 64 at 85).
+template <class Problem, class Tile, bool kTf32>
+constexpr int blocks_per_sm() {
   const bool data = Problem::kPass == tiling::ConvPass::data;
   if (Tile::kM == 64 && Tile::kN == 64) return data ? 2 : 3;
-  if (Tile::kM == 128 && (Tile::kN == 128 || data)) return 1;
+  if (Tile::kM == 128 && (Tile::kN == 128 || (data && !kTf32))) return 1;
   return 2;
 }
 
 // C tile (blockIdx.y, blockIdx.x) of `p`, over K slice blockIdx.z. Block: kThreads threads (1-d).
 template <class Problem, class Tile>
-__global__ void __launch_bounds__(kThreads, fp32_blocks_per_sm<Problem, Tile>()) implicit_gemm(Problem whole) {
-  // a_tile[k][m] (A transposed) and b_tile[k][n]: in the inner loop each thread reads its groups of
-  // 4 consecutive a_tile values and of 4 consecutive b_tile values of a k as one float4 each (rows
-  // of kLdA and kLdB floats keep every float4 16-byte aligned).
-  __shared__ __align__(32) float a_tile[Tile::kK][Tile::kLdA];
-  __shared__ __align__(32) float b_tile[Tile::kK][Tile::kLdB];
+__global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, false>()) implicit_gemm(Problem whole) {
+  // a_tile[stage][k][m] (A transposed) and b_tile[stage][k][n]: in the inner loop each thread
+  // reads its groups of 4 consecutive a_tile values and of 4 consecutive b_tile values of a k as
+  // one float4 each (rows of kLdA and kLdB floats keep every float4 16-byte aligned).
+  __shared__ __align__(32) float a_tile[Tile::kStages][Tile::kK][Tile::kLdA];
+  __shared__ __align__(32) float b_tile[Tile::kStages][Tile::kK][Tile::kLdB];
   __shared__ KEntry table[2][Tile::kK];
   const int t = int(threadIdx.x);
   const std::int64_t m0 = std::int64_t(blockIdx.y) * Tile::kM, n0 = std::int64_t(blockIdx.x) * Tile::kN;
@@ -491,7 +507,7 @@ __global__ void __launch_bounds__(kThreads, fp32_blocks_per_sm<Problem, Tile>())
 
   constexpr int kMicroM = Tile::kMicroM, kMicroN = Tile::kMicroN;
   float acc[kMicroM][kMicroN] = {};
-  k_loop<Tile, false>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
+  k_loop<Tile>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
                [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) {
 PETRA_UNROLL
                  for (int k = 0; k < Tile::kK; ++k) {
@@ -538,8 +554,9 @@ PETRA_UNROLL
 
 // A warp's FM x FN accumulators of 16 x 8 (its piece of the block's C tile, rows wm.., columns
 // wn.., conv2d_tiling::WarpLayout), in the registers of mma.m16n8k8's fragments: zero(), mma<K>()
-// adds A(wm.., 0..K) B(0..K, wn..) from the shared tiles, whose values are already rounded to TF32
-// (TileGather::put), with FP32 accumulation; c[fm][fn][e] is then C(wm + Fragment::row(fm, e / 2,
+// adds A(wm.., 0..K) B(0..K, wn..) from the shared tiles, each value rounded to TF32 as it is
+// loaded into a fragment (the tiles hold the FP32 values the asynchronous copies put there), with
+// FP32 accumulation; c[fm][fn][e] is then C(wm + Fragment::row(fm, e / 2,
 // g), wn + Fragment::column(fn, t, e % 2)) for lane 4 g + t. Every lane of the warp calls mma (it
 // is warp-collective). The only code with tensor-core instructions; below sm_80 and under the
 // emulation it is the twin after it.
@@ -561,7 +578,7 @@ PETRA_UNROLL
 // Per k8 step, lane 4 g + t reads its 2 FM rows of A at k + t and at k + t + 4 as one float2 or
 // float4 each (Tf32Fragment puts them side by side) and, per fragment fn, its column of B at the
 // same two k: 2 + 2 FN shared loads for FM x FN products, each load's lanes on 32 different banks
-// (the tiles' rows are padded by 8 floats). (Until run 9 this was WMMA m16n16k8, whose fragment
+// (the tiles' rows are padded by 8 floats); each value is rounded (cvt.rna.tf32.f32) as loaded. (Until run 9 this was WMMA m16n16k8, whose fragment
 // loads nvcc emitted as generic loads with their own address arithmetic, one per element: 3 loads
 // per product on the 64 x 64 tile against 2.5 now, and 2 products per warp against 4.)
 template <int FM, int FN>
@@ -574,12 +591,16 @@ PETRA_UNROLL
     for (int k = 0; k < K; k += 8) {
       const Rows low = *reinterpret_cast<const Rows*>(&a_tile[k + t][wm + 2 * FM * g]);
       const Rows high = *reinterpret_cast<const Rows*>(&a_tile[k + t + 4][wm + 2 * FM * g]);
-      const float* low_rows = reinterpret_cast<const float*>(&low);
-      const float* high_rows = reinterpret_cast<const float*>(&high);
+      float low_rows[2 * FM], high_rows[2 * FM];
+PETRA_UNROLL
+      for (int i = 0; i < 2 * FM; ++i) {
+        low_rows[i] = to_tf32(reinterpret_cast<const float*>(&low)[i]);
+        high_rows[i] = to_tf32(reinterpret_cast<const float*>(&high)[i]);
+      }
 PETRA_UNROLL
       for (int fn = 0; fn < FN; ++fn) {
-        const std::uint32_t b0 = __float_as_uint(b_tile[k + t][wn + 8 * fn + g]);
-        const std::uint32_t b1 = __float_as_uint(b_tile[k + t + 4][wn + 8 * fn + g]);
+        const std::uint32_t b0 = __float_as_uint(to_tf32(b_tile[k + t][wn + 8 * fn + g]));
+        const std::uint32_t b1 = __float_as_uint(to_tf32(b_tile[k + t + 4][wn + 8 * fn + g]));
 PETRA_UNROLL
         for (int fm = 0; fm < FM; ++fm) {
           float* d = this->c[fm][fn];
@@ -627,16 +648,15 @@ struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
 // (conv2d_tiling::WarpLayout, Tf32Fragment) and at the end stores them straight from its
 // registers: each lane's 2 FM rows and 2 FN columns decomposed once. Deterministic too: a fixed
 // sequence of mma per warp. The three passes use it under TF32 (choose_tile_tf32's tile unless
-// set_conv2d_tile forces another; choose_kernel). The 64 x 64 tile is held to 128 registers, two
-// blocks per multiprocessor (nvcc gave it 128-192; the larger tiles take 200-255, one block).
+// set_conv2d_tile forces another; choose_kernel). Registers: blocks_per_sm.
 template <class Problem, class Tile>
-__global__ void __launch_bounds__(kThreads, Tile::kM == 64 && Tile::kN == 64 ? 2 : 1)
+__global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, true>())
     implicit_gemm_tf32(Problem whole) {
   using Warps = tiling::WarpLayout<Tile>;
   using Fragment = tiling::Tf32Fragment<Warps::kFragmentsM>;
   constexpr int FM = Warps::kFragmentsM, FN = Warps::kFragmentsN;
-  __shared__ __align__(32) float a_tile[Tile::kK][Tile::kLdA];
-  __shared__ __align__(32) float b_tile[Tile::kK][Tile::kLdB];
+  __shared__ __align__(32) float a_tile[Tile::kStages][Tile::kK][Tile::kLdA];
+  __shared__ __align__(32) float b_tile[Tile::kStages][Tile::kK][Tile::kLdB];
   __shared__ KEntry table[2][Tile::kK];
   const int t = int(threadIdx.x), warp = t / 32, lane = t % 32;
   const int wm = Warps::row(warp), wn = Warps::column(warp);
@@ -646,7 +666,7 @@ __global__ void __launch_bounds__(kThreads, Tile::kM == 64 && Tile::kN == 64 ? 2
 
   WarpTileTf32<FM, FN> acc;
   acc.zero();
-  k_loop<Tile, true>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
+  k_loop<Tile>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
                [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) {
                  acc.template mma<Tile::kK>(as, bs, wm, wn);
                });
@@ -780,12 +800,11 @@ KernelChoice<Problem> kernel_with(const char* name) {
   if constexpr (tf32) return {implicit_gemm_tf32<Problem, Tile>, Tile::kM, Tile::kN, name};
   else return {implicit_gemm<Problem, Tile>, Tile::kM, Tile::kN, name};
 }
-// The FP32 path's tiles step K by 16, the TF32 path's by its pass's step (conv2d_tiling.cuh,
-// Tf32Tile).
+// The FP32 path's tiles and the TF32 path's (conv2d_tiling.cuh, Tf32Tile: rows padded by 8).
 template <class Problem, bool tf32, int M, int N>
 KernelChoice<Problem> kernel_of_shape(const char* name) {
   if constexpr (tf32)
-    return kernel_with<Problem, true, tiling::Tf32Tile<M, N, Problem::kPass>>(name);
+    return kernel_with<Problem, true, tiling::Tf32Tile<M, N>>(name);
   else
     return kernel_with<Problem, false, tiling::TileShape<M, N>>(name);
 }

@@ -183,6 +183,11 @@ struct TileShape {
   // 8 banks further than the previous one: the lanes (g, t) of a fragment load (rows t, columns
   // g) then read 32 different banks (Tf32Fragment).
   static constexpr int kLdA = M + Pad, kLdB = N + Pad;
+  // The stages of the K loop's pipeline (conv2d.cu, k_loop): three where three copies of the two
+  // tiles fit in 40 KiB of shared memory (under the 48 KiB a block may declare statically, with
+  // room for the K-step tables), else two.
+  static constexpr int kStageBytes = K * (kLdA + kLdB) * 4;
+  static constexpr int kStages = 3 * kStageBytes <= 40 * 1024 ? 3 : 2;
 
   // The q-th A value and B value that thread t loads, q < kLoadsA (kLoadsB). A: K consecutive
   // threads take K consecutive k of one row (the weight rows and dy rows are contiguous in k).
@@ -277,17 +282,15 @@ inline TileChoice choose_tile_tf32(ConvPass pass, std::int64_t rows, std::int64_
 
 // ---- the TF32 path (the three passes under conv2d_math() == Conv2dMath::tf32) -----------------
 
-// The TF32 path's K step for pass `pass`: 32, twice the FP32 path's, where nvcc fits the kernel in
-// registers: not in backward data (its gather keeps more per value: 192 registers at 64 x 64 with
-// 32, so one block per multiprocessor; capped at 128 it spills) nor in the 128 x 128 tile (8 + 8
-// loads per thread with 16 already; with 32 nvcc 13 spills it, 20-100 bytes). Meant to hide the
-// gather's latency behind twice the products per pair of barriers, it gained 1-9% (run 7): run 8's
-// stall reasons showed the latency was not the limit (docs/gpu-kernels.md). It stays because it
-// halves the barriers and costs nothing. The accumulation order (k8 products in k order) does not
-// depend on the step, so neither do the results.
-inline constexpr int kTf32TileK = 32;
-template <int M, int N, ConvPass pass>
-using Tf32Tile = TileShape<M, N, (M == 128 && N == 128) || pass == ConvPass::data ? kTileK : kTf32TileK, 8>;
+// The TF32 path's tiles: the FP32 path's K step of 16, rows padded by 8 floats (Tf32Fragment's
+// loads), so three pipeline stages on the 64 x 64, 64 x 128 and 128 x 64 tiles and two on the
+// 128 x 128 (TileShape::kStages). Until run 9 the K step was 32 on most tiles, meant to hide the
+// gather's latency behind twice the products per pair of barriers when the values went through
+// registers; with the copies asynchronous the pipeline's depth does that, and 32 would leave room
+// for two stages only. The accumulation order (k8 products in k order) does not depend on the
+// step, so neither do the results.
+template <int M, int N>
+using Tf32Tile = TileShape<M, N, kTileK, 8>;
 
 // The 8 warps of a block split Tile's M x N output into kWarpsM x kWarpsN pieces of kRows x
 // kColumns: warp w computes rows row(w) .. + kRows - 1 and columns column(w) .. + kColumns - 1, as

@@ -261,17 +261,19 @@ TEST_CASE("conv2d tiling: each tile element is loaded once and computed once, in
   check_tile_coverage<tiling::TileShape<64, 128>>();
   check_tile_coverage<tiling::TileShape<128, 64>>();
   check_tile_coverage<tiling::TileShape<128, 128>>();
-  // the TF32 path's: a K step of 32 but in backward data and the 128 x 128 tile
-  using tiling::ConvPass;
-  check_tile_coverage<tiling::Tf32Tile<64, 64, ConvPass::forward>>();
-  check_tile_coverage<tiling::Tf32Tile<64, 128, ConvPass::weight>>();
-  check_tile_coverage<tiling::Tf32Tile<128, 64, ConvPass::forward>>();
-  check_tile_coverage<tiling::Tf32Tile<128, 128, ConvPass::forward>>();
-  CHECK(tiling::Tf32Tile<64, 64, ConvPass::forward>::kK == 32);
-  CHECK(tiling::Tf32Tile<64, 64, ConvPass::weight>::kK == 32);
-  CHECK(tiling::Tf32Tile<64, 64, ConvPass::data>::kK == 16);
-  CHECK(tiling::Tf32Tile<128, 64, ConvPass::data>::kK == 16);
-  CHECK(tiling::Tf32Tile<128, 128, ConvPass::forward>::kK == 16);
+  // the TF32 path's: rows padded by 8 floats
+  check_tile_coverage<tiling::Tf32Tile<64, 64>>();
+  check_tile_coverage<tiling::Tf32Tile<64, 128>>();
+  check_tile_coverage<tiling::Tf32Tile<128, 64>>();
+  check_tile_coverage<tiling::Tf32Tile<128, 128>>();
+  // the K loop's pipeline: three stages where they fit in 40 KiB of shared memory, else two
+  CHECK(tiling::TileShape<64, 64>::kStages == 3);
+  CHECK(tiling::TileShape<64, 128>::kStages == 3);
+  CHECK(tiling::TileShape<128, 128>::kStages == 2);
+  CHECK(tiling::Tf32Tile<64, 64>::kStages == 3);
+  CHECK(tiling::Tf32Tile<128, 64>::kStages == 3);
+  CHECK(tiling::Tf32Tile<128, 128>::kStages == 2);
+  CHECK(tiling::Tf32Tile<128, 128>::kStages * tiling::Tf32Tile<128, 128>::kStageBytes <= 40 * 1024);
   // the 64 x 64 tile's free functions are its own
   for (int t = 0; t < tiling::kThreads; ++t)
     for (int q = 0; q < tiling::kLoads; ++q) {
@@ -475,11 +477,10 @@ void check_warp_layout() {
 }  // namespace
 
 TEST_CASE("conv2d tiling: the TF32 path's warps and fragments cover every block tile once, bank-conflict free") {
-  check_warp_layout<tiling::Tf32Tile<64, 64, tiling::ConvPass::forward>>();
-  check_warp_layout<tiling::Tf32Tile<64, 64, tiling::ConvPass::data>>();
-  check_warp_layout<tiling::Tf32Tile<64, 128, tiling::ConvPass::weight>>();
-  check_warp_layout<tiling::Tf32Tile<128, 64, tiling::ConvPass::forward>>();
-  check_warp_layout<tiling::Tf32Tile<128, 128, tiling::ConvPass::forward>>();
+  check_warp_layout<tiling::Tf32Tile<64, 64>>();
+  check_warp_layout<tiling::Tf32Tile<64, 128>>();
+  check_warp_layout<tiling::Tf32Tile<128, 64>>();
+  check_warp_layout<tiling::Tf32Tile<128, 128>>();
   // the 64 x 64 tile keeps its 16 x 32 pieces; the others have pieces of 32 x 32 or 32 x 64
   CHECK(tiling::WarpLayout<tiling::SmallTile>::kFragmentsM == 1);
   CHECK(tiling::WarpLayout<tiling::SmallTile>::kFragmentsN == 4);
@@ -487,7 +488,7 @@ TEST_CASE("conv2d tiling: the TF32 path's warps and fragments cover every block 
   CHECK(tiling::WarpLayout<tiling::TileShape<64, 128>>::kFragmentsN == 4);
   CHECK(tiling::WarpLayout<tiling::TileShape<128, 128>>::kFragmentsN == 8);
   // the TF32 tiles' rows: 8 banks apart; the FP32 tiles': multiples of 4 floats (float4 reads)
-  CHECK(tiling::Tf32Tile<64, 64, tiling::ConvPass::forward>::kLdA % 32 == 8);
-  CHECK(tiling::Tf32Tile<128, 128, tiling::ConvPass::forward>::kLdB % 32 == 8);
+  CHECK(tiling::Tf32Tile<64, 64>::kLdA % 32 == 8);
+  CHECK(tiling::Tf32Tile<128, 128>::kLdB % 32 == 8);
   CHECK(tiling::TileShape<64, 128>::kLdB % 4 == 0);
 }
