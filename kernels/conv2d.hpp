@@ -139,7 +139,7 @@ void conv2d_backward_bias(const StreamHandle& s, const Conv2dShape& shape, const
 // The arithmetic of the cuda:: convolution's three passes (forward, backward data, backward
 // weight), for the whole process (as PyTorch's allow_tf32):
 //   fp32 (the default): FP32 multiply-adds, the results above;
-//   tf32: the same tiles multiplied on the tensor cores (WMMA m16n16k8, inputs rounded to TF32's
+//   tf32: the same tiles multiplied on the tensor cores (mma.m16n8k8, inputs rounded to TF32's
 //         10-bit mantissa, FP32 accumulation): relative error about 2^-11 per product instead of
 //         2^-24, still deterministic. sm_80 and newer; below, an FP32 emulation of the same math.
 // cuDNN's convolutions (--conv-impl cudnn) follow it too. Set it before launching work; kernels
@@ -149,7 +149,7 @@ void set_conv2d_math(Conv2dMath math);
 Conv2dMath conv2d_math();
 
 // The block tile, for the whole process: -1 (the default) lets each product pick its tile by its
-// shape (conv2d_tiling::choose_tile and choose_tile_tf32, from measurements on an H200); 0, 1, 2, 3
+// shape (conv2d_tiling::choose_tile, from measurements on an H200); 0, 1, 2, 3
 // force 64x64, 64x128, 128x64, 128x128 on both paths (benchmarks time each so). The results are
 // the same bits whatever the tile.
 void set_conv2d_tile(int tile);

@@ -24,20 +24,22 @@
 //   - K is walked in steps of 16: the block gathers the M x 16 tile of A and the 16 x N tile of B
 //     into shared memory (M/16 and N/16 values per thread; a value in the zero padding, past a tail, or
 //     reached through no output is stored as 0, so the tails of M, N and K and the borders need no
-//     special path), __syncthreads, multiplies out of shared memory, __syncthreads before the next
-//     gather overwrites the tiles. Each gathered value is used 64 or 128 times, against once per
-//     multiply-add in the naive one-thread-per-output kernel;
+//     special path) and multiplies out of shared memory. Each gathered value is used 64 or 128
+//     times, against once per multiply-add in the naive one-thread-per-output kernel;
 //   - a thread's A rows and its B column stay the same for the whole K loop, so their index
 //     decomposition (which sample, which output or input pixel, which channel) is done once; the
 //     K index's decomposition (which channel and tap, or which pixel) is done once per step for
 //     the whole block: threads 0..15 write the step's 16 entries into a table in shared memory
-//     (Problem::k_entry, KEntry), and each gather is then adds and two bounds checks;
-//   - register double buffering: a step's values are fetched from global memory into registers
-//     while the block multiplies the previous step out of shared memory, then put into the tiles
-//     (k_loop);
+//     (Problem::k_entry, KEntry), and each gather is then adds and two bounds checks, in 32-bit
+//     offsets (a batch whose tensors reach 2^31 elements runs in several launches);
+//   - a pipeline of asynchronous copies (cp.async, k_loop): the shared tiles have 2 or 3 stages;
+//     while the block multiplies step i out of one, the copies of the next one or two steps are in
+//     flight into the others, with one barrier per step and no register holding a gathered value;
+//   - the epilogue decomposes each of a thread's output columns and rows once (store_column,
+//     store_row), not each output;
 //   - the gather is a problem type (ForwardProblem, DataProblem, WeightProblem) with row(m),
-//     column(n), k_entry(k), a(row, entry), b(column, entry), store(m, n, value, slice) and its K
-//     range per slice: the tiling is written once.
+//     column(n), k_entry(k), a_offset / b_offset / b_inside, store_column / store_row / store and
+//     its K range per slice: the tiling is written once.
 // Backward data is the gather form of the transposed convolution: dx[b, c, h, w] sums over the
 // taps (o, i, j) whose output position oh = (h + pad - i) / stride is an integer inside the output.
 // Every dx is written by exactly one thread: no atomics. For strides > 1 the input pixels are
@@ -53,9 +55,9 @@
 // double and rounds once. With S = 1 the tile adds into dw directly.
 //
 // The TF32 path (all three passes, when set_conv2d_math(Conv2dMath::tf32)): implicit_gemm_tf32, the
-// same gather into the same shared tiles (choose_tile_tf32's: 128 x 128 on the middle layers, else
-// 64 x 64; K steps of 32 but in backward data and the 128 x 128 tile, conv2d_tiling's Tf32Tile),
-// each value rounded to TF32 (a 10-bit mantissa) as it is stored there, and each of the 8 warps
+// same gather into the same shared tiles (choose_tile's; rows padded by 8 floats,
+// conv2d_tiling's Tf32Tile), each value rounded to TF32 (a 10-bit mantissa) as it is loaded into a
+// fragment, and each of the 8 warps
 // multiplies its piece of the tile (16 x 32 to 32 x 64, conv2d_tiling::WarpLayout) on the tensor
 // cores (mma.m16n8k8 .tf32, FP32 accumulation, fragments read from the tiles with 8- and 16-byte
 // loads in Tf32Fragment's row order), then stores its accumulators from the registers. The
@@ -578,9 +580,10 @@ PETRA_UNROLL
 // Per k8 step, lane 4 g + t reads its 2 FM rows of A at k + t and at k + t + 4 as one float2 or
 // float4 each (Tf32Fragment puts them side by side) and, per fragment fn, its column of B at the
 // same two k: 2 + 2 FN shared loads for FM x FN products, each load's lanes on 32 different banks
-// (the tiles' rows are padded by 8 floats); each value is rounded (cvt.rna.tf32.f32) as loaded. (Until run 9 this was WMMA m16n16k8, whose fragment
-// loads nvcc emitted as generic loads with their own address arithmetic, one per element: 3 loads
-// per product on the 64 x 64 tile against 2.5 now, and 2 products per warp against 4.)
+// (the tiles' rows are padded by 8 floats); each value is rounded (cvt.rna.tf32.f32) as loaded.
+// (Until run 9 this was WMMA m16n16k8, whose fragment loads nvcc emitted as generic loads with
+// their own address arithmetic, one per element: 3 loads per m16n8k8 product on the 64 x 64 tile
+// against 2.5 now.)
 template <int FM, int FN>
 struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
   using Rows = std::conditional_t<FM == 1, float2, float4>;
@@ -647,7 +650,7 @@ struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
 // tiles (rows padded by 8 floats); each warp accumulates its piece in mma.m16n8k8 fragments
 // (conv2d_tiling::WarpLayout, Tf32Fragment) and at the end stores them straight from its
 // registers: each lane's 2 FM rows and 2 FN columns decomposed once. Deterministic too: a fixed
-// sequence of mma per warp. The three passes use it under TF32 (choose_tile_tf32's tile unless
+// sequence of mma per warp. The three passes use it under TF32 (choose_tile's tile unless
 // set_conv2d_tile forces another; choose_kernel). Registers: blocks_per_sm.
 template <class Problem, class Tile>
 __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, true>())
@@ -820,20 +823,15 @@ KernelChoice<Problem> kernel_for(tiling::TileChoice tile, const char* name) {
 }
 
 // The pass's kernel for a product of rows x columns x layers under the current math and tile:
-// the FP32 one with the tile set_conv2d_tile forces or choose_tile picks, or the tensor-core one
-// with the forced tile or choose_tile_tf32's. (TF32's larger tiles need 172 to 255 registers per
-// thread with nvcc 13, so one block per multiprocessor, against two for its 64 x 64 tile and for
-// FP32's 128 x 64; capping them at 128 spills. Even so its 128 x 128 wins on the middle layers:
-// conv2d_tiling.cuh.) The launch name is the same for every tile.
+// the FP32 or the tensor-core one, with the tile set_conv2d_tile forces or choose_tile picks. The
+// launch name is the same for every tile.
 template <class Problem>
 KernelChoice<Problem> choose_kernel(const char* fp32_name, const char* tf32_name, tiling::ConvPass pass,
                                     std::int64_t rows, std::int64_t columns, std::int64_t layers) {
   const int forced = conv_tile.load();
-  if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32)
-    return kernel_for<Problem, true>(
-        forced >= 0 ? tiling::TileChoice(forced) : tiling::choose_tile_tf32(pass, rows, columns, layers), tf32_name);
   const tiling::TileChoice tile =
       forced >= 0 ? tiling::TileChoice(forced) : tiling::choose_tile(pass, rows, columns, layers);
+  if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32) return kernel_for<Problem, true>(tile, tf32_name);
   return kernel_for<Problem, false>(tile, fp32_name);
 }
 

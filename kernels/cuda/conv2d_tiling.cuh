@@ -21,7 +21,7 @@
 //     gather has no zero terms and no division;
 //   - the block's tile shape and which tile elements each thread loads and computes (and, for the
 //     TF32 path, each warp);
-//   - tf32_round: the rounding of the tensor cores' TF32 inputs (the emulated WMMA uses it);
+//   - tf32_round: the rounding of the tensor cores' TF32 inputs (the emulated mma uses it);
 //   - SplitK: K cut into fixed, tile-aligned slices (the deterministic split of the weight
 //     gradient), and weight_split_slices, the number of slices a shape gets.
 #pragma once
@@ -221,62 +221,37 @@ PETRA_HOST_DEVICE constexpr int micro_column(int t, int q) { return SmallTile::m
 static_assert(kLoads * kThreads == kTileN * kTileK);
 static_assert(kMicro == 4, "the inner loop reads a thread's A and B values 4 at a time (float4)");
 
-// The FP32 path's tile for one pass's product of `rows` x `columns` per grid layer and `layers`
-// grid layers (stride classes or K slices), from the shape alone. Measured on an H200 with every
-// tile forced (bench-cuda, docs/results-gpu.md, 2026-12-04 run 3) on the ResNet-18 CIFAR layers:
-//   - 128 x 128 (8 x 8 per thread) was never the fastest: it is not chosen (set_conv2d_tile can
-//     still force it);
-//   - forward: 128 x 64 where there are more than 64 rows (out-channels), else 64 x 128;
-//   - backward data: 64 x 128 first. Its A operand (the weights, read across out-channels) is the
-//     scattered gather, so a tile wide in N and short in M reads the fewest A values per output;
-//   - backward weight: 128 x 64 where there are more than 64 rows, else 64 x 64 (its long K is
-//     already split into slices, and a 128-column tile of its short N wasted more than it saved);
-//   - a larger tile only with at least kMinBlocksForLargerTile blocks (kMinWeightBlocksForLargerTile
-//     for backward weight): with fewer, the GPU's 132 multiprocessors are not all busy, which costs
-//     more than the larger tile saves (the weight pass lost 5-7% at 288 blocks, won at 504);
-//   - a tile never pads a product of at most 64 rows (or columns) to 128.
-// The tile never changes the results: each output is one thread's sum over k in the same order.
+// The tile for one pass's product of `rows` x `columns` per grid layer and `layers` grid layers
+// (stride classes or K slices), from the shape alone, the same rule for the FP32 and the TF32
+// kernels. Measured on an H200 with every tile forced (bench-cuda, docs/results-gpu.md,
+// 2026-12-04 run 11, after the asynchronous-copy pipeline) on the ResNet-18 CIFAR layers at batch
+// 128; the rule's sum over the 11 layers is within 1-2% of the fastest tile's per layer in each
+// pass and precision:
+//   - a tile never pads a product of at most 64 rows (or columns) to 128;
+//   - the largest tile that still leaves enough blocks to fill the GPU's 132 multiprocessors:
+//     128 x 128 with at least kMinBlocksFor128x128 blocks (kMinWeightBlocksFor128x128 in the weight
+//     pass), else 128 x 64, else 64 x 128 with at least kMinBlocksForLargerTile, else 64 x 64;
+//   - 128 x 64 before 64 x 128 (it was as fast or faster wherever both fit), and never 64 x 128 in
+//     the weight pass (its short N: 15% slower than 64 x 64 on the 64-channel layer).
+// (Until run 10, with the values going through registers and two barriers per step, 128 x 128 was
+// never the fastest in FP32 and the thresholds were 256 and 384 blocks; the TF32 path had a rule of
+// its own.) The tile never changes the results: each output is one thread's, or one accumulator
+// element's, sum over k in the same order.
 enum class ConvPass { forward, data, weight };
 enum class TileChoice { k64x64 = 0, k64x128 = 1, k128x64 = 2, k128x128 = 3 };
-inline constexpr std::int64_t kMinBlocksForLargerTile = 256;
-inline constexpr std::int64_t kMinWeightBlocksForLargerTile = 384;
+inline constexpr std::int64_t kMinBlocksForLargerTile = 128;
+inline constexpr std::int64_t kMinBlocksFor128x128 = 128;
+inline constexpr std::int64_t kMinWeightBlocksFor128x128 = 192;
 inline TileChoice choose_tile(ConvPass pass, std::int64_t rows, std::int64_t columns, std::int64_t layers) {
-  const std::int64_t min_blocks = pass == ConvPass::weight ? kMinWeightBlocksForLargerTile : kMinBlocksForLargerTile;
-  // A tile of m x n rows and columns: not padding 64 or fewer to 128, and leaving enough blocks.
-  const auto fits = [&](std::int64_t m, std::int64_t n) {
+  // A tile of m x n rows and columns: not padding 64 or fewer to 128, and leaving `min_blocks`.
+  const auto fits = [&](std::int64_t m, std::int64_t n, std::int64_t min_blocks) {
     if ((m == 128 && rows <= 64) || (n == 128 && columns <= 64)) return false;
     return ceil_div(rows, m) * ceil_div(columns, n) * layers >= min_blocks;
   };
-  switch (pass) {
-    case ConvPass::forward:
-      if (fits(128, 64)) return TileChoice::k128x64;
-      if (fits(64, 128)) return TileChoice::k64x128;
-      break;
-    case ConvPass::data:
-      if (fits(64, 128)) return TileChoice::k64x128;
-      if (fits(128, 64)) return TileChoice::k128x64;
-      break;
-    case ConvPass::weight:
-      if (fits(128, 64)) return TileChoice::k128x64;
-      break;
-  }
-  return TileChoice::k64x64;
-}
-
-// The TF32 path's tile, from the shape alone. Measured on an H200 with every tile forced in TF32
-// (bench-cuda, docs/results-gpu.md, 2026-12-04 run 5): 128 x 128 (a warp's piece 32 x 64, eight
-// 16 x 16 accumulators) was the fastest on the 16 x 16 and 8 x 8 planes, by 10-20% in the forward
-// and in stride-1 backward data, where the product has more than 64 rows and at least
-// kMinTf32BlocksForLargerTile blocks; it lost with fewer blocks (4 x 4 planes: 64 blocks, 1.5-1.7x
-// slower; it runs one block per multiprocessor, nvcc giving it 255 registers per thread), in
-// backward data over stride classes, and in backward weight but for two layers. 64 x 128 and
-// 128 x 64 were never the fastest in TF32. Else 64 x 64. Like choose_tile's, this choice never
-// changes the results.
-inline constexpr std::int64_t kMinTf32BlocksForLargerTile = 128;
-inline TileChoice choose_tile_tf32(ConvPass pass, std::int64_t rows, std::int64_t columns, std::int64_t layers) {
-  const bool large_product = rows > 64 && ceil_div(rows, 128) * ceil_div(columns, 128) * layers >= kMinTf32BlocksForLargerTile;
-  if (pass == ConvPass::forward && large_product) return TileChoice::k128x128;
-  if (pass == ConvPass::data && layers == 1 && large_product) return TileChoice::k128x128;
+  if (fits(128, 128, pass == ConvPass::weight ? kMinWeightBlocksFor128x128 : kMinBlocksFor128x128))
+    return TileChoice::k128x128;
+  if (fits(128, 64, kMinBlocksForLargerTile)) return TileChoice::k128x64;
+  if (pass != ConvPass::weight && fits(64, 128, kMinBlocksForLargerTile)) return TileChoice::k64x128;
   return TileChoice::k64x64;
 }
 
@@ -331,7 +306,7 @@ struct Tf32Fragment {
 };
 
 // x rounded to TF32 (the 10 leading bits of the mantissa), to nearest with ties away from zero,
-// as the tensor cores' conversion cvt.rna.tf32.f32 (wmma::__float_to_tf32) does. Infinities and
+// as the tensor cores' conversion cvt.rna.tf32.f32 does (conv2d.cu's to_tf32). Infinities and
 // NaNs are returned unchanged.
 PETRA_HOST_DEVICE inline float tf32_round(float x) {
   std::uint32_t bits;

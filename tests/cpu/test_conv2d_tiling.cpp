@@ -13,7 +13,7 @@
 //     choose_tile_tf32's rules;
 //   - split_k: slices in order, none empty, tile-aligned, covering K; weight_split_slices' bounds;
 //   - the TF32 path: tf32_round against the two TF32 neighbours of a float, the warps' pieces
-//     covering every tile once, with WMMA's alignment.
+//     and mma.m16n8k8 fragments covering every tile once, their shared loads bank-conflict free.
 // Runs in every build (the header needs no CUDA).
 #include <doctest/doctest.h>
 
@@ -284,58 +284,40 @@ TEST_CASE("conv2d tiling: each tile element is loaded once and computed once, in
     }
 }
 
+// The rule, on the ResNet-18 CIFAR layers at batch 128 (the shapes bench-cuda times, each tile's
+// time in docs/results-gpu.md run 11) and at its thresholds.
 TEST_CASE("conv2d tiling: choose_tile's rule per pass, on the ResNet-18 CIFAR layers at batch 128") {
   using tiling::ConvPass;
   using tiling::TileChoice;
   using tiling::choose_tile;
   // forward: rows = out-channels, columns = 128 x the output plane
-  CHECK(choose_tile(ConvPass::forward, 64, 128 * 1024, 1) == TileChoice::k64x128);  // 64 rows: never 128-row tiles
-  CHECK(choose_tile(ConvPass::forward, 128, 128 * 256, 1) == TileChoice::k128x64);
-  CHECK(choose_tile(ConvPass::forward, 256, 128 * 64, 1) == TileChoice::k128x64);    // exactly 256 blocks
-  CHECK(choose_tile(ConvPass::forward, 512, 128 * 16, 1) == TileChoice::k64x64);     // 128 blocks of either
-  CHECK(choose_tile(ConvPass::forward, 128, 128 * 128, 1) == TileChoice::k128x64);   // 256 blocks
-  CHECK(choose_tile(ConvPass::forward, 128, 128 * 127, 1) == TileChoice::k64x64);    // 254 of either larger tile
+  CHECK(choose_tile(ConvPass::forward, 64, 128 * 1024, 1) == TileChoice::k64x128);    // 64 rows: never 128-row tiles
+  CHECK(choose_tile(ConvPass::forward, 128, 128 * 256, 1) == TileChoice::k128x128);   // 256 blocks
+  CHECK(choose_tile(ConvPass::forward, 256, 128 * 64, 1) == TileChoice::k128x128);    // exactly 128 blocks
+  CHECK(choose_tile(ConvPass::forward, 256, 128 * 63, 1) == TileChoice::k128x64);     // 126 of 128 x 128
+  CHECK(choose_tile(ConvPass::forward, 512, 128 * 16, 1) == TileChoice::k128x64);     // 128 blocks of 128 x 64
+  CHECK(choose_tile(ConvPass::forward, 512, 128 * 15, 1) == TileChoice::k64x64);      // 120 of either larger tile
   // backward data: rows = in-channels, columns = the widest stride class, layers = the classes
   CHECK(choose_tile(ConvPass::data, 3, 128 * 1024, 1) == TileChoice::k64x128);
-  CHECK(choose_tile(ConvPass::data, 128, 128 * 64, 4) == TileChoice::k64x128);       // wide first
-  CHECK(choose_tile(ConvPass::data, 256, 128 * 64, 1) == TileChoice::k64x128);
-  CHECK(choose_tile(ConvPass::data, 512, 128 * 16, 1) == TileChoice::k64x64);
-  CHECK(choose_tile(ConvPass::data, 512, 64, 64) == TileChoice::k128x64);            // 64 columns: 128-row tiles
+  CHECK(choose_tile(ConvPass::data, 64, 128 * 256, 4) == TileChoice::k64x128);
+  CHECK(choose_tile(ConvPass::data, 128, 128 * 64, 4) == TileChoice::k128x128);       // 256 blocks over 4 classes
+  CHECK(choose_tile(ConvPass::data, 256, 128 * 64, 1) == TileChoice::k128x128);
+  CHECK(choose_tile(ConvPass::data, 512, 128 * 16, 1) == TileChoice::k128x64);
+  CHECK(choose_tile(ConvPass::data, 512, 64, 64) == TileChoice::k128x64);             // 64 columns: 128-row tiles
   // backward weight: rows = out-channels, columns = in-channels x taps, layers = the K slices
-  CHECK(choose_tile(ConvPass::weight, 64, 576, 64) == TileChoice::k64x64);           // 64 rows
-  CHECK(choose_tile(ConvPass::weight, 128, 1152, 28) == TileChoice::k128x64);        // 504 blocks
-  CHECK(choose_tile(ConvPass::weight, 512, 4608, 1) == TileChoice::k64x64);          // 288 < 384 blocks
-  CHECK(choose_tile(ConvPass::weight, 128, 128 * 192, 1) == TileChoice::k128x64);    // 384 blocks; never 64 x 128
-  CHECK(choose_tile(ConvPass::weight, 128, 128 * 191, 1) == TileChoice::k64x64);     // 382
-  CHECK(choose_tile(ConvPass::weight, 128, 64, 32) == TileChoice::k64x64);
-  // small products keep the small tile; 128 x 128 is never chosen
+  CHECK(choose_tile(ConvPass::weight, 64, 576, 64) == TileChoice::k64x64);            // 64 rows, never 64 x 128
+  CHECK(choose_tile(ConvPass::weight, 128, 576, 32) == TileChoice::k128x64);          // 160 < 192 blocks of 128 x 128
+  CHECK(choose_tile(ConvPass::weight, 128, 1152, 28) == TileChoice::k128x128);        // 252 blocks
+  CHECK(choose_tile(ConvPass::weight, 256, 2304, 7) == TileChoice::k128x128);
+  CHECK(choose_tile(ConvPass::weight, 512, 4608, 1) == TileChoice::k128x64);          // 144 blocks of 128 x 128
+  CHECK(choose_tile(ConvPass::weight, 128, 64, 32) == TileChoice::k64x64);            // 64 columns, 32 blocks
+  CHECK(choose_tile(ConvPass::weight, 64, 128 * 1024, 1) == TileChoice::k64x64);      // never 64 x 128
+  // small products keep the small tile
   for (const ConvPass pass : {ConvPass::forward, ConvPass::data, ConvPass::weight}) {
     CHECK(choose_tile(pass, 65, 65, 1) == TileChoice::k64x64);
     CHECK(choose_tile(pass, 0, 0, 1) == TileChoice::k64x64);
-    CHECK(choose_tile(pass, 1 << 20, 1 << 20, 64) != TileChoice::k128x128);
+    CHECK(choose_tile(pass, 1 << 20, 1 << 20, 64) == TileChoice::k128x128);
   }
-}
-
-TEST_CASE("conv2d tiling: choose_tile_tf32's rule, on the ResNet-18 CIFAR layers at batch 128") {
-  using tiling::ConvPass;
-  using tiling::TileChoice;
-  using tiling::choose_tile_tf32;
-  // forward: 128 x 128 on the 16 x 16 and 8 x 8 planes (256 and 128 blocks), not on 4 x 4 (64)
-  CHECK(choose_tile_tf32(ConvPass::forward, 64, 128 * 1024, 1) == TileChoice::k64x64);  // 64 rows
-  CHECK(choose_tile_tf32(ConvPass::forward, 128, 128 * 256, 1) == TileChoice::k128x128);
-  CHECK(choose_tile_tf32(ConvPass::forward, 256, 128 * 64, 1) == TileChoice::k128x128);  // exactly 128 blocks
-  CHECK(choose_tile_tf32(ConvPass::forward, 256, 128 * 63, 1) == TileChoice::k64x64);    // 126
-  CHECK(choose_tile_tf32(ConvPass::forward, 512, 128 * 16, 1) == TileChoice::k64x64);
-  // backward data: stride 1 only (one class)
-  CHECK(choose_tile_tf32(ConvPass::data, 128, 128 * 256, 1) == TileChoice::k128x128);
-  CHECK(choose_tile_tf32(ConvPass::data, 256, 128 * 64, 1) == TileChoice::k128x128);
-  CHECK(choose_tile_tf32(ConvPass::data, 128, 128 * 64, 4) == TileChoice::k64x64);       // stride 2
-  CHECK(choose_tile_tf32(ConvPass::data, 64, 128 * 1024, 1) == TileChoice::k64x64);
-  // backward weight: always 64 x 64
-  CHECK(choose_tile_tf32(ConvPass::weight, 128, 1152, 28) == TileChoice::k64x64);
-  CHECK(choose_tile_tf32(ConvPass::weight, 1 << 20, 1 << 20, 64) == TileChoice::k64x64);
-  for (const ConvPass pass : {ConvPass::forward, ConvPass::data, ConvPass::weight})
-    CHECK(choose_tile_tf32(pass, 0, 0, 1) == TileChoice::k64x64);
 }
 
 TEST_CASE("conv2d tiling: split_k cuts K into ordered, non-empty, tile-aligned slices") {

@@ -493,7 +493,7 @@ TEST_CASE("cuda: cuDNN batch norm + ReLU (cuDNN's batch norm, petra's relu) matc
 
 // petra's convolution with each block tile forced (set_conv2d_tile: 64x64, 64x128, 128x64,
 // 128x128): the same bits as the 64x64 tile in the three passes, FP32 and TF32 (each output is one
-// thread's, or one accumulator element's, sum over k in the same order; here the real WMMA runs,
+// thread's, or one accumulator element's, sum over k in the same order; here the real mma.sync runs,
 // where the emulated test runs its twin), and the FP32 results within their bound of ref::. (It
 // needs no cuDNN, but shares this section's shapes' data; every build that has CUDA has cuDNN.)
 namespace {

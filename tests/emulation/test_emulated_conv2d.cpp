@@ -19,7 +19,7 @@
 // make the block-per-channel loop go round). The split-K runs with 3 slices (and 2 and 5 on every
 // third shape) through conv2d_backward_weight_split and, on one shape, through
 // conv2d_backward_weight itself.
-// The TF32 forward (set_conv2d_math(tf32)) runs the WMMA twin: bit for bit against a host model of
+// The TF32 forward (set_conv2d_math(tf32)) runs the mma twin: bit for bit against a host model of
 // its arithmetic (fmaf of TF32-rounded inputs, k in order), within 2^-10 * sum |terms| of ref::,
 // different bits from the FP32 path, the same bits twice.
 // The larger tiles (set_conv2d_tile: 64 x 128, 128 x 64, 128 x 128) give the 64 x 64 tile's bits
@@ -458,7 +458,7 @@ std::vector<float> tf32_model(const Conv2dShape& sh, const float* x, const float
 
 }  // namespace
 
-TEST_CASE("emulated conv2d: TF32 forward (the WMMA twin) matches its model bit for bit and ref within TF32") {
+TEST_CASE("emulated conv2d: TF32 forward (the mma twin) matches its model bit for bit and ref within TF32") {
   Stream stream;
   const StreamHandle& s = stream.s;
   const MathGuard tf32(cu::Conv2dMath::tf32);
@@ -660,7 +660,7 @@ class TileGuard {
 // small); the larger tiles must give its results bit for bit (each output is one thread's, or one
 // accumulator element's, sum over k in the same order, whatever the tile), on shapes with tails
 // past 64 and 128 in M and N. In TF32 the twin of the tensor-core path runs: on a GPU, test-cuda
-// checks the same with the real WMMA.
+// checks the same with the real mma.sync.
 TEST_CASE("emulated conv2d: the 64 x 128, 128 x 64 and 128 x 128 tiles give the 64 x 64 tile's bits, FP32 and TF32") {
   Stream stream;
   const StreamHandle& s = stream.s;
