@@ -186,19 +186,19 @@ struct ForwardProblem {
   // y[b, m, pixel] for column n = (b, pixel): the column's part (decomposed once per column, not
   // per output) plus the row's (m * plane, and the row's bias).
   struct StoreColumn {
-    std::int64_t y_offset;  // b * out_channels * plane + pixel
+    Index y_offset;  // b * out_channels * plane + pixel
   };
   struct StoreRow {
-    std::int64_t y_offset;  // m * plane
+    Index y_offset;  // m * plane
     float bias;
   };
   __device__ StoreColumn store_column(std::int64_t n) const {
     const std::int64_t plane = g.out_plane();
     const std::int64_t b = tiling::quotient(n, plane);
-    return {b * g.out_channels * plane + (n - b * plane)};
+    return {Index(b * g.out_channels * plane + (n - b * plane))};
   }
   __device__ StoreRow store_row(std::int64_t m) const {
-    return {m * g.out_plane(), bias != nullptr ? bias[m] : 0.0f};
+    return {Index(m * g.out_plane()), bias != nullptr ? bias[m] : 0.0f};
   }
   __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned /*slice*/) const {
     y[r.y_offset + c.y_offset] = bias != nullptr ? value + r.bias : value;
@@ -259,17 +259,17 @@ struct DataProblem {
   __device__ Index b_offset(const Column& c, const KEntry& e) const { return c.dy_pixel + e.b; }
   // dx[b, m, h, w] for column n = the class's pixel (b, h, w): the column's part plus m * in_plane.
   struct StoreColumn {
-    std::int64_t dx_offset;  // (b * in_channels * in_h + h) * in_w + w
+    Index dx_offset;  // (b * in_channels * in_h + h) * in_w + w
   };
   struct StoreRow {
-    std::int64_t dx_offset;  // m * in_h * in_w
+    Index dx_offset;  // m * in_h * in_w
   };
   __device__ StoreColumn store_column(std::int64_t n) const {
     const tiling::Pixel p = tiling::split_pixel(n, class_h.count, class_w.count);
     const std::int64_t h = class_h.first + p.y * g.stride_h, w = class_w.first + p.x * g.stride_w;
-    return {(p.b * g.in_channels * g.in_h + h) * g.in_w + w};
+    return {Index((p.b * g.in_channels * g.in_h + h) * g.in_w + w)};
   }
-  __device__ StoreRow store_row(std::int64_t m) const { return {m * g.in_plane()}; }
+  __device__ StoreRow store_row(std::int64_t m) const { return {Index(m * g.in_plane())}; }
   __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned /*slice*/) const {
     dx[r.dx_offset + c.dx_offset] = value;
   }
@@ -321,19 +321,20 @@ struct WeightProblem {
   __device__ Index b_offset(const Column& c, const KEntry& e) const { return e.b + c.x_tap; }
   // dw[m, n] (+=), or slice `slice`'s partial of it.
   struct StoreColumn {
-    std::int64_t n;
+    Index n;
   };
   struct StoreRow {
-    std::int64_t index;  // m * columns
+    Index index;  // m * columns
   };
-  __device__ StoreColumn store_column(std::int64_t n) const { return {n}; }
-  __device__ StoreRow store_row(std::int64_t m) const { return {m * columns()}; }
+  __device__ StoreColumn store_column(std::int64_t n) const { return {Index(n)}; }
+  __device__ StoreRow store_row(std::int64_t m) const { return {Index(m * columns())}; }
+  // (The partials hold at most 64 MiB: conv2d_tiling::weight_split_slices.)
   __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned slice) const {
-    const std::int64_t index = r.index + c.n;
+    const Index index = r.index + c.n;
     if (partials == nullptr)
       dw[index] += value;
     else
-      partials[std::int64_t(slice) * rows() * columns() + index] = value;
+      partials[Index(slice * rows() * columns()) + index] = value;
   }
 };
 
@@ -531,7 +532,9 @@ PETRA_UNROLL
                  }
                });
   // The epilogue: each of the thread's columns decomposed once, each of its rows once (the
-  // decomposition per output, a division each, took more time than the K loop when K is short).
+  // decomposition per output, a division each, took more time than the K loop when K is short),
+  // all rows before the first store, so that their loads (the forward's bias) are in flight
+  // together (one row at a time, each row's stores waited for its bias: run 11's profile).
   const std::int64_t rows = p.rows(), columns = p.columns();
   typename Problem::StoreColumn store_columns[kMicroN];
   bool column_inside[kMicroN];
@@ -541,15 +544,19 @@ PETRA_UNROLL
     column_inside[q] = n < columns;
     store_columns[q] = p.store_column(column_inside[q] ? n : 0);
   }
+  typename Problem::StoreRow store_rows[kMicroM];
+  bool row_inside[kMicroM];
 PETRA_UNROLL
   for (int r = 0; r < kMicroM; ++r) {
     const std::int64_t m = m0 + Tile::micro_row(t, r);
-    if (m >= rows) continue;
-    const typename Problem::StoreRow row = p.store_row(m);
+    row_inside[r] = m < rows;
+    store_rows[r] = p.store_row(row_inside[r] ? m : 0);
+  }
+PETRA_UNROLL
+  for (int r = 0; r < kMicroM; ++r)
 PETRA_UNROLL
     for (int q = 0; q < kMicroN; ++q)
-      if (column_inside[q]) p.store(row, store_columns[q], acc[r][q], blockIdx.z);
-  }
+      if (row_inside[r] && column_inside[q]) p.store(store_rows[r], store_columns[q], acc[r][q], blockIdx.z);
 }
 
 // ---- the TF32 path: the same tiles, multiplied by the tensor cores -----------------------------
@@ -674,7 +681,8 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, true>()
                  acc.template mma<Tile::kK>(as, bs, wm, wn);
                });
   // The epilogue: lane 4 g + t holds rows Fragment::row(fm, s, g) and columns Fragment::column(fn,
-  // t, e) of the piece; each is decomposed once.
+  // t, e) of the piece; each is decomposed once, the rows all before the first store (as
+  // implicit_gemm's epilogue, so that the bias loads are in flight together).
   const int g = lane / 4, lane_t = lane % 4;
   const std::int64_t rows = p.rows(), columns = p.columns();
   typename Problem::StoreColumn store_columns[FN][2];
@@ -687,19 +695,26 @@ PETRA_UNROLL
       column_inside[fn][e] = n < columns;
       store_columns[fn][e] = p.store_column(column_inside[fn][e] ? n : 0);
     }
+  typename Problem::StoreRow store_rows[FM][2];
+  bool row_inside[FM][2];
 PETRA_UNROLL
   for (int fm = 0; fm < FM; ++fm)
 PETRA_UNROLL
     for (int s = 0; s < 2; ++s) {
       const std::int64_t m = m0 + wm + Fragment::row(fm, s, g);
-      if (m >= rows) continue;
-      const typename Problem::StoreRow row = p.store_row(m);
+      row_inside[fm][s] = m < rows;
+      store_rows[fm][s] = p.store_row(row_inside[fm][s] ? m : 0);
+    }
+PETRA_UNROLL
+  for (int fm = 0; fm < FM; ++fm)
+PETRA_UNROLL
+    for (int s = 0; s < 2; ++s)
 PETRA_UNROLL
       for (int fn = 0; fn < FN; ++fn)
 PETRA_UNROLL
         for (int e = 0; e < 2; ++e)
-          if (column_inside[fn][e]) p.store(row, store_columns[fn][e], acc.c[fm][fn][2 * s + e], blockIdx.z);
-    }
+          if (row_inside[fm][s] && column_inside[fn][e])
+            p.store(store_rows[fm][s], store_columns[fn][e], acc.c[fm][fn][2 * s + e], blockIdx.z);
 }
 
 template <class Problem>
