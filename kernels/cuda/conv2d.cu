@@ -123,7 +123,7 @@ using tiling::Tap;
 //
 // Each problem splits its gather in two. k_entry(k) decomposes one index k of the summed dimension
 // (the divisions by taps, kernel width, plane and row length): the block computes it once per k
-// per step, 16 threads for the step's 16 k, into a table in shared memory (KStepTable). A value
+// per step, 16 threads for the step's 16 k, into a table in shared memory (fill_k_step_table). A value
 // of A is then a_data()[a_offset(row, e)], one of B b_data()[b_offset(column, e)] where
 // b_inside(column, e) (else the zero padding): adds and two bounds checks; a thread's rows and
 // column are decomposed once, before the K loop. (Before the table each of the 256 threads
@@ -340,9 +340,9 @@ struct WeightProblem {
 
 // ---- the tiled implicit GEMM ------------------------------------------------------------------
 
-// The decomposition of a K step's K indices k0 .. k0 + K - 1 (Problem::k_entry; K = Tile::kK,
-// 16 or 32), written by threads 0..K-1 and read by all: entry[k - k0]. An index past k_end repeats
-// the last valid one (its values are never gathered: TileGather checks k < k_end).
+// The decomposition of a K step's K indices k0 .. k0 + K - 1 (Problem::k_entry; K = Tile::kK),
+// written by threads 0..K-1 and read by all: entry[k - k0]. An index past k_end repeats the last
+// valid one (its values are never gathered: TileGather::issue checks k < k_end).
 template <int K, class Problem>
 __device__ void fill_k_step_table(const Problem& p, int t, std::int64_t k0, std::int64_t k_end, KEntry* entry) {
   if (t < K) {
