@@ -448,7 +448,7 @@ PETRA_UNROLL
 //   done with step i - 1's stage and table); issue the copies of step i + S - 1 into the stage
 //   step i - 1 used; threads 0..K-1 decompose step i + S's k into the other table; multiply
 //   step i.
-// One barrier per step (two before run 10, when the values went through registers). Every thread
+// One barrier per step (two before run 11, when the values went through registers). Every thread
 // commits one group of copies per step, empty past the last step, so copy_wait<S - 2> always
 // means "step i has landed". A table is rewritten one step after its last reader, across a barrier.
 template <class Tile, class Problem, class Multiply>
