@@ -59,7 +59,7 @@ mkdir -p "$bundle/benchmarks"
 cp benchmarks/pytorch_gpu.py benchmarks/compare_pytorch.py "$bundle/benchmarks/"
 fashion=/usr/share/datasets/fashion-mnist
 [ -d "$fashion" ] && [[ "$skip" != *" fashion-mnist "* ]] && cp -r "$fashion" "$bundle/fashion-mnist"
-cp scripts/gpu-check.sh scripts/stream_busy.py "$bundle/"
+cp scripts/gpu-check.sh scripts/stream_busy.py scripts/conv_tiles.py "$bundle/"
 # What a device call will carry: the bundle plus the tracked and untracked-not-ignored files.
 bundle_kib=$(du -sk "$bundle" | cut -f1)
 tree_kib=$(git ls-files -z --cached --others --exclude-standard | du -ck --files0-from=- 2> /dev/null | tail -n 1 | cut -f1)

@@ -10,7 +10,8 @@
 #             algorithms, PETRA, and PETRA on two streams of the one GPU (the concurrent
 #             executor), twice: bit-identical to PETRA on one stream and from run to run;
 #   bench     the kernels against cuDNN and the copy bandwidth (bench-cuda: ResNet-18 CIFAR
-#             convolutions at batch 128, FP32 and TF32, and batch norm);
+#             convolutions at batch 128, FP32 and TF32, every block tile forced too, and batch
+#             norm; then scripts/conv_tiles.py's sums per pass);
 #   sanitize  compute-sanitizer: memcheck on the cuda suite, racecheck and synccheck on its
 #             backend-ops case (every op's kernels);
 #   profile   Nsight Compute's kernel times over a few revbackprop and backprop steps, summed per
@@ -200,6 +201,9 @@ group_pytorch() {
 # 11 layer shapes x 4 passes x 2 implementations x (3 + 10) launches, plus the batch-norm table.
 group_bench() {
   step "bench-cuda" 60 "$bin/bench-cuda" --json "$out/bench-cuda.json"
+  # the convolution table summed per pass: petra's tiles against the fastest tile and cuDNN
+  [ -s "$out/bench-cuda.json" ] && python3 "$bundle/conv_tiles.py" "$out/bench-cuda.json"
+  return 0
 }
 
 # The README's main job on the GPU: petra-train's defaults (RevNet18 width 16, Fashion-MNIST,

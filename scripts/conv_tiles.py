@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""scripts/conv_tiles.py: bench-cuda's convolution table, summed per pass and precision.
+
+    python3 scripts/conv_tiles.py OUT/bench-cuda.json
+
+For each precision (fp32, tf32) and pass (forward, data, weight) over the layers bench-cuda
+timed: the sum of petra's times with the tiles conv2d_tiling::choose_tile picked, the sum of the
+fastest of the four tiles per layer (bench-cuda forces each; a sum far below the first says the
+rule leaves time on the table), cuDNN's sum in the same call, and how many layers reach 70% of
+cuDNN's throughput (issue 12's target), all layers and the 3x3 layers after the stem.
+scripts/gpu-check.sh's `bench` group prints it; tests/cli/conv_tiles.sh checks it.
+"""
+import json
+import sys
+
+
+def fastest_tile_ms(row):
+    """The fastest of the four forced tiles, in ms. bench-cuda wrote seconds under the
+    petra_ms_by_tile key until 2026-12-04 (runs 3-11): a value 100 times below petra_ms, which is
+    one of the four, can only be that."""
+    tiles = row.get("petra_ms_by_tile") or [row["petra_ms"]]
+    if max(tiles) < row["petra_ms"] / 100:
+        tiles = [t * 1e3 for t in tiles]
+    return min(tiles)
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    try:
+        rows = json.load(open(sys.argv[1]))["conv2d"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        sys.exit(f"conv_tiles: cannot read the conv2d table of {sys.argv[1]}: {error}")
+    print("conv2d, ms summed over the layers: petra (its tiles) / the fastest tile per layer / cuDNN;"
+          " layers at >= 70% of cuDNN")
+    for math in ("fp32", "tf32"):
+        for pass_ in ("forward", "data", "weight"):
+            layers = [r for r in rows if r["math"] == math and r["pass"] == pass_]
+            if not layers:
+                continue
+            chosen = sum(r["petra_ms"] for r in layers)
+            best = sum(fastest_tile_ms(r) for r in layers)
+            cudnn = sum(r["cudnn_ms"] for r in layers)
+            met = sum(r["petra_share_of_cudnn"] >= 0.7 for r in layers)
+            middle = [r for r in layers if "3x3" in r["layer"] and not r["layer"].startswith("stem")]
+            middle_met = sum(r["petra_share_of_cudnn"] >= 0.7 for r in middle)
+            print(f"{math} {pass_:8} {chosen:7.3f} / {best:7.3f} / {cudnn:7.3f}   "
+                  f"{met} of {len(layers)} layers, {middle_met} of {len(middle)} 3x3 after the stem")
+
+
+if __name__ == "__main__":
+    main()

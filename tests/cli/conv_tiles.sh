@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# tests/cli/conv_tiles.sh SCRIPT RUN11_JSON WORKDIR: scripts/conv_tiles.py on tables whose sums are
+# known. A made-up table of two FP32 forward layers, tiles in ms (bench-cuda's format since run
+# 12): petra 1.0 + 2.0 = 3.000 ms with its tiles, fastest tiles 0.5 + 1.5 = 2.000, cuDNN 0.6 + 3.0
+# = 3.600; shares 0.6 (under 70%) and 1.5, so 1 of 2 layers, and of the one 3x3 layer after the
+# stem ("layer1 ... 3x3"), 1 of 1. The H200 table of 2026-12-04 run 11 (tiles in seconds, the older
+# format) gives the sums docs/results-gpu.md quotes. A file without the table is refused.
+set -uo pipefail
+script=$1
+run11=$2
+dir=$3/conv-tiles
+rm -rf "$dir" && mkdir -p "$dir" || exit 1
+cat > "$dir/small.json" <<'JSON'
+{"conv2d": [
+ {"math": "fp32", "pass": "forward", "layer": "stem 3->64 3x3 32x32", "petra_ms": 1.0, "cudnn_ms": 0.6,
+  "petra_share_of_cudnn": 0.6, "petra_ms_by_tile": [1.0, 0.5, 2.0, 3.0]},
+ {"math": "fp32", "pass": "forward", "layer": "layer1 64->64 3x3 32x32", "petra_ms": 2.0, "cudnn_ms": 3.0,
+  "petra_share_of_cudnn": 1.5, "petra_ms_by_tile": [2.0, 1.5, 2.5, 1.6]}
+]}
+JSON
+echo '{"batchnorm": []}' > "$dir/other.json"
+status=0
+expect() {  # expect FILE PATTERN...: every pattern is a line of the output
+  local file=$1
+  shift
+  local out
+  out=$(python3 "$script" "$file" 2>&1)
+  for pattern in "$@"; do
+    if grep -qF -- "$pattern" <<<"$out"; then
+      echo "ok: $(basename "$file"): $pattern"
+    else
+      echo "FAIL: $(basename "$file"): no line '$pattern' in:"
+      echo "$out"
+      status=1
+    fi
+  done
+}
+expect "$dir/small.json" "fp32 forward    3.000 /   2.000 /   3.600   1 of 2 layers, 1 of 1 3x3 after the stem"
+expect "$run11" \
+  "fp32 forward    2.202 /   2.102 /   2.067   11 of 11 layers, 7 of 7 3x3 after the stem" \
+  "fp32 weight     3.141 /   2.929 /   2.931   6 of 11 layers, 3 of 7 3x3 after the stem" \
+  "tf32 data       2.427 /   2.012 /   1.110   3 of 11 layers, 0 of 7 3x3 after the stem"
+if python3 "$script" "$dir/other.json" > "$dir/other.out" 2>&1; then
+  echo "FAIL: a file without the conv2d table was accepted"
+  status=1
+elif grep -q "cannot read the conv2d table of" "$dir/other.out"; then
+  echo "ok: a file without the conv2d table is refused, naming it"
+else
+  echo "FAIL: unexpected message:"; cat "$dir/other.out"; status=1
+fi
+exit $status
