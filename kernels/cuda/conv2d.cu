@@ -135,7 +135,7 @@ using tiling::Tap;
 // 64 bits each gathered value took twice the integer instructions, and the registers they needed
 // made nvcc recompute the rows' offsets inside the loop (Nsight Compute's source view, run 9).
 using Index = std::int32_t;
-struct KEntry {
+struct alignas(16) KEntry {  // 16-byte aligned: one 128-bit shared load per entry
   Index a, b;  // offsets, problem-specific (see each k_entry)
   Index i, j;  // coordinates for the bounds checks, problem-specific
 };
