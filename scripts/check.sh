@@ -5,7 +5,9 @@
 #
 #   --sanitize  build-asan/: ASan + UBSan (-Db_sanitize=address,undefined, debugoptimized, no CUDA,
 #               no MPI, UBSan fatal). Runs the cpu suite (all but pkg-config-consumer, which compiles a
-#               consumer without the sanitizers' runtime) and a short concurrent training run.
+#               consumer without the sanitizers' runtime) and a short concurrent training run; then,
+#               where CUDA's headers are installed, the CUDA kernels' emulated tests in
+#               build-asan-emu/ (test-cuda-emulation alone, with ASan + UBSan).
 #   --tsan      build-tsan/: TSan (-Db_sanitize=thread, debugoptimized, no CUDA, no MPI, no OpenMP: libgomp
 #               is not built with TSan, and its own barriers show as races; the pipeline's threads,
 #               channels and allocator are all petra's). Runs the tests of the threaded parts
@@ -70,4 +72,26 @@ echo "check: petra-train ${args[*]} --max-steps 12"
 "$dir/petra-train" "${args[@]}" --max-steps 12
 echo "check: petra-train ... --resume"
 "$dir/petra-train" "${args[@]}" --resume
+
+# The CUDA kernels on the CPU (tests/emulation/: every kernel against ref::) under ASan + UBSan:
+# build-asan-emu has CUDA's headers and cudart but builds only test-cuda-emulation (g++ compiles
+# the .cu files against the emulation; no nvcc, no libpetra). Where CUDA is not installed there is
+# nothing to emulate against, and the step says so.
+if [ "$mode" = --sanitize ]; then
+  if [ -f /usr/local/cuda/include/cuda_runtime.h ]; then
+    if [ ! -f build-asan-emu/build.ninja ]; then
+      echo "check: configuring build-asan-emu (CUDA's headers, ${setup[*]})"
+      meson setup build-asan-emu --buildtype=debugoptimized -Dmpi=disabled -Db_lundef=false "${setup[@]}"
+    fi
+    ninja -C build-asan-emu -j "$jobs" tests/test-cuda-emulation
+    mapfile -t emulated < <(meson test -C build-asan-emu --list --suite cpu 2>/dev/null |
+                            sed -n 's/^petra:[^ ]* \/ //p' | grep -E '^(emulated-[a-z_0-9]+|emulation-layer)$' |
+                            grep -vE '^emulated-device')
+    echo "check: ${#emulated[@]} emulated kernel tests under sanitize: ${emulated[*]}"
+    meson test -C build-asan-emu --no-rebuild --num-processes "$jobs" --timeout-multiplier 8 --print-errorlogs \
+      "${emulated[@]}"
+  else
+    echo "check: no CUDA headers (/usr/local/cuda): the emulated kernels' tests skipped"
+  fi
+fi
 echo "check: ${mode#--}: clean"
