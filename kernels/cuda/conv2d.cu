@@ -111,12 +111,7 @@ namespace {
 
 namespace tiling = conv2d_tiling;
 using tiling::ConvGeometry;
-using tiling::kLoads;
-using tiling::kMicro;
 using tiling::kThreads;
-using tiling::kTileK;
-using tiling::kTileM;
-using tiling::kTileN;
 using tiling::Tap;
 
 // ---- the three problems: how A and B are gathered and C is stored ----------------------------
@@ -441,6 +436,37 @@ PETRA_UNROLL
   }
 };
 
+// The epilogue both kernels share: a thread's R x C outputs, value(i, j) at row row_of(i) and
+// column column_of(j) of C, stored where inside. Each column and each row is decomposed once
+// (store_column, store_row; per output, a division each, it took more time than the K loop when
+// K is short: run 9), and all rows before the first store, so that their loads (the forward's
+// bias) are in flight together (one row at a time, each row's stores waited on its bias: run 11).
+template <int R, int C, class Problem, class RowOf, class ColumnOf, class Value>
+__device__ void store_outputs(const Problem& p, RowOf row_of, ColumnOf column_of, Value value) {
+  const std::int64_t rows = p.rows(), columns = p.columns();
+  typename Problem::StoreColumn store_columns[C];
+  bool column_inside[C];
+PETRA_UNROLL
+  for (int j = 0; j < C; ++j) {
+    const std::int64_t n = column_of(j);
+    column_inside[j] = n < columns;
+    store_columns[j] = p.store_column(column_inside[j] ? n : 0);
+  }
+  typename Problem::StoreRow store_rows[R];
+  bool row_inside[R];
+PETRA_UNROLL
+  for (int i = 0; i < R; ++i) {
+    const std::int64_t m = row_of(i);
+    row_inside[i] = m < rows;
+    store_rows[i] = p.store_row(row_inside[i] ? m : 0);
+  }
+PETRA_UNROLL
+  for (int i = 0; i < R; ++i)
+PETRA_UNROLL
+    for (int j = 0; j < C; ++j)
+      if (row_inside[i] && column_inside[j]) p.store(store_rows[i], store_columns[j], value(i, j), blockIdx.z);
+}
+
 // The K loop both kernels share, a pipeline of Tile::kStages stages of the shared tiles: while
 // the block multiplies step i out of stage i % S, the copies of steps i + 1 .. i + S - 1 are in
 // flight into the other stages. Per step i:
@@ -531,32 +557,9 @@ PETRA_UNROLL
                      for (int q = 0; q < kMicroN; ++q) acc[r][q] += av[r] * bv[q];
                  }
                });
-  // The epilogue: each of the thread's columns decomposed once, each of its rows once (the
-  // decomposition per output, a division each, took more time than the K loop when K is short),
-  // all rows before the first store, so that their loads (the forward's bias) are in flight
-  // together (one row at a time, each row's stores waited for its bias: run 11's profile).
-  const std::int64_t rows = p.rows(), columns = p.columns();
-  typename Problem::StoreColumn store_columns[kMicroN];
-  bool column_inside[kMicroN];
-PETRA_UNROLL
-  for (int q = 0; q < kMicroN; ++q) {
-    const std::int64_t n = n0 + Tile::micro_column(t, q);
-    column_inside[q] = n < columns;
-    store_columns[q] = p.store_column(column_inside[q] ? n : 0);
-  }
-  typename Problem::StoreRow store_rows[kMicroM];
-  bool row_inside[kMicroM];
-PETRA_UNROLL
-  for (int r = 0; r < kMicroM; ++r) {
-    const std::int64_t m = m0 + Tile::micro_row(t, r);
-    row_inside[r] = m < rows;
-    store_rows[r] = p.store_row(row_inside[r] ? m : 0);
-  }
-PETRA_UNROLL
-  for (int r = 0; r < kMicroM; ++r)
-PETRA_UNROLL
-    for (int q = 0; q < kMicroN; ++q)
-      if (row_inside[r] && column_inside[q]) p.store(store_rows[r], store_columns[q], acc[r][q], blockIdx.z);
+  store_outputs<kMicroM, kMicroN>(
+      p, [&](int r) { return m0 + Tile::micro_row(t, r); }, [&](int q) { return n0 + Tile::micro_column(t, q); },
+      [&](int r, int q) { return acc[r][q]; });
 }
 
 // ---- the TF32 path: the same tiles, multiplied by the tensor cores -----------------------------
@@ -571,7 +574,7 @@ PETRA_UNROLL
 // emulation it is the twin after it.
 template <int FM, int FN>
 struct WarpTileTf32Base {
-  using Fragment = tiling::Tf32Fragment<FM>;
+  using Fragment = tiling::Tf32Fragment<FM>;  // which rows and columns a lane's elements are
   float c[FM][FN][4];
   __device__ void zero() {
 PETRA_UNROLL
@@ -599,8 +602,10 @@ struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
     const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
 PETRA_UNROLL
     for (int k = 0; k < K; k += 8) {
-      const Rows low = *reinterpret_cast<const Rows*>(&a_tile[k + t][wm + 2 * FM * g]);
-      const Rows high = *reinterpret_cast<const Rows*>(&a_tile[k + t + 4][wm + 2 * FM * g]);
+      // rows Fragment::row(fm, s, g) = first + 2 fm + s, side by side
+      const int first = wm + WarpTileTf32Base<FM, FN>::Fragment::row(0, 0, g);
+      const Rows low = *reinterpret_cast<const Rows*>(&a_tile[k + t][first]);
+      const Rows high = *reinterpret_cast<const Rows*>(&a_tile[k + t + 4][first]);
       float low_rows[2 * FM], high_rows[2 * FM];
 PETRA_UNROLL
       for (int i = 0; i < 2 * FM; ++i) {
@@ -634,7 +639,7 @@ PETRA_UNROLL
 // within TF32's error (and the GPU's test-cuda holds the real instructions to ref::).
 template <int FM, int FN>
 struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
-  using Fragment = tiling::Tf32Fragment<FM>;
+  using Fragment = typename WarpTileTf32Base<FM, FN>::Fragment;
   template <int K, int LdA, int LdB>
   __device__ void mma(const float (*a_tile)[LdA], const float (*b_tile)[LdB], int wm, int wn) {
     __syncwarp();
@@ -680,41 +685,13 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, true>()
                [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) {
                  acc.template mma<Tile::kK>(as, bs, wm, wn);
                });
-  // The epilogue: lane 4 g + t holds rows Fragment::row(fm, s, g) and columns Fragment::column(fn,
-  // t, e) of the piece; each is decomposed once, the rows all before the first store (as
-  // implicit_gemm's epilogue, so that the bias loads are in flight together).
+  // Lane 4 g + t holds rows Fragment::row(fm, s, g) and columns Fragment::column(fn, t, e) of the
+  // piece: output row i = 2 fm + s, column j = 2 fn + e.
   const int g = lane / 4, lane_t = lane % 4;
-  const std::int64_t rows = p.rows(), columns = p.columns();
-  typename Problem::StoreColumn store_columns[FN][2];
-  bool column_inside[FN][2];
-PETRA_UNROLL
-  for (int fn = 0; fn < FN; ++fn)
-PETRA_UNROLL
-    for (int e = 0; e < 2; ++e) {
-      const std::int64_t n = n0 + wn + Fragment::column(fn, lane_t, e);
-      column_inside[fn][e] = n < columns;
-      store_columns[fn][e] = p.store_column(column_inside[fn][e] ? n : 0);
-    }
-  typename Problem::StoreRow store_rows[FM][2];
-  bool row_inside[FM][2];
-PETRA_UNROLL
-  for (int fm = 0; fm < FM; ++fm)
-PETRA_UNROLL
-    for (int s = 0; s < 2; ++s) {
-      const std::int64_t m = m0 + wm + Fragment::row(fm, s, g);
-      row_inside[fm][s] = m < rows;
-      store_rows[fm][s] = p.store_row(row_inside[fm][s] ? m : 0);
-    }
-PETRA_UNROLL
-  for (int fm = 0; fm < FM; ++fm)
-PETRA_UNROLL
-    for (int s = 0; s < 2; ++s)
-PETRA_UNROLL
-      for (int fn = 0; fn < FN; ++fn)
-PETRA_UNROLL
-        for (int e = 0; e < 2; ++e)
-          if (row_inside[fm][s] && column_inside[fn][e])
-            p.store(store_rows[fm][s], store_columns[fn][e], acc.c[fm][fn][2 * s + e], blockIdx.z);
+  store_outputs<2 * FM, 2 * FN>(
+      p, [&](int i) { return m0 + wm + Fragment::row(i / 2, i % 2, g); },
+      [&](int j) { return n0 + wn + Fragment::column(j / 2, lane_t, j % 2); },
+      [&](int i, int j) { return acc.c[i / 2][j / 2][2 * (i % 2) + j % 2]; });
 }
 
 template <class Problem>
@@ -791,24 +768,25 @@ std::atomic<int> conv_tile{-1};
 constexpr std::int64_t kIndexLimit = std::numeric_limits<Index>::max();
 std::atomic<std::int64_t> launch_element_limit{kIndexLimit};
 
-// Runs launch(part, b0) over consecutive parts of the batch, each of as many samples as keep the
-// input and output of a launch within launch_element_limit (the whole batch unless it is over
-// 2^31 elements). The parts depend on the shape only; the weight gradient adds them into dw in
-// batch order.
+// Runs launch(part, x_at, y_at) over consecutive parts of the batch, each of as many samples as
+// keep the input and output of a launch within launch_element_limit (the whole batch unless it is
+// over 2^31 elements); x_at and y_at are where the part starts in the input and the output. The
+// parts depend on the shape only; the weight gradient adds them into dw in batch order.
 template <class Launch>
 void for_each_batch_part(const Conv2dShape& shape, Launch launch) {
   const std::int64_t limit = launch_element_limit.load();
-  const std::int64_t per_sample =
-      std::max(shape.in_channels * shape.in_h * shape.in_w, shape.out_channels * shape.out_h() * shape.out_w());
+  const std::int64_t x_sample = shape.in_channels * shape.in_h * shape.in_w,
+                     y_sample = shape.out_channels * shape.out_h() * shape.out_w();
+  const std::int64_t per_sample = std::max(x_sample, y_sample);
   if (per_sample > limit || shape.weight_size() > limit)
-    throw ShapeError(detail::concat("conv2d: petra's CUDA kernels index a tensor of one sample and the weights in 32 "
-                                    "bits: a sample of ", per_sample, " elements and ", shape.weight_size(),
-                                    " weights are over the limit of ", limit, " (--conv-impl cudnn has none)"));
+    throw ShapeError(detail::concat("conv2d: petra's CUDA kernels index in 32 bits: one sample has ", per_sample,
+                                    " elements and the weights ", shape.weight_size(), ", over the limit of ", limit,
+                                    " (--conv-impl cudnn has none)"));
   const std::int64_t part = std::max<std::int64_t>(1, limit / std::max<std::int64_t>(per_sample, 1));
   for (std::int64_t b0 = 0; b0 < shape.batch; b0 += part) {
     Conv2dShape sub = shape;
     sub.batch = std::min(part, shape.batch - b0);
-    launch(sub, b0);
+    launch(sub, b0 * x_sample, b0 * y_sample);
   }
 }
 
@@ -905,29 +883,23 @@ void weight_launch(const StreamHandle& s, const Conv2dShape& shape, const float*
 void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float* x, const float* w,
                     const float* bias, float* y) {
   if (shape.output_size() <= 0) return;
-  const std::int64_t x_sample = shape.in_channels * shape.in_h * shape.in_w,
-                     y_sample = shape.out_channels * shape.out_h() * shape.out_w();
-  for_each_batch_part(shape, [&](const Conv2dShape& part, std::int64_t b0) {
-    forward_launch(s, part, x + b0 * x_sample, w, bias, y + b0 * y_sample);
+  for_each_batch_part(shape, [&](const Conv2dShape& part, std::int64_t x_at, std::int64_t y_at) {
+    forward_launch(s, part, x + x_at, w, bias, y + y_at);
   });
 }
 
 void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const float* dy, const float* w,
                           float* dx) {
   if (shape.input_size() <= 0) return;
-  const std::int64_t x_sample = shape.in_channels * shape.in_h * shape.in_w,
-                     y_sample = shape.out_channels * shape.out_h() * shape.out_w();
-  for_each_batch_part(shape, [&](const Conv2dShape& part, std::int64_t b0) {
-    data_launch(s, part, dy + b0 * y_sample, w, dx + b0 * x_sample);
+  for_each_batch_part(shape, [&](const Conv2dShape& part, std::int64_t x_at, std::int64_t y_at) {
+    data_launch(s, part, dy + y_at, w, dx + x_at);
   });
 }
 
 void conv2d_backward_weight_split(const StreamHandle& s, const Conv2dShape& shape, const float* x,
                                   const float* dy, float* dw, std::int64_t slices) {
-  const std::int64_t x_sample = shape.in_channels * shape.in_h * shape.in_w,
-                     y_sample = shape.out_channels * shape.out_h() * shape.out_w();
-  for_each_batch_part(shape, [&](const Conv2dShape& part, std::int64_t b0) {
-    weight_launch(s, part, x + b0 * x_sample, dy + b0 * y_sample, dw, slices);
+  for_each_batch_part(shape, [&](const Conv2dShape& part, std::int64_t x_at, std::int64_t y_at) {
+    weight_launch(s, part, x + x_at, dy + y_at, dw, slices);
   });
 }
 

@@ -168,7 +168,7 @@ struct TileCoordinate {
   int mn, k;
 };
 
-// K: the K step (kTileK = 16 for the FP32 path; the TF32 path's is Tf32Tile's, below). Pad: the
+// K: the K step (kTileK = 16 for both paths' tiles, Tf32Tile below). Pad: the
 // shared tiles' row padding (4 floats for the FP32 path, 8 for the TF32 path's fragment loads).
 template <int M, int N, int K = kTileK, int Pad = 4>
 struct TileShape {
@@ -177,6 +177,7 @@ struct TileShape {
   static_assert(Pad == 4 || Pad == 8);
   static constexpr int kM = M, kN = N, kK = K;
   static constexpr int kMicroM = M / kThreadsY, kMicroN = N / kThreadsX;  // 4 or 8
+  static_assert(kMicroM % 4 == 0 && kMicroN % 4 == 0, "the FP32 inner loop reads 4 values at a time (float4)");
   static constexpr int kLoadsA = M * K / kThreads, kLoadsB = N * K / kThreads;
   // Row lengths of the shared tiles a_tile[k][m], b_tile[k][n]: padded by Pad floats, multiples of
   // 4 (16-byte rows, for the FP32 path's float4 reads). The TF32 path pads by 8, so that a row is
@@ -207,19 +208,10 @@ struct TileShape {
   }
 };
 
-// The 64 x 64 tile: both paths' for small products (and the first tile; its names below).
+// The 64 x 64 tile: both paths' for small products; the weight gradient's split counts its tiles.
 using SmallTile = TileShape<64, 64>;
 inline constexpr int kTileM = SmallTile::kM;
 inline constexpr int kTileN = SmallTile::kN;
-inline constexpr int kMicro = SmallTile::kMicroM;      // 4 rows and 4 columns per thread
-inline constexpr int kLoads = SmallTile::kLoadsA;      // 4 A and 4 B values per thread per step
-inline constexpr int kTileLd = SmallTile::kLdA;
-PETRA_HOST_DEVICE constexpr TileCoordinate a_load(int t, int q) { return SmallTile::a_load(t, q); }
-PETRA_HOST_DEVICE constexpr TileCoordinate b_load(int t, int q) { return SmallTile::b_load(t, q); }
-PETRA_HOST_DEVICE constexpr int micro_row(int t, int r) { return SmallTile::micro_row(t, r); }
-PETRA_HOST_DEVICE constexpr int micro_column(int t, int q) { return SmallTile::micro_column(t, q); }
-static_assert(kLoads * kThreads == kTileN * kTileK);
-static_assert(kMicro == 4, "the inner loop reads a thread's A and B values 4 at a time (float4)");
 
 // The tile for one pass's product of `rows` x `columns` per grid layer and `layers` grid layers
 // (stride classes or K slices), from the shape alone, the same rule for the FP32 and the TF32
