@@ -18,7 +18,10 @@
 //      Before timing, petra's output is compared with cuDNN's (relative error above 1e-4 in FP32,
 //      1e-2 in TF32: WRONG, exit code 1).
 //   3. Batch norm (training forward, evaluation, backward), petra's and cuDNN's, on two ResNet-18
-//      activation shapes, as bytes per second against a copy of the same tensor.
+//      activation shapes, as bytes per second against a copy of the same tensor. petra's is also
+//      timed without its L2 hints (set_batchnorm_l2_hints(false)) and with them under an L2
+//      set-aside for persisting lines of the device's maximum (cuda_backend::set_persisting_l2_bytes;
+//      the default set-aside is 0), so that one run says what the hints are worth.
 // Without a GPU it says so and exits 0, so it can run anywhere.
 //
 //   build/bench-cuda                          # the three tables, 2^26 floats per tensor, batch 128
@@ -282,8 +285,8 @@ nlohmann::json bench_batchnorm(std::int64_t batch, int repeats, const k::StreamH
   nlohmann::json rows = nlohmann::json::array();
   void* stream = s.cuda_stream;
   fmt::print("\nbatch norm: petra and cuDNN against a copy of the same tensor ({} launches each)\n", repeats);
-  fmt::print("{:<22} {:<10} {:>10} {:>10} {:>8}   {:>10} {:>10} {:>8}\n", "shape", "pass", "petra us", "GB/s",
-             "of copy", "cuDNN us", "GB/s", "of copy");
+  fmt::print("{:<22} {:<10} {:>10} {:>10} {:>8}   {:>10} {:>10} {:>8}   {:>9} {:>9}\n", "shape", "pass", "petra us",
+             "GB/s", "of copy", "cuDNN us", "GB/s", "of copy", "no hints", "set-aside");
   for (const k::BatchNormShape shape : {k::BatchNormShape{batch, 64, 32, 32}, k::BatchNormShape{batch, 256, 8, 8}}) {
     const auto n = std::size_t(shape.size()), c = std::size_t(shape.channels);
     const double tensor = 4.0 * double(n);
@@ -363,18 +366,26 @@ nlohmann::json bench_batchnorm(std::int64_t batch, int repeats, const k::StreamH
       const double difference = petra::testing::relative_error(petra_out, cudnn_out);
       const double petra_s = seconds_per_launch(pass.petra, stream, repeats);
       const double cudnn_s = seconds_per_launch(pass.cudnn, stream, repeats);
+      k::cuda::set_batchnorm_l2_hints(false);
+      const double no_hints_s = seconds_per_launch(pass.petra, stream, repeats);
+      k::cuda::set_batchnorm_l2_hints(true);
+      const std::size_t default_set_aside = cb::set_persisting_l2_bytes(s.device_index, std::size_t(1) << 40);
+      const double set_aside_s = seconds_per_launch(pass.petra, stream, repeats);
+      cb::set_persisting_l2_bytes(s.device_index, default_set_aside);
       const double petra_gbs = pass.bytes / petra_s / 1e9, cudnn_gbs = pass.bytes / cudnn_s / 1e9;
+      const double no_hints_gbs = pass.bytes / no_hints_s / 1e9, set_aside_gbs = pass.bytes / set_aside_s / 1e9;
       if (difference > 1e-4) {
         *wrong = true;
         fmt::print("{:<22} {:<10} WRONG: petra and cuDNN differ by {:.2e} (bound 1e-4)\n", name, pass.name, difference);
       } else {
-        fmt::print("{:<22} {:<10} {:>10.1f} {:>10.0f} {:>7.0f}%   {:>10.1f} {:>10.0f} {:>7.0f}%\n", name, pass.name,
-                   petra_s * 1e6, petra_gbs, 100 * petra_gbs / ceiling, cudnn_s * 1e6, cudnn_gbs,
-                   100 * cudnn_gbs / ceiling);
+        fmt::print("{:<22} {:<10} {:>10.1f} {:>10.0f} {:>7.0f}%   {:>10.1f} {:>10.0f} {:>7.0f}%   {:>8.0f}% {:>8.0f}%\n",
+                   name, pass.name, petra_s * 1e6, petra_gbs, 100 * petra_gbs / ceiling, cudnn_s * 1e6, cudnn_gbs,
+                   100 * cudnn_gbs / ceiling, 100 * no_hints_gbs / ceiling, 100 * set_aside_gbs / ceiling);
       }
       rows.push_back({{"shape", name}, {"pass", pass.name}, {"copy_gbytes_per_s", ceiling},
                       {"petra_us", petra_s * 1e6}, {"petra_gbytes_per_s", petra_gbs},
                       {"cudnn_us", cudnn_s * 1e6}, {"cudnn_gbytes_per_s", cudnn_gbs},
+                      {"petra_no_l2_hints_us", no_hints_s * 1e6}, {"petra_l2_set_aside_us", set_aside_s * 1e6},
                       {"relative_difference", difference}});
     }
   }

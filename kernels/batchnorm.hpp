@@ -291,6 +291,11 @@ void batchnorm_relu_coupling_eval(const StreamHandle& s, const BatchNormShape& s
                                   const float* beta, const float* running_mean,
                                   const float* running_var, const float* a, float* out);
 
+// Whether the training passes ask the L2 cache to keep what their second read reads again
+// (kernels/cuda/l2_policy.cuh), for the whole process: on by default; benchmarks time both. The
+// results are the same bits either way.
+void set_batchnorm_l2_hints(bool on);
+
 }  // namespace cuda
 #endif
 

@@ -574,4 +574,67 @@ TEST_CASE("cuda: petra's conv2d gives the same bits with every block tile, FP32 
 
 #endif  // PETRA_HAVE_CUDNN
 
+// The L2 eviction hints of batch norm's training passes (kernels/cuda/l2_policy.cuh) are inline
+// PTX loads: they must read what a plain load reads, in every variant (float and float4 walks,
+// ReLU's mask, the coupling's output), and change no bit.
+TEST_CASE("cuda: petra's batch norm gives the same bits with and without L2 hints, and matches ref" *
+          doctest::skip(kNoGpu)) {
+  namespace ref = petra::kernels::ref;
+  namespace cu = petra::kernels::cuda;
+  using petra::kernels::BatchNormShape;
+  petra::Stream stream(petra::Device::cuda(0));
+  const StreamHandle s = gpu_stream_handle(stream);
+  void* cs = s.cuda_stream;
+  const StreamHandle host{};
+  const double eps = 1e-5, momentum = 0.1;
+  struct Restore {
+    ~Restore() { cu::set_batchnorm_l2_hints(true); }
+  } restore;
+  // float4 walks (plane % 4 == 0), float walks, and one tensor of 4 MiB
+  for (const BatchNormShape k : {BatchNormShape{3, 5, 7, 7}, {8, 16, 8, 8}, {64, 64, 16, 16}}) {
+    INFO("x (", k.batch, ", ", k.channels, ", ", k.height, ", ", k.width, ")");
+    const auto n = std::size_t(k.size()), c = std::size_t(k.channels);
+    const auto x = random_values<float>(n, 31, 1.0, 4.0), dy = random_values<float>(n, 32);
+    const auto gamma = random_values<float>(c, 33, 0.5, 1.5), beta = random_values<float>(c, 34);
+    const auto streams = random_values<float>(2 * n, 35);
+    std::vector<float> y_ref(n), mean_ref(c), invstd_ref(c), rm_ref(c, 0.0f), rv_ref(c, 1.0f);
+    ref::batchnorm_forward_train<float>(host, k, eps, momentum, x.data(), gamma.data(), beta.data(), y_ref.data(),
+                                        mean_ref.data(), invstd_ref.data(), rm_ref.data(), rv_ref.data());
+    Buffer xb(x, cs), dyb(dy, cs), g(gamma, cs), b(beta, cs), a(streams, cs);
+    // Every output of the five passes, in one vector per setting.
+    auto run_all = [&](bool hints) {
+      cu::set_batchnorm_l2_hints(hints);
+      Buffer y(std::vector<float>(n, 7.0f), cs), y_relu(std::vector<float>(n, 7.0f), cs),
+          mean(std::vector<float>(c, 7.0f), cs), invstd(std::vector<float>(c, 7.0f), cs),
+          rm(std::vector<float>(c, 0.0f), cs), rv(std::vector<float>(c, 1.0f), cs),
+          dx(std::vector<float>(n, 7.0f), cs), dx_relu(std::vector<float>(n, 7.0f), cs),
+          dgamma(std::vector<float>(c, 0.0f), cs), dbeta(std::vector<float>(c, 0.0f), cs),
+          out(std::vector<float>(2 * n, 7.0f), cs);
+      cu::batchnorm_forward_train(s, k, eps, momentum, xb.get(), g.get(), b.get(), y.get(), mean.get(), invstd.get(),
+                                  rm.get(), rv.get());
+      cu::batchnorm_relu_forward_train(s, k, eps, momentum, xb.get(), g.get(), b.get(), y_relu.get(), mean.get(),
+                                       invstd.get(), rm.get(), rv.get());
+      cu::batchnorm_backward(s, k, xb.get(), dyb.get(), g.get(), mean.get(), invstd.get(), dx.get(), dgamma.get(),
+                             dbeta.get());
+      cu::batchnorm_relu_backward(s, k, xb.get(), y_relu.get(), dyb.get(), g.get(), mean.get(), invstd.get(),
+                                  dx_relu.get(), dgamma.get(), dbeta.get());
+      cu::batchnorm_relu_coupling_train(s, k, eps, momentum, petra::kernels::CouplingDirection::forward, xb.get(),
+                                        g.get(), b.get(), a.get(), out.get(), mean.get(), invstd.get(), rm.get(),
+                                        rv.get());
+      std::vector<std::vector<float>> outputs{y.download(cs),  y_relu.download(cs), mean.download(cs),
+                                              invstd.download(cs), rm.download(cs), rv.download(cs),
+                                              dx.download(cs), dx_relu.download(cs), dgamma.download(cs),
+                                              dbeta.download(cs), out.download(cs)};
+      return outputs;
+    };
+    const auto with_hints = run_all(true), without = run_all(false);
+    CHECK(relative_error(with_hints[0], y_ref) <= 1e-5);
+    CHECK(relative_error(with_hints[2], mean_ref) <= 1e-5);
+    for (std::size_t i = 0; i < with_hints.size(); ++i) {
+      CAPTURE(i);
+      CHECK(with_hints[i] == without[i]);
+    }
+  }
+}
+
 #endif  // PETRA_HAVE_CUDA && (PETRA_HAVE_CUBLAS || PETRA_HAVE_CUDNN)

@@ -21,6 +21,7 @@
 #include "tests/emulation/emulated_device.hpp"
 
 #include <algorithm>
+#include <utility>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -644,6 +645,15 @@ void memset_async(void* dst, int value, std::size_t bytes, void* stream) {
   PETRA_CHECK(device == s.device, DeviceError, "cuda_backend::memset_async: ", bytes, " bytes of ",
               ed::device_name(device), " at ", dst, " set on a stream of cuda:", s.device);
   copy_work(lock, stream, false, [=] { std::memset(dst, value, bytes); }, "cuda_backend::memset_async");
+}
+
+// The emulated devices have no cache: the setting is kept and returned, and changes nothing.
+std::size_t set_persisting_l2_bytes(int device, std::size_t bytes) {
+  std::unique_lock lock(ed::state().mutex);
+  PETRA_CHECK(device >= 0 && device < ed::kDevices, DeviceError, "cuda_backend::set_persisting_l2_bytes: no device cuda:",
+              device);
+  static std::size_t setting[ed::kDevices] = {};
+  return std::exchange(setting[device], bytes);
 }
 
 }  // namespace petra::cuda_backend
