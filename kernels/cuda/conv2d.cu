@@ -198,6 +198,19 @@ struct ForwardProblem {
   __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned /*slice*/) const {
     y[r.y_offset + c.y_offset] = bias != nullptr ? value + r.bias : value;
   }
+  // The vector stores of store_outputs: where an output is (row part + column part), whether the
+  // destination of `slice` is aligned for G-float vectors, and G consecutive outputs at once.
+  static constexpr bool kVectorStores = true;
+  __device__ Index row_offset(const StoreRow& r) const { return r.y_offset; }
+  __device__ Index column_offset(const StoreColumn& c) const { return c.y_offset; }
+  template <int G>
+  __device__ bool vector_aligned(unsigned /*slice*/) const { return cuda_detail::aligned_to<G>(y); }
+  template <int G>
+  __device__ void store_vector(const StoreRow& r, const StoreColumn& c, const float (&v)[G], unsigned) const {
+    float w[G];
+    for (int e = 0; e < G; ++e) w[e] = bias != nullptr ? v[e] + r.bias : v[e];
+    cuda_detail::store_floats<G>(y + r.y_offset + c.y_offset, w);
+  }
 };
 
 // dx = w^T . gather(dy) for the input pixels of one stride class (conv2d_tiling::stride_class),
@@ -268,6 +281,15 @@ struct DataProblem {
   __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned /*slice*/) const {
     dx[r.dx_offset + c.dx_offset] = value;
   }
+  static constexpr bool kVectorStores = true;
+  __device__ Index row_offset(const StoreRow& r) const { return r.dx_offset; }
+  __device__ Index column_offset(const StoreColumn& c) const { return c.dx_offset; }
+  template <int G>
+  __device__ bool vector_aligned(unsigned /*slice*/) const { return cuda_detail::aligned_to<G>(dx); }
+  template <int G>
+  __device__ void store_vector(const StoreRow& r, const StoreColumn& c, const float (&v)[G], unsigned) const {
+    cuda_detail::store_floats<G>(dx + r.dx_offset + c.dx_offset, v);
+  }
 };
 
 // dw += dy . im2col(x)^T over K slice blockIdx.z. A(o, (b,oh,ow)) = dy[b, o, oh, ow].
@@ -331,6 +353,9 @@ struct WeightProblem {
     else
       partials[Index(slice * rows() * columns()) + index] = value;
   }
+  // Scalar stores only (store_outputs): the epilogue is a sliver of this pass's long K loop, and
+  // the vector read-modify-write of dw made the FP32 64 x 64 kernel spill at its 85 registers.
+  static constexpr bool kVectorStores = false;
 };
 
 // ---- the tiled implicit GEMM ------------------------------------------------------------------
@@ -441,8 +466,15 @@ PETRA_UNROLL
 // (store_column, store_row; per output, a division each, it took more time than the K loop when
 // K is short: run 9), and all rows before the first store, so that their loads (the forward's
 // bias) are in flight together (one row at a time, each row's stores waited on its bias: run 11).
-template <int R, int C, class Problem, class RowOf, class ColumnOf, class Value>
+// The thread's columns come in groups of G (4 in the FP32 kernel, 2 in TF32's fragments): where a
+// group's outputs are G consecutive, aligned floats of memory (the forward's and backward data's
+// outputs along a row of the image, the weight gradient's along a weight row; not a group cut by
+// the end of a sample, a stride class or C), a row of it is one vector store (Problem::store_vector)
+// instead of G (run 11: in short-K forward kernels the stores were most of the epilogue's samples).
+// The values and their rounding are the same either way.
+template <int G, int R, int C, class Problem, class RowOf, class ColumnOf, class Value>
 __device__ void store_outputs(const Problem& p, RowOf row_of, ColumnOf column_of, Value value) {
+  static_assert(C % G == 0, "the columns come in whole groups");
   const std::int64_t rows = p.rows(), columns = p.columns();
   typename Problem::StoreColumn store_columns[C];
   bool column_inside[C];
@@ -460,11 +492,46 @@ PETRA_UNROLL
     row_inside[i] = m < rows;
     store_rows[i] = p.store_row(row_inside[i] ? m : 0);
   }
+  if constexpr (!Problem::kVectorStores) {
 PETRA_UNROLL
-  for (int i = 0; i < R; ++i)
+    for (int i = 0; i < R; ++i)
 PETRA_UNROLL
-    for (int j = 0; j < C; ++j)
-      if (row_inside[i] && column_inside[j]) p.store(store_rows[i], store_columns[j], value(i, j), blockIdx.z);
+      for (int j = 0; j < C; ++j)
+        if (row_inside[i] && column_inside[j]) p.store(store_rows[i], store_columns[j], value(i, j), blockIdx.z);
+    return;
+  } else {
+    // Group q is one vector per row when its offsets are G consecutive, G-aligned values and all
+    // its columns are inside. A problem's offsets grow with the column (by 1 along a row of the
+    // image, by more across a sample or a row of a stride class), so the group's last column
+    // inside, G - 1 past the first, says both.
+    bool group_vector[C / G];
+    const bool aligned = p.template vector_aligned<G>(blockIdx.z);
+PETRA_UNROLL
+    for (int q = 0; q < C / G; ++q) {
+      const Index first = p.column_offset(store_columns[G * q]);
+      group_vector[q] = aligned && first % G == 0 && column_inside[G * q + G - 1] &&
+                        p.column_offset(store_columns[G * q + G - 1]) == first + G - 1;
+    }
+PETRA_UNROLL
+    for (int i = 0; i < R; ++i) {
+      const bool row_vector = row_inside[i] && p.row_offset(store_rows[i]) % G == 0;
+PETRA_UNROLL
+      for (int q = 0; q < C / G; ++q) {
+        if (row_vector && group_vector[q]) {
+          float v[G];
+PETRA_UNROLL
+          for (int e = 0; e < G; ++e) v[e] = value(i, G * q + e);
+          p.template store_vector<G>(store_rows[i], store_columns[G * q], v, blockIdx.z);
+          continue;
+        }
+PETRA_UNROLL
+        for (int e = 0; e < G; ++e) {
+          const int j = G * q + e;
+          if (row_inside[i] && column_inside[j]) p.store(store_rows[i], store_columns[j], value(i, j), blockIdx.z);
+        }
+      }
+    }
+  }
 }
 
 // The K loop both kernels share, a pipeline of Tile::kStages stages of the shared tiles: while
@@ -557,7 +624,7 @@ PETRA_UNROLL
                      for (int q = 0; q < kMicroN; ++q) acc[r][q] += av[r] * bv[q];
                  }
                });
-  store_outputs<kMicroM, kMicroN>(
+  store_outputs<4, kMicroM, kMicroN>(
       p, [&](int r) { return m0 + Tile::micro_row(t, r); }, [&](int q) { return n0 + Tile::micro_column(t, q); },
       [&](int r, int q) { return acc[r][q]; });
 }
@@ -688,7 +755,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, true>()
   // Lane 4 g + t holds rows Fragment::row(fm, s, g) and columns Fragment::column(fn, t, e) of the
   // piece: output row i = 2 fm + s, column j = 2 fn + e.
   const int g = lane / 4, lane_t = lane % 4;
-  store_outputs<2 * FM, 2 * FN>(
+  store_outputs<2, 2 * FM, 2 * FN>(
       p, [&](int i) { return m0 + wm + Fragment::row(i / 2, i % 2, g); },
       [&](int j) { return n0 + wn + Fragment::column(j / 2, lane_t, j % 2); },
       [&](int i, int j) { return acc.c[i / 2][j / 2][2 * (i % 2) + j % 2]; });

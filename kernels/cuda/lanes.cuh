@@ -37,4 +37,33 @@ __device__ inline float4 lanes(Op op, float4 a, float4 b) {
 __device__ inline float lane(float v, int) { return v; }
 __device__ inline float lane(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
+// G = 1, 2 or 4 consecutive floats at p as one access (a float, float2 or float4): p must be
+// aligned to 4 G bytes (aligned_to<G>).
+template <int G>
+__device__ inline bool aligned_to(const float* p) {
+  static_assert(G == 1 || G == 2 || G == 4);
+  return reinterpret_cast<std::uintptr_t>(p) % (4 * G) == 0;
+}
+template <int G>
+__device__ inline void store_floats(float* p, const float (&v)[G]) {
+  if constexpr (G == 4)
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  else if constexpr (G == 2)
+    *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
+  else
+    *p = v[0];
+}
+template <int G>
+__device__ inline void load_floats(const float* p, float (&v)[G]) {
+  if constexpr (G == 4) {
+    const float4 w = *reinterpret_cast<const float4*>(p);
+    v[0] = w.x, v[1] = w.y, v[2] = w.z, v[3] = w.w;
+  } else if constexpr (G == 2) {
+    const float2 w = *reinterpret_cast<const float2*>(p);
+    v[0] = w.x, v[1] = w.y;
+  } else {
+    v[0] = *p;
+  }
+}
+
 }  // namespace petra::cuda_detail
