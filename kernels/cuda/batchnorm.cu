@@ -33,8 +33,10 @@
 //
 // Memory: each of the three passes is coalesced (consecutive threads read consecutive values of
 // a row of the plane); the sums read x (and dy) once and the element-wise pass once more, as
-// cpu::'s two passes do. The partial pairs and the per-channel maps (y's, dx's) live in
-// s.scratch() (the stream's workspace). The evaluation forward is one element-wise pass.
+// cpu::'s two passes do. The sums' pass asks the L2 cache to keep what the element-wise pass reads
+// again and that pass lets it go (L2 eviction hints, kernels/cuda/l2_policy.cuh; read_hints below):
+// the second read then need not go to memory. The partial pairs and the per-channel maps (y's,
+// dx's) live in s.scratch() (the stream's workspace). The evaluation forward is one element-wise pass.
 //
 // Batch norm fused with the ReLU that follows it (kernels/batchnorm.hpp, batchnorm_relu_*): the
 // same kernels with a compile-time `relu` flag. The forward's element-wise pass writes
