@@ -36,7 +36,8 @@
 //     while the block multiplies step i out of one, the copies of the next one or two steps are in
 //     flight into the others, with one barrier per step and no register holding a gathered value;
 //   - the epilogue decomposes each of a thread's output columns and rows once (store_column,
-//     store_row), not each output;
+//     store_row), not each output, and stores a group of 4 (FP32) or 2 (TF32) outputs that are
+//     consecutive in memory as one float4 / float2 (store_outputs);
 //   - the gather is a problem type (ForwardProblem, DataProblem, WeightProblem) with row(m),
 //     column(n), k_entry(k), a_offset / b_offset / b_inside, store_column / store_row / store and
 //     its K range per slice: the tiling is written once.
@@ -468,10 +469,10 @@ PETRA_UNROLL
 // bias) are in flight together (one row at a time, each row's stores waited on its bias: run 11).
 // The thread's columns come in groups of G (4 in the FP32 kernel, 2 in TF32's fragments): where a
 // group's outputs are G consecutive, aligned floats of memory (the forward's and backward data's
-// outputs along a row of the image, the weight gradient's along a weight row; not a group cut by
-// the end of a sample, a stride class or C), a row of it is one vector store (Problem::store_vector)
-// instead of G (run 11: in short-K forward kernels the stores were most of the epilogue's samples).
-// The values and their rounding are the same either way.
+// outputs along a row of the image; not a group cut by the end of a sample, a stride class or C),
+// a row of it is one vector store (Problem::store_vector) instead of G (run 11: in short-K forward
+// kernels the stores were most of the epilogue's samples). Problem::kVectorStores false (the
+// weight pass) keeps scalar stores. The values and their rounding are the same either way.
 template <int G, int R, int C, class Problem, class RowOf, class ColumnOf, class Value>
 __device__ void store_outputs(const Problem& p, RowOf row_of, ColumnOf column_of, Value value) {
   static_assert(C % G == 0, "the columns come in whole groups");
