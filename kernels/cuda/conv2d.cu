@@ -493,19 +493,12 @@ PETRA_UNROLL
     row_inside[i] = m < rows;
     store_rows[i] = p.store_row(row_inside[i] ? m : 0);
   }
-  if constexpr (!Problem::kVectorStores) {
-PETRA_UNROLL
-    for (int i = 0; i < R; ++i)
-PETRA_UNROLL
-      for (int j = 0; j < C; ++j)
-        if (row_inside[i] && column_inside[j]) p.store(store_rows[i], store_columns[j], value(i, j), blockIdx.z);
-    return;
-  } else {
-    // Group q is one vector per row when its offsets are G consecutive, G-aligned values and all
-    // its columns are inside. A problem's offsets grow with the column (by 1 along a row of the
-    // image, by more across a sample or a row of a stride class), so the group's last column
-    // inside, G - 1 past the first, says both.
-    bool group_vector[C / G];
+  // Group q is one vector per row when its offsets are G consecutive, G-aligned values and all
+  // its columns are inside. A problem's offsets grow with the column (by 1 along a row of the
+  // image, by more across a sample or a row of a stride class), so the group's last column
+  // inside, G - 1 past the first, says both. (All false where the problem stores scalars.)
+  bool group_vector[C / G] = {};
+  if constexpr (Problem::kVectorStores) {
     const bool aligned = p.template vector_aligned<G>(blockIdx.z);
 PETRA_UNROLL
     for (int q = 0; q < C / G; ++q) {
@@ -513,23 +506,24 @@ PETRA_UNROLL
       group_vector[q] = aligned && first % G == 0 && column_inside[G * q + G - 1] &&
                         p.column_offset(store_columns[G * q + G - 1]) == first + G - 1;
     }
+  }
 PETRA_UNROLL
-    for (int i = 0; i < R; ++i) {
-      const bool row_vector = row_inside[i] && p.row_offset(store_rows[i]) % G == 0;
+  for (int i = 0; i < R; ++i) {
 PETRA_UNROLL
-      for (int q = 0; q < C / G; ++q) {
-        if (row_vector && group_vector[q]) {
+    for (int q = 0; q < C / G; ++q) {
+      if constexpr (Problem::kVectorStores) {
+        if (row_inside[i] && p.row_offset(store_rows[i]) % G == 0 && group_vector[q]) {
           float v[G];
 PETRA_UNROLL
           for (int e = 0; e < G; ++e) v[e] = value(i, G * q + e);
           p.template store_vector<G>(store_rows[i], store_columns[G * q], v, blockIdx.z);
           continue;
         }
+      }
 PETRA_UNROLL
-        for (int e = 0; e < G; ++e) {
-          const int j = G * q + e;
-          if (row_inside[i] && column_inside[j]) p.store(store_rows[i], store_columns[j], value(i, j), blockIdx.z);
-        }
+      for (int e = 0; e < G; ++e) {
+        const int j = G * q + e;
+        if (row_inside[i] && column_inside[j]) p.store(store_rows[i], store_columns[j], value(i, j), blockIdx.z);
       }
     }
   }
