@@ -1,9 +1,9 @@
 // kernels/cpu/conv2d.cpp: the cpu:: entry points of kernels/conv2d.hpp, and which algorithm runs
 // each pass (kernels/cpu/conv2d_algorithms.hpp lists them):
 //   - float, AVX-512 compiled in: first Winograd's F(4x4, 3x3) for the forward and backward-data
-//     of 3x3 stride-1 padding-1 layers of 16 channels or more on rows of up to 16
+//     of 3x3 stride-1 padding-1 layers of 16 channels or more on rows of up to 28
 //     (conv2d_winograd_f4.cpp, `applies`), then F(2x2, 3x3) for those of 16 to 64 channels on rows
-//     of 7 to 30 (conv2d_winograd.cpp) and on 4x4 images (conv2d_winograd_small.cpp); then the
+//     of 7 to 30 (conv2d_winograd.cpp: rows of 29 and 30, outputs not a multiple of 4) and on 4x4 images (conv2d_winograd_small.cpp); then the
 //     direct kernels where they measured faster than
 //     im2col + GEMM, first direct::small (images of 16 pixels, conv2d_direct_small.cpp), then for the
 //     forward direct::lanes (stride 2, channels on the lanes: conv2d_direct_lanes.cpp), then

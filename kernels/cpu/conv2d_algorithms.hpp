@@ -257,7 +257,7 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
 int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads);
 }  // namespace winograd_small
 
-namespace winograd_f4 {  // kernels/cpu/conv2d_winograd_f4.cpp: F(4x4, 3x3) on rows of up to 16
+namespace winograd_f4 {  // kernels/cpu/conv2d_winograd_f4.cpp: F(4x4, 3x3) on rows of up to 28
 bool applies(const Conv2dShape& s);  // of the forward pass; backward-data: of transposed_stride1(s)
 void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w,
              const float* bias, float* y);

@@ -1,6 +1,6 @@
 // kernels/cpu/conv2d_winograd_f4.cpp: Winograd's F(4x4, 3x3) (float, AVX-512) for images with
-// rows of up to 16 pixels (ResNet-18's last three stages on 28x28 or 32x32 inputs: 14x14, 7x7 and
-// 4x4), 3x3 kernel, stride 1, padding 1: the forward pass and backward-data (the forward of
+// rows of up to 28 pixels (every stage of ResNet-18 on 28x28 inputs: 28x28, 14x14, 7x7 and 4x4),
+// 3x3 kernel, stride 1, padding 1: the forward pass and backward-data (the forward of
 // transposed_stride1, the same shape). The weight gradient stays with F(2x2, 3x3)
 // (conv2d_winograd.cpp, conv2d_winograd_small.cpp).
 //
@@ -47,7 +47,7 @@ using direct::first_lanes;
 using direct::kLanes;
 constexpr int kPositions = 36;     // of a transformed 6x6 tile
 constexpr int64_t kMaxColumns = 6; // columns per product micro-kernel
-constexpr int64_t kMaxWidth = 16;  // image columns (see applies)
+constexpr int64_t kMaxWidth = 28;  // image columns (see applies)
 
 // The geometry of a call on `threads` threads. A unit of work is one tile row of one group of 16
 // images (up to 4 tiles); a chunk is up to kMaxColumns columns of whole units, each column one tile
@@ -346,10 +346,13 @@ void forward_transformed(const StreamHandle& st, const Conv2dShape& s, const Lay
 // Where it replaces F(2x2, 3x3), measured with `bench-conv-shapes --cold` (1 thread, batch 64, ms
 // per call, forward / backward-data) and inside PETRA's step (`petra-train --profile`):
 // 128->128 @4 1.46 / 1.45 -> 1.00 / 1.12, 64->64 @7 1.54 / 1.53 -> 0.85 / 0.87, 32->32 @14 1.35 /
-// 1.37 -> 1.04 / 1.05. On rows of 28 (16->16 @28) it is faster alone (1.69 -> 1.43) but slower in
-// a step (forward 1.58 -> 1.87 ms): it reads 16 images at once, 6 rows of each, which the
-// hardware prefetchers follow worse than F(2x2)'s image-by-image rows; rows wider than 16 keep
-// F(2x2). Outputs in multiples of 4 (the products' row blocks).
+// 1.37 -> 1.04 / 1.05. Rows of 28 (16->16 @28: one unit of 7 tiles per chunk) were left to F(2x2)
+// from 2026-12-03 to 2026-12-04 on an Intel Xeon host, where F(4x4) was faster alone but slower in a
+// step (forward 1.58 -> 1.87 ms); on the AMD Zen 5 host since, it is faster in both: alone 1.58 /
+// 1.61 -> 1.16 / 1.15, in a backprop step 1.53 / 1.25 -> 1.03 / 0.87, and the steady step of
+// backprop (1 and 2 threads) and PETRA (2 workers) is as fast or faster in every interleaved round
+// (docs/results-cpu.md §1, "F(4x4) on rows of 28 again"). Wider rows (30, 32) were not measured and
+// keep F(2x2). Outputs in multiples of 4 (the products' row blocks).
 bool applies(const Conv2dShape& s) {
   return s.kernel_h == 3 && s.kernel_w == 3 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 1 &&
          s.pad_w == 1 && s.in_h >= 1 && s.in_w >= 1 && s.in_w <= kMaxWidth &&

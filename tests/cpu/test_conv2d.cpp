@@ -104,11 +104,14 @@ std::vector<Conv2dShape> comparison_shapes() {
   // winograd (3x3, stride 1, padding 1, rows of 7 to 30, 16 channels or more): odd sizes (a
   // last tile half outside, rows of 15 reaching the second vector of a padded row), 17 output
   // channels (a partial panel of 4), rows of 30 (15 tiles: the last lane of every permute), 7
-  // images of 20 -> 24 channels (blocks of 26 and 23 tile rows: a block ends inside an image).
-  // (3, 16, 28, 28, 16) above runs blocks of 18, 18 and 6 tile rows over 1 to 3 threads.
+  // images of 20 -> 17 channels (blocks of 26 and 23 tile rows: a block ends inside an image).
+  // Rows of up to 28 with outputs in multiples of 4 go to winograd_f4 (since 2026-12-04 for rows
+  // of 17 to 28), so F(2x2)'s shapes here have 17 outputs or rows of 30; 7 x 20 -> 24 at 14x14 is
+  // winograd_f4's.
   shapes.push_back(conv2d_shape(2, 16, 13, 15, 17, 3, 1, 1));
   shapes.push_back(conv2d_shape(1, 16, 5, 30, 16, 3, 1, 1));
   shapes.push_back(conv2d_shape(7, 20, 14, 14, 24, 3, 1, 1));
+  shapes.push_back(conv2d_shape(7, 20, 14, 14, 17, 3, 1, 1));
   // Winograd's backward-weight (rows of 16 or fewer): 48 output channels (three vectors of the
   // output channels, 8 input channels per group), 80 (a group of four vectors, 24 input channels
   // in groups of 6, and one of one vector, 16 and a partial group of 8); 17 and 24 outputs above:
@@ -123,8 +126,10 @@ std::vector<Conv2dShape> comparison_shapes() {
   shapes.push_back(conv2d_shape(13, 128, 4, 4, 18, 3, 1, 1));
   shapes.push_back(conv2d_shape(5, 16, 4, 4, 18, 3, 1, 1));
   shapes.push_back(conv2d_shape(14, 128, 4, 4, 36, 3, 1, 1));
-  // winograd_f4 (rows of up to 16 pixels, 16 channels or more, outputs in multiples of 4; 16
-  // images on the lanes): 17 images (a second group of one), 33 images of 7x7 (2x2 tiles, the
+  // winograd_f4 (rows of up to 28 pixels, 16 channels or more, outputs in multiples of 4; 16
+  // images on the lanes): rows of 28 (7 tiles: a chunk of one unit, products in runs of 4 and 3
+  // columns), 21 (6 tiles, the last a quarter inside) and 17 (5 tiles, the last holding one
+  // column); 17 images (a second group of one), 33 images of 7x7 (2x2 tiles, the
   // last tile three quarters outside; groups of 16, 16 and 1), 12 outputs (a panel of 8 and 4 of
   // zeros), 40 images of 8x3 (2x1 tiles: chunks of 3 units), 1x1 images, 5x8 (a second tile row
   // of one), 13x15 with 20 outputs (4x4 tiles, the last row and column partial). 9 x 64 -> 64 at
@@ -136,6 +141,9 @@ std::vector<Conv2dShape> comparison_shapes() {
   shapes.push_back(conv2d_shape(2, 24, 1, 1, 16, 3, 1, 1));
   shapes.push_back(conv2d_shape(3, 16, 5, 8, 32, 3, 1, 1));
   shapes.push_back(conv2d_shape(2, 16, 13, 15, 20, 3, 1, 1));
+  shapes.push_back(conv2d_shape(18, 16, 9, 28, 16, 3, 1, 1));
+  shapes.push_back(conv2d_shape(3, 24, 11, 21, 20, 3, 1, 1));
+  shapes.push_back(conv2d_shape(2, 16, 6, 17, 32, 3, 1, 1));
   return shapes;
 }
 
@@ -253,8 +261,8 @@ TEST_CASE("conv2d: cpu results are bit-identical from run to run") {
 // odd ones (a thread's first block may start inside an image). The same for 4x4 images
 // (conv2d_winograd_small.cpp: each thread an equal share of the 25 images, in blocks of up to 12),
 // whose backward-weight gives each thread whole chunks of output channels: its bits too (72
-// outputs: chunks of 32, 32 and 8). F(4x4, 3x3) on rows of up to 16 (conv2d_winograd_f4.cpp, the
-// 14x14, 4x4 with 64 and 72 channels, and 7x7 shapes here) gives each thread whole tile rows of 16
+// outputs: chunks of 32, 32 and 8). F(4x4, 3x3) on rows of up to 28 (conv2d_winograd_f4.cpp, the
+// 28x28, 14x14, 4x4 with 64 and 72 channels, and 7x7 shapes here) gives each thread whole tile rows of 16
 // images (37 images: 3 groups, the last of 5).
 TEST_CASE("conv2d: the Winograd passes give the same bits at 1, 2 and 3 threads") {
   for (const Conv2dShape& shape : {conv2d_shape(5, 16, 28, 28, 16, 3, 1, 1), conv2d_shape(6, 32, 14, 14, 32, 3, 1, 1),
