@@ -447,7 +447,8 @@ bool applies(const Conv2dShape& s) {
 // (`petra-train --profile`, 1 thread, ms per call, direct -> Winograd): 32 -> 32 @14 1.47-1.56 ->
 // 1.27-1.39, 64 -> 64 @7 1.50-1.59 -> 1.33-1.41; not 16 -> 16 @28, 1.35-1.47 -> 1.65-1.69 (isolated
 // it is 1.17 -> 1.11: in a step its x and dy come from memory, and the direct kernel hides that
-// better).
+// better). Measured again on the Zen 5 host, 2026-12-04 23:50 UTC (with a training run on the
+// other core): 16 -> 16 @28 1.51-1.62 -> 1.88-2.35 ms in the step; still not.
 bool applies_weight(const Conv2dShape& s) { return applies(s) && s.in_w <= 16; }
 
 void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w,
