@@ -36,6 +36,7 @@
 #if PETRA_CONV_DIRECT
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "petra/kernels/cpu/conv2d_direct.hpp"
 #include "petra/kernels/cpu/parallel.hpp"
@@ -236,40 +237,59 @@ inline void kernel_transform3(const __m512 (&g)[3], __m512 (&r)[6]) {
   r[5] = g[2];
 }
 
+// Input channels whose transformed kernels transform_weight keeps before writing them to U.
+constexpr int64_t kWeightBlock = 8;
+
 // u[((p * panels + o / 8) * in + c) * 8 + o % 8] = (G g G^T)[p / 6][p % 6] of output channel o and
 // input channel c (zero for o >= out), 16 output channels at a time: their taps gathered through
 // Taps' strides, G applied to the columns, then to the rows, in float.
+// The 36 positions of one kernel land in 36 (72 with the second panel) places of U that lie
+// panels * in * 32 bytes apart: a multiple of 4 KB, so the same L1 and L2 sets. Written kernel by
+// kernel they evicted one another's lines between the two 32-byte halves of each line (128->128:
+// 72 lines in one 12-way L1 set and one 16-way L2 set). So up to kWeightBlock consecutive input
+// channels of one group of 16 output channels are transformed into `block` (18 KB, in L1) first,
+// then each (position, panel) is copied to U as one run of whole lines.
 template <class Taps>
 void transform_weight(const StreamHandle& st, int64_t out, int64_t out_rounded, int64_t in, const Taps& taps,
                       float* u) {
   const int64_t panels = out_rounded / kPanel, vectors = (out + kLanes - 1) / kLanes;
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   run_threads(st, [&](int t, int threads) {
-    for (int64_t vc = share(vectors * in, t, threads); vc < share(vectors * in, t + 1, threads); ++vc) {
-      const int64_t o0 = vc / in * kLanes, c = vc % in;
+    alignas(64) float block[kPositions][2][kWeightBlock][kPanel];
+    const int64_t end = share(vectors * in, t + 1, threads);
+    for (int64_t vc = share(vectors * in, t, threads); vc < end;) {
+      const int64_t o0 = vc / in * kLanes, c0 = vc % in;
+      const int64_t count = std::min({kWeightBlock, end - vc, in - c0});
+      const int halves = o0 + kPanel < out_rounded ? 2 : 1;
       const __mmask16 valid = first_lanes(out - o0);
       const __m512i index = _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(o0))),
                                                _mm512_set1_epi32(static_cast<int>(taps.first_stride())));
-      const float* base = taps.w + c * taps.second_stride();
-      __m512 gg[6][3];  // (G g)[i][j]
-      for (int j = 0; j < 3; ++j) {
-        __m512 column[3];
-        for (int i = 0; i < 3; ++i)
-          column[i] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, index, base + Taps::offset(i, j), 4);
-        __m512 r[6];
-        kernel_transform3(column, r);
-        for (int i = 0; i < 6; ++i) gg[i][j] = r[i];
-      }
-      for (int i = 0; i < 6; ++i) {
-        __m512 r[6];
-        kernel_transform3(gg[i], r);  // (G g) G^T, row i
-        for (int j = 0; j < 6; ++j) {
-          float* to = u + ((6 * i + j) * panels + o0 / kPanel) * in * kPanel + c * kPanel;
-          _mm256_storeu_ps(to, _mm512_castps512_ps256(r[j]));
-          if (o0 + kPanel < out_rounded)
-            _mm256_storeu_ps(to + in * kPanel, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r[j]), 1)));
+      for (int64_t k = 0; k < count; ++k) {
+        const float* base = taps.w + (c0 + k) * taps.second_stride();
+        __m512 gg[6][3];  // (G g)[i][j]
+        for (int j = 0; j < 3; ++j) {
+          __m512 column[3];
+          for (int i = 0; i < 3; ++i)
+            column[i] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, index, base + Taps::offset(i, j), 4);
+          __m512 r[6];
+          kernel_transform3(column, r);
+          for (int i = 0; i < 6; ++i) gg[i][j] = r[i];
+        }
+        for (int i = 0; i < 6; ++i) {
+          __m512 r[6];
+          kernel_transform3(gg[i], r);  // (G g) G^T, row i
+          for (int j = 0; j < 6; ++j) {
+            _mm256_store_ps(block[6 * i + j][0][k], _mm512_castps512_ps256(r[j]));
+            _mm256_store_ps(block[6 * i + j][1][k],
+                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r[j]), 1)));
+          }
         }
       }
+      for (int p = 0; p < kPositions; ++p)
+        for (int half = 0; half < halves; ++half)
+          std::memcpy(u + ((p * panels + o0 / kPanel + half) * in + c0) * kPanel, block[p][half],
+                      sizeof(float) * std::size_t(count * kPanel));
+      vc += count;
     }
   });
 }
