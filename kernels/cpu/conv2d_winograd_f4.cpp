@@ -69,6 +69,13 @@ struct Geometry {
 // Output channels of one panel of U (out rounded up to it, zero weights beyond out).
 constexpr int64_t kPanel = 8;
 
+// Floats from one position's V (or M) to the next's: its channels x columns vectors and one more.
+// Without the extra vector the 36 positions lie a multiple of 4 KB apart whenever channels x
+// columns is a multiple of 4 (32->32 @14: 8 KB, 64->64 @7: 24 KB, 128->128 @4: 32 KB), so a tile's
+// 36 stores to V (and its 36 loads from M) fall in one L1 set and a few L2 sets and evict one
+// another; with it, consecutive positions fall in consecutive sets.
+int64_t position_stride(int64_t channels, int64_t columns) { return (channels * columns + 1) * kLanes; }
+
 // The call's geometry and scratch. Shared: U[p][panel][c][8]. Per thread: V and M of a chunk (every
 // output channel), the pixels of one unit (images on the lanes, in and out).
 struct Layout {
@@ -76,8 +83,8 @@ struct Layout {
   int64_t in, out_rounded, v_floats, m_floats, planes_floats;
   Layout(const Conv2dShape& s, int threads)
       : g(s, std::max(1, threads)), in(s.in_channels), out_rounded(round_up(s.out_channels, kPanel)),
-        v_floats(kPositions * s.in_channels * g.max_columns() * kLanes),
-        m_floats(kPositions * out_rounded * g.max_columns() * kLanes), planes_floats(g.plane_vectors() * kLanes) {}
+        v_floats(kPositions * position_stride(s.in_channels, g.max_columns())),
+        m_floats(kPositions * position_stride(out_rounded, g.max_columns())), planes_floats(g.plane_vectors() * kLanes) {}
   int64_t u_floats() const { return kPositions * out_rounded * in; }
   int64_t thread_floats() const { return v_floats + m_floats + planes_floats; }
 };
@@ -302,10 +309,10 @@ int rows_per_product(int64_t columns) { return columns <= 3 ? 8 : 4; }
 // position at a time (its V stays in L1 across the output channels), in runs of up to kMaxColumns
 // columns of near-equal sizes.
 void multiply_chunk(const Layout& k, const float* u, const float* v, int64_t columns, float* m) {
-  const int64_t in = k.in, panels = k.out_rounded / kPanel, m_stride = k.out_rounded * columns * kLanes;
+  const int64_t in = k.in, panels = k.out_rounded / kPanel, m_stride = position_stride(k.out_rounded, columns);
   const int64_t runs = (columns + kMaxColumns - 1) / kMaxColumns;
   for (int p = 0; p < kPositions; ++p) {
-    const float* vp = v + p * in * columns * kLanes;
+    const float* vp = v + p * position_stride(in, columns);
     for (int64_t run = 0; run < runs; ++run) {
       const int64_t n0 = share(columns, run, runs), n = share(columns, run + 1, runs) - n0;
       const int rows = rows_per_product(n);
@@ -340,11 +347,11 @@ void forward_transformed(const StreamHandle& st, const Conv2dShape& s, const Lay
           gather_patch_rows(x + first * in_image + c * plane, in_image, images, g.h, g.w, ty, g.padded_w(), planes);
           for (int64_t tx = 0; tx < g.tiles_w; ++tx)
             transform_tile(planes, g.padded_w(), tx, v + (c * columns + ui * g.tiles_w + tx) * kLanes,
-                           in * columns * kLanes);
+                           position_stride(in, columns));
         }
       multiply_chunk(k, u, v, columns, m);
       // Y = A^T M A + bias, back to the images' planes, a unit's output rows at a time
-      const int64_t m_stride = k.out_rounded * columns * kLanes;
+      const int64_t m_stride = position_stride(k.out_rounded, columns);
       for (int64_t o = 0; o < out; ++o) {
         const __m512 b = _mm512_set1_ps(bias != nullptr ? bias[o] : 0.0f);
         for (int64_t ui = 0; ui < units; ++ui) {
