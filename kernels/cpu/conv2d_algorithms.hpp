@@ -78,6 +78,18 @@ constexpr int64_t scratch_floats(int64_t shared, int64_t per_thread, int threads
   return round_up(shared, line) + threads * round_up(per_thread, line);
 }
 
+// Floats (a multiple of 16) rounded up to an odd number of 64-byte lines: the distance between
+// the positions of a Winograd tile in V and M. A transform reads or writes a tile's positions
+// (16 for F(2x2), 36 for F(4x4)) at once, one position apart; at a multiple of 4 KB apart (64
+// channels x 64 tiles, or 128 channels x 4 columns) they all fall in one set of the 12-way L1 and
+// evict each other (F(2x2) 64 -> 64 @7: 1.95 ms per forward, 1.10 ms with odd lines; F(4x4)
+// 32 -> 32 @14: docs/results-cpu.md §1, "Two layouts of F(4x4) ..."). An odd number of lines puts
+// consecutive positions in different sets.
+constexpr int64_t odd_lines(int64_t floats) {
+  constexpr int64_t line = 64 / sizeof(float);
+  return floats / line % 2 == 1 ? floats : floats + line;
+}
+
 // The shape whose forward pass is backward-data of a stride-1 convolution: dy is its input, dx
 // its output, and its weight is w flipped in both spatial dimensions with in/out swapped.
 inline Conv2dShape transposed_stride1(const Conv2dShape& s) {

@@ -103,14 +103,6 @@ struct Blocking {
   __mmask16 row_lanes(int64_t left) const {
     return first_lanes(kLanes % pitch == 0 ? std::min(left, pitch) : left);
   }
-  // Floats (a multiple of 16) rounded up to an odd number of 64-byte lines. The transforms read
-  // or write the 16 positions of a tile at once, one position apart: at a multiple of 4 KB apart
-  // (64 channels x 64 tiles) all 16 lines fall in one set of the 12-way L1 and evict each other
-  // (64 -> 64 @7: 1.95 ms per forward; 1.10 ms with odd lines); an odd number of lines puts them
-  // in 16 different sets.
-  static int64_t odd_lines(int64_t floats) {
-    return floats / kLanes % 2 == 1 ? floats : floats + kLanes;
-  }
 };
 
 // U[p][o / 4][c][o % 4] = (G g G^T)[p] with g(o, c, i, j) the 3x3 kernel of output channel o and
@@ -329,7 +321,7 @@ struct WeightLayout {
   static constexpr int64_t kRowFloats = 2 * 2 * kLanes * kLanes;  // 2 dy rows x 32 pixels x 16
   explicit WeightLayout(const Blocking& k)
       : outs(round_up(k.out_rounded, kLanes)),
-        dm_position(Blocking::odd_lines(k.stride * outs)),
+        dm_position(odd_lines(k.stride * outs)),
         sums_floats(kPositions * k.in_channels * outs) {}
   int64_t dm_floats() const { return kPositions * dm_position; }
   int64_t thread_floats(const Blocking& k) const {

@@ -69,12 +69,11 @@ struct Geometry {
 // Output channels of one panel of U (out rounded up to it, zero weights beyond out).
 constexpr int64_t kPanel = 8;
 
-// Floats from one position's V (or M) to the next's: its channels x columns vectors and one more.
-// Without the extra vector the 36 positions lie a multiple of 4 KB apart whenever channels x
-// columns is a multiple of 4 (32->32 @14: 8 KB, 64->64 @7: 24 KB, 128->128 @4: 32 KB), so a tile's
-// 36 stores to V (and its 36 loads from M) fall in one L1 set and a few L2 sets and evict one
-// another; with it, consecutive positions fall in consecutive sets.
-int64_t position_stride(int64_t channels, int64_t columns) { return (channels * columns + 1) * kLanes; }
+// Floats from one position's V (or M) to the next's: its channels x columns vectors, rounded up
+// to an odd number of lines (odd_lines). Unpadded, the 36 positions lay a multiple of 4 KB apart
+// whenever channels x columns is even (32->32 @14: 8 KB, 64->64 @7: 24 KB, 128->128 @4: 32 KB),
+// and a tile's 36 stores to V (and its 36 loads from M) fell in one L1 set.
+int64_t position_stride(int64_t channels, int64_t columns) { return odd_lines(channels * columns * kLanes); }
 
 // The call's geometry and scratch. Shared: U[p][panel][c][8]. Per thread: V and M of a chunk (every
 // output channel), the pixels of one unit (images on the lanes, in and out).
