@@ -172,13 +172,21 @@ void for_each_image(const Geometry& g, const PartLayout& l, float* padded, std::
   return _mm512_maskz_mov_ps(passed, dy);
 }
 
+// How many blocks of 16 positions ahead load_gradient_block prefetches each of its 16 rows. The
+// rows are 16 planes read side by side, more streams than the hardware prefetcher follows: without
+// it the backward ran twice as slow on a cold dy (as a training step leaves it) as on a warm one.
+constexpr std::int64_t kPrefetchBlocks = 6;
+
 // Loads dy at (sample n, channels [16 cv, +16), positions of block b) with the channels on the
 // lanes: rows[j] = position 16 b + j's gradient (positions past the plane: 0).
 void load_gradient_block(const Geometry& g, const float* dy, std::int64_t n, std::int64_t cv, std::int64_t b,
                          __m512 (&rows)[kLanes]) {
   const __mmask16 mask = lane_mask(valid_positions(g, b));
-  for (int i = 0; i < kLanes; ++i)
-    rows[i] = _mm512_maskz_loadu_ps(mask, dy + (n * g.channels + cv * kLanes + i) * g.plane + b * kLanes);
+  const float* const first = dy + (n * g.channels + cv * kLanes) * g.plane + b * kLanes;
+  for (int i = 0; i < kLanes; ++i) {
+    rows[i] = _mm512_maskz_loadu_ps(mask, first + i * g.plane);
+    _mm_prefetch(reinterpret_cast<const char*>(first + i * g.plane + kPrefetchBlocks * kLanes), _MM_HINT_T0);
+  }
   transpose16(rows);
 }
 #endif  // PETRA_CONV_DIRECT
@@ -300,7 +308,10 @@ void conv_batchnorm_relu_forward_train(const StreamHandle& s, const Conv2dShape&
           rows[j] = _mm512_max_ps(zero, _mm512_fmadd_ps(_mm512_sub_ps(rows[j], mean), scale, shift_v));
         transpose16(rows);
         const __mmask16 mask = lane_mask(valid_positions(g, b));
-        for (int i = 0; i < kLanes; ++i) _mm512_mask_storeu_ps(out + i * g.plane + b * kLanes, mask, rows[i]);
+        for (int i = 0; i < kLanes; ++i) {
+          _mm512_mask_storeu_ps(out + i * g.plane + b * kLanes, mask, rows[i]);
+          _m_prefetchw(out + i * g.plane + (b + kPrefetchBlocks) * kLanes);
+        }
       }
     });
   });
