@@ -92,8 +92,12 @@ struct Layout {
 // images `image_stride` apart (lanes past `images` zero), for the 6 rows b of tile row ty's
 // patches, with zeros around them (the padding, and past the image's last row and column): the
 // images go onto the lanes through 16 x 16 transposes of the rows' pixels.
+// Each line read is also prefetched `prefetch` floats further on (0: none): the caller's next
+// gather, the same rows of the next channel. The 16 images' rows are 16 short runs on 16 pages, which
+// the hardware prefetcher does not catch: when x comes from DRAM, as in a training step, the
+// gathers waited on every line.
 void gather_patch_rows(const float* x, int64_t image_stride, int64_t images, int64_t h, int64_t w, int64_t ty,
-                       int64_t padded_w, __m512* patch) {
+                       int64_t padded_w, int64_t prefetch, __m512* patch) {
   const __m512 zero = _mm512_setzero_ps();
   const int64_t top = 4 * ty - 1, row0 = std::max<int64_t>(0, top), row1 = std::min(h, top + 6);
   for (int64_t b = 0; b < 6; ++b) {
@@ -113,6 +117,9 @@ void gather_patch_rows(const float* x, int64_t image_stride, int64_t images, int
     __m512 r[16];
     for (int i = 0; i < 16; ++i)
       r[i] = i < images ? _mm512_maskz_loadu_ps(valid, from + i * image_stride + k0) : zero;
+    if (prefetch != 0)
+      for (int i = 0; i < images; ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(from + i * image_stride + k0 + prefetch), _MM_HINT_T0);
     direct::transpose16(r);
     for (int j = 0; j < 16 && k0 + j < pixels; ++j) {
       patch[row * padded_w + 1 + col] = r[j];
@@ -126,7 +133,10 @@ void gather_patch_rows(const float* x, int64_t image_stride, int64_t images, int
 
 // The planes of images first .. first + images - 1 (out_image floats apart) = planes[q], pixel q
 // of each image on its lane.
-void scatter_images(const __m512* planes, int64_t images, int64_t pixels, int64_t out_image, float* y) {
+// Each line written is also prefetched for writing `prefetch` floats further on (0: none), the
+// caller's next scatter (as gather_patch_rows, for the same reason).
+void scatter_images(const __m512* planes, int64_t images, int64_t pixels, int64_t out_image, int64_t prefetch,
+                    float* y) {
   for (int64_t slab = 0; slab * kLanes < pixels; ++slab) {
     const int64_t count = std::min<int64_t>(kLanes, pixels - slab * kLanes);
     __m512 r[16];
@@ -134,6 +144,8 @@ void scatter_images(const __m512* planes, int64_t images, int64_t pixels, int64_
     direct::transpose16(r);
     const __mmask16 valid = first_lanes(count);
     for (int i = 0; i < images; ++i) _mm512_mask_storeu_ps(y + i * out_image + slab * kLanes, valid, r[i]);
+    if (prefetch != 0)
+      for (int i = 0; i < images; ++i) _m_prefetchw(y + i * out_image + slab * kLanes + prefetch);
   }
 }
 
@@ -343,7 +355,8 @@ void forward_transformed(const StreamHandle& st, const Conv2dShape& s, const Lay
         for (int64_t ui = 0; ui < units; ++ui) {
           const int64_t group = (unit0 + ui) / g.tiles_h, ty = (unit0 + ui) % g.tiles_h;
           const int64_t first = group * kLanes, images = std::min<int64_t>(kLanes, s.batch - first);
-          gather_patch_rows(x + first * in_image + c * plane, in_image, images, g.h, g.w, ty, g.padded_w(), planes);
+          gather_patch_rows(x + first * in_image + c * plane, in_image, images, g.h, g.w, ty, g.padded_w(),
+                            c + 1 < in ? plane : 0, planes);
           for (int64_t tx = 0; tx < g.tiles_w; ++tx)
             transform_tile(planes, g.padded_w(), tx, v + (c * columns + ui * g.tiles_w + tx) * kLanes,
                            position_stride(in, columns));
@@ -360,7 +373,8 @@ void forward_transformed(const StreamHandle& st, const Conv2dShape& s, const Lay
             transform_output_tile(m + (o * columns + ui * g.tiles_w + tx) * kLanes, m_stride, g.h, g.w, ty, tx, b,
                                   planes);
           const int64_t pixels = (std::min(g.h, 4 * ty + 4) - 4 * ty) * g.w;
-          scatter_images(planes, images, pixels, out_image, y + first * out_image + o * plane + 4 * ty * g.w);
+          scatter_images(planes, images, pixels, out_image, o + 1 < out ? plane : 0,
+                         y + first * out_image + o * plane + 4 * ty * g.w);
         }
       }
     }
