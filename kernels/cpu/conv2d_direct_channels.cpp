@@ -113,8 +113,10 @@ void copy_channels_last(const Conv2dShape& s, const Layout& l, const float* x, f
         const int64_t count = std::min(kLanes, s.in_w - iw0);
         const auto mask = static_cast<__mmask16>((1u << count) - 1);
         __m512 rows[16], columns[16];
-        for (int c = 0; c < 16; ++c)
+        for (int c = 0; c < 16; ++c) {
           rows[c] = _mm512_maskz_loadu_ps(mask, group + c * pixels + ih * s.in_w + iw0);
+          _mm_prefetch(reinterpret_cast<const char*>(group + c * pixels + (ih + 2) * s.in_w + iw0), _MM_HINT_T0);
+        }
         transpose_16x16(rows, columns);
         float* out = row + (s.pad_w + iw0) * kLanes;
         for (int j = 0; j < 16; ++j)
@@ -137,6 +139,10 @@ inline void accumulate_row_taps(const float* plane, int64_t padded_w, int64_t st
   for (int64_t oh = 0; oh < out_h; ++oh) {
     const float* x = plane + (oh * stride_h + i) * padded_w * kLanes;
     const float* d = dy + oh * out_w;
+    for (int b = 0; b < kOutputBlock; ++b) {
+      _mm_prefetch(reinterpret_cast<const char*>(d + b * dy_channel + 2 * out_w), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(d + b * dy_channel + 2 * out_w + kLanes), _MM_HINT_T0);
+    }
     for (int64_t ow = 0; ow < out_w; ++ow, x += step) {
       const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + kLanes),
                    x2 = _mm512_loadu_ps(x + 2 * kLanes);
