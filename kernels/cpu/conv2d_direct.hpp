@@ -42,6 +42,17 @@ inline void zero_row(int64_t n, float* to) {
     _mm512_mask_storeu_ps(to + i, static_cast<__mmask16>((1u << (n - i)) - 1), _mm512_setzero_ps());
 }
 
+// Prefetches into L1 the lines of floats [from, from + n). For the kernels that read a few short
+// rows from each of many planes (a plane per channel or per image): the hardware prefetcher
+// follows long runs, not these, and a kernel whose input comes from DRAM (as in a training step)
+// waits on each line unless the next rows are asked for while the current ones are used.
+inline void prefetch_lines(const float* from, int64_t n) {
+  const auto first = reinterpret_cast<std::uintptr_t>(from) & ~std::uintptr_t(63);
+  const auto last = reinterpret_cast<std::uintptr_t>(from + n - 1);
+  for (std::uintptr_t line = first; line <= last; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
+}
+
 // The mask of the first n lanes (none for n <= 0, all for n >= 16).
 inline __mmask16 first_lanes(int64_t n) {
   return static_cast<__mmask16>(n >= kLanes ? 0xFFFFu : (1u << std::max<int64_t>(n, 0)) - 1u);

@@ -258,8 +258,13 @@ void transform_input_block(const Conv2dShape& s, const Blocking& k, const float*
   for (int64_t c = 0; c < in; ++c)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t image = (first + r) / k.rows, a = (first + r) % k.rows;
-      transform_input_row(x + image * in_image + c * h * w, h, w, a, picks, v + c * k.stride + r * k.pitch,
-                          k.v_position, k.row_lanes(tiles - r * k.pitch));
+      const float* plane = x + image * in_image + c * h * w;
+      transform_input_row(plane, h, w, a, picks, v + c * k.stride + r * k.pitch, k.v_position,
+                          k.row_lanes(tiles - r * k.pitch));
+      if (c + 1 < in) {  // the same rows of the next channel (direct::prefetch_lines says why)
+        const int64_t top = std::max<int64_t>(0, 2 * a - 1), bottom = std::min(h, 2 * a + 3);
+        direct::prefetch_lines(plane + h * w + top * w, (bottom - top) * w);
+      }
     }
   if (tiles < lanes)
     for (int64_t line = 0; line < kPositions * in; ++line)
@@ -344,6 +349,8 @@ void transform_gradient_row(const float* dy, int64_t plane, int64_t channels, in
         v[c] = c < channels && 2 * a + r < h && pixels != 0
                    ? _mm512_maskz_loadu_ps(pixels, dy + c * plane + (2 * a + r) * w + x0)
                    : _mm512_setzero_ps();
+      if (x0 == 0)  // the rows of the next tile row, two further on (direct::prefetch_lines says why)
+        for (int c = 0; c < channels; ++c) direct::prefetch_lines(dy + c * plane + (2 * a + 2 + r) * w, w);
       direct::transpose16(v);  // to 16 pixels' 16 channels
       for (int i = 0; i < 16; ++i) _mm512_store_ps(to + i * kLanes, v[i]);
     }
