@@ -180,12 +180,19 @@ void forward_with(const StreamHandle& st, const Conv2dShape& s, const float* x, 
   run_threads(st, [&](int t, int threads) {
     float* xp = scratch.of_thread(t);
     float* by_pixel = xp + s.in_channels * padded.plane();
-    for (int64_t n = share(s.batch, t, threads); n < share(s.batch, t + 1, threads); ++n) {
+    const int64_t end = share(s.batch, t + 1, threads), in_floats = s.in_channels * s.in_h * s.in_w;
+    const int64_t steps = blocks * s.out_h();
+    for (int64_t n = share(s.batch, t, threads); n < end; ++n) {
       pad_planes(s.in_channels, s.in_h, s.in_w, padded, x + n * s.x_image_stride(), xp);
       for (int64_t b = 0; b < blocks; ++b)
-        for (int64_t oh = 0; oh < s.out_h(); ++oh)
+        for (int64_t oh = 0; oh < s.out_h(); ++oh) {
           row_blocks<Tile, Stride>(s.out_w(), s, padded, xp, scratch.shared + b * taps(s) * Tile::channels, bias,
                                    b * Tile::channels, oh, 0, width, by_pixel);
+          if (n + 1 < end) {
+            prefetch_part(x + (n + 1) * s.x_image_stride(), in_floats, b * s.out_h() + oh, steps, false);
+            prefetch_part(y + (n + 1) * out_image, out_image, b * s.out_h() + oh, steps, true);
+          }
+        }
       to_planes(by_pixel, s.out_h() * s.out_w(), width, s.out_channels, y + n * out_image);
     }
   });
@@ -299,11 +306,17 @@ void backward_data_with(const StreamHandle& st, const Conv2dShape& s, const floa
   run_threads(st, [&](int t, int threads) {
     float* dyp = scratch.of_thread(t);
     float* by_pixel = dyp + s.out_channels * padded.plane();
-    for (int64_t n = share(s.batch, t, threads); n < share(s.batch, t + 1, threads); ++n) {
-      pad_planes(s.out_channels, s.out_h(), s.out_w(), padded, dy + n * s.out_channels * s.out_h() * s.out_w(), dyp);
+    const int64_t end = share(s.batch, t + 1, threads), dy_floats = s.out_channels * s.out_h() * s.out_w();
+    const int64_t dx_floats = s.in_channels * pixels, steps = blocks * s.in_h;
+    for (int64_t n = share(s.batch, t, threads); n < end; ++n) {
+      pad_planes(s.out_channels, s.out_h(), s.out_w(), padded, dy + n * dy_floats, dyp);
       for (int64_t cb = 0; cb < blocks; ++cb) {
         const float* panel = scratch.shared + cb * taps(s) * Tile::channels;
         for (int64_t ih = 0; ih < s.in_h; ++ih) {
+          if (n + 1 < end) {
+            prefetch_part(dy + (n + 1) * dy_floats, dy_floats, cb * s.in_h + ih, steps, false);
+            prefetch_part(dx + (n + 1) * dx_floats, dx_floats, cb * s.in_h + ih, steps, true);
+          }
           const Taps rows = taps_of(ih % 2, s.pad_h, s.kernel_h);
           const int64_t oh0 = (ih - ih % 2) / 2;  // dy row = oh0 + rows.shift[a]
           for (int64_t b = 0; b < 2 && b < s.in_w; ++b)
