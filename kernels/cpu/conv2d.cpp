@@ -11,8 +11,9 @@
 //     where;
 //     backward-data runs them as the forward pass of transposed_stride1(shape), at stride 1 only,
 //     and direct::lanes' own backward-data at stride 2 where `applies_backward_data` says so;
-//   - float backward-weight, AVX-512: first Winograd where `applies_weight` (rows of 7 to 16),
-//     then direct::channels (16 input channels per vector,
+//   - float backward-weight, AVX-512: first F(4x4, 3x3) where its forward applies (f4_weight: but
+//     4x4 images on several threads go to conv2d_winograd_small.cpp's), then F(2x2, 3x3) where
+//     `applies_weight` (rows of 7 to 16: those F(4x4) does not take), then direct::channels (16 input channels per vector,
 //     3-column kernels, outputs at least 7 wide: conv2d_direct_channels.cpp), then as above;
 //   - otherwise (all of double, the other shapes) im2col + Eigen GEMM (conv2d_im2col.cpp), whose
 //     backward-data is itself a forward convolution at stride 1 with at least 16 input channels
@@ -115,11 +116,26 @@ void backward_data(const StreamHandle& s, const Conv2dShape& shape, const T* dy,
   }
 }
 
+#if PETRA_CONV_DIRECT
+// Whether F(4x4)'s weight gradient takes the pass. It gives each thread whole units (tile rows of
+// 16 images) and adds the threads' sums at the end; on 4x4 images with several threads
+// winograd_small's (whole chunks of output channels per thread, nothing to add) is faster:
+// 128->128 @4 at 2 threads 0.70 against 0.91 ms, at 1 thread 1.28 against 1.08 (`bench-conv-shapes
+// --cold`, medians of 4 interleaved rounds; docs/results-cpu.md §1).
+bool f4_weight(const Conv2dShape& shape, int threads) {
+  return conv2d::winograd_f4::applies_weight(shape) && !(threads > 1 && conv2d::winograd_small::applies_weight(shape));
+}
+#endif
+
 template <class T>
 void backward_weight(const StreamHandle& s, const Conv2dShape& shape, const T* x, const T* dy,
                      T* dw) {
 #if PETRA_CONV_DIRECT
   if constexpr (std::is_same_v<T, float>) {
+    if (f4_weight(shape, s.num_threads)) {
+      conv2d::winograd_f4::backward_weight(s, shape, x, dy, dw);
+      return;
+    }
     if (conv2d::winograd::applies_weight(shape)) {
       conv2d::winograd::backward_weight(s, shape, x, dy, dw);
       return;
@@ -180,7 +196,9 @@ int64_t direct_workspace_floats(const Conv2dShape& s, int threads) {
     floats = std::max(floats, forward_floats(conv2d::transposed_stride1(s)));
   if (direct::lanes::applies_backward_data(s))
     floats = std::max(floats, direct::lanes::backward_data_scratch_floats(s, threads));
-  if (conv2d::winograd::applies_weight(s))
+  if (f4_weight(s, threads))
+    floats = std::max(floats, conv2d::winograd_f4::backward_weight_scratch_floats(s, threads));
+  else if (conv2d::winograd::applies_weight(s))
     floats = std::max(floats, conv2d::winograd::backward_weight_scratch_floats(s, threads));
   else if (conv2d::winograd_small::applies_weight(s))
     floats = std::max(floats, conv2d::winograd_small::backward_weight_scratch_floats(s, threads));

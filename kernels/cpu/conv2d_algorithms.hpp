@@ -277,6 +277,9 @@ void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy
                    float* dx);
 // Scratch floats of forward(s) (and backward_data(s): of transposed_stride1(s)).
 int64_t scratch_floats(const Conv2dShape& s, int threads);
+bool applies_weight(const Conv2dShape& s);
+void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* dy, float* dw);
+int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads);
 }  // namespace winograd_f4
 #endif  // PETRA_CONV_DIRECT
 

@@ -113,25 +113,28 @@ inline void copy_strided_images(const float* from, int64_t stride, int64_t image
 
 // r[i][j] becomes r[j][i]: the four shuffle stages of a 16 x 16 transpose.
 inline void transpose16(__m512 (&r)[16]) {
+  // The zero-masking forms with every lane set are the plain instructions; GCC 12 warns, in some
+  // callers, about the undefined source of the unmasked intrinsics.
+  constexpr __mmask16 all = 0xFFFF;
   __m512 t[16];
   for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i] = _mm512_maskz_unpacklo_ps(all, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_ps(all, r[2 * i], r[2 * i + 1]);
   }
   for (int i = 0; i < 4; ++i) {
-    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    r[4 * i] = _mm512_maskz_shuffle_ps(all, t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_maskz_shuffle_ps(all, t[4 * i], t[4 * i + 2], 0xEE);
+    r[4 * i + 2] = _mm512_maskz_shuffle_ps(all, t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_maskz_shuffle_ps(all, t[4 * i + 1], t[4 * i + 3], 0xEE);
   }
   for (int h = 0; h < 2; ++h)
     for (int i = 0; i < 4; ++i) {
-      t[8 * h + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + 4 + i], 0x88);
-      t[8 * h + 4 + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + 4 + i], 0xDD);
+      t[8 * h + i] = _mm512_maskz_shuffle_f32x4(all, r[8 * h + i], r[8 * h + 4 + i], 0x88);
+      t[8 * h + 4 + i] = _mm512_maskz_shuffle_f32x4(all, r[8 * h + i], r[8 * h + 4 + i], 0xDD);
     }
   for (int i = 0; i < 8; ++i) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
-    r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xDD);
+    r[i] = _mm512_maskz_shuffle_f32x4(all, t[i], t[8 + i], 0x88);
+    r[8 + i] = _mm512_maskz_shuffle_f32x4(all, t[i], t[8 + i], 0xDD);
   }
 }
 
@@ -268,6 +271,71 @@ void transform_kernels_4x4(const Taps& g, int64_t o0, int64_t o_end, int64_t c0,
     u[4 * i + 1] = plus(a, b, e);
     u[4 * i + 2] = minus(a, b, e);
     u[4 * i + 3] = e;
+  }
+}
+
+// The products of Winograd's weight gradients (conv2d_winograd.cpp's F(2x2), conv2d_winograd_f4.cpp's
+// F(4x4)): at one transformed position, sums[c][16 j ..] += sum over `tiles` terms t of v[c][t] *
+// dm[t][16 j ..], for Channels input channels (lines of V `v_stride` apart) and Vectors vectors of
+// output channels (dm's rows `outs` floats long, output channels on the lanes).
+template <int Channels, int Vectors>
+void weight_tile(const float* v, int64_t v_stride, const float* dm, int64_t outs, int64_t tiles,
+                 float* sums) {
+  __m512 acc[Channels][Vectors];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm512_setzero_ps();
+  for (int64_t t = 0; t < tiles; ++t) {
+    __m512 d[Vectors];
+    for (int j = 0; j < Vectors; ++j) d[j] = _mm512_load_ps(dm + t * outs + j * kLanes);
+    for (int c = 0; c < Channels; ++c) {
+      const __m512 xv = _mm512_set1_ps(v[c * v_stride + t]);
+      for (int j = 0; j < Vectors; ++j) acc[c][j] = _mm512_fmadd_ps(xv, d[j], acc[c][j]);
+    }
+  }
+  for (int c = 0; c < Channels; ++c)
+    for (int j = 0; j < Vectors; ++j) {
+      float* to = sums + c * outs + j * kLanes;
+      _mm512_store_ps(to, _mm512_add_ps(_mm512_load_ps(to), acc[c][j]));
+    }
+}
+
+// The same for `channels` <= Channels input channels (fewer registers for a last partial group).
+template <int Vectors, int Channels>
+void weight_tiles(int channels, const float* v, int64_t v_stride, const float* dm, int64_t outs,
+                  int64_t tiles, float* sums) {
+  if constexpr (Channels > 1) {
+    if (channels < Channels) {
+      weight_tiles<Vectors, Channels - 1>(channels, v, v_stride, dm, outs, tiles, sums);
+      return;
+    }
+  }
+  weight_tile<Channels, Vectors>(v, v_stride, dm, outs, tiles, sums);
+}
+
+// One position's products of a block: every input channel against output vectors [j0, j0 +
+// Vectors), in groups of 16 channels for one vector, 24 / Vectors for more (16 or 24
+// accumulators, the other registers for the loads).
+template <int Vectors>
+void weight_position(int64_t in, const float* v, int64_t v_stride, const float* dm, int64_t outs,
+                     int64_t tiles, float* sums) {
+  constexpr int kGroup = Vectors == 1 ? 16 : 24 / Vectors;
+  for (int64_t c0 = 0; c0 < in; c0 += kGroup)
+    weight_tiles<Vectors, kGroup>(static_cast<int>(std::min<int64_t>(kGroup, in - c0)), v + c0 * v_stride,
+                                  v_stride, dm, outs, tiles, sums + c0 * outs);
+}
+
+// One position's products for every output vector (outs / 16 of them), four vectors at a time.
+inline void weight_products(int64_t in, const float* v, int64_t v_stride, const float* dm, int64_t outs,
+                            int64_t tiles, float* sums) {
+  for (int64_t j0 = 0; j0 < outs / kLanes; j0 += 4) {
+    const float* dmj = dm + j0 * kLanes;
+    float* sj = sums + j0 * kLanes;
+    switch (std::min<int64_t>(4, outs / kLanes - j0)) {
+      case 1: weight_position<1>(in, v, v_stride, dmj, outs, tiles, sj); break;
+      case 2: weight_position<2>(in, v, v_stride, dmj, outs, tiles, sj); break;
+      case 3: weight_position<3>(in, v, v_stride, dmj, outs, tiles, sj); break;
+      default: weight_position<4>(in, v, v_stride, dmj, outs, tiles, sj); break;
+    }
   }
 }
 

@@ -374,54 +374,6 @@ void transform_gradient_row(const float* dy, int64_t plane, int64_t channels, in
   }
 }
 
-// sums[c][16 j ..] += sum over `tiles` tiles t of v[c][t] * dm[t][16 j ..], for Channels input
-// channels (lines of V `v_stride` apart) and Vectors vectors of output channels, at one position.
-template <int Channels, int Vectors>
-void weight_tile(const float* v, int64_t v_stride, const float* dm, int64_t outs, int64_t tiles,
-                 float* sums) {
-  __m512 acc[Channels][Vectors];
-  for (auto& row : acc)
-    for (auto& a : row) a = _mm512_setzero_ps();
-  for (int64_t t = 0; t < tiles; ++t) {
-    __m512 d[Vectors];
-    for (int j = 0; j < Vectors; ++j) d[j] = _mm512_load_ps(dm + t * outs + j * kLanes);
-    for (int c = 0; c < Channels; ++c) {
-      const __m512 xv = _mm512_set1_ps(v[c * v_stride + t]);
-      for (int j = 0; j < Vectors; ++j) acc[c][j] = _mm512_fmadd_ps(xv, d[j], acc[c][j]);
-    }
-  }
-  for (int c = 0; c < Channels; ++c)
-    for (int j = 0; j < Vectors; ++j) {
-      float* to = sums + c * outs + j * kLanes;
-      _mm512_store_ps(to, _mm512_add_ps(_mm512_load_ps(to), acc[c][j]));
-    }
-}
-
-// The same for `channels` <= Channels input channels (fewer registers for a last partial group).
-template <int Vectors, int Channels>
-void weight_tiles(int channels, const float* v, int64_t v_stride, const float* dm, int64_t outs,
-                  int64_t tiles, float* sums) {
-  if constexpr (Channels > 1) {
-    if (channels < Channels) {
-      weight_tiles<Vectors, Channels - 1>(channels, v, v_stride, dm, outs, tiles, sums);
-      return;
-    }
-  }
-  weight_tile<Channels, Vectors>(v, v_stride, dm, outs, tiles, sums);
-}
-
-// One position's products of a block: every input channel against output vectors [j0, j0 +
-// Vectors), in groups of 16 channels for one vector, 24 / Vectors for more (16 or 24
-// accumulators, the other registers for the loads).
-template <int Vectors>
-void weight_position(int64_t in, const float* v, int64_t v_stride, const float* dm, int64_t outs,
-                     int64_t tiles, float* sums) {
-  constexpr int kGroup = Vectors == 1 ? 16 : 24 / Vectors;
-  for (int64_t c0 = 0; c0 < in; c0 += kGroup)
-    weight_tiles<Vectors, kGroup>(static_cast<int>(std::min<int64_t>(kGroup, in - c0)), v + c0 * v_stride,
-                                  v_stride, dm, outs, tiles, sums + c0 * outs);
-}
-
 Scratch<float> reserve(const StreamHandle& st, const Blocking& k) {
   return reserve_scratch<float>(st, kPositions * k.out_rounded * k.in_channels, k.v_floats() + k.m_floats());
 }
@@ -500,17 +452,8 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
                                  a, k.cols, rows, dm + r * k.cols * outs + o0, outs, layout.dm_position);
       }
       for (int64_t p = 0; p < kPositions; ++p)
-        for (int64_t j0 = 0; j0 < outs / kLanes; j0 += 4) {
-          const float* vp = v + p * k.v_position;
-          const float* dmp = dm + p * layout.dm_position + j0 * kLanes;
-          float* sp = sums + p * in * outs + j0 * kLanes;
-          switch (std::min<int64_t>(4, outs / kLanes - j0)) {
-            case 1: weight_position<1>(in, vp, k.stride, dmp, outs, tiles, sp); break;
-            case 2: weight_position<2>(in, vp, k.stride, dmp, outs, tiles, sp); break;
-            case 3: weight_position<3>(in, vp, k.stride, dmp, outs, tiles, sp); break;
-            default: weight_position<4>(in, vp, k.stride, dmp, outs, tiles, sp); break;
-          }
-        }
+        direct::weight_products(in, v + p * k.v_position, k.stride, dm + p * layout.dm_position, outs, tiles,
+                                sums + p * in * outs);
     }
   });
   // dw[o][c] += G^T dU G, dU summed over the threads in order

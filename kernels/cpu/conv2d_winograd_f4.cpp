@@ -1,8 +1,8 @@
 // kernels/cpu/conv2d_winograd_f4.cpp: Winograd's F(4x4, 3x3) (float, AVX-512) for images with
 // rows of up to 28 pixels (every stage of ResNet-18 on 28x28 inputs: 28x28, 14x14, 7x7 and 4x4),
-// 3x3 kernel, stride 1, padding 1: the forward pass and backward-data (the forward of
-// transposed_stride1, the same shape). The weight gradient stays with F(2x2, 3x3)
-// (conv2d_winograd.cpp, conv2d_winograd_small.cpp).
+// 3x3 kernel, stride 1, padding 1: the forward pass, backward-data (the forward of
+// transposed_stride1, the same shape) and backward-weight (below "Backward-weight": the same V,
+// the adjoint of the output transform on dy, F(2x2)'s products).
 //
 // The math. A 4x4 tile of outputs needs a 6x6 patch d of the padded input; with
 //   B^T = [4 0 -5 0 1 0; 0 -4 -4 1 1 0; 0 4 -4 -1 1 0; 0 -2 -1 2 1 0; 0 2 -1 -2 1 0; 0 4 0 -5 0 1],
@@ -381,6 +381,125 @@ void forward_transformed(const StreamHandle& st, const Conv2dShape& s, const Lay
   });
 }
 
+// ---- Backward-weight.
+// With Y = A^T [sum_c U[c] .* V[c]] A and U = G g G^T, the gradient of the kernel g of output
+// channel o and input channel c is dg = G^T dU G, where dU = sum over the images and tiles of
+// dM .* V[c] and dM = A dY A^T, the adjoint of the output transform, applied to the tile's 4x4
+// gradient dY (zero outside the image). V is the forward's (images on the lanes). dM has the output
+// channels on the lanes (16 channel rows of dy through a 16 x 16 transpose), so that the products
+// are F(2x2)'s (direct::weight_products): at each position, sums[c][o] += V's value of one image
+// and tile (broadcast) times dM's vector of that image and tile, over all of a chunk's images and
+// tiles ("terms"). Each thread sums its units into its own float sums; dg is computed from the
+// threads' sums added in thread order, in double, so the bits depend on the thread count only.
+
+// Terms (16 images x tiles) per chunk: at least this many where the units are short (rows of 4 to
+// 12 pixels), so that each product's accumulators sum a long run before they are added to sums.
+constexpr int64_t kMinWeightTerms = 64;
+
+// A 4x4 tile of dy and its 16 output channels per vector: the rows of the gather (4 rows of 32
+// pixels, the second half zero where the image is 16 pixels wide or less).
+constexpr int64_t kGradientRowPixels = 32;
+
+struct WeightLayout {
+  Geometry g;
+  int64_t in, outs, chunk_units, max_terms;
+  WeightLayout(const Conv2dShape& s, int threads)
+      : g(s, std::max(1, threads)), in(s.in_channels), outs(round_up(s.out_channels, kLanes)),
+        chunk_units(std::clamp<int64_t>((kMinWeightTerms / kLanes + g.tiles_w - 1) / g.tiles_w, 1,
+                                        (g.units + std::max(1, threads) - 1) / std::max(1, threads))),
+        max_terms(chunk_units * g.tiles_w * kLanes) {}
+  // V[p][c][term] and dM[p][term][o], positions odd_lines apart (position_stride's reason).
+  static int64_t v_stride(int64_t in, int64_t terms) { return odd_lines(in * terms); }
+  static int64_t dm_stride(int64_t outs, int64_t terms) { return odd_lines(terms * outs); }
+  int64_t v_floats() const { return kPositions * v_stride(in, max_terms); }
+  int64_t dm_floats() const { return kPositions * dm_stride(outs, max_terms); }
+  int64_t planes_floats() const { return std::max(g.plane_vectors(), 4 * kGradientRowPixels) * kLanes; }
+  int64_t sums_floats() const { return kPositions * in * outs; }
+  int64_t thread_floats() const { return v_floats() + dm_floats() + planes_floats() + sums_floats(); }
+};
+
+// to[k] = lane k of the first `count` rows `stride` floats apart from `from` (the lanes of `valid`):
+// 16 rows of 16 floats transposed, zero past `count` rows.
+void load_transposed(const float* from, int64_t stride, int64_t count, __mmask16 valid, __m512* to) {
+  __m512 v[16];
+  for (int c = 0; c < 16; ++c) v[c] = c < count ? _mm512_maskz_loadu_ps(valid, from + c * stride) : _mm512_setzero_ps();
+  direct::transpose16(v);
+  for (int k = 0; k < 16; ++k) _mm512_store_ps(reinterpret_cast<float*>(to + k), v[k]);
+}
+
+// rows[r * 32 + k] = dy at row 4 ty + r and column k of `channels` (up to 16) planes `plane` floats
+// apart, the channels on the lanes: zero for the other lanes, rows past h and columns past w.
+void gather_gradient_rows(const float* dy, int64_t plane, int64_t channels, int64_t h, int64_t w, int64_t ty,
+                          __m512* rows) {
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t k0 = 0; k0 < kGradientRowPixels; k0 += kLanes) {
+      const int64_t row = 4 * ty + r;
+      __m512* to = rows + r * kGradientRowPixels + k0;
+      if (row < h)
+        load_transposed(dy + row * w + k0, plane, channels, first_lanes(w - k0), to);
+      else
+        std::fill(to, to + kLanes, _mm512_setzero_ps());
+    }
+}
+
+// t = A y for four values y (a row or a column of a tile of dy), A = (A^T)^T.
+inline void gradient_transform4(const __m512 (&y)[4], __m512 (&t)[6]) {
+  const __m512 s02 = _mm512_add_ps(y[0], y[2]), s13 = _mm512_add_ps(y[1], y[3]);
+  const __m512 even = _mm512_fmadd_ps(_mm512_set1_ps(4.0f), y[2], y[0]);                         // y0 + 4 y2
+  const __m512 odd = _mm512_fmadd_ps(_mm512_set1_ps(8.0f), y[3], _mm512_add_ps(y[1], y[1]));  // 2 y1 + 8 y3
+  t[0] = y[0];
+  t[1] = _mm512_add_ps(s02, s13);
+  t[2] = _mm512_sub_ps(s02, s13);
+  t[3] = _mm512_add_ps(even, odd);
+  t[4] = _mm512_sub_ps(even, odd);
+  t[5] = y[3];
+}
+
+// dm[p * dm_stride] (p = 6 i + j) = (A dY A^T)[i][j] for tile tx, dY[a][b] = rows[a * 32 + 4 tx + b].
+void transform_gradient_tile(const __m512* rows, int64_t tx, float* dm, int64_t dm_stride) {
+  __m512 t[4][6];  // t[a][j] = (dY A^T)[a][j]
+  for (int a = 0; a < 4; ++a) {
+    const __m512* row = rows + a * kGradientRowPixels + 4 * tx;
+    const __m512 y[4] = {row[0], row[1], row[2], row[3]};
+    gradient_transform4(y, t[a]);
+  }
+  for (int j = 0; j < 6; ++j) {
+    const __m512 column[4] = {t[0][j], t[1][j], t[2][j], t[3][j]};
+    __m512 r[6];
+    gradient_transform4(column, r);
+    for (int i = 0; i < 6; ++i) _mm512_store_ps(dm + (6 * i + j) * dm_stride, r[i]);
+  }
+}
+
+// r = G^T d for six values d (a column or a row of dU), in double.
+inline void kernel_gradient_transform6(const __m512d (&d)[6], __m512d (&r)[3]) {
+  const __m512d sixth = _mm512_set1_pd(1.0 / 6), twelfth = _mm512_set1_pd(1.0 / 12);
+  const __m512d s12 = _mm512_add_pd(d[1], d[2]), s34 = _mm512_add_pd(d[3], d[4]);
+  // d0/4 - (d1 + d2)/6 + (d3 + d4)/24
+  r[0] = _mm512_fmadd_pd(_mm512_set1_pd(0.25), d[0],
+                         _mm512_mul_pd(sixth, _mm512_fmadd_pd(_mm512_set1_pd(0.25), s34, _mm512_sub_pd(_mm512_setzero_pd(), s12))));
+  // (d2 - d1)/6 + (d3 - d4)/12
+  r[1] = _mm512_fmadd_pd(sixth, _mm512_sub_pd(d[2], d[1]), _mm512_mul_pd(twelfth, _mm512_sub_pd(d[3], d[4])));
+  // (d3 + d4 - d1 - d2)/6 + d5
+  r[2] = _mm512_fmadd_pd(sixth, _mm512_sub_pd(s34, s12), d[5]);
+}
+
+// dg = G^T du G for eight output channels (the lanes) of one input channel; dg[3 k + l][lane].
+void kernel_gradient(const __m512d (&du)[kPositions], __m512d (&dg)[9]) {
+  __m512d t[3][6];  // t[k][j] = (G^T dU)[k][j]
+  for (int j = 0; j < 6; ++j) {
+    const __m512d column[6] = {du[j], du[6 + j], du[12 + j], du[18 + j], du[24 + j], du[30 + j]};
+    __m512d r[3];
+    kernel_gradient_transform6(column, r);
+    for (int k = 0; k < 3; ++k) t[k][j] = r[k];
+  }
+  for (int k = 0; k < 3; ++k) {
+    __m512d r[3];
+    kernel_gradient_transform6(t[k], r);
+    for (int l = 0; l < 3; ++l) dg[3 * k + l] = r[l];
+  }
+}
+
 }  // namespace
 
 // Where it replaces F(2x2, 3x3), measured with `bench-conv-shapes --cold` (1 thread, batch 64, ms
@@ -414,6 +533,94 @@ void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy
   transform_weight(st, t.out_channels, k.out_rounded, t.in_channels, FlippedTaps3x3{w, s.in_channels},
                    scratch.shared);
   forward_transformed(st, t, k, scratch.shared, scratch, dy, nullptr, dx);
+}
+
+// The weight gradient where the forward applies. Measured against F(2x2) and the direct kernels in
+// docs/results-cpu.md §1 ("F(4x4) for the weight gradient").
+bool applies_weight(const Conv2dShape& s) { return applies(s); }
+
+void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* dy, float* dw) {
+  const WeightLayout k(s, st.num_threads);
+  const Geometry& g = k.g;
+  const Scratch<float> scratch = reserve_scratch<float>(st, 0, k.thread_floats());
+  const int64_t in = s.in_channels, out = s.out_channels, outs = k.outs, in_image = s.x_image_stride();
+  const int64_t plane = g.h * g.w, out_image = out * plane;
+  const auto sums_of = [&](int t) { return scratch.of_thread(t) + k.v_floats() + k.dm_floats() + k.planes_floats(); };
+  int used_threads = 1;
+  run_threads(st, [&](int t, int threads) {
+    if (t == 0) used_threads = threads;
+    float* v = scratch.of_thread(t);
+    float* dm = v + k.v_floats();
+    auto* planes = reinterpret_cast<__m512*>(dm + k.dm_floats());
+    float* sums = sums_of(t);
+    std::fill(sums, sums + k.sums_floats(), 0.0f);
+    const int64_t unit_end = share(g.units, t + 1, threads);
+    for (int64_t unit0 = share(g.units, t, threads); unit0 < unit_end; unit0 += k.chunk_units) {
+      const int64_t units = std::min(k.chunk_units, unit_end - unit0), terms = units * g.tiles_w * kLanes;
+      const int64_t v_stride = WeightLayout::v_stride(in, terms), dm_stride = WeightLayout::dm_stride(outs, terms);
+      // V[p][c][term], term = (unit * tiles_w + tx) * 16 + image: the forward's transform of x
+      for (int64_t c = 0; c < in; ++c)
+        for (int64_t ui = 0; ui < units; ++ui) {
+          const int64_t group = (unit0 + ui) / g.tiles_h, ty = (unit0 + ui) % g.tiles_h;
+          const int64_t first = group * kLanes, images = std::min<int64_t>(kLanes, s.batch - first);
+          gather_patch_rows(x + first * in_image + c * plane, in_image, images, g.h, g.w, ty, g.padded_w(),
+                            c + 1 < in ? plane : 0, planes);
+          for (int64_t tx = 0; tx < g.tiles_w; ++tx)
+            transform_tile(planes, g.padded_w(), tx, v + c * terms + (ui * g.tiles_w + tx) * kLanes, v_stride);
+        }
+      // dM[p][term][o]: per image of the unit and 16 output channels, the tiles' A dY A^T (zero
+      // for the lanes of images past the batch, whose V is zero: 0 times what scratch held
+      // could be NaN)
+      for (int64_t ui = 0; ui < units; ++ui) {
+        const int64_t group = (unit0 + ui) / g.tiles_h, ty = (unit0 + ui) % g.tiles_h;
+        const int64_t first = group * kLanes, images = std::min<int64_t>(kLanes, s.batch - first);
+        for (int64_t i = 0; i < kLanes; ++i) {
+          const int64_t term0 = ui * g.tiles_w * kLanes + i;
+          if (i >= images) {
+            for (int p = 0; p < kPositions; ++p)
+              for (int64_t tx = 0; tx < g.tiles_w; ++tx)
+                direct::zero_row(outs, dm + p * dm_stride + (term0 + tx * kLanes) * outs);
+            continue;
+          }
+          for (int64_t o0 = 0; o0 < outs; o0 += kLanes) {
+            gather_gradient_rows(dy + (first + i) * out_image + o0 * plane, plane, std::min<int64_t>(kLanes, out - o0),
+                                 g.h, g.w, ty, planes);
+            for (int64_t tx = 0; tx < g.tiles_w; ++tx)
+              transform_gradient_tile(planes, tx, dm + (term0 + tx * kLanes) * outs + o0, dm_stride);
+          }
+        }
+      }
+      for (int p = 0; p < kPositions; ++p)
+        direct::weight_products(in, v + p * v_stride, terms, dm + p * dm_stride, outs, terms, sums + p * in * outs);
+    }
+  });
+  // dw[o][c] += G^T dU G, dU the threads' sums added in thread order; 8 output channels at a time
+  const int64_t octets = outs / 8;
+  run_threads(st, [&](int t, int threads) {
+    for (int64_t e = share(in * octets, t, threads); e < share(in * octets, t + 1, threads); ++e) {
+      const int64_t c = e / octets, o0 = e % octets * 8;
+      __m512d du[kPositions];
+      for (int p = 0; p < kPositions; ++p) {
+        __m256 sum = _mm256_loadu_ps(sums_of(0) + (p * in + c) * outs + o0);
+        for (int u = 1; u < used_threads; ++u)
+          sum = _mm256_add_ps(sum, _mm256_loadu_ps(sums_of(u) + (p * in + c) * outs + o0));
+        du[p] = _mm512_cvtps_pd(sum);
+      }
+      __m512d dg[9];
+      kernel_gradient(du, dg);
+      alignas(64) double taps[9][8];
+      for (int q = 0; q < 9; ++q) _mm512_store_pd(taps[q], dg[q]);
+      for (int64_t o = o0; o < std::min(out, o0 + 8); ++o)
+        for (int q = 0; q < 9; ++q) {
+          float& to = dw[(o * in + c) * 9 + q];
+          to = static_cast<float>(to + taps[q][o - o0]);
+        }
+    }
+  });
+}
+
+int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads) {
+  return conv2d::scratch_floats(0, WeightLayout(s, threads).thread_floats(), threads);
 }
 
 int64_t scratch_floats(const Conv2dShape& s, int threads) {
