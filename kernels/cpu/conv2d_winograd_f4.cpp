@@ -419,24 +419,30 @@ struct WeightLayout {
 };
 
 // to[k] = lane k of the first `count` rows `stride` floats apart from `from` (the lanes of `valid`):
-// 16 rows of 16 floats transposed, zero past `count` rows.
-void load_transposed(const float* from, int64_t stride, int64_t count, __mmask16 valid, __m512* to) {
+// 16 rows of 16 floats transposed, zero past `count` rows. Each row's line `prefetch` floats
+// further on is prefetched (0: none), as in gather_patch_rows.
+void load_transposed(const float* from, int64_t stride, int64_t count, __mmask16 valid, int64_t prefetch,
+                     __m512* to) {
   __m512 v[16];
   for (int c = 0; c < 16; ++c) v[c] = c < count ? _mm512_maskz_loadu_ps(valid, from + c * stride) : _mm512_setzero_ps();
+  if (prefetch != 0)
+    for (int64_t c = 0; c < count; ++c)
+      _mm_prefetch(reinterpret_cast<const char*>(from + c * stride + prefetch), _MM_HINT_T0);
   direct::transpose16(v);
   for (int k = 0; k < 16; ++k) _mm512_store_ps(reinterpret_cast<float*>(to + k), v[k]);
 }
 
 // rows[r * 32 + k] = dy at row 4 ty + r and column k of `channels` (up to 16) planes `plane` floats
-// apart, the channels on the lanes: zero for the other lanes, rows past h and columns past w.
+// apart, the channels on the lanes: zero for the other lanes, rows past h and columns past w. The
+// same lines `prefetch` floats further on (the caller's next gather; 0: none) are prefetched.
 void gather_gradient_rows(const float* dy, int64_t plane, int64_t channels, int64_t h, int64_t w, int64_t ty,
-                          __m512* rows) {
+                          int64_t prefetch, __m512* rows) {
   for (int64_t r = 0; r < 4; ++r)
     for (int64_t k0 = 0; k0 < kGradientRowPixels; k0 += kLanes) {
       const int64_t row = 4 * ty + r;
       __m512* to = rows + r * kGradientRowPixels + k0;
       if (row < h)
-        load_transposed(dy + row * w + k0, plane, channels, first_lanes(w - k0), to);
+        load_transposed(dy + row * w + k0, plane, channels, first_lanes(w - k0), k0 < w ? prefetch : 0, to);
       else
         std::fill(to, to + kLanes, _mm512_setzero_ps());
     }
@@ -583,8 +589,10 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
             continue;
           }
           for (int64_t o0 = 0; o0 < outs; o0 += kLanes) {
+            // the next gather: 16 channels further on, or the next image's first 16
+            const int64_t next = o0 + kLanes < outs ? kLanes * plane : i + 1 < images ? out_image - o0 * plane : 0;
             gather_gradient_rows(dy + (first + i) * out_image + o0 * plane, plane, std::min<int64_t>(kLanes, out - o0),
-                                 g.h, g.w, ty, planes);
+                                 g.h, g.w, ty, next, planes);
             for (int64_t tx = 0; tx < g.tiles_w; ++tx)
               transform_gradient_tile(planes, tx, dm + (term0 + tx * kLanes) * outs + o0, dm_stride);
           }
