@@ -113,7 +113,7 @@ void copy_channels_last(const Conv2dShape& s, const Layout& l, const float* x, f
         const int64_t count = std::min(kLanes, s.in_w - iw0);
         const auto mask = static_cast<__mmask16>((1u << count) - 1);
         __m512 rows[16], columns[16];
-        for (int c = 0; c < 16; ++c) {
+        for (int c = 0; c < 16; ++c) {  // and the row two further on: 16 planes at once (prefetch_lines says why)
           rows[c] = _mm512_maskz_loadu_ps(mask, group + c * pixels + ih * s.in_w + iw0);
           _mm_prefetch(reinterpret_cast<const char*>(group + c * pixels + (ih + 2) * s.in_w + iw0), _MM_HINT_T0);
         }
@@ -139,7 +139,7 @@ inline void accumulate_row_taps(const float* plane, int64_t padded_w, int64_t st
   for (int64_t oh = 0; oh < out_h; ++oh) {
     const float* x = plane + (oh * stride_h + i) * padded_w * kLanes;
     const float* d = dy + oh * out_w;
-    for (int b = 0; b < kOutputBlock; ++b) {
+    for (int b = 0; b < kOutputBlock; ++b) {  // the output channels' rows two further on, as the copy's
       _mm_prefetch(reinterpret_cast<const char*>(d + b * dy_channel + 2 * out_w), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(d + b * dy_channel + 2 * out_w + kLanes), _MM_HINT_T0);
     }

@@ -188,7 +188,7 @@ void forward_with(const StreamHandle& st, const Conv2dShape& s, const float* x, 
         for (int64_t oh = 0; oh < s.out_h(); ++oh) {
           row_blocks<Tile, Stride>(s.out_w(), s, padded, xp, scratch.shared + b * taps(s) * Tile::channels, bias,
                                    b * Tile::channels, oh, 0, width, by_pixel);
-          if (n + 1 < end) {
+          if (n + 1 < end) {  // the next image, a share per step (direct::prefetch_part says why)
             prefetch_part(x + (n + 1) * s.x_image_stride(), in_floats, b * s.out_h() + oh, steps, false);
             prefetch_part(y + (n + 1) * out_image, out_image, b * s.out_h() + oh, steps, true);
           }
@@ -313,7 +313,7 @@ void backward_data_with(const StreamHandle& st, const Conv2dShape& s, const floa
       for (int64_t cb = 0; cb < blocks; ++cb) {
         const float* panel = scratch.shared + cb * taps(s) * Tile::channels;
         for (int64_t ih = 0; ih < s.in_h; ++ih) {
-          if (n + 1 < end) {
+          if (n + 1 < end) {  // the next image, as the forward's
             prefetch_part(dy + (n + 1) * dy_floats, dy_floats, cb * s.in_h + ih, steps, false);
             prefetch_part(dx + (n + 1) * dx_floats, dx_floats, cb * s.in_h + ih, steps, true);
           }

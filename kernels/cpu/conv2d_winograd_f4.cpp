@@ -389,15 +389,16 @@ void forward_transformed(const StreamHandle& st, const Conv2dShape& s, const Lay
 // channels on the lanes (16 channel rows of dy through a 16 x 16 transpose), so that the products
 // are F(2x2)'s (direct::weight_products): at each position, sums[c][o] += V's value of one image
 // and tile (broadcast) times dM's vector of that image and tile, over all of a chunk's images and
-// tiles ("terms"). Each thread sums its units into its own float sums; dg is computed from the
-// threads' sums added in thread order, in double, so the bits depend on the thread count only.
+// tiles ("terms"). Each thread sums its units into its own float sums; the threads' sums are added
+// in thread order (in float), then G^T dU G runs in double: the bits depend on the thread count
+// only, as F(2x2)'s and direct::channels' weight gradients.
 
 // Terms (16 images x tiles) per chunk: at least this many where the units are short (rows of 4 to
 // 12 pixels), so that each product's accumulators sum a long run before they are added to sums.
 constexpr int64_t kMinWeightTerms = 64;
 
-// A 4x4 tile of dy and its 16 output channels per vector: the rows of the gather (4 rows of 32
-// pixels, the second half zero where the image is 16 pixels wide or less).
+// Pixels per row of the gather of dy (gather_gradient_rows: a tile row's 4 rows, 16 output
+// channels per vector; two transposes per row, the second all zero where rows are 16 pixels or less).
 constexpr int64_t kGradientRowPixels = 32;
 
 struct WeightLayout {
@@ -429,7 +430,7 @@ void load_transposed(const float* from, int64_t stride, int64_t count, __mmask16
     for (int64_t c = 0; c < count; ++c)
       _mm_prefetch(reinterpret_cast<const char*>(from + c * stride + prefetch), _MM_HINT_T0);
   direct::transpose16(v);
-  for (int k = 0; k < 16; ++k) _mm512_store_ps(reinterpret_cast<float*>(to + k), v[k]);
+  for (int k = 0; k < 16; ++k) to[k] = v[k];
 }
 
 // rows[r * 32 + k] = dy at row 4 ty + r and column k of `channels` (up to 16) planes `plane` floats
