@@ -53,8 +53,9 @@ inline void prefetch_lines(const float* from, int64_t n) {
     _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
 }
 
-// Part `part` of `parts` of the lines of [from, from + n), prefetched into L2 (for reading, or for
-// writing: without it a store to a line not in the cache first waits for the line). The kernels
+// Part `part` of `parts` of the lines of [from, from + n), prefetched: for reading into L2
+// (`prefetcht1`), or for writing (`prefetchw`: without it a store to a line not in the cache first
+// waits for the line). The kernels
 // that take one image at a time call it once per step of an image's work, with the next image's
 // input and output: when those come from DRAM, a few lines per step are fetched while the
 // products run instead of all of them at the image's start.
