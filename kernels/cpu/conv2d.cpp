@@ -7,14 +7,16 @@
 //     direct kernels where they measured faster than
 //     im2col + GEMM, first direct::small (images of 16 pixels, conv2d_direct_small.cpp), then for the
 //     forward direct::lanes (stride 2, channels on the lanes: conv2d_direct_lanes.cpp), then
-//     direct::grid (narrow 3x3-like layers, conv2d_direct_grid.cpp); each one's `applies` says
-//     where;
+//     direct::pointwise (1x1 at stride 2, conv2d_direct_pointwise.cpp), then direct::grid (narrow
+//     3x3-like layers, conv2d_direct_grid.cpp); each one's `applies` says where;
 //     backward-data runs them as the forward pass of transposed_stride1(shape), at stride 1 only,
-//     and direct::lanes' own backward-data at stride 2 where `applies_backward_data` says so;
+//     and direct::lanes' own backward-data at stride 2 where `applies_backward_data` says so, and
+//     direct::pointwise's for 1x1 at stride 2;
 //   - float backward-weight, AVX-512: first F(4x4, 3x3) where its forward applies (f4_weight: but
 //     4x4 images on several threads go to conv2d_winograd_small.cpp's), then F(2x2, 3x3) where
 //     `applies_weight` (rows of 7 to 16: those F(4x4) does not take), then direct::channels (16 input channels per vector,
-//     3-column kernels, outputs at least 7 wide: conv2d_direct_channels.cpp), then as above;
+//     3-column kernels, outputs at least 7 wide: conv2d_direct_channels.cpp), then
+//     direct::pointwise (1x1 at stride 2), then as above;
 //   - otherwise (all of double, the other shapes) im2col + Eigen GEMM (conv2d_im2col.cpp), whose
 //     backward-data is itself a forward convolution at stride 1 with at least 16 input channels
 //     and col2im otherwise;
@@ -62,6 +64,10 @@ void forward_pass(const StreamHandle& s, const Conv2dShape& shape, const T* x, c
       conv2d::direct::small::forward(s, shape, x, w, bias, y);
       return;
     }
+    if (conv2d::direct::pointwise::applies(shape)) {
+      conv2d::direct::pointwise::forward(s, shape, x, w, bias, y);
+      return;
+    }
     if (conv2d::direct::lanes::applies(shape, conv2d::Pass::forward)) {
       conv2d::direct::lanes::forward(s, shape, x, w, bias, y);
       return;
@@ -107,6 +113,10 @@ void backward_data(const StreamHandle& s, const Conv2dShape& shape, const T* dy,
       conv2d::direct::lanes::backward_data(s, shape, dy, w, dx);
       return;
     }
+    if (conv2d::direct::pointwise::applies(shape)) {
+      conv2d::direct::pointwise::backward_data(s, shape, dy, w, dx);
+      return;
+    }
   }
 #endif
   if (backward_data_as_forward(shape)) {
@@ -148,6 +158,10 @@ void backward_weight(const StreamHandle& s, const Conv2dShape& shape, const T* x
       conv2d::direct::channels::backward_weight(s, shape, x, dy, dw);
       return;
     }
+    if (conv2d::direct::pointwise::applies(shape)) {
+      conv2d::direct::pointwise::backward_weight(s, shape, x, dy, dw);
+      return;
+    }
     if (conv2d::direct::small::applies(shape, conv2d::Pass::weight)) {
       conv2d::direct::small::backward_weight(s, shape, x, dy, dw);
       return;
@@ -187,6 +201,7 @@ int64_t direct_workspace_floats(const Conv2dShape& s, int threads) {
     if (conv2d::winograd::applies(f)) return conv2d::winograd::scratch_floats(f, threads);
     if (conv2d::winograd_small::applies(f)) return conv2d::winograd_small::scratch_floats(f, threads);
     if (direct::small::applies(f, Pass::forward)) return direct::small::forward_scratch_floats(f, threads);
+    if (direct::pointwise::applies(f)) return direct::pointwise::forward_scratch_floats(f, threads);
     if (direct::lanes::applies(f, Pass::forward)) return direct::lanes::forward_scratch_floats(f, threads);
     if (direct::grid::applies(f, Pass::forward)) return direct::grid::forward_scratch_floats(f, threads);
     return 0;
@@ -196,6 +211,8 @@ int64_t direct_workspace_floats(const Conv2dShape& s, int threads) {
     floats = std::max(floats, forward_floats(conv2d::transposed_stride1(s)));
   if (direct::lanes::applies_backward_data(s))
     floats = std::max(floats, direct::lanes::backward_data_scratch_floats(s, threads));
+  else if (direct::pointwise::applies(s))
+    floats = std::max(floats, direct::pointwise::backward_data_scratch_floats(s, threads));
   if (f4_weight(s, threads))
     floats = std::max(floats, conv2d::winograd_f4::backward_weight_scratch_floats(s, threads));
   else if (conv2d::winograd::applies_weight(s))
@@ -204,6 +221,8 @@ int64_t direct_workspace_floats(const Conv2dShape& s, int threads) {
     floats = std::max(floats, conv2d::winograd_small::backward_weight_scratch_floats(s, threads));
   else if (direct::channels::applies(s, Pass::weight))
     floats = std::max(floats, direct::channels::backward_weight_scratch_floats(s, threads));
+  else if (direct::pointwise::applies(s))
+    floats = std::max(floats, direct::pointwise::backward_weight_scratch_floats(s, threads));
   else if (direct::small::applies(s, Pass::weight))
     floats = std::max(floats, direct::small::backward_weight_scratch_floats(s, threads));
   else if (direct::grid::applies(s, Pass::weight))

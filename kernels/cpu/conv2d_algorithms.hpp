@@ -9,6 +9,8 @@
 //                                                          output channels on the lanes
 //   direct::channels kernels/cpu/conv2d_direct_channels.cpp AVX-512, float: backward-weight of
 //                                                          3-column kernels, 16k input channels
+//   direct::pointwise kernels/cpu/conv2d_direct_pointwise.cpp AVX-512, float: 1x1 stride 2 (the
+//                                                          downsampling shortcuts), all passes
 //   winograd         kernels/cpu/conv2d_winograd.cpp      AVX-512, float: 3x3 stride 1 pad 1,
 //                                                          F(2x2, 3x3): forward, backward-data,
 //                                                          backward-weight (rows up to 16)
@@ -238,6 +240,19 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
                      float* dw);
 int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads);
 }  // namespace direct::channels
+
+namespace direct::pointwise {  // kernels/cpu/conv2d_direct_pointwise.cpp: 1x1 at stride 2, all passes
+bool applies(const Conv2dShape& s);
+void forward(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* w,
+             const float* bias, float* y);
+void backward_data(const StreamHandle& st, const Conv2dShape& s, const float* dy, const float* w,
+                   float* dx);
+void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* x, const float* dy,
+                     float* dw);
+int64_t forward_scratch_floats(const Conv2dShape& s, int threads);
+int64_t backward_data_scratch_floats(const Conv2dShape& s, int threads);
+int64_t backward_weight_scratch_floats(const Conv2dShape& s, int threads);
+}  // namespace direct::pointwise
 
 namespace winograd {  // kernels/cpu/conv2d_winograd.cpp: 3x3, stride 1, padding 1: F(2x2, 3x3)
 bool applies(const Conv2dShape& s);  // of the forward pass; backward-data: of transposed_stride1(s)

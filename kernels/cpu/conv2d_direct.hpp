@@ -102,6 +102,16 @@ inline void copy_even(const float* from, int64_t n, float* to) {
   store_lanes(to + t, static_cast<__mmask16>(left >= kLanes ? 0xFFFFu : (1u << left) - 1), values);
 }
 
+// to[0, 16) += the 16 lanes of `sums`, in double: the float partial sums of a weight gradient added
+// to its double sums. (The zero-masking forms with every lane set are the plain instructions; GCC
+// 12 warns, in some callers, about the undefined source of the unmasked intrinsics.)
+inline void add_to_doubles(__m512 sums, double* to) {
+  const __m512d low = _mm512_maskz_cvtps_pd(0xFF, _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(sums), 0)));
+  const __m512d high = _mm512_maskz_cvtps_pd(0xFF, _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(sums), 1)));
+  _mm512_storeu_pd(to, _mm512_add_pd(_mm512_loadu_pd(to), low));
+  _mm512_storeu_pd(to + 8, _mm512_add_pd(_mm512_loadu_pd(to + 8), high));
+}
+
 // Packs `images` images of `image_floats` floats, `stride` floats apart from `from` (a channel
 // slice of a larger tensor when stride > image_floats, Conv2dShape::in_image_stride), into `to`.
 inline void copy_strided_images(const float* from, int64_t stride, int64_t images, int64_t image_floats, float* to) {

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "petra/kernels/cpu/conv2d_direct.hpp"
 #include "petra/kernels/cpu/parallel.hpp"
 
 namespace petra::kernels::cpu::conv2d::direct::channels {
@@ -41,7 +42,6 @@ namespace {
 
 using std::int64_t;
 
-constexpr int64_t kLanes = 16;       // input channels per vector
 constexpr int kOutputBlock = 8;      // output channels per register tile
 constexpr int kKernelWidth = 3;      // taps j per register tile (the kernel's width)
 
@@ -160,14 +160,7 @@ inline void accumulate_row_taps(const float* plane, int64_t padded_w, int64_t st
 inline void add_to_sums(const __m512 (&acc)[kOutputBlock][kKernelWidth], double* sums,
                         int64_t row_stride, int64_t in_channels) {
   for (int b = 0; b < kOutputBlock; ++b)
-    for (int j = 0; j < kKernelWidth; ++j) {
-      double* to = sums + b * row_stride + j * in_channels;
-      const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(acc[b][j]));
-      const __m512d hi =
-          _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[b][j]), 1)));
-      _mm512_storeu_pd(to, _mm512_add_pd(_mm512_loadu_pd(to), lo));
-      _mm512_storeu_pd(to + 8, _mm512_add_pd(_mm512_loadu_pd(to + 8), hi));
-    }
+    for (int j = 0; j < kKernelWidth; ++j) add_to_doubles(acc[b][j], sums + b * row_stride + j * in_channels);
 }
 
 // Images whose terms one float accumulator sums before it is added to the double sums: about

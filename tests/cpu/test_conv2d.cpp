@@ -144,6 +144,17 @@ std::vector<Conv2dShape> comparison_shapes() {
   shapes.push_back(conv2d_shape(18, 16, 9, 28, 16, 3, 1, 1));
   shapes.push_back(conv2d_shape(3, 24, 11, 21, 20, 3, 1, 1));
   shapes.push_back(conv2d_shape(2, 16, 6, 17, 32, 3, 1, 1));
+  // direct::pointwise (1x1 at stride 2, 16k channels, rows of up to 16 outputs): the network's 16
+  // -> 32 at 28x28 (13 vectors of pixels: groups of 2 and 3, a tail of 4 lanes); odd sizes (15x13:
+  // 8x7 outputs, a tail of 8) with 48 outputs (tiles of 8) and 32 inputs (two vectors in
+  // backward-weight); 4x4 outputs (one whole vector) in 7 images (a chunk of the whole batch);
+  // rows of 32 (16 outputs, the widest); 48 inputs (vectors in groups of 2 and 1); 2x2 outputs of
+  // 67 images (1 image per thread share and chunks of 67).
+  shapes.push_back(conv2d_shape(3, 16, 28, 28, 32, 1, 2, 0));
+  shapes.push_back(conv2d_shape(5, 32, 15, 13, 48, 1, 2, 0));
+  shapes.push_back(conv2d_shape(7, 64, 7, 7, 128, 1, 2, 0));
+  shapes.push_back(conv2d_shape(2, 48, 32, 32, 16, 1, 2, 0));
+  shapes.push_back(conv2d_shape(67, 16, 3, 4, 16, 1, 2, 0));
   return shapes;
 }
 
