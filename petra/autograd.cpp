@@ -1,6 +1,8 @@
 // petra/autograd.cpp: Variables, graph nodes, and the backward engine.
 #include "petra/autograd.hpp"
 
+#include <algorithm>
+#include <map>
 #include <string>
 #include <unordered_map>
 
@@ -215,15 +217,65 @@ struct Engine {
     }
   }
 
-  // A channel piece (Node::set_channel_piece) of v's gradient arrives. Added in place into v's
-  // running sum (its producer's slot, its capture slot, or a leaf's .grad, which deliver would
-  // also add into in place) when that sum exists and, for the first two, nothing else holds it:
-  // it may alias a tensor another node also received (add's backward hands its gradient to both
-  // inputs) or the caller's seed. Otherwise expanded with zeros and delivered as a whole gradient.
+  // Running sums that began as a channel piece (deliver_piece): per (node, output), the channel
+  // ranges written so far. The other channels of such a sum are not initialised until
+  // finish_pieces zeroes them, before anything reads the sum whole. So pieces that together cover
+  // the tensor (a transition's two streams) are each copied in once: no tensor of zeros is written
+  // and read again.
+  using Slot = std::pair<Node*, int>;
+  std::map<Slot, std::vector<std::pair<std::int64_t, std::int64_t>>> pieces;
+
+  static bool disjoint(const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, std::int64_t first,
+                       std::int64_t count) {
+    for (const auto& [f, c] : ranges)
+      if (first < f + c && f < first + count) return false;
+    return true;
+  }
+
+  // The slot's sum made whole: its channels no piece wrote set to zero.
+  void finish_pieces(Node* node, int output, Tensor& sum) {
+    const auto it = pieces.find({node, output});
+    if (it == pieces.end()) return;
+    auto ranges = std::move(it->second);
+    pieces.erase(it);
+    std::sort(ranges.begin(), ranges.end());
+    std::int64_t next = 0;
+    const std::int64_t channels = sum.size(1);
+    ranges.emplace_back(channels, 0);
+    for (const auto& [first, count] : ranges) {
+      if (first > next)
+        ops::channel_copy_into(sum, Tensor::zeros(sum.shape().with(1, first - next), sum.dtype(), sum.device()), next);
+      next = std::max(next, first + count);
+    }
+  }
+
+  // A channel piece (Node::set_channel_piece) of v's gradient arrives. Into the running sum of v's
+  // producer: copied in where it is the first to reach its channels (a new sum is left
+  // uninitialised elsewhere, finish_pieces), otherwise added in place when nothing else holds
+  // the sum: it may alias a tensor another node also received (add's backward hands its gradient
+  // to both inputs) or the caller's seed. Into a capture slot or a leaf's .grad: added in place the
+  // same way. Otherwise expanded with zeros and delivered as a whole gradient.
   void deliver_piece(const Variable& v, const Tensor& piece, std::int64_t first) {
     Tensor* sum = nullptr;
     if (Node* n = v.grad_fn().get()) {
-      if (auto it = pending.find(n); it != pending.end()) sum = &it->second[v.output_index()];
+      auto& slots = pending[n];
+      if (slots.empty()) slots.resize(n->num_outputs());
+      const int output = v.output_index();
+      sum = &slots[output];
+      if (!sum->defined()) {
+        *sum = Tensor::empty(v.shape(), piece.dtype(), piece.device());
+        ops::channel_copy_into(*sum, piece.contiguous(), first);
+        pieces[{n, output}].emplace_back(first, piece.size(1));
+        return;
+      }
+      if (auto it = pieces.find({n, output}); it != pieces.end()) {
+        if (disjoint(it->second, first, piece.size(1))) {
+          ops::channel_copy_into(*sum, piece.contiguous(), first);
+          it->second.emplace_back(first, piece.size(1));
+          return;
+        }
+        finish_pieces(n, output, *sum);
+      }
     } else if (auto it = leaf_capture.find(identity(v)); it != leaf_capture.end()) {
       sum = &captured[it->second];
     } else if (accumulate_leaves && v.requires_grad() && v.grad().defined()) {
@@ -252,6 +304,7 @@ struct Engine {
     if (Node* n = v.grad_fn().get()) {
       auto& slots = pending[n];
       if (slots.empty()) slots.resize(n->num_outputs());
+      finish_pieces(n, v.output_index(), slots[v.output_index()]);  // a whole gradient reads it whole
       accumulate(slots[v.output_index()], g);
       return;
     }
@@ -291,6 +344,7 @@ struct Engine {
       if (it != pending.end()) {
         std::vector<Tensor> grads_out = std::move(it->second);
         pending.erase(it);
+        for (std::size_t o = 0; o < grads_out.size(); ++o) finish_pieces(node, static_cast<int>(o), grads_out[o]);
         if (!node->accepts_strided_gradients())
           for (Tensor& g : grads_out) g = g.contiguous();  // a view some backward returned
         if (auto c = node_capture.find(node); c != node_capture.end())
@@ -315,7 +369,7 @@ struct Engine {
 
 std::vector<Tensor> backward(std::span<const Variable> outputs, std::span<const Tensor> grad_outputs,
                              std::span<const Variable> capture, bool retain_graph) {
-  Engine engine{true, {}, {}, {}, {}};
+  Engine engine{true, {}, {}, {}, {}, {}};
   engine.set_captures(capture);
   engine.run(outputs, grad_outputs, retain_graph);
   return std::move(engine.captured);
@@ -323,7 +377,7 @@ std::vector<Tensor> backward(std::span<const Variable> outputs, std::span<const 
 
 std::vector<Tensor> vjp(std::span<const Variable> outputs, std::span<const Tensor> grad_outputs,
                         std::span<const Variable> wrt, bool retain_graph) {
-  Engine engine{false, {}, {}, {}, {}};
+  Engine engine{false, {}, {}, {}, {}, {}};
   engine.set_captures(wrt);
   engine.run(outputs, grad_outputs, retain_graph);
   return std::move(engine.captured);

@@ -1142,16 +1142,29 @@ Tensor channel_concat(std::span<const Tensor> parts) {
   return full;
 }
 
-void channel_accumulate_into(const Tensor& full, const Tensor& part, std::int64_t first) {
-  check_float(full, "channel_accumulate_into", "full");
-  check_like(full, part, "channel_accumulate_into", "part");
-  const auto k = channel_shape(full.shape(), "channel_accumulate_into");
+namespace {
+// The channel shape of `full` for writing `part` into its channels from `first` (op: the caller).
+kernels::ChannelShape channel_piece_shape(const Tensor& full, const Tensor& part, std::int64_t first, const char* op) {
+  check_float(full, op, "full");
+  check_like(full, part, op, "part");
+  const auto k = channel_shape(full.shape(), op);
   PETRA_CHECK(part.ndim() == full.ndim() && first >= 0 && first + part.size(1) <= k.channels &&
                   part.shape().with(1, k.channels) == full.shape(),
-              ShapeError, "channel_accumulate_into: ", part.str(), " does not fit channels from ", first, " of ",
-              full.str());
+              ShapeError, op, ": ", part.str(), " does not fit channels from ", first, " of ", full.str());
+  return k;
+}
+}  // namespace
+
+void channel_accumulate_into(const Tensor& full, const Tensor& part, std::int64_t first) {
+  const auto k = channel_piece_shape(full, part, first, "channel_accumulate_into");
   const auto& s = stream_for(full.device());
   PETRA_CALL(CHANNEL, full, channel_accumulate, s, k, part.data_ptr<T>(), first, part.size(1), full.data_ptr<T>());
+}
+
+void channel_copy_into(const Tensor& full, const Tensor& part, std::int64_t first) {
+  const auto k = channel_piece_shape(full, part, first, "channel_copy_into");
+  const auto& s = stream_for(full.device());
+  PETRA_CALL(CHANNEL, part, channel_insert, s, k, part.data_ptr<T>(), first, part.size(1), full.data_ptr<T>());
 }
 
 // ---------------------------------------------------------------- coupling

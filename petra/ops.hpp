@@ -137,6 +137,7 @@ Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape);
 Tensor channel_slice(const Tensor& x, std::int64_t first, std::int64_t count);  // packed copy
 Tensor channel_concat(std::span<const Tensor> parts);
 void channel_accumulate_into(const Tensor& full, const Tensor& part, std::int64_t first);  // full[:, first:..] += part
+void channel_copy_into(const Tensor& full, const Tensor& part, std::int64_t first);        // full[:, first:..] = part
 
 // loss: logits [batch, classes], labels int64 [batch]
 struct CrossEntropySaved {

@@ -255,6 +255,42 @@ TEST_CASE("a channel slice's gradient lands in its channels, added in place or n
   CHECK(grads[0] == grads[1]);
 }
 
+TEST_CASE("channel pieces that cover a gradient are copied in; gaps read zero, overlaps add up") {
+  // u = 2 x with 6 channels; pieces of u's gradient from slices of channels [0, 2), [2, 5), [5, 6)
+  // (together all of them: each copied into the new sum, no zeros written), and [1, 3) (overlapping
+  // the first two: added to what they wrote). Without [2, 5) channels 2-4 must read zero.
+  const Shape shape{2, 6, 3, 2};
+  const std::int64_t plane = shape[2] * shape[3];
+  struct Piece {
+    std::int64_t first, count;
+  };
+  const Piece all[] = {{0, 2}, {2, 3}, {5, 1}, {1, 2}};
+  const auto run = [&](std::initializer_list<int> used) {
+    const Variable x = leaf4(shape, 70);
+    const Variable u = scale(x, 2.0);
+    std::vector<Variable> roots;
+    std::vector<Tensor> seeds;
+    std::vector<double> expected(static_cast<std::size_t>(shape.numel()), 0.0);
+    for (int i : used) {
+      roots.push_back(slice_channels(u, all[i].first, all[i].count));
+      seeds.push_back(values4(shape.with(1, all[i].count), 71 + i));
+      const auto g = seeds.back().to_vector<double>();
+      for (std::int64_t n = 0; n < shape[0]; ++n)
+        for (std::int64_t c = 0; c < all[i].count; ++c)
+          for (std::int64_t k = 0; k < plane; ++k)
+            expected[((n * shape[1] + all[i].first + c) * plane + k)] += g[(n * all[i].count + c) * plane + k];
+    }
+    petra::backward(roots, seeds);
+    const auto dx = x.grad().to_vector<double>();
+    REQUIRE(dx.size() == expected.size());
+    for (std::size_t k = 0; k < dx.size(); ++k) CHECK(dx[k] == 2 * expected[k]);
+  };
+  SUBCASE("covering pieces") { run({0, 1, 2}); }
+  SUBCASE("a gap") { run({0, 2}); }
+  SUBCASE("an overlap") { run({0, 3}); }
+  SUBCASE("covering pieces and an overlap") { run({2, 1, 0, 3}); }
+}
+
 TEST_CASE("a leaf's first gradient is a node's result taken over, or a copy of the caller's seed") {
   const Shape shape{2, 3, 2, 2};
   const Tensor seed = values4(shape, 60);

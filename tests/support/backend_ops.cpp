@@ -675,6 +675,14 @@ void add_channels(std::vector<Case>& t) {
                    return Outputs{{"full", v[0]}};
                  },
                  kRounding});
+    t.push_back({"channel_copy_into",
+                 "channel_copy_into x" + x.str() + " channels [" + str(first) + ", " + str(first + count) + ")",
+                 [x, count](InputMaker& m) { return Inputs{m.uniform(x), m.uniform(x.with(1, count))}; },
+                 [first](const Inputs& v) {
+                   ops::channel_copy_into(v[0], v[1], first);
+                   return Outputs{{"full", v[0]}};
+                 },
+                 kExact});
   }
   const std::vector<std::vector<Shape>> concats = {{{2, 1, 3, 5}, {2, 3, 3, 5}, {2, 2, 3, 5}},
                                                    {{1, 5, 1, 1}},
