@@ -24,6 +24,9 @@
 //     output channels by 1 or 2 vectors of input channels takes per pixel 1 or 2 loads and 8
 //     broadcasts of dy. Float sums over about 1024 terms (a chunk of images) are added to double
 //     sums, as the other weight gradients do.
+//   - every pass prefetches the next image's (chunk's) input and output a share per tile step
+//     (direct::prefetch_part): in a training step they come from DRAM, and without it the cold
+//     forward was slower than im2col's (docs/results-cpu.md §1, 2026-12-05).
 // Determinism: each thread takes a fixed range of images (backward-weight: its own double sums,
 // added to dw in thread order), so the bits depend on the thread count only.
 #include "petra/kernels/cpu/conv2d_algorithms.hpp"
