@@ -22,8 +22,9 @@
 //     in conv2d_direct_channels.cpp): a row of 16 even pixels of 16 channels is transposed in
 //     registers into 16 pixel-major vectors (xe with the channels innermost), and the tile of 8
 //     output channels by 1 or 2 vectors of input channels takes per pixel 1 or 2 loads and 8
-//     broadcasts of dy. Float sums over about 1024 terms (a chunk of images) are added to double
-//     sums, as the other weight gradients do.
+//     broadcasts of dy (Winograd's weight products, direct::weight_tile, image by image). Float
+//     sums over about 1024 terms (a chunk of images) are added to double sums, as the other weight
+//     gradients do.
 //   - every pass prefetches the next image's (chunk's) input and output a share per tile step
 //     (direct::prefetch_part): in a training step they come from DRAM, and without it the cold
 //     forward was slower than im2col's (docs/results-cpu.md §1, 2026-12-05).
@@ -169,44 +170,16 @@ void gather_even_channels_last(const Conv2dShape& s, const float* x, float* rows
     }
 }
 
-// sums[i][16 cv ..] (double, rows in_channels apart) += sum over `images` images and `pixels`
-// pixels p of dy[i][p] * rows[p][16 cv ..], for kBlock output channels i and CV vectors cv of input
-// channels. dy: the first image's plane of the block's first channel (images `dy_image` apart);
-// rows: pixel rows of `ins` floats, from the block's first input channel (images pixels * ins
-// floats apart).
-template <int CV>
-void weight_block(int64_t images, int64_t pixels, int64_t ins, const float* rows, const float* dy, int64_t dy_image,
-                  double* sums) {
-  __m512 acc[kBlock][CV];
-  for (int i = 0; i < kBlock; ++i)
-    for (int v = 0; v < CV; ++v) acc[i][v] = _mm512_setzero_ps();
-  for (int64_t n = 0; n < images; ++n) {
-    const float* grad = dy + n * dy_image;
-    const float* image_rows = rows + n * pixels * ins;
-    for (int64_t p = 0; p < pixels; ++p) {
-      __m512 x[CV];
-      for (int v = 0; v < CV; ++v) x[v] = _mm512_loadu_ps(image_rows + p * ins + v * kLanes);
-      for (int i = 0; i < kBlock; ++i) {
-        const __m512 g = _mm512_set1_ps(grad[i * pixels + p]);
-        for (int v = 0; v < CV; ++v) acc[i][v] = _mm512_fmadd_ps(g, x[v], acc[i][v]);
-      }
-    }
-  }
-#pragma GCC unroll 32  // constant indices into acc (products' comment)
-  for (int i = 0; i < kBlock; ++i)
-#pragma GCC unroll 4
-    for (int v = 0; v < CV; ++v) add_to_doubles(acc[i][v], sums + i * ins + v * kLanes);
-}
-
-// Images whose terms one float accumulator sums before its addition to the double sums: about
-// 1024 terms (5 images at 28x28, 64 at 7x7).
+// Images whose terms the float sums of a chunk add up before their addition to the double sums:
+// about 1024 terms (5 images at 28x28, 64 at 7x7).
 int64_t images_per_chunk(const Conv2dShape& s) {
   return std::clamp<int64_t>(1024 / (s.out_h() * s.out_w()), 1, s.batch);
 }
 
-// Backward-weight's floats per thread: a chunk's pixel rows and the double sums of the weight.
+// Backward-weight's floats per thread: a chunk's pixel rows, the chunk's float sums and the double
+// sums of the weight (each a multiple of 16 floats: in_channels is, so every part is aligned).
 int64_t weight_thread_floats(const Conv2dShape& s) {
-  return images_per_chunk(s) * s.out_h() * s.out_w() * s.in_channels + 2 * s.weight_size();
+  return images_per_chunk(s) * s.out_h() * s.out_w() * s.in_channels + 3 * s.weight_size();
 }
 
 }  // namespace
@@ -283,11 +256,13 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
   const int64_t ins = s.in_channels, outs = s.out_channels, pixels = s.out_h() * s.out_w();
   const int64_t weights = s.weight_size(), chunk = images_per_chunk(s);
   const Scratch<float> scratch = reserve_scratch<float>(st, 0, weight_thread_floats(s));
-  auto sums_of = [&](int t) { return reinterpret_cast<double*>(scratch.of_thread(t) + chunk * pixels * ins); };
+  auto chunk_sums_of = [&](int t) { return scratch.of_thread(t) + chunk * pixels * ins; };
+  auto sums_of = [&](int t) { return reinterpret_cast<double*>(chunk_sums_of(t) + weights); };
   int used_threads = 1;
   run_threads(st, [&](int t, int threads) {
     if (t == 0) used_threads = threads;
     float* rows = scratch.of_thread(t);
+    float* chunk_sums = chunk_sums_of(t);
     double* sums = sums_of(t);
     std::fill(sums, sums + weights, 0.0);
     const int64_t end = share(s.batch, t + 1, threads);
@@ -297,6 +272,7 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
         if (n + 1 < images) prefetch_part(x + (image + n + 1) * s.x_image_stride(), ins * s.in_h * s.in_w, 0, 1, false);
         gather_even_channels_last(s, x + (image + n) * s.x_image_stride(), rows + n * pixels * ins);
       }
+      std::fill(chunk_sums, chunk_sums + weights, 0.0f);
       const float* grad = dy + image * outs * pixels;
       const int64_t next = std::min(chunk, end - image - images), steps = outs / kBlock;
       for (int64_t o = 0; o < outs; o += kBlock) {
@@ -305,11 +281,18 @@ void backward_weight(const StreamHandle& st, const Conv2dShape& s, const float* 
         prefetch_part(grad + images * outs * pixels, next * outs * pixels, o / kBlock, steps, false);
         if (o + kBlock < outs)  // the next block's dy planes, one short run per image
           for (int64_t n = 0; n < images; ++n) prefetch_lines(grad + n * outs * pixels + (o + kBlock) * pixels, kBlock * pixels);
-        int64_t c = 0;
-        for (; c + 2 * kLanes <= ins; c += 2 * kLanes)
-          weight_block<2>(images, pixels, ins, rows + c, grad + o * pixels, outs * pixels, sums + o * ins + c);
-        if (c < ins) weight_block<1>(images, pixels, ins, rows + c, grad + o * pixels, outs * pixels, sums + o * ins + c);
+        // chunk_sums[o + i][c ..] += the image's dy[o + i][p] * rows[p][c ..] over its pixels p
+        // (direct::weight_tile: 8 broadcast rows of dy by 1 or 2 vectors of input channels)
+        for (int64_t n = 0; n < images; ++n) {
+          const float* image_grad = grad + n * outs * pixels + o * pixels;
+          const float* image_rows = rows + n * pixels * ins;
+          int64_t c = 0;
+          for (; c + 2 * kLanes <= ins; c += 2 * kLanes)
+            weight_tile<kBlock, 2>(image_grad, pixels, image_rows + c, ins, pixels, chunk_sums + o * ins + c);
+          if (c < ins) weight_tile<kBlock, 1>(image_grad, pixels, image_rows + c, ins, pixels, chunk_sums + o * ins + c);
+        }
       }
+      for (int64_t e = 0; e < weights; e += kLanes) add_to_doubles(_mm512_load_ps(chunk_sums + e), sums + e);
     }
   });
   run_threads(st, [&](int t, int threads) {
