@@ -276,7 +276,7 @@ void conv_batchnorm_relu_forward_train(const StreamHandle& s, const Conv2dShape&
     // Pass 1: per channel, the sums of d = z - shift and d^2, in float over one image (two
     // accumulators each, alternating positions), then in double.
     for_each_image<true>(g, run.layout, p.padded, n0, n1, x, w, bias, run.offsets,
-                   [&](std::int64_t, std::int64_t cv, auto&& z_of) {
+                         [&](std::int64_t, std::int64_t cv, auto&& z_of) {
       const __m512 sh = _mm512_loadu_ps(shift.data() + cv * kLanes);
       __m512 sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, square[2] = {sum[0], sum[1]};
       for (std::int64_t b = 0; b < g.blocks; ++b) {
@@ -309,7 +309,7 @@ void conv_batchnorm_relu_forward_train(const StreamHandle& s, const Conv2dShape&
     // Pass 2: y = relu(BN(z)), transposed back to planes: the op's only write.
     const __m512 zero = _mm512_setzero_ps();
     for_each_image<true>(g, run.layout, p.padded, n0, n1, x, w, bias, run.offsets,
-                   [&](std::int64_t n, std::int64_t cv, auto&& z_of) {
+                         [&](std::int64_t n, std::int64_t cv, auto&& z_of) {
       const __m512 mean = channel_vector(map_mean, cv);
       const __m512 scale = channel_vector(map_scale, cv);
       const __m512 shift_v = channel_vector(map_bias, cv);
