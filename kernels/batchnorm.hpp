@@ -213,6 +213,14 @@ void batchnorm_relu_backward_mapped(const StreamHandle& s, const BatchNormShape&
                                     const float* affine, const float* dy, const float* gamma,
                                     const float* saved_mean, const float* saved_invstd, float* dx, float* dgamma,
                                     float* dbeta, float* dx_sum);
+// The coupling fused with the training forward (batchnorm_relu_coupling_train, same bits) that also
+// writes the map it applied, as batchnorm_relu_forward_train_mapped: for a graph that keeps z, whose
+// batch norm backward (batchnorm_relu_backward_mapped) then needs neither F's output nor y.
+void batchnorm_relu_coupling_train_mapped(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                          double momentum, CouplingDirection direction, const float* z,
+                                          const float* gamma, const float* beta, const float* a, float* out,
+                                          float* saved_mean, float* saved_invstd, float* running_mean,
+                                          float* running_var, float* affine);
 void batchnorm_relu_backward_summed(const StreamHandle& s, const BatchNormShape& shape,
                                     const float* x, const float* y, const float* dy,
                                     const float* gamma, const float* saved_mean,

@@ -65,6 +65,12 @@ Variable ResidualFunction::forward(const Variable& x) const {
   return h;
 }
 
+Variable ResidualFunction::coupling(const Variable& x, const Variable& x1) const {
+  Variable h = x1;
+  for (std::size_t i = 0; i + 1 < layers_.size(); ++i) h = conv_batch_norm(*layers_[i].conv, *layers_[i].bn, h, true);
+  return conv_batch_norm_coupling(*layers_.back().conv, *layers_.back().bn, h, x);
+}
+
 Tensor ResidualFunction::last_convolution(const Tensor& x1) const {
   Variable h(x1);
   for (std::size_t i = 0; i + 1 < layers_.size(); ++i) h = layers_[i].bn->forward_relu(layers_[i].conv->forward(h));
@@ -128,7 +134,7 @@ Variable ReversibleStage::forward(const Variable& x) {
   // x1 is a view of x's first stream: F's first convolution reads it in place (ops::conv2d_forward).
   if (!grad_enabled())  // the pipeline's forward: nothing is recorded or kept, F's output not even stored
     return Variable(f_->coupling_forward(x.data(), x.data().slice(1, 0, c)));
-  return coupling(x, f_->forward(channel_view(x, 0, c)));  // exact backprop: the graph is kept
+  return f_->coupling(x, channel_view(x, 0, c));  // exact backprop: the graph is kept
 }
 
 Tensor ReversibleStage::inverse(const Tensor& y) {

@@ -36,6 +36,9 @@ class ResidualFunction : public Module {
   // (BatchNorm2d::coupling_relu_*). No graph: gradients off.
   Tensor coupling_forward(const Tensor& x, const Tensor& x1) const;
   Tensor coupling_inverse(const Tensor& y, const Tensor& x1) const;
+  // coupling(x, forward(x1)) with a graph, the last batch norm + ReLU fused into the coupling
+  // (conv_batch_norm_coupling): the same bits, F's output never stored. x1 is x's first stream.
+  Variable coupling(const Variable& x, const Variable& x1) const;
 
  private:
   ResidualFunction() = default;

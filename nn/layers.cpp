@@ -60,13 +60,24 @@ Variable BatchNorm2d::forward_relu(const Variable& x, const Variable& input_bias
   return batch_norm_relu(x, gamma_, beta_, mean, var, o, input_bias);
 }
 
-Variable conv_batch_norm(const Conv2d& conv, const BatchNorm2d& bn, const Variable& x, bool relu) {
+namespace {
+// conv(x) for a batch norm that takes the bias as its input_bias: the convolution adds the bias's
+// values, but only batch norm records the bias as an input.
+Variable conv_for_batch_norm(const Conv2d& conv, const Variable& x) {
   const Variable& bias = conv.bias();
+  return conv2d(x, conv.weight(), bias.defined() ? Variable(bias.data()) : Variable(), conv.options());
+}
+}  // namespace
+
+Variable conv_batch_norm(const Conv2d& conv, const BatchNorm2d& bn, const Variable& x, bool relu) {
   if (relu)
     if (Variable y = bn.forward_conv_relu_recomputed(conv, x); y.defined()) return y;
-  // The convolution adds the bias's values; only batch norm records the bias as an input.
-  const Variable z = conv2d(x, conv.weight(), bias.defined() ? Variable(bias.data()) : Variable(), conv.options());
-  return relu ? bn.forward_relu(z, bias) : bn.forward(z, bias);
+  const Variable z = conv_for_batch_norm(conv, x);
+  return relu ? bn.forward_relu(z, conv.bias()) : bn.forward(z, conv.bias());
+}
+
+Variable conv_batch_norm_coupling(const Conv2d& conv, const BatchNorm2d& bn, const Variable& h, const Variable& x) {
+  return bn.coupling_relu(x, conv_for_batch_norm(conv, h), conv.bias());
 }
 
 Variable BatchNorm2d::forward_conv_relu_recomputed(const Conv2d& conv, const Variable& x) const {
@@ -83,6 +94,12 @@ Tensor BatchNorm2d::coupling_relu_forward(const Tensor& x, const Tensor& z) cons
   const BatchNormOptions o = options();
   const auto [mean, var] = running_statistics(o);
   return ops::batchnorm_relu_coupling_forward(x, z, gamma_.data(), beta_.data(), mean, var, o);
+}
+
+Variable BatchNorm2d::coupling_relu(const Variable& x, const Variable& z, const Variable& input_bias) const {
+  const BatchNormOptions o = options();
+  const auto [mean, var] = running_statistics(o);
+  return batch_norm_relu_coupling(x, z, gamma_, beta_, mean, var, o, input_bias);
 }
 
 Tensor BatchNorm2d::coupling_relu_inverse(const Tensor& y, const Tensor& z) const {

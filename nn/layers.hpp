@@ -60,6 +60,9 @@ class BatchNorm2d : public Module {
   // rule, and no graph, so it is called with gradients off (a ValueError otherwise).
   Tensor coupling_relu_forward(const Tensor& x, const Tensor& z) const;
   Tensor coupling_relu_inverse(const Tensor& y, const Tensor& z) const;
+  // coupling_relu_forward with a graph (batch_norm_relu_coupling, petra/functions.hpp): f is not
+  // stored there either, and the backward needs z and the forward's map only.
+  Variable coupling_relu(const Variable& x, const Variable& z, const Variable& input_bias = {}) const;
 
   // relu(forward(conv.forward(x))) in training mode as one op that never stores the convolution's
   // output (conv_batch_norm_relu, petra/functions.hpp: the stem on images recomputes its cheap
@@ -90,6 +93,9 @@ class BatchNorm2d : public Module {
 // that needs no gradient (the stem) goes to bn.forward_conv_relu_recomputed: the same numbers up to
 // float rounding, without the convolution's output in memory.
 Variable conv_batch_norm(const Conv2d& conv, const BatchNorm2d& bn, const Variable& x, bool relu);
+// The reversible coupling of x with f = relu(bn(conv(h))), batch norm + ReLU fused into the
+// coupling (BatchNorm2d::coupling_relu), the bias's gradient taken as in conv_batch_norm.
+Variable conv_batch_norm_coupling(const Conv2d& conv, const BatchNorm2d& bn, const Variable& h, const Variable& x);
 
 class Linear : public Module {
  public:

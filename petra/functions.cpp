@@ -331,6 +331,38 @@ Variable coupling(const Variable& x, const Variable& f) {
   });
 }
 
+Variable batch_norm_relu_coupling(const Variable& x, const Variable& z, const Variable& gamma, const Variable& beta,
+                                  const Tensor& running_mean, const Tensor& running_var, const BatchNormOptions& o,
+                                  const Variable& input_bias) {
+  if (!ops::batchnorm_relu_coupling_keeps_map(z.data(), o) || !should_record({&x, &z, &gamma, &beta, &input_bias}))
+    return coupling(x, batch_norm_relu(z, gamma, beta, running_mean, running_var, o, input_bias));
+  ops::BatchNormSaved saved;
+  Tensor y = ops::batchnorm_relu_coupling_forward(x.data(), z.data(), gamma.data(), beta.data(), running_mean,
+                                                  running_var, o, &saved);
+  const Tensor keep_z = z.data(), keep_gamma = gamma.data();
+  const bool need_x = wants(x), need_z = wants(z) || wants(gamma) || wants(beta) || wants(input_bias);
+  const bool need_bias = wants(input_bias);
+  const std::int64_t streams = z.shape()[1];
+  return record_one(std::move(y), "batch_norm_relu_coupling", {x, z, gamma, beta, input_bias},
+                    [=](std::span<const Tensor> g) {
+                      // y1 = x2 + f, y2 = x1 with f = relu(BN(z)): dx = (dy2, dy1) (F's vjp reaches
+                      // dx1 through F's graph, as with coupling), and batch norm's backward takes
+                      // df = dy1, a view of dy's first stream, with the mask from z and the map.
+                      std::vector<Tensor> grads(5);
+                      if (need_x) grads[0] = ops::swap_streams(g[0]);
+                      if (need_z) {
+                        Tensor dgamma = zeros_like(keep_gamma), dbeta = zeros_like(keep_gamma);
+                        Tensor dbias = need_bias ? zeros_like(keep_gamma) : Tensor();
+                        grads[1] = ops::batchnorm_relu_backward(keep_z, Tensor(), g[0].slice(1, 0, streams),
+                                                                keep_gamma, saved, dgamma, dbeta, dbias, false);
+                        grads[2] = std::move(dgamma);
+                        grads[3] = std::move(dbeta);
+                        grads[4] = std::move(dbias);
+                      }
+                      return grads;
+                    });
+}
+
 Variable to_device(const Variable& x, Device device) {
   if (x.data().device() == device) return x;
   Tensor y = x.data().to(device);

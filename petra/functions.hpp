@@ -67,6 +67,13 @@ Variable channel_view(const Variable& x, std::int64_t first, std::int64_t count)
 // there), and first_bad still receives the flag.
 Variable cross_entropy(const Variable& logits, const Tensor& labels, Tensor* first_bad = nullptr);
 Variable coupling(const Variable& x, const Variable& f);                // (x2 + f, x1)
+// coupling(x, batch_norm_relu(z, ...)) as one op (ops::batchnorm_relu_coupling_forward, same
+// bits): F's output is never stored, and its backward reads z and the forward's map, not y. Where
+// the map cannot be kept (ops::batchnorm_relu_coupling_keeps_map: the GPU, doubles, evaluation)
+// it is that composition, op by op. Arguments as batch_norm_relu's, z with half x's channels.
+Variable batch_norm_relu_coupling(const Variable& x, const Variable& z, const Variable& gamma, const Variable& beta,
+                                  const Tensor& running_mean, const Tensor& running_var, const BatchNormOptions& o,
+                                  const Variable& input_bias = {});
 
 // Arithmetic operators: a + b, a - b, a * b broadcast (add, sub, mul); -a and a double factor are
 // scale; a double added or subtracted is a constant tensor of the operand's shape (no gradient).

@@ -1221,12 +1221,31 @@ Tensor swap_streams(const Tensor& dy) {
 
 namespace {
 // The fused batch norm + ReLU + coupling in `direction`, a: the coupling's input (x or y).
+// `keep`, when given (training on the CPU in float only), receives what the backward of
+// batchnorm_relu_backward needs: the statistics and the map applied (saved.affine).
 Tensor batchnorm_relu_coupling(kernels::CouplingDirection direction, const Tensor& a, const Tensor& z,
                                const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                               const Tensor& running_var, const BatchNormOptions& o, const char* op) {
-  BatchNormSaved saved;
+                               const Tensor& running_var, const BatchNormOptions& o, const char* op,
+                               BatchNormSaved* keep = nullptr) {
+  BatchNormSaved local;
+  BatchNormSaved& saved = keep != nullptr ? *keep : local;
   const auto k = check_batchnorm_forward(z, gamma, beta, running_mean, running_var, o, &saved, op);
   coupling_shape(a, z, op);
+  PETRA_CHECK(keep == nullptr || (o.training && maps_relu_mask(z)), ValueError, op,
+              ": keeps the map for a backward only in training, on the CPU in float; got ", z.str());
+  if (keep != nullptr) {
+    Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+    const auto timer = batchnorm_timer(k, "bn+relu+coupling", "fwd", 6);
+    saved.affine = Tensor::empty({3 * k.channels}, z.dtype(), z.device());
+    PETRA_CPU_FLOAT_CALL(BATCHNORM, batchnorm_relu_coupling_train_mapped, stream_for(z.device()), k, o.eps,
+                         o.momentum, direction, z.data_ptr<float>(), gamma.data_ptr<float>(), beta.data_ptr<float>(),
+                         a.data_ptr<float>(), out.data_ptr<float>(), saved.mean.data_ptr<float>(),
+                         saved.invstd.data_ptr<float>(),
+                         running_mean.defined() ? running_mean.data_ptr<float>() : nullptr,
+                         running_var.defined() ? running_var.data_ptr<float>() : nullptr,
+                         saved.affine.data_ptr<float>());
+    return out;
+  }
   if (use_cudnn(z)) {  // cuDNN's batch norm (--conv-impl cudnn) has no such epilogue: the pair, unfused
     const Tensor f = batchnorm_relu_forward(z, gamma, beta, running_mean, running_var, o, &saved);
     return direction == kernels::CouplingDirection::forward ? coupling_forward(a, f) : coupling_inverse(a, f);
@@ -1254,9 +1273,13 @@ Tensor batchnorm_relu_coupling(kernels::CouplingDirection direction, const Tenso
 
 Tensor batchnorm_relu_coupling_forward(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
                                        const Tensor& running_mean, const Tensor& running_var,
-                                       const BatchNormOptions& o) {
+                                       const BatchNormOptions& o, BatchNormSaved* saved) {
   return batchnorm_relu_coupling(kernels::CouplingDirection::forward, x, z, gamma, beta, running_mean, running_var, o,
-                                 "batchnorm_relu_coupling_forward");
+                                 "batchnorm_relu_coupling_forward", saved);
+}
+
+bool batchnorm_relu_coupling_keeps_map(const Tensor& z, const BatchNormOptions& o) {
+  return o.training && maps_relu_mask(z);
 }
 
 Tensor batchnorm_relu_coupling_inverse(const Tensor& y, const Tensor& z, const Tensor& gamma, const Tensor& beta,

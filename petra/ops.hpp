@@ -174,10 +174,14 @@ Tensor swap_streams(const Tensor& dy);
 // batchnorm_relu_coupling_*): coupling_forward(x, f) and coupling_inverse(y, f) with
 // f = batchnorm_relu_forward(z, ...) (same arguments, same statistics rule, same bits), but f is
 // never stored. z has C channels (F's last convolution's output). No gradient: for the passes
-// that keep no graph (a pipelined stage's forward, a stage group's inverse).
+// that keep no graph (a pipelined stage's forward, a stage group's inverse). The forward's `saved`,
+// when given, receives what batchnorm_relu_backward needs without y (saved.affine), for a graph
+// (functions.hpp's batch_norm_relu_coupling); only where batchnorm_relu_coupling_keeps_map says so.
 Tensor batchnorm_relu_coupling_forward(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
                                        const Tensor& running_mean, const Tensor& running_var,
-                                       const BatchNormOptions& o);
+                                       const BatchNormOptions& o, BatchNormSaved* saved = nullptr);
+// Whether batchnorm_relu_coupling_forward can keep its map for z: training, on the CPU, in float.
+bool batchnorm_relu_coupling_keeps_map(const Tensor& z, const BatchNormOptions& o);
 Tensor batchnorm_relu_coupling_inverse(const Tensor& y, const Tensor& z, const Tensor& gamma, const Tensor& beta,
                                        const Tensor& running_mean, const Tensor& running_var,
                                        const BatchNormOptions& o);

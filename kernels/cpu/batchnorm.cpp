@@ -493,6 +493,15 @@ void batchnorm_relu_coupling_train(const StreamHandle& s, const BatchNormShape& 
                 saved_mean, saved_invstd, running_mean, running_var);
 }
 
+void batchnorm_relu_coupling_train_mapped(const StreamHandle& s, const BatchNormShape& shape, double eps,
+                                          double momentum, CouplingDirection direction, const float* z,
+                                          const float* gamma, const float* beta, const float* a, float* out,
+                                          float* saved_mean, float* saved_invstd, float* running_mean,
+                                          float* running_var, float* affine) {
+  forward_train(s, shape, eps, momentum, z, gamma, beta, CouplingOutput{direction, a, out}, saved_mean,
+                saved_invstd, running_mean, running_var, affine);
+}
+
 void batchnorm_relu_coupling_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,
                                   CouplingDirection direction, const float* z, const float* gamma,
                                   const float* beta, const float* running_mean,

@@ -79,6 +79,9 @@ TEST_CASE("backend ops: every function declared in ops:: (petra/ops.hpp, petra/o
   // computes a Shape, no tensor.
   declared.erase("relative_error");
   declared.erase("broadcast_shape");
+  // batchnorm_relu_coupling_keeps_map answers where the forward can keep its map for a graph (a CPU
+  // float variant: tests/cpu/test_nn.cpp checks it against the unfused ops bit for bit); no tensor.
+  declared.erase("batchnorm_relu_coupling_keeps_map");
   // The recomputing stem exists only as a CPU float kernel (no ref:: or CUDA twin to compare in
   // this matrix): tests/cpu/test_conv_batchnorm.cpp checks it against the ref:: composition.
   for (const char* op : {"conv_batchnorm_relu_fits", "conv_batchnorm_relu_forward", "conv_batchnorm_relu_backward"})

@@ -171,3 +171,43 @@ TEST_CASE("conv_batch_norm: batch norm's backward gives the convolution's bias g
     for (std::size_t c = 0; c < 5; ++c) CHECK(std::abs(fused[3][c] - plain[3][c]) < 1e-5);
   }
 }
+
+TEST_CASE("conv_batch_norm_coupling: coupling with F's last batch norm + ReLU fused, the same bits forward and backward") {
+  // A reversible block's coupling (x2 + relu(bn(conv(h))), x1) with h made from x's first stream,
+  // as ReversibleStage::forward records it: once as coupling(x, conv_batch_norm(...)) and once
+  // fused, which never stores F's output and takes batch norm's ReLU mask from z and the map.
+  // Everything must match bit for bit, the running statistics too; the bias's gradient is the same
+  // sum (both take it in batch norm's backward).
+  const Tensor x = Tensor::uniform({5, 6, 7, 9}, 22, -1, 1);
+  const Tensor seed = Tensor::uniform({5, 6, 7, 9}, 23, -1, 1);
+  auto run = [&](bool fused) {
+    Init init(21);  // the same parameters and running statistics for both runs
+    Conv2d conv1(3, 3, 3, 1, 1, init), conv2(3, 3, 3, 1, 1, init);
+    BatchNorm2d bn1(3, init), bn2(3, init);
+    const Tensor running_before = bn2.running_mean().clone();
+    const Variable input(x, /*requires_grad=*/true);
+    const Variable h = conv_batch_norm(conv1, bn1, channel_view(input, 0, 3), /*relu=*/true);
+    const Variable y = fused ? conv_batch_norm_coupling(conv2, bn2, h, input)
+                             : coupling(input, conv_batch_norm(conv2, bn2, h, /*relu=*/true));
+    CHECK(y.grad_fn()->name() == (fused ? "batch_norm_relu_coupling" : "coupling"));
+    CHECK(bn2.running_mean().to_vector<float>() != running_before.to_vector<float>());  // moved in training
+    const Variable outputs[] = {y};
+    const Tensor seeds[] = {seed};
+    const Variable capture[] = {input};
+    const Tensor dx = backward(outputs, seeds, capture)[0];
+    return std::vector<std::vector<float>>{
+        y.data().to_vector<float>(),          dx.to_vector<float>(),
+        conv2.weight().grad().to_vector<float>(), conv1.weight().grad().to_vector<float>(),
+        bn2.parameters()[0].grad().to_vector<float>(), bn2.parameters()[1].grad().to_vector<float>(),
+        conv2.bias().grad().to_vector<float>(), bn2.running_mean().to_vector<float>(),
+        bn2.running_var().to_vector<float>()};
+  };
+  const auto plain = run(false);
+  const auto fused = run(true);
+  REQUIRE(plain.size() == fused.size());
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    CAPTURE(i);
+    CHECK(fused[i] == plain[i]);
+  }
+}
+
