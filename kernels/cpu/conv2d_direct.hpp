@@ -292,9 +292,13 @@ void transform_kernels_4x4(const Taps& g, int64_t o0, int64_t o_end, int64_t c0,
 template <int Channels, int Vectors>
 void weight_tile(const float* v, int64_t v_stride, const float* dm, int64_t outs, int64_t tiles,
                  float* sums) {
+  // The loops over acc are unrolled so that GCC indexes it by constants and keeps it in registers
+  // (else it zeroes acc on the stack and copies it in and out around the product loop).
   __m512 acc[Channels][Vectors];
-  for (auto& row : acc)
-    for (auto& a : row) a = _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (int c = 0; c < Channels; ++c)
+#pragma GCC unroll 4
+    for (int j = 0; j < Vectors; ++j) acc[c][j] = _mm512_setzero_ps();
   for (int64_t t = 0; t < tiles; ++t) {
     __m512 d[Vectors];
     for (int j = 0; j < Vectors; ++j) d[j] = _mm512_load_ps(dm + t * outs + j * kLanes);
@@ -303,7 +307,9 @@ void weight_tile(const float* v, int64_t v_stride, const float* dm, int64_t outs
       for (int j = 0; j < Vectors; ++j) acc[c][j] = _mm512_fmadd_ps(xv, d[j], acc[c][j]);
     }
   }
+#pragma GCC unroll 16
   for (int c = 0; c < Channels; ++c)
+#pragma GCC unroll 4
     for (int j = 0; j < Vectors; ++j) {
       float* to = sums + c * outs + j * kLanes;
       _mm512_store_ps(to, _mm512_add_ps(_mm512_load_ps(to), acc[c][j]));

@@ -142,18 +142,22 @@ template <class Tile, int Pixels, int Stride>
 void block(const Conv2dShape& s, const Padded& padded, const float* xp, const float* panel,
            const float* bias, int64_t o0, int64_t oh, int64_t ow0, int64_t width, float* by_pixel) {
   constexpr int V = Tile::vectors;
-  __m512 acc[V][Pixels];
+  __m512 acc[V][Pixels];  // the loops over it unrolled: constant indices keep it in registers
+#pragma GCC unroll 4
   for (int v = 0; v < V; ++v) {
     const int64_t first = o0 + v * kLanes, valid = std::clamp<int64_t>(s.out_channels - first, 0, kLanes);
     const __m512 b = bias == nullptr || valid == 0
                          ? _mm512_setzero_ps()
                          : _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << valid) - 1), bias + first);
+#pragma GCC unroll 16
     for (int q = 0; q < Pixels; ++q) acc[v][q] = b;
   }
   const float* window = xp + oh * s.stride_h * padded.columns + ow0 * Stride;
   accumulate<V, Pixels, Stride>(s, padded.plane(), padded.columns, window, panel, acc);
   float* out = by_pixel + (oh * s.out_w() + ow0) * width + o0;
+#pragma GCC unroll 16
   for (int q = 0; q < Pixels; ++q)
+#pragma GCC unroll 4
     for (int v = 0; v < V; ++v) _mm512_storeu_ps(out + q * width + v * kLanes, acc[v][q]);
 }
 
@@ -263,8 +267,10 @@ template <class Tile, int Pixels>
 void block(const Conv2dShape& s, const Padded& padded, const float* dyp, const float* panel, const Taps& rows,
            const Taps& columns, int64_t oh0, int64_t t0, float* out, int64_t width) {
   constexpr int V = Tile::vectors;
-  __m512 acc[V][Pixels];
+  __m512 acc[V][Pixels];  // the loops over it unrolled, as in the forward's block
+#pragma GCC unroll 4
   for (int v = 0; v < V; ++v)
+#pragma GCC unroll 16
     for (int q = 0; q < Pixels; ++q) acc[v][q] = _mm512_setzero_ps();
   const int64_t weight_step = s.kernel_h * s.kernel_w * Tile::channels, plane = padded.plane();
   for (int a = 0; a < rows.count; ++a)
@@ -282,7 +288,9 @@ void block(const Conv2dShape& s, const Padded& padded, const float* dyp, const f
         }
       }
     }
+#pragma GCC unroll 16
   for (int q = 0; q < Pixels; ++q)
+#pragma GCC unroll 4
     for (int v = 0; v < V; ++v) _mm512_storeu_ps(out + 2 * q * width + v * kLanes, acc[v][q]);
 }
 

@@ -116,8 +116,10 @@ template <int V>
 void products(int64_t depth, const float* panel, const float* in, int64_t in_stride, const float* bias,
               float* out, int64_t out_stride, __mmask16 last) {
   __m512 acc[kBlock][V];
+#pragma GCC unroll 32
   for (int i = 0; i < kBlock; ++i) {
     const __m512 start = bias ? _mm512_set1_ps(bias[i]) : _mm512_setzero_ps();
+#pragma GCC unroll 4
     for (int v = 0; v < V; ++v) acc[i][v] = start;
   }
   accumulate<V>(depth, panel, in, in_stride, last, acc);
@@ -163,10 +165,13 @@ void gather_even_channels_last(const Conv2dShape& s, const float* x, float* rows
   const int64_t out_h = s.out_h(), out_w = s.out_w(), plane = s.in_h * s.in_w;
   for (int64_t c0 = 0; c0 < s.in_channels; c0 += kLanes)
     for (int64_t r = 0; r < out_h; ++r) {
-      __m512 v[kLanes];
+      __m512 v[kLanes];  // in registers: the loop that fills it is unrolled (constant indices)
+#pragma GCC unroll 16
       for (int i = 0; i < kLanes; ++i) v[i] = even_floats(x + (c0 + i) * plane + 2 * r * s.in_w, out_w);
       transpose16(v);
-      for (int64_t q = 0; q < out_w; ++q) _mm512_storeu_ps(rows + (r * out_w + q) * s.in_channels + c0, v[q]);
+#pragma GCC unroll 16
+      for (int q = 0; q < kLanes; ++q)
+        if (q < out_w) _mm512_storeu_ps(rows + (r * out_w + q) * s.in_channels + c0, v[q]);
     }
 }
 

@@ -212,9 +212,14 @@ void transform_output_tile(const float* m, int64_t m_stride, int64_t h, int64_t 
 template <int R, int N>
 void multiply(const float* u, int64_t u_stride, const float* v, int64_t v_stride, int64_t in, float* m,
               int64_t m_row) {
+  // The loops over acc are unrolled so that it is indexed by constants only: otherwise GCC keeps acc
+  // on the stack, zeroing it there first and copying it out last (16-24 stores and loads more
+  // per call, 16 input channels deep at 28x28; docs/results-cpu.md §1, 2026-12-05).
   __m512 acc[R][N];
-  for (auto& row : acc)
-    for (auto& a : row) a = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 6
+    for (int n = 0; n < N; ++n) acc[r][n] = _mm512_setzero_ps();
   for (int64_t c = 0; c < in; ++c, u += u_stride, v += v_stride) {
     __m512 vv[N];
     for (int n = 0; n < N; ++n) vv[n] = _mm512_load_ps(v + n * kLanes);
@@ -223,7 +228,9 @@ void multiply(const float* u, int64_t u_stride, const float* v, int64_t v_stride
       for (int n = 0; n < N; ++n) acc[r][n] = _mm512_fmadd_ps(ub, vv[n], acc[r][n]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 6
     for (int n = 0; n < N; ++n) _mm512_store_ps(m + r * m_row + n * kLanes, acc[r][n]);
 }
 
