@@ -234,18 +234,19 @@ void multiply(const float* u, int64_t u_stride, const float* v, int64_t v_stride
     for (int n = 0; n < N; ++n) _mm512_store_ps(m + r * m_row + n * kLanes, acc[r][n]);
 }
 
-// The products of one position for R output channels and `columns` columns (1 to kMaxColumns).
-template <int R>
+// The products of one position for R output channels and `columns` columns (1 to kMaxColumns;
+// rows_per_product gives R = 8 only up to 3): multiply<R, N> with N = columns, instantiated only
+// up to 24 accumulators (more would not fit the 32 vector registers beside the loads).
+template <int R, int N = 1>
 void multiply_columns(int64_t columns, const float* u, int64_t u_stride, const float* v, int64_t v_stride,
                       int64_t in, float* m, int64_t m_row) {
-  switch (columns) {
-    case 1: multiply<R, 1>(u, u_stride, v, v_stride, in, m, m_row); break;
-    case 2: multiply<R, 2>(u, u_stride, v, v_stride, in, m, m_row); break;
-    case 3: multiply<R, 3>(u, u_stride, v, v_stride, in, m, m_row); break;
-    case 4: multiply<R, 4>(u, u_stride, v, v_stride, in, m, m_row); break;
-    case 5: multiply<R, 5>(u, u_stride, v, v_stride, in, m, m_row); break;
-    default: multiply<R, 6>(u, u_stride, v, v_stride, in, m, m_row); break;
+  if constexpr (R * (N + 1) <= 24 && N < kMaxColumns) {
+    if (columns > N) {
+      multiply_columns<R, N + 1>(columns, u, u_stride, v, v_stride, in, m, m_row);
+      return;
+    }
   }
+  multiply<R, N>(u, u_stride, v, v_stride, in, m, m_row);
 }
 
 // r = G g for the three taps g of a kernel column (or row of G g): 16 output channels on the lanes.
