@@ -1231,7 +1231,7 @@ Tensor batchnorm_relu_coupling(kernels::CouplingDirection direction, const Tenso
   BatchNormSaved& saved = keep != nullptr ? *keep : local;
   const auto k = check_batchnorm_forward(z, gamma, beta, running_mean, running_var, o, &saved, op);
   coupling_shape(a, z, op);
-  PETRA_CHECK(keep == nullptr || (o.training && maps_relu_mask(z)), ValueError, op,
+  PETRA_CHECK(keep == nullptr || batchnorm_relu_coupling_keeps_map(z, o), ValueError, op,
               ": keeps the map for a backward only in training, on the CPU in float; got ", z.str());
   if (keep != nullptr) {
     Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
