@@ -57,18 +57,21 @@ std::shared_ptr<ResidualFunction> ResidualFunction::bottleneck(std::int64_t in, 
   return f;
 }
 
-Variable ResidualFunction::forward(const Variable& x) const {
+Variable ResidualFunction::hidden(const Variable& x) const {
   Variable h = x;
   // Every BN here is followed by a ReLU, fused into it (BatchNorm2d::forward_relu); the convolution's
   // bias gradient comes out of the BN's backward (conv_batch_norm).
-  for (const Layer& layer : layers_) h = conv_batch_norm(*layer.conv, *layer.bn, h, /*relu=*/true);
+  for (std::size_t i = 0; i + 1 < layers_.size(); ++i)
+    h = conv_batch_norm(*layers_[i].conv, *layers_[i].bn, h, /*relu=*/true);
   return h;
 }
 
+Variable ResidualFunction::forward(const Variable& x) const {
+  return conv_batch_norm(*layers_.back().conv, *layers_.back().bn, hidden(x), /*relu=*/true);
+}
+
 Variable ResidualFunction::coupling(const Variable& x, const Variable& x1) const {
-  Variable h = x1;
-  for (std::size_t i = 0; i + 1 < layers_.size(); ++i) h = conv_batch_norm(*layers_[i].conv, *layers_[i].bn, h, true);
-  return conv_batch_norm_coupling(*layers_.back().conv, *layers_.back().bn, h, x);
+  return conv_batch_norm_coupling(*layers_.back().conv, *layers_.back().bn, hidden(x1), x);
 }
 
 Tensor ResidualFunction::last_convolution(const Tensor& x1) const {

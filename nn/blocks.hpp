@@ -44,6 +44,8 @@ class ResidualFunction : public Module {
   ResidualFunction() = default;
   // F(x1) up to its last batch norm: the last convolution's output.
   Tensor last_convolution(const Tensor& x1) const;
+  // F(x) with a graph up to its last layer (conv -> BN -> ReLU for each layer but the last).
+  Variable hidden(const Variable& x) const;
   struct Layer {
     std::shared_ptr<Conv2d> conv;
     std::shared_ptr<BatchNorm2d> bn;

@@ -110,6 +110,18 @@ Variable batch_norm(const Variable& x, const Variable& gamma, const Variable& be
   return out;
 }
 
+namespace {
+// The fused batch norm + ReLU's backward as a node returns it: {dx, dgamma, dbeta, dbias} (dbias,
+// the input_bias's gradient, only when wanted). y may be undefined where saved.affine is kept.
+std::vector<Tensor> batch_norm_relu_gradients(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& gamma,
+                                              const ops::BatchNormSaved& saved, bool need_bias, bool dy_given_up) {
+  Tensor dgamma = zeros_like(gamma), dbeta = zeros_like(gamma);
+  Tensor dbias = need_bias ? zeros_like(gamma) : Tensor();
+  Tensor dx = ops::batchnorm_relu_backward(x, y, dy, gamma, saved, dgamma, dbeta, dbias, dy_given_up);
+  return {std::move(dx), std::move(dgamma), std::move(dbeta), std::move(dbias)};
+}
+}  // namespace
+
 Variable batch_norm_relu(const Variable& x, const Variable& gamma, const Variable& beta, const Tensor& running_mean,
                          const Tensor& running_var, const BatchNormOptions& o, const Variable& input_bias) {
   ops::BatchNormSaved saved;
@@ -125,14 +137,10 @@ Variable batch_norm_relu(const Variable& x, const Variable& gamma, const Variabl
   const Tensor keep_y = saved.affine.defined() ? Tensor() : y;
   const bool need_bias = wants(input_bias);
   Variable out = record_one(y, "batch_norm_relu", {x, gamma, beta, input_bias}, [=](std::span<const Tensor> g) {
-    Tensor dgamma = zeros_like(keep_gamma), dbeta = zeros_like(keep_gamma);
-    Tensor dbias = need_bias ? zeros_like(keep_gamma) : Tensor();
     // dx may be written over dy where nothing but the engine holds dy's storage (it drops dy once
     // this returns; a caller's seed, a captured gradient or another view hold a reference too)
     const bool dy_given_up = g[0].storage().use_count() == 1;
-    Tensor dx = ops::batchnorm_relu_backward(keep_x, keep_y, g[0], keep_gamma, saved, dgamma, dbeta, dbias,
-                                             dy_given_up);
-    return std::vector<Tensor>{std::move(dx), std::move(dgamma), std::move(dbeta), std::move(dbias)};
+    return batch_norm_relu_gradients(keep_x, keep_y, g[0], keep_gamma, saved, need_bias, dy_given_up);
   });
   if (out.grad_fn()) out.grad_fn()->accept_strided_gradients();  // as batch_norm's
   return out;
@@ -348,17 +356,12 @@ Variable batch_norm_relu_coupling(const Variable& x, const Variable& z, const Va
                       // y1 = x2 + f, y2 = x1 with f = relu(BN(z)): dx = (dy2, dy1) (F's vjp reaches
                       // dx1 through F's graph, as with coupling), and batch norm's backward takes
                       // df = dy1, a view of dy's first stream, with the mask from z and the map.
-                      std::vector<Tensor> grads(5);
-                      if (need_x) grads[0] = ops::swap_streams(g[0]);
-                      if (need_z) {
-                        Tensor dgamma = zeros_like(keep_gamma), dbeta = zeros_like(keep_gamma);
-                        Tensor dbias = need_bias ? zeros_like(keep_gamma) : Tensor();
-                        grads[1] = ops::batchnorm_relu_backward(keep_z, Tensor(), g[0].slice(1, 0, streams),
-                                                                keep_gamma, saved, dgamma, dbeta, dbias, false);
-                        grads[2] = std::move(dgamma);
-                        grads[3] = std::move(dbeta);
-                        grads[4] = std::move(dbias);
-                      }
+                      std::vector<Tensor> grads{need_x ? ops::swap_streams(g[0]) : Tensor()};
+                      if (need_z)  // dz, dgamma, dbeta, dbias
+                        for (Tensor& t : batch_norm_relu_gradients(keep_z, Tensor(), g[0].slice(1, 0, streams),
+                                                                   keep_gamma, saved, need_bias, false))
+                          grads.push_back(std::move(t));
+                      grads.resize(5);
                       return grads;
                     });
 }
