@@ -30,8 +30,9 @@
 //     decomposition (which sample, which output or input pixel, which channel) is done once; the
 //     K index's decomposition (which channel and tap, or which pixel) is done once per step for
 //     the whole block: threads 0..15 write the step's 16 entries into a table in shared memory
-//     (Problem::k_entry, KEntry), and each gather is then adds and two bounds checks, in 32-bit
-//     offsets (a batch whose tensors reach 2^31 elements runs in several launches);
+//     (write_k_step, KEntry; each thread advances its index's digits by 16 from one step to
+//     the next instead of dividing again), and each gather is then adds and two bounds checks, in
+//     32-bit offsets (a batch whose tensors reach 2^31 elements runs in several launches);
 //   - a pipeline of asynchronous copies (cp.async, k_loop): the shared tiles have 2 or 3 stages;
 //     while the block multiplies step i out of one, the copies of the next one or two steps are in
 //     flight into the others, with one barrier per step and no register holding a gathered value;
@@ -39,7 +40,7 @@
 //     store_row), not each output, and stores a group of 4 (FP32) or 2 (TF32) outputs that are
 //     consecutive in memory as one float4 / float2 (store_outputs);
 //   - the gather is a problem type (ForwardProblem, DataProblem, WeightProblem) with row(m),
-//     column(n), k_entry(k), a_offset / b_offset / b_inside, store_column / store_row / store and
+//     column(n), k_radix / k_entry_at, a_offset / b_offset / b_inside, store_column / store_row / store and
 //     its K range per slice: the tiling is written once.
 // Backward data is the gather form of the transposed convolution: dx[b, c, h, w] sums over the
 // taps (o, i, j) whose output position oh = (h + pad - i) / stride is an integer inside the output.
@@ -56,15 +57,16 @@
 // double and rounds once. With S = 1 the tile adds into dw directly.
 //
 // The TF32 path (all three passes, when set_conv2d_math(Conv2dMath::tf32)): implicit_gemm_tf32, the
-// same gather into the same shared tiles (choose_tile's; rows padded by 8 floats,
-// conv2d_tiling's Tf32Tile), each value rounded to TF32 (a 10-bit mantissa) as it is loaded into a
-// fragment, and each of the 8 warps
+// same gather into shared tiles of the same shapes (choose_tile's; rows padded by 8 floats and B's
+// columns in fragment order, conv2d_tiling's Tf32Tile), each value rounded to TF32 (a 10-bit
+// mantissa), B's in the tile once it has landed and A's as they are loaded into a fragment, and
+// each of the 8 warps
 // multiplies its piece of the tile (16 x 32 to 32 x 64, conv2d_tiling::WarpLayout) on the tensor
 // cores (mma.m16n8k8 .tf32, FP32 accumulation, fragments read from the tiles with 8- and 16-byte
-// loads in Tf32Fragment's row order), then stores its accumulators from the registers. The
-// tensor-core instructions are confined to one small struct, WarpTileTf32; under the emulation
-// (and below sm_80) its twin does the same math element by element: fmaf(tf32_round(a),
-// tf32_round(b), acc).
+// loads in Tf32Fragment's row order and tf32_b_slot's column order), then stores its accumulators
+// from the registers. The tensor-core instructions are confined to one small struct,
+// WarpTileTf32; under the emulation (and below sm_80) its twin does the same math element by
+// element: fmaf(tf32_round(a), b already rounded in the tile, acc).
 //
 // The bias gradient: blocks of (out-channel, slice) add fixed strided parts of the channel's
 // batch*plane values in double (each with cuda_detail::block_sum's fixed tree), and one warp per
@@ -103,8 +105,10 @@
 // nvcc unrolls the fixed-count loops; the host compiler of the emulation does not know the pragma.
 #ifdef __CUDACC__
 #define PETRA_UNROLL _Pragma("unroll")
+#define PETRA_NO_UNROLL _Pragma("unroll 1")
 #else
 #define PETRA_UNROLL
+#define PETRA_NO_UNROLL
 #endif
 
 namespace petra::kernels::cuda {
@@ -117,9 +121,10 @@ using tiling::Tap;
 
 // ---- the three problems: how A and B are gathered and C is stored ----------------------------
 //
-// Each problem splits its gather in two. k_entry(k) decomposes one index k of the summed dimension
-// (the divisions by taps, kernel width, plane and row length): the block computes it once per k
-// per step, 16 threads for the step's 16 k, into a table in shared memory (fill_k_step_table). A value
+// Each problem splits its gather in two. k_entry_at(k, digits) gives what one index k of the summed
+// dimension contributes to the offsets, from its digits (k_radix: (channel, tap row, tap column)
+// or (sample, row, column)): the block computes it once per k per step, 16 threads for the step's
+// 16 k, into a table in shared memory (write_k_step, which moves the digits on by 16 a step). A value
 // of A is then a_data()[a_offset(row, e)], one of B b_data()[b_offset(column, e)] where
 // b_inside(column, e) (else the zero padding): adds and two bounds checks; a thread's rows and
 // column are decomposed once, before the K loop. (Before the table each of the 256 threads
@@ -167,10 +172,10 @@ struct ForwardProblem {
     const tiling::OutputPixel o = tiling::output_pixel(g, n);
     return {Index(tiling::corner_offset(g, o)), Index(o.h0), Index(o.w0)};
   }
-  // k = (c, i, j): a = k, b = the tap's offset from the corner, i, j.
-  __device__ KEntry k_entry(std::int64_t k) const {
-    const Tap t = tiling::split_tap(k, g.kernel_h, g.kernel_w);
-    return {Index(k), Index(tiling::tap_offset(g, t)), Index(t.i), Index(t.j)};
+  // k = (c, i, j) (its digits in k_radix): a = k, b = the tap's offset from the corner, i, j.
+  __device__ tiling::Radix k_radix() const { return {std::int32_t(g.kernel_h), std::int32_t(g.kernel_w)}; }
+  __device__ KEntry k_entry_at(Index k, const tiling::Digits& d) const {
+    return {k, (d.hi * Index(g.in_h) + d.mid) * Index(g.in_w) + d.lo, d.mid, d.lo};
   }
   __device__ const float* a_data() const { return w; }
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return r.w_row + e.a; }
@@ -250,14 +255,15 @@ struct DataProblem {
     const std::int64_t oh0 = class_h.out0 + p.y, ow0 = class_w.out0 + p.x;
     return {Index(p.b * g.out_channels * g.out_plane() + oh0 * g.out_w + ow0), Index(oh0), Index(ow0)};
   }
-  // k = (o, v_i, v_j), tap (i, j) = (tap0_h + v_i * stride_h, tap0_w + v_j * stride_w): a = where
-  // w[o, 0, i, j] is; i, j = v_i, v_j; b = the offset in dy from a column's (oh0, ow0) in channel 0
-  // to the pixel (oh0 - v_i, ow0 - v_j) of channel o it reads through the tap.
-  __device__ KEntry k_entry(std::int64_t k) const {
-    const Tap t = tiling::split_tap(k, class_h.taps, class_w.taps);
-    const std::int64_t i = class_h.tap0 + t.i * g.stride_h, j = class_w.tap0 + t.j * g.stride_w;
-    return {Index((t.c * g.in_channels) * g.taps() + i * g.kernel_w + j),
-            Index(t.c * g.out_plane() - t.i * g.out_w - t.j), Index(t.i), Index(t.j)};
+  // k = (o, v_i, v_j) (its digits in k_radix), tap (i, j) = (tap0_h + v_i * stride_h, tap0_w +
+  // v_j * stride_w): a = where w[o, 0, i, j] is; i, j = v_i, v_j; b = the offset in dy from a
+  // column's (oh0, ow0) in channel 0 to the pixel (oh0 - v_i, ow0 - v_j) of channel o it reads
+  // through the tap.
+  __device__ tiling::Radix k_radix() const { return {std::int32_t(class_h.taps), std::int32_t(class_w.taps)}; }
+  __device__ KEntry k_entry_at(Index /*k*/, const tiling::Digits& d) const {
+    const Index i = Index(class_h.tap0) + d.mid * Index(g.stride_h), j = Index(class_w.tap0) + d.lo * Index(g.stride_w);
+    return {d.hi * Index(g.in_channels * g.taps()) + i * Index(g.kernel_w) + j,
+            d.hi * Index(g.out_plane()) - d.mid * Index(g.out_w) - d.lo, d.mid, d.lo};
   }
   __device__ const float* a_data() const { return w; }
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return e.a + r.w_channel; }
@@ -321,14 +327,14 @@ struct WeightProblem {
     const Tap t = tiling::split_tap(n, g.kernel_h, g.kernel_w);
     return {Index(tiling::tap_offset(g, t)), Index(t.i), Index(t.j)};
   }
-  // k = output pixel (b, oh, ow): a = its offset in dy's channel 0, b = its tap (0, 0)'s offset in
-  // x's channel 0 (the corner, as ForwardProblem's), i, j = that tap's input coordinates.
-  __device__ KEntry k_entry(std::int64_t k) const {
-    const std::int64_t plane = g.out_plane();
-    const std::int64_t b = tiling::quotient(k, plane);
-    const tiling::OutputPixel o = tiling::output_pixel(g, k);
-    return {Index(b * g.out_channels * plane + (k - b * plane)), Index(tiling::corner_offset(g, o)), Index(o.h0),
-            Index(o.w0)};
+  // k = output pixel (b, oh, ow) (its digits in k_radix): a = its offset in dy's channel 0, b =
+  // its tap (0, 0)'s offset in x's channel 0 (the corner, as ForwardProblem's), i, j = that tap's
+  // input coordinates.
+  __device__ tiling::Radix k_radix() const { return {std::int32_t(g.out_h), std::int32_t(g.out_w)}; }
+  __device__ KEntry k_entry_at(Index /*k*/, const tiling::Digits& d) const {
+    const Index h0 = d.mid * Index(g.stride_h) - Index(g.pad_h), w0 = d.lo * Index(g.stride_w) - Index(g.pad_w);
+    return {d.hi * Index(g.out_channels * g.out_plane()) + d.mid * Index(g.out_w) + d.lo,
+            d.hi * Index(g.in_channels * g.in_plane()) + h0 * Index(g.in_w) + w0, h0, w0};
   }
   __device__ const float* a_data() const { return dy; }
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return e.a + r.dy_channel; }
@@ -361,14 +367,38 @@ struct WeightProblem {
 
 // ---- the tiled implicit GEMM ------------------------------------------------------------------
 
-// The decomposition of a K step's K indices k0 .. k0 + K - 1 (Problem::k_entry; K = Tile::kK),
-// written by threads 0..K-1 and read by all: entry[k - k0]. An index past k_end repeats the last
-// valid one (its values are never gathered: TileGather::issue checks k < k_end).
+// The K-step table: the decomposition of a K step's K indices k0 .. k0 + K - 1 (Problem::k_entry_at;
+// K = Tile::kK), written by threads 0..K-1 and read by all: entry[k - k0]. Thread t writes the
+// entry of k0 + t in every step, and keeps that index's digits (tiling::Digits, in the problem's
+// k_radix) from one step to the next, advanced by the step's own digits, instead of splitting each
+// k again: two divisions per entry, which made warp 0's steps a third longer than the other warps'
+// (a weight-pass step is ~300 instructions per warp; an entry from k was ~150 more), and every warp
+// waited for it at the step's barrier (barrier stalls were 26-28% of the weight kernels in run 11).
+// An index past k_end gets a zero entry (its values are never gathered: TileGather::issue checks
+// k < k_end; zeros keep the offsets it computes and discards in range). Indices are 32-bit: every
+// K is below 2^31 (a launch's tensors are).
+// Thread t's digits live in shared memory (cursor[t]: its own, read and written by it alone),
+// not in registers: the block's threads all hold a kernel's registers, and the kernels at their
+// budget (the TF32 backward data's 128 x 64, the TF32 forward's 64 x 64) spilled with six more.
+struct KCursor {
+  tiling::Digits next;  // the digits of the thread's index in the next step to write
+  tiling::Digits step;  // the digits of K
+};
+// Thread t's cursor (t < K; cursor: [K] in shared memory) for a K loop from k_begin.
 template <int K, class Problem>
-__device__ void fill_k_step_table(const Problem& p, int t, std::int64_t k0, std::int64_t k_end, KEntry* entry) {
+__device__ void start_k_steps(const Problem& p, int t, Index k_begin, KCursor* cursor) {
+  const tiling::Radix r = p.k_radix();
+  if (t < K) cursor[t] = {tiling::split_digits(k_begin + t, r), tiling::split_digits(K, r)};
+}
+// Writes the entries of the next step, whose first index is k0, and moves the cursor on to the
+// step after it.
+template <int K, class Problem>
+__device__ void write_k_step(const Problem& p, int t, Index k0, Index k_end, KCursor* cursor, KEntry* entry) {
   if (t < K) {
-    const std::int64_t k = k0 + t;
-    entry[t] = p.k_entry(k < k_end ? k : k_end - 1);
+    const Index k = k0 + t;
+    const tiling::Digits next = cursor[t].next;
+    entry[t] = k < k_end ? p.k_entry_at(k, next) : KEntry{};
+    cursor[t].next = tiling::advance(next, cursor[t].step, p.k_radix());
   }
 }
 
@@ -434,16 +464,16 @@ PETRA_UNROLL
 
   // a_tile[k][m] = A(m0 + m, k0 + k), b_tile[k][n] = B(k0 + k, n0 + n) for this thread's tile
   // elements, 0 outside (a row or column past the tile's end, k past k_end, the zero padding), with
-  // `entry` the step's table (fill_k_step_table). Asynchronous copies (copy_async), so no register
-  // holds a value and all of a thread's loads are in flight at once; issued without a branch
-  // (with one around each, as nvcc compiled the conditional loads before run 9, they went one after
-  // another).
-  __device__ void issue(const Problem& p, int t, std::int64_t k0, std::int64_t k_end, const KEntry* entry,
-                        float (*a_tile)[Tile::kLdA], float (*b_tile)[Tile::kLdB]) const {
+  // `entry` the step's table (write_k_step) and k_left = k_end - k0 (k < k_left is inside: a 32-bit
+  // comparison per value). Asynchronous copies (copy_async), so no register holds a value and all
+  // of a thread's loads are in flight at once; issued without a branch (with one around each, as
+  // nvcc compiled the conditional loads before run 9, they went one after another).
+  __device__ void issue(const Problem& p, int t, Index k_left, const KEntry* entry, float (*a_tile)[Tile::kLdA],
+                        float (*b_tile)[Tile::kLdB]) const {
     // A thread's A values of a step share their k (Tile::a_load), hence one table entry.
     const int a_k = Tile::a_load(t, 0).k;
     const KEntry a_entry = entry[a_k];
-    const bool a_k_inside = k0 + a_k < k_end;
+    const bool a_k_inside = a_k < k_left;
     const float* a_data = p.a_data();
 PETRA_UNROLL
     for (int q = 0; q < Tile::kLoadsA; ++q) {
@@ -456,8 +486,25 @@ PETRA_UNROLL
     for (int q = 0; q < Tile::kLoadsB; ++q) {
       const tiling::TileCoordinate at = Tile::b_load(t, q);
       const KEntry e = entry[at.k];
-      const bool ok = column_valid & (k0 + at.k < k_end) & p.b_inside(column, e);
-      copy_async(&b_tile[at.k][at.mn], b_data + (ok ? p.b_offset(column, e) : 0), ok);
+      const bool ok = column_valid & (at.k < k_left) & p.b_inside(column, e);
+      copy_async(&b_tile[at.k][Tile::b_slot(at.mn)], b_data + (ok ? p.b_offset(column, e) : 0), ok);
+    }
+  }
+
+  // The TF32 path: rounds to TF32, in place, the B values this thread copied into a stage, once
+  // they have landed (after copy_wait, before the barrier that shows them to the block). Each B
+  // value is read by the kWarpsM warps of a column of pieces (2 or 4); rounded here, once, instead
+  // of by each of them after its fragment load (the copies cannot round: they bypass the
+  // registers), it costs a thread kLoadsB loads, roundings and stores per step where the fragments
+  // cost each lane 2 FN x 2 roundings (FN fragments, two k per k8 step). A's values, read by two
+  // warps but with 4-way bank conflicts here (K consecutive threads share a row), stay rounded at
+  // their fragment load.
+  __device__ void round_b_to_tf32(int t, float (*b_tile)[Tile::kLdB]) const {
+PETRA_UNROLL
+    for (int q = 0; q < Tile::kLoadsB; ++q) {
+      const tiling::TileCoordinate at = Tile::b_load(t, q);
+      float& v = b_tile[at.k][Tile::b_slot(at.mn)];
+      v = to_tf32(v);
     }
   }
 };
@@ -532,7 +579,8 @@ PETRA_UNROLL
 // The K loop both kernels share, a pipeline of Tile::kStages stages of the shared tiles: while
 // the block multiplies step i out of stage i % S, the copies of steps i + 1 .. i + S - 1 are in
 // flight into the other stages. Per step i:
-//   wait for this thread's copies of step i; barrier (all threads' copies visible, and everyone
+//   wait for this thread's copies of step i (the TF32 path then rounds its B values of them in
+//   place, TileGather::round_b_to_tf32); barrier (all threads' copies visible, and everyone
 //   done with step i - 1's stage and table); issue the copies of step i + S - 1 into the stage
 //   step i - 1 used; threads 0..K-1 decompose step i + S's k into the other table; multiply
 //   step i.
@@ -540,30 +588,34 @@ PETRA_UNROLL
 // commits one group of copies per step, empty past the last step, so copy_wait<S - 2> always
 // means "step i has landed". A table is rewritten one step after its last reader, across a barrier.
 template <class Tile, class Problem, class Multiply>
-__device__ void k_loop(const Problem& p, int t, std::int64_t m0, std::int64_t n0, std::int64_t k_begin,
-                       std::int64_t k_end, float (*a_tile)[Tile::kK][Tile::kLdA],
-                       float (*b_tile)[Tile::kK][Tile::kLdB], KEntry (*table)[Tile::kK], Multiply multiply) {
+__device__ void k_loop(const Problem& p, int t, std::int64_t m0, std::int64_t n0, Index k_begin, Index k_end,
+                       float (*a_tile)[Tile::kK][Tile::kLdA], float (*b_tile)[Tile::kK][Tile::kLdB],
+                       KEntry (*table)[Tile::kK], Multiply multiply) {
   constexpr int S = Tile::kStages;
   if (k_begin >= k_end) return;
   const TileGather<Problem, Tile> gather(p, t, m0, n0);
-  const std::int64_t steps = tiling::ceil_div(k_end - k_begin, Tile::kK);
-  const auto k_of = [&](std::int64_t step) { return k_begin + step * Tile::kK; };
-  fill_k_step_table<Tile::kK>(p, t, k_begin, k_end, table[0]);
+  const int steps = int(tiling::ceil_div(k_end - k_begin, Tile::kK));
+  const auto k_of = [&](int step) { return k_begin + step * Tile::kK; };  // a step's first k
+  // the valid k of step `step`: k_end - its first k (more than kK but in the last step)
+  const auto k_left = [&](int step) { return k_end - k_of(step); };
+  __shared__ KCursor cursors[Tile::kK];
+  start_k_steps<Tile::kK>(p, t, k_begin, cursors);
+  write_k_step<Tile::kK>(p, t, k_begin, k_end, cursors, table[0]);
 PETRA_UNROLL
   for (int step = 0; step < S - 1; ++step) {
     __syncthreads();
-    if (step < steps) gather.issue(p, t, k_of(step), k_end, table[step % 2], a_tile[step], b_tile[step]);
+    if (step < steps) gather.issue(p, t, k_left(step), table[step % 2], a_tile[step], b_tile[step]);
     copy_commit();
-    if (step + 1 < steps) fill_k_step_table<Tile::kK>(p, t, k_of(step + 1), k_end, table[(step + 1) % 2]);
+    if (step + 1 < steps) write_k_step<Tile::kK>(p, t, k_of(step + 1), k_end, cursors, table[(step + 1) % 2]);
   }
-  for (std::int64_t step = 0; step < steps; ++step) {
+  for (int step = 0; step < steps; ++step) {
     copy_wait<S - 2>();
+    if constexpr (Tile::kTf32) gather.round_b_to_tf32(t, b_tile[step % S]);
     __syncthreads();
-    const std::int64_t ahead = step + S - 1;
-    if (ahead < steps)
-      gather.issue(p, t, k_of(ahead), k_end, table[ahead % 2], a_tile[ahead % S], b_tile[ahead % S]);
+    const int ahead = step + S - 1;
+    if (ahead < steps) gather.issue(p, t, k_left(ahead), table[ahead % 2], a_tile[ahead % S], b_tile[ahead % S]);
     copy_commit();
-    if (ahead + 1 < steps) fill_k_step_table<Tile::kK>(p, t, k_of(ahead + 1), k_end, table[(ahead + 1) % 2]);
+    if (ahead + 1 < steps) write_k_step<Tile::kK>(p, t, k_of(ahead + 1), k_end, cursors, table[(ahead + 1) % 2]);
     multiply(a_tile[step % S], b_tile[step % S]);
   }
 }
@@ -598,7 +650,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, false>(
 
   constexpr int kMicroM = Tile::kMicroM, kMicroN = Tile::kMicroN;
   float acc[kMicroM][kMicroN] = {};
-  k_loop<Tile>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
+  k_loop<Tile>(p, t, m0, n0, Index(p.k_begin(blockIdx.z)), Index(p.k_end(blockIdx.z)), a_tile, b_tile, table,
                [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) {
 PETRA_UNROLL
                  for (int k = 0; k < Tile::kK; ++k) {
@@ -628,12 +680,12 @@ PETRA_UNROLL
 
 // A warp's FM x FN accumulators of 16 x 8 (its piece of the block's C tile, rows wm.., columns
 // wn.., conv2d_tiling::WarpLayout), in the registers of mma.m16n8k8's fragments: zero(), mma<K>()
-// adds A(wm.., 0..K) B(0..K, wn..) from the shared tiles, each value rounded to TF32 as it is
-// loaded into a fragment (the tiles hold the FP32 values the asynchronous copies put there), with
-// FP32 accumulation; c[fm][fn][e] is then C(wm + Fragment::row(fm, e / 2,
-// g), wn + Fragment::column(fn, t, e % 2)) for lane 4 g + t. Every lane of the warp calls mma (it
-// is warp-collective). The only code with tensor-core instructions; below sm_80 and under the
-// emulation it is the twin after it.
+// adds A(wm.., 0..K) B(0..K, wn..) from the shared tiles, A's values rounded to TF32 as they are
+// loaded into a fragment (the A tile holds the FP32 values the asynchronous copies put there; the B
+// tile holds them rounded already, in tf32_b_slot's column order), with FP32 accumulation;
+// c[fm][fn][e] is then C(wm + Fragment::row(fm, e / 2, g), wn + Fragment::column(fn, t, e % 2)) for
+// lane 4 g + t. Every lane of the warp calls mma (it is warp-collective). The only code with
+// tensor-core instructions; below sm_80 and under the emulation it is the twin after it.
 template <int FM, int FN>
 struct WarpTileTf32Base {
   using Fragment = tiling::Tf32Fragment<FM>;  // which rows and columns a lane's elements are
@@ -650,59 +702,83 @@ PETRA_UNROLL
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 // Per k8 step, lane 4 g + t reads its 2 FM rows of A at k + t and at k + t + 4 as one float2 or
-// float4 each (Tf32Fragment puts them side by side) and, per fragment fn, its column of B at the
-// same two k: 2 + 2 FN shared loads for FM x FN products, each load's lanes on 32 different banks
-// (the tiles' rows are padded by 8 floats); each value is rounded (cvt.rna.tf32.f32) as loaded.
-// (Until run 9 this was WMMA m16n16k8, whose fragment loads nvcc emitted as generic loads with
-// their own address arithmetic, one per element: 3 loads per m16n8k8 product on the 64 x 64 tile
-// against 2.5 now.)
+// float4 each (Tf32Fragment puts them side by side), rounding each (cvt.rna.tf32.f32), and B's
+// column g of its FN fragments at the same two k as FN / 4 float4 each (tf32_b_slot puts them side
+// by side; they were rounded in the tile, TileGather::round_b_to_tf32): 2 + FN / 2 shared loads for
+// FM x FN products, each load's lanes on 32 different banks per wavefront (the tiles' rows are
+// padded by 8 floats). (Until run 9 this was WMMA m16n16k8, whose fragment loads nvcc emitted as
+// generic loads with their own address arithmetic, one per element: 3 loads per m16n8k8 product
+// on the 64 x 64 tile; 2.5 in runs 10-11, with B's columns loaded one float at a time; 1 now.)
+//
+// kRolled keeps the k8 steps of a K step a loop: unrolled, nvcc loads both steps' fragments
+// before the first product, which spilled 2-5 registers once B came in float4s in the kernels
+// compiled for two or three blocks per multiprocessor (blocks_per_sm: 128 or 80 registers).
 template <int FM, int FN>
 struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
   using Rows = std::conditional_t<FM == 1, float2, float4>;
-  template <int K, int LdA, int LdB>
+  static_assert(FN % 4 == 0, "B's fragments are loaded four at a time (tf32_b_slot)");
+  template <int K, bool kRolled, int LdA, int LdB>
   __device__ void mma(const float (*a_tile)[LdA], const float (*b_tile)[LdB], int wm, int wn) {
+    if constexpr (kRolled) {
+PETRA_NO_UNROLL
+      for (int k = 0; k < K; k += 8) mma_k8(a_tile, b_tile, wm, wn, k);
+    } else {
+PETRA_UNROLL
+      for (int k = 0; k < K; k += 8) mma_k8(a_tile, b_tile, wm, wn, k);
+    }
+  }
+  // The products of one k8 step, k .. k + 7.
+  template <int LdA, int LdB>
+  __device__ __forceinline__ void mma_k8(const float (*a_tile)[LdA], const float (*b_tile)[LdB], int wm, int wn,
+                                         int k) {
     const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+    // rows Fragment::row(fm, s, g) = first + 2 fm + s, side by side
+    const int first = wm + WarpTileTf32Base<FM, FN>::Fragment::row(0, 0, g);
+    const Rows low = *reinterpret_cast<const Rows*>(&a_tile[k + t][first]);
+    const Rows high = *reinterpret_cast<const Rows*>(&a_tile[k + t + 4][first]);
+    float low_rows[2 * FM], high_rows[2 * FM];
 PETRA_UNROLL
-    for (int k = 0; k < K; k += 8) {
-      // rows Fragment::row(fm, s, g) = first + 2 fm + s, side by side
-      const int first = wm + WarpTileTf32Base<FM, FN>::Fragment::row(0, 0, g);
-      const Rows low = *reinterpret_cast<const Rows*>(&a_tile[k + t][first]);
-      const Rows high = *reinterpret_cast<const Rows*>(&a_tile[k + t + 4][first]);
-      float low_rows[2 * FM], high_rows[2 * FM];
+    for (int i = 0; i < 2 * FM; ++i) {
+      low_rows[i] = to_tf32(reinterpret_cast<const float*>(&low)[i]);
+      high_rows[i] = to_tf32(reinterpret_cast<const float*>(&high)[i]);
+    }
+    // fragments 4 j .. 4 j + 3: tile columns wn + 8 fn + g, at slots wn + 32 j + 4 g ..
+    float4 low_columns[FN / 4], high_columns[FN / 4];
 PETRA_UNROLL
-      for (int i = 0; i < 2 * FM; ++i) {
-        low_rows[i] = to_tf32(reinterpret_cast<const float*>(&low)[i]);
-        high_rows[i] = to_tf32(reinterpret_cast<const float*>(&high)[i]);
-      }
+    for (int j = 0; j < FN / 4; ++j) {
+      low_columns[j] = *reinterpret_cast<const float4*>(&b_tile[k + t][wn + 32 * j + 4 * g]);
+      high_columns[j] = *reinterpret_cast<const float4*>(&b_tile[k + t + 4][wn + 32 * j + 4 * g]);
+    }
 PETRA_UNROLL
-      for (int fn = 0; fn < FN; ++fn) {
-        const std::uint32_t b0 = __float_as_uint(to_tf32(b_tile[k + t][wn + 8 * fn + g]));
-        const std::uint32_t b1 = __float_as_uint(to_tf32(b_tile[k + t + 4][wn + 8 * fn + g]));
+    for (int fn = 0; fn < FN; ++fn) {
+      const std::uint32_t b0 = __float_as_uint(reinterpret_cast<const float*>(&low_columns[fn / 4])[fn % 4]);
+      const std::uint32_t b1 = __float_as_uint(reinterpret_cast<const float*>(&high_columns[fn / 4])[fn % 4]);
 PETRA_UNROLL
-        for (int fm = 0; fm < FM; ++fm) {
-          float* d = this->c[fm][fn];
-          asm volatile(
-              "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-              "{%0, %1, %2, %3};\n"
-              : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-              : "r"(__float_as_uint(low_rows[2 * fm])), "r"(__float_as_uint(low_rows[2 * fm + 1])),
-                "r"(__float_as_uint(high_rows[2 * fm])), "r"(__float_as_uint(high_rows[2 * fm + 1])), "r"(b0),
-                "r"(b1));
-        }
+      for (int fm = 0; fm < FM; ++fm) {
+        float* d = this->c[fm][fn];
+        asm volatile(
+            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(__float_as_uint(low_rows[2 * fm])), "r"(__float_as_uint(low_rows[2 * fm + 1])),
+              "r"(__float_as_uint(high_rows[2 * fm])), "r"(__float_as_uint(high_rows[2 * fm + 1])), "r"(b0),
+              "r"(b1));
       }
     }
   }
 };
 #else
 // The emulated twin (also valid CUDA): each of the lane's accumulator elements adds, k in order,
-// fmaf(tf32(A), tf32(B), acc) over the rows and columns Tf32Fragment assigns it: TF32 inputs, FP32
-// accumulation. The tensor cores' internal order of a k8 step is not specified, so a GPU's bits may
-// differ from these; the emulated test holds the twin to a host model bit for bit and both to ref::
-// within TF32's error (and the GPU's test-cuda holds the real instructions to ref::).
+// fmaf(tf32(A), B, acc) over the rows and columns Tf32Fragment assigns it, B read at tf32_b_slot
+// and taken as it is in the tile (rounded there by the gather, as the real path takes it): TF32
+// inputs, FP32 accumulation. The tensor cores' internal order of a k8 step is not specified, so a
+// GPU's bits may differ from these; the emulated test holds the twin to a host model bit for bit
+// and both to ref:: within TF32's error (and the GPU's test-cuda holds the real instructions to
+// ref::).
 template <int FM, int FN>
 struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
   using Fragment = typename WarpTileTf32Base<FM, FN>::Fragment;
-  template <int K, int LdA, int LdB>
+  template <int K, bool /*kRolled*/, int LdA, int LdB>
   __device__ void mma(const float (*a_tile)[LdA], const float (*b_tile)[LdB], int wm, int wn) {
     __syncwarp();
     const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
@@ -712,7 +788,7 @@ struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
           const int row = wm + Fragment::row(fm, e / 2, g), column = wn + Fragment::column(fn, t, e % 2);
           float v = this->c[fm][fn][e];
           for (int k = 0; k < K; ++k)
-            v = fmaf(tiling::tf32_round(a_tile[k][row]), tiling::tf32_round(b_tile[k][column]), v);
+            v = fmaf(tiling::tf32_round(a_tile[k][row]), b_tile[k][tiling::tf32_b_slot(column)], v);
           this->c[fm][fn][e] = v;
         }
     __syncwarp();
@@ -741,11 +817,14 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, true>()
   const Problem p = whole.in_slice(blockIdx.z);
   if (n0 >= p.columns()) return;
 
+  // Where the registers are budgeted for two or three blocks per multiprocessor, the k8 steps stay
+  // a loop (WarpTileTf32).
+  constexpr bool kRolledK8 = blocks_per_sm<Problem, Tile, true>() >= 2;
   WarpTileTf32<FM, FN> acc;
   acc.zero();
-  k_loop<Tile>(p, t, m0, n0, p.k_begin(blockIdx.z), p.k_end(blockIdx.z), a_tile, b_tile, table,
+  k_loop<Tile>(p, t, m0, n0, Index(p.k_begin(blockIdx.z)), Index(p.k_end(blockIdx.z)), a_tile, b_tile, table,
                [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) {
-                 acc.template mma<Tile::kK>(as, bs, wm, wn);
+                 acc.template mma<Tile::kK, kRolledK8>(as, bs, wm, wn);
                });
   // Lane 4 g + t holds rows Fragment::row(fm, s, g) and columns Fragment::column(fn, t, e) of the
   // piece: output row i = 2 fm + s, column j = 2 fn + e.

@@ -19,6 +19,8 @@
 //     weight), where tap_inside says it is not the zero padding;
 //   - stride_class: backward data's input pixels and taps grouped by stride class, so that its
 //     gather has no zero terms and no division;
+//   - Digits / advance: a K index's (channel, tap row, tap column) or (sample, row, column) moved
+//     on by a K step without dividing again;
 //   - the block's tile shape and which tile elements each thread loads and computes (and, for the
 //     TF32 path, each warp);
 //   - tf32_round: the rounding of the tensor cores' TF32 inputs (the emulated mma uses it);
@@ -89,6 +91,39 @@ PETRA_HOST_DEVICE inline Pixel split_pixel(std::int64_t n, std::int64_t h, std::
   return {b, y, yx - y * w};
 }
 
+// ---- walking K: a flat index's digits, advanced without dividing ------------------------------
+
+// split_tap and split_pixel write a flat index k as three digits of a mixed radix,
+// k = (hi * mid_n + mid) * lo_n + lo with mid < mid_n, lo < lo_n (hi unbounded). The K loop of the
+// kernels visits k, k + kTileK, k + 2 kTileK, ...: splitting each again costs two divisions (a
+// GPU's integer division is a subroutine of ~20 instructions), adding the step's own digits
+// costs a few additions and two carries (advance). Every value here is below 2^31 (the kernels'
+// tensors are: conv2d.cu launches over parts of a larger batch).
+struct Radix {
+  std::int32_t mid_n, lo_n;  // >= 1
+};
+struct Digits {
+  std::int32_t hi, mid, lo;
+};
+PETRA_HOST_DEVICE inline Digits split_digits(std::int64_t k, Radix r) {
+  const std::int64_t inner = std::int64_t(r.mid_n) * r.lo_n;
+  const std::int64_t hi = quotient(k, inner), rest = k - hi * inner;
+  const std::int64_t mid = quotient(rest, r.lo_n);
+  return {std::int32_t(hi), std::int32_t(mid), std::int32_t(rest - mid * r.lo_n)};
+}
+// The digits of k + step, given those of k and of step (split_digits(step, r)): each digit plus
+// the carry from the one below, which is at most 1 (both addends are below the radix).
+PETRA_HOST_DEVICE inline Digits advance(Digits d, Digits step, Radix r) {
+  d.lo += step.lo;
+  const bool lo_carry = d.lo >= r.lo_n;
+  if (lo_carry) d.lo -= r.lo_n;
+  d.mid += step.mid + std::int32_t(lo_carry);
+  const bool mid_carry = d.mid >= r.mid_n;
+  if (mid_carry) d.mid -= r.mid_n;
+  d.hi += step.hi + std::int32_t(mid_carry);
+  return d;
+}
+
 // ---- forward and weight gradient: which x an output pixel reads ------------------------------
 
 // Output pixel (b, oh, ow): where its sample starts in x, and the input coordinates of its tap
@@ -129,19 +164,22 @@ PETRA_HOST_DEVICE inline bool tap_inside(const ConvGeometry& g, const OutputPixe
 //
 // Inside a class, input coordinate first + u * stride and the class's v-th tap, r + v * stride,
 // meet at output coordinate out0 + u - v (no division left for the kernel).
+// (32-bit fields: coordinates and tap counts of one image axis; a kernel keeps two classes in
+// registers through its K loop.)
 struct StrideClass {
-  std::int64_t first;  // the class's first input coordinate; the others follow `stride` apart
-  std::int64_t count;  // its input coordinates in [0, extent)
-  std::int64_t tap0;   // its first tap (= r); the others follow `stride` apart
-  std::int64_t taps;   // its taps in [0, kernel)
-  std::int64_t out0;   // the output coordinate of (first, tap0): (first + pad - tap0) / stride
+  std::int32_t first;  // the class's first input coordinate; the others follow `stride` apart
+  std::int32_t count;  // its input coordinates in [0, extent)
+  std::int32_t tap0;   // its first tap (= r); the others follow `stride` apart
+  std::int32_t taps;   // its taps in [0, kernel)
+  std::int32_t out0;   // the output coordinate of (first, tap0): (first + pad - tap0) / stride
 };
 PETRA_HOST_DEVICE inline StrideClass stride_class(std::int64_t r, std::int64_t stride, std::int64_t pad,
                                                   std::int64_t extent, std::int64_t kernel) {
   const std::int64_t first = ((r - pad) % stride + stride) % stride;
   const std::int64_t count = first < extent ? (extent - first + stride - 1) / stride : 0;
   const std::int64_t taps = r < kernel ? (kernel - r + stride - 1) / stride : 0;
-  return {first, count, r, taps, (first + pad - r) / stride};
+  return {std::int32_t(first), std::int32_t(count), std::int32_t(r), std::int32_t(taps),
+          std::int32_t((first + pad - r) / stride)};
 }
 
 // ---- the block tile ---------------------------------------------------------------------------
@@ -168,13 +206,25 @@ struct TileCoordinate {
   int mn, k;
 };
 
-// K: the K step (kTileK = 16 for both paths' tiles, Tf32Tile below). Pad: the
-// shared tiles' row padding (4 floats for the FP32 path, 8 for the TF32 path's fragment loads).
-template <int M, int N, int K = kTileK, int Pad = 4>
+// Where column n of a B tile sits in a row of the TF32 path's b_tile: within each aligned group of
+// 32 columns, column 8 f + g (f < 4, g < 8) is stored at 4 g + f. A warp's piece of the tile is one
+// or two such groups (WarpLayout), and lane (g, t) of an mma.m16n8k8 needs B's column g of each
+// fragment fn, piece column 8 fn + g: stored so, the four fragments 4 j .. 4 j + 3 of a k are one
+// 16-byte load (at 32 j + 4 g) instead of four scalar ones. A 4 x 8 transpose, its own inverse
+// only when read back through this same function.
+PETRA_HOST_DEVICE constexpr int tf32_b_slot(int n) { return (n & ~31) | ((n & 7) << 2) | ((n >> 3) & 3); }
+
+// The shared tiles' layout: the FP32 path's (rows padded by 4 floats, columns in order) or the
+// TF32 path's (rows padded by 8 floats for the fragment loads, B's columns in tf32_b_slot's order).
+enum class TileLayout { fp32, tf32 };
+
+// K: the K step (kTileK = 16 for both paths' tiles, Tf32Tile below).
+template <int M, int N, int K = kTileK, TileLayout Layout = TileLayout::fp32>
 struct TileShape {
   static_assert((M == 64 || M == 128) && (N == 64 || N == 128));
   static_assert(K == 16 || K == 32);
-  static_assert(Pad == 4 || Pad == 8);
+  static constexpr bool kTf32 = Layout == TileLayout::tf32;
+  static constexpr int Pad = kTf32 ? 8 : 4;  // the shared tiles' row padding, in floats
   static constexpr int kM = M, kN = N, kK = K;
   static constexpr int kMicroM = M / kThreadsY, kMicroN = N / kThreadsX;  // 4 or 8
   static_assert(kMicroM % 4 == 0 && kMicroN % 4 == 0, "the FP32 inner loop reads 4 values at a time (float4)");
@@ -201,6 +251,9 @@ struct TileShape {
   PETRA_HOST_DEVICE static constexpr TileCoordinate b_load(int t, int q) {
     return {t % N, t / N + q * (kThreads / N)};
   }
+  // Where B's tile column n is stored in a row of b_tile (b_tile[k][b_slot(n)]): n itself, or, in
+  // the TF32 layout, tf32_b_slot(n).
+  PETRA_HOST_DEVICE static constexpr int b_slot(int n) { return kTf32 ? tf32_b_slot(n) : n; }
   // Tile row and column of thread t's output (r, q), r < kMicroM, q < kMicroN.
   PETRA_HOST_DEVICE static constexpr int micro_row(int t, int r) { return r / 4 * 64 + t / kThreadsX * 4 + r % 4; }
   PETRA_HOST_DEVICE static constexpr int micro_column(int t, int q) {
@@ -250,14 +303,14 @@ inline TileChoice choose_tile(ConvPass pass, std::int64_t rows, std::int64_t col
 // ---- the TF32 path (the three passes under conv2d_math() == Conv2dMath::tf32) -----------------
 
 // The TF32 path's tiles: the FP32 path's K step of 16, rows padded by 8 floats (Tf32Fragment's
-// loads), so three pipeline stages on the 64 x 64, 64 x 128 and 128 x 64 tiles and two on the
-// 128 x 128 (TileShape::kStages). Until run 9 the K step was 32 on most tiles, meant to hide the
-// gather's latency behind twice the products per pair of barriers when the values went through
-// registers; with the copies asynchronous the pipeline's depth does that, and 32 would leave room
-// for two stages only. The accumulation order (k8 products in k order) does not depend on the
-// step, so neither do the results.
+// loads) and B's columns in tf32_b_slot's order, so three pipeline stages on the 64 x 64, 64 x 128
+// and 128 x 64 tiles and two on the 128 x 128 (TileShape::kStages). Until run 9 the K step was 32
+// on most tiles, meant to hide the gather's latency behind twice the products per pair of barriers
+// when the values went through registers; with the copies asynchronous the pipeline's depth does
+// that, and 32 would leave room for two stages only. The accumulation order (k8 products in k
+// order) does not depend on the step, so neither do the results.
 template <int M, int N>
-using Tf32Tile = TileShape<M, N, kTileK, 8>;
+using Tf32Tile = TileShape<M, N, kTileK, TileLayout::tf32>;
 
 // The 8 warps of a block split Tile's M x N output into kWarpsM x kWarpsN pieces of kRows x
 // kColumns: warp w computes rows row(w) .. + kRows - 1 and columns column(w) .. + kColumns - 1, as

@@ -7,7 +7,8 @@
 //   - backward data's stride classes (stride_class) reach exactly the (input pixel, tap) pairs
 //     that an output pixel reads, each once and at that output pixel (found by trying every
 //     output pixel), and partition the coordinates and the taps;
-//   - split_tap, split_pixel, quotient against / and %;
+//   - split_tap, split_pixel, quotient against / and %; split_digits and advance (the K loop's
+//     walk over a K index's digits) against splitting again;
 //   - the block tiles (64 or 128 by 64 or 128): every A and B element loaded by exactly one
 //     (thread, q), every C element computed by exactly one (thread, r, q); choose_tile's and
 //     choose_tile_tf32's rules;
@@ -99,6 +100,44 @@ TEST_CASE("conv2d tiling: quotient, split_tap and split_pixel agree with / and %
         REQUIRE(p.x < w);
         REQUIRE((p.b * h + p.y) * w + p.x == n);
       }
+}
+
+// The K loop's table writer starts from split_digits(k_begin + t) and calls advance by the digits
+// of the step once per step: the digits it reaches must be those of k_begin + t + n * step.
+TEST_CASE("conv2d tiling: split_digits, and advance by a step's digits, agree with splitting again") {
+  for (std::int32_t mid_n = 1; mid_n <= 9; ++mid_n)
+    for (std::int32_t lo_n = 1; lo_n <= 35; ++lo_n) {
+      const tiling::Radix r{mid_n, lo_n};
+      for (const std::int32_t step : {1, 3, 16, 32, 81}) {
+        const tiling::Digits s = tiling::split_digits(step, r);
+        for (std::int64_t start = 0; start < 20; start += 7) {
+          tiling::Digits d = tiling::split_digits(start, r);
+          for (std::int64_t k = start; k < start + 60 * step; k += step) {
+            CAPTURE(mid_n);
+            CAPTURE(lo_n);
+            CAPTURE(step);
+            CAPTURE(k);
+            REQUIRE(d.hi == k / (std::int64_t(mid_n) * lo_n));
+            REQUIRE(d.mid == k / lo_n % mid_n);
+            REQUIRE(d.lo == k % lo_n);
+            d = tiling::advance(d, s, r);
+          }
+        }
+      }
+    }
+  // split_digits is split_tap's and split_pixel's split
+  const tiling::Tap t = tiling::split_tap(1234, 3, 5);
+  const tiling::Digits d = tiling::split_digits(1234, {3, 5});
+  CHECK(t.c == d.hi);
+  CHECK(t.i == d.mid);
+  CHECK(t.j == d.lo);
+  // near the 32-bit limit (a launch's K stays below 2^31)
+  const tiling::Radix big{32, 32};
+  tiling::Digits e = tiling::split_digits(2147483647LL - 16 * 10, big);
+  for (int n = 0; n < 10; ++n) e = tiling::advance(e, tiling::split_digits(16, big), big);
+  CHECK(e.hi == 2147483647LL / 1024);
+  CHECK(e.mid == 2147483647LL / 32 % 32);
+  CHECK(e.lo == 2147483647LL % 32);
 }
 
 TEST_CASE("conv2d tiling: the gathered operands are im2col and its transpose, on every small shape") {
@@ -397,9 +436,11 @@ TEST_CASE("conv2d tiling: tf32_round keeps 10 mantissa bits, to nearest, ties aw
 namespace {
 // Tile's warps (WarpLayout) and their lanes' mma.m16n8k8 accumulator elements (Tf32Fragment)
 // cover its output once; the A rows a lane reads at one k are adjacent and aligned for one 8- or
-// 16-byte load; and each shared load of a fragment puts its lanes on different banks: A's float2
-// (float4) loads in half-warps (quarter-warps), which is how the hardware serves 8- and 16-byte
-// accesses, B's scalar loads across the whole warp.
+// 16-byte load, and so are the B columns of four fragments (tf32_b_slot); and each shared load of
+// a fragment puts its lanes on different banks: A's float2 (float4) loads in half-warps
+// (quarter-warps), which is how the hardware serves 8- and 16-byte accesses, B's float4 loads in
+// quarter-warps. The B tile's writers (the gather's copies, round_b_to_tf32: a warp's 32 threads
+// take 32 consecutive columns of one k) also reach 32 different banks.
 template <class Tile>
 void check_warp_layout() {
   using Warps = tiling::WarpLayout<Tile>;
@@ -420,6 +461,17 @@ void check_warp_layout() {
             ++c[row * Tile::kN + column];
           }
   for (const int count : c) CHECK(count == 1);
+  // B's columns: a permutation of each row's N slots; a warp of writers (32 consecutive columns of
+  // one k) on 32 banks
+  std::set<int> slots;
+  for (int n = 0; n < Tile::kN; ++n) slots.insert(Tile::b_slot(n));
+  CHECK(slots.size() == std::size_t(Tile::kN));
+  CHECK(*slots.rbegin() == Tile::kN - 1);
+  for (int first = 0; first < Tile::kN; first += 32) {
+    std::set<int> banks;
+    for (int n = first; n < first + 32; ++n) banks.insert((3 * Tile::kLdB + Tile::b_slot(n)) % 32);
+    CHECK(banks.size() == 32);
+  }
   for (int warp = 0; warp < Warps::kWarps; ++warp) {
     // lane (g, t)'s A rows of a k: 2 FM consecutive floats from row(0, 0, g), aligned to their size
     for (int g = 0; g < 8; ++g) {
@@ -439,12 +491,19 @@ void check_warp_layout() {
           }
           CHECK(a_banks.size() == 32);
         }
-        for (int fn = 0; fn < FN; ++fn) {
-          std::set<int> b_banks;
-          for (int lane = 0; lane < 32; ++lane)
-            b_banks.insert(((k + lane % 4 + 4 * half) * Tile::kLdB + Warps::column(warp) + 8 * fn + lane / 4) % 32);
-          CHECK(b_banks.size() == 32);
-        }
+        for (int j = 0; j < FN / 4; ++j)  // the float4 of fragments 4 j .. 4 j + 3, at slot column(warp) + 32 j + 4 g
+          for (int first_lane = 0; first_lane < 32; first_lane += 8) {
+            std::set<int> b_banks;
+            for (int lane = first_lane; lane < first_lane + 8; ++lane) {
+              const int slot = Warps::column(warp) + 32 * j + 4 * (lane / 4);
+              CHECK(slot % 4 == 0);
+              for (int f = 0; f < 4; ++f)  // the float4 holds the columns of fragments 4 j + f, column g
+                CHECK(Tile::b_slot(Warps::column(warp) + 8 * (4 * j + f) + lane / 4) == slot + f);
+              const int word = (k + lane % 4 + 4 * half) * Tile::kLdB + slot;
+              for (int f = 0; f < 4; ++f) b_banks.insert((word + f) % 32);
+            }
+            CHECK(b_banks.size() == 32);
+          }
       }
   }
 }
@@ -465,4 +524,8 @@ TEST_CASE("conv2d tiling: the TF32 path's warps and fragments cover every block 
   CHECK(tiling::Tf32Tile<64, 64>::kLdA % 32 == 8);
   CHECK(tiling::Tf32Tile<128, 128>::kLdB % 32 == 8);
   CHECK(tiling::TileShape<64, 128>::kLdB % 4 == 0);
+  // the FP32 tiles keep B's columns in order; the TF32 tiles' order, spelled out on one group
+  CHECK(tiling::TileShape<128, 128>::b_slot(37) == 37);
+  CHECK(tiling::Tf32Tile<64, 64>::b_slot(8 * 3 + 5) == 4 * 5 + 3);
+  CHECK(tiling::Tf32Tile<64, 64>::b_slot(32 + 8 * 1 + 7) == 32 + 4 * 7 + 1);
 }
