@@ -137,7 +137,7 @@ using tiling::Tap;
 // made nvcc recompute the rows' offsets inside the loop (Nsight Compute's source view, run 9).
 using Index = std::int32_t;
 struct alignas(16) KEntry {  // 16-byte aligned: one 128-bit shared load per entry
-  Index a, b;  // offsets, problem-specific (see each k_entry)
+  Index a, b;  // offsets, problem-specific (see each k_entry_at)
   Index i, j;  // coordinates for the bounds checks, problem-specific
 };
 
@@ -375,7 +375,7 @@ struct WeightProblem {
 // (a weight-pass step is ~300 instructions per warp; an entry from k was ~150 more), and every warp
 // waited for it at the step's barrier (barrier stalls were 26-28% of the weight kernels in run 11).
 // An index past k_end gets a zero entry (its values are never gathered: TileGather::issue checks
-// k < k_end; zeros keep the offsets it computes and discards in range). Indices are 32-bit: every
+// k < k_left = k_end - k0; zeros keep the offsets it computes and discards in range). Indices are 32-bit: every
 // K is below 2^31 (a launch's tensors are).
 // Thread t's digits live in shared memory (cursor[t]: its own, read and written by it alone),
 // not in registers: the block's threads all hold a kernel's registers, and the kernels at their
@@ -805,6 +805,7 @@ struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
 template <class Problem, class Tile>
 __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, true>())
     implicit_gemm_tf32(Problem whole) {
+  static_assert(Tile::kTf32, "WarpTileTf32 reads B at tf32_b_slot: the TF32 layout's tiles only");
   using Warps = tiling::WarpLayout<Tile>;
   using Fragment = tiling::Tf32Fragment<Warps::kFragmentsM>;
   constexpr int FM = Warps::kFragmentsM, FN = Warps::kFragmentsN;
@@ -1069,3 +1070,4 @@ void conv2d_backward_bias(const StreamHandle& s, const Conv2dShape& shape, const
 }  // namespace petra::kernels::cuda
 
 #undef PETRA_UNROLL
+#undef PETRA_NO_UNROLL

@@ -112,16 +112,19 @@ PETRA_HOST_DEVICE inline Digits split_digits(std::int64_t k, Radix r) {
   return {std::int32_t(hi), std::int32_t(mid), std::int32_t(rest - mid * r.lo_n)};
 }
 // The digits of k + step, given those of k and of step (split_digits(step, r)): each digit plus
-// the carry from the one below, which is at most 1 (both addends are below the radix).
+// the carry from the one below, which is at most 1 (both addends are below the radix). In
+// unsigned 32-bit arithmetic: a digit plus a step's digit stays below 2^32, and the kernels
+// advance once past their last step, whose digits they never use but which, for a K within a
+// step of 2^31, would overflow a signed hi.
 PETRA_HOST_DEVICE inline Digits advance(Digits d, Digits step, Radix r) {
-  d.lo += step.lo;
-  const bool lo_carry = d.lo >= r.lo_n;
-  if (lo_carry) d.lo -= r.lo_n;
-  d.mid += step.mid + std::int32_t(lo_carry);
-  const bool mid_carry = d.mid >= r.mid_n;
-  if (mid_carry) d.mid -= r.mid_n;
-  d.hi += step.hi + std::int32_t(mid_carry);
-  return d;
+  std::uint32_t lo = std::uint32_t(d.lo) + std::uint32_t(step.lo);
+  const bool lo_carry = lo >= std::uint32_t(r.lo_n);
+  if (lo_carry) lo -= std::uint32_t(r.lo_n);
+  std::uint32_t mid = std::uint32_t(d.mid) + std::uint32_t(step.mid) + std::uint32_t(lo_carry);
+  const bool mid_carry = mid >= std::uint32_t(r.mid_n);
+  if (mid_carry) mid -= std::uint32_t(r.mid_n);
+  const std::uint32_t hi = std::uint32_t(d.hi) + std::uint32_t(step.hi) + std::uint32_t(mid_carry);
+  return {std::int32_t(hi), std::int32_t(mid), std::int32_t(lo)};
 }
 
 // ---- forward and weight gradient: which x an output pixel reads ------------------------------
