@@ -199,6 +199,24 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
     tile_s.push_back(seconds_per_launch([&] { row.petra(s); }, stream, repeats));
   }
   k::cuda::set_conv2d_tile(-1);
+  // The weight pass of a 3x3, stride-1, padding-1 layer also in Winograd's F(2x2, 3x3) domain
+  // (set_conv2d_weight_algorithm; not petra's default until it is measured to win): its time and
+  // its difference from cuDNN, checked against the same bound.
+  const k::Conv2dShape& shape = layer.shape;
+  const bool winograd = std::string(row.pass) == "weight" && shape.kernel_h == 3 && shape.kernel_w == 3 &&
+                        shape.stride_h == 1 && shape.stride_w == 1 && shape.pad_h == 1 && shape.pad_w == 1;
+  double winograd_s = 0, winograd_difference = 0;
+  if (winograd) {
+    k::cuda::set_conv2d_weight_algorithm(k::cuda::Conv2dWeightAlgorithm::winograd);
+    winograd_difference = petra::testing::relative_error(run_once(row.petra), cudnn_out);
+    winograd_s = seconds_per_launch([&] { row.petra(s); }, stream, repeats);
+    k::cuda::set_conv2d_weight_algorithm(k::cuda::Conv2dWeightAlgorithm::direct);
+    if (winograd_difference > bound) {
+      *wrong = true;
+      fmt::print("{:<28} {:<8} {:<5} WRONG: petra's Winograd and cuDNN differ by {:.2e} (bound {:.0e})\n", layer.name,
+                 row.pass, row.math, winograd_difference, bound);
+    }
+  }
   const int pass_index = std::string(row.pass) == "forward" ? 0 : std::string(row.pass) == "data" ? 1 : 2;
   const k::cudnn::Conv2dAlgorithm algorithm = k::cudnn::conv2d_algorithm(s, layer.shape, pass_index);
   k::cuda::set_conv2d_math(k::cuda::Conv2dMath::fp32);  // the default again
@@ -210,16 +228,19 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
   } else {
     std::string tiles;
     for (const double t : tile_s) tiles += fmt::format(" {:.3f}", t * 1e3);
-    fmt::print("{:<28} {:<8} {:<5} {:>9.3f} {:>9.3f} {:>8.1f} {:>8.1f} {:>6.0f}%  algo {}{}\n", layer.name, row.pass,
+    const std::string winograd_text =
+        winograd ? fmt::format("  winograd {:.3f} ms ({:.0f}% of cuDNN)", winograd_s * 1e3, 100.0 * cudnn_s / winograd_s)
+                 : "";
+    fmt::print("{:<28} {:<8} {:<5} {:>9.3f} {:>9.3f} {:>8.1f} {:>8.1f} {:>6.0f}%  algo {}{}{}\n", layer.name, row.pass,
                row.math, petra_s * 1e3, cudnn_s * 1e3, flops / petra_s / 1e12, flops / cudnn_s / 1e12,
-               100.0 * cudnn_s / petra_s, algorithm.algorithm, "  tiles ms" + tiles);
+               100.0 * cudnn_s / petra_s, algorithm.algorithm, "  tiles ms" + tiles, winograd_text);
   }
   // (Until 2026-12-04's run 11 this field held seconds under its "ms" name; scripts/conv_tiles.py
   // reads both.)
   std::vector<double> tile_ms;
   for (const double t : tile_s) tile_ms.push_back(t * 1e3);
   const k::Conv2dShape& c = layer.shape;
-  return {{"layer", layer.name},
+  nlohmann::json result = {{"layer", layer.name},
           {"shape", {{"batch", c.batch}, {"in_channels", c.in_channels}, {"in_h", c.in_h}, {"in_w", c.in_w},
                      {"out_channels", c.out_channels}, {"kernel", c.kernel_h}, {"stride", c.stride_h},
                      {"padding", c.pad_h}}},
@@ -234,6 +255,12 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
           {"cudnn_algorithm", algorithm.algorithm},
           {"cudnn_workspace_bytes", algorithm.workspace_bytes},
           {"relative_difference", difference}};
+  if (winograd) {
+    result["petra_winograd_ms"] = winograd_s * 1e3;
+    result["petra_winograd_share_of_cudnn"] = cudnn_s / winograd_s;
+    result["winograd_relative_difference"] = winograd_difference;
+  }
+  return result;
 }
 
 nlohmann::json bench_conv2d(std::int64_t batch, int repeats, const k::StreamHandle& s, bool* wrong) {

@@ -452,6 +452,13 @@ void use_conv_math(petra::ConvMath math, const std::vector<petra::Device>& devic
   petra::set_conv_math(math);
 }
 
+// --conv-weight winograd: petra's CUDA weight gradient, on CUDA devices only (as --conv-math tf32: a
+// run that silently kept the direct product would mislabel its numbers).
+void use_conv_weight_algorithm(petra::ConvWeightAlgorithm algorithm, const std::vector<petra::Device>& devices) {
+  if (algorithm == petra::ConvWeightAlgorithm::winograd) require_cuda_devices("--conv-weight winograd", devices);
+  petra::set_conv_weight_algorithm(algorithm);
+}
+
 // --cudnn-algorithms fastest: only cuDNN's convolutions have algorithms to time, so it needs
 // --conv-impl cudnn (set first): with petra's kernels it would change nothing, silently.
 void use_cudnn_algorithms(petra::CudnnAlgorithms choice) {
@@ -522,6 +529,11 @@ int main(int argc, char** argv) {
                  "convolutions' arithmetic on GPUs, petra's kernels and cuDNN's alike: fp32 (FP32 multiply-adds) or "
                  "tf32 (the tensor cores, TF32 inputs, FP32 sums; PyTorch's default for convolutions)")
       ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"fp32", "tf32"}));
+  std::string conv_weight_text = "direct";
+  app.add_option("--conv-weight", conv_weight_text,
+                 "the weight gradient of petra's 3x3 stride-1 convolutions on GPUs: direct (the implicit GEMM) or "
+                 "winograd (Winograd's F(2x2, 3x3): 2.25x fewer multiply-adds; not yet timed)")
+      ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"direct", "winograd"}));
   std::string cudnn_algorithms_text = "deterministic";
   app.add_option("--cudnn-algorithms", cudnn_algorithms_text,
                  "with --conv-impl cudnn: deterministic (cuDNN's heuristics, deterministic algorithms only, the same "
@@ -644,6 +656,7 @@ int main(int argc, char** argv) {
     use_conv_impl(petra::parse_conv_impl(conv_impl_text), c.devices);
     use_conv_math(petra::parse_conv_math(conv_math_text), c.devices);
     use_cudnn_algorithms(petra::parse_cudnn_algorithms(cudnn_algorithms_text));
+    use_conv_weight_algorithm(petra::parse_conv_weight_algorithm(conv_weight_text), c.devices);
     c.stages = stages_text;
     std::vector<petra::pipeline::BlockProfile> blocks;  // what the layout printed below is made of
     if (print_schedule > 0 || print_model) {  // no data is loaded: the dataset's usual shape

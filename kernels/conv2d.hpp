@@ -154,6 +154,16 @@ Conv2dMath conv2d_math();
 // the same bits whatever the tile.
 void set_conv2d_tile(int tile);
 
+// The algorithm of the weight gradient (conv2d_backward_weight) of 3x3 convolutions at stride 1 and
+// padding 1, for the whole process: direct (the default), the implicit GEMM of the other passes; or
+// winograd, Winograd's F(2x2, 3x3) (2.25x fewer multiply-adds, the transformed operands in the
+// stream's workspace, at most 128 MiB a batch part; results a few roundings from direct's, still
+// deterministic). Other shapes, and a layer whose one image needs more workspace, stay direct.
+// Not yet timed on a GPU (docs/gpu-kernels.md): bench-cuda times both.
+enum class Conv2dWeightAlgorithm { direct, winograd };
+void set_conv2d_weight_algorithm(Conv2dWeightAlgorithm algorithm);
+Conv2dWeightAlgorithm conv2d_weight_algorithm();
+
 // The most elements (default and at most 2^31 - 1) an input or output of one launch may have: the
 // kernels index in 32 bits, and a larger batch runs in launches of fewer samples (forward and
 // backward data: the same results; backward weight: the parts added into dw in batch order). A

@@ -48,4 +48,15 @@ CudnnAlgorithms cudnn_algorithms();
 CudnnAlgorithms parse_cudnn_algorithms(std::string_view text, std::string_view flag = "--cudnn-algorithms");
 const char* name_of(CudnnAlgorithms choice);
 
+// The weight gradient of petra's 3x3, stride-1, padding-1 convolutions on GPUs, for the whole
+// process (kernels::cuda::set_conv2d_weight_algorithm; petra-train's --conv-weight): direct (the
+// default: the implicit GEMM of the other passes) or winograd (Winograd's F(2x2, 3x3): 2.25x fewer
+// multiply-adds, the results a few roundings away, deterministic; not yet timed on a GPU). CPU
+// tensors ignore it (the CPU kernels choose their own). A build without CUDA accepts direct only.
+enum class ConvWeightAlgorithm { direct, winograd };
+void set_conv_weight_algorithm(ConvWeightAlgorithm algorithm);  // DeviceError for winograd without CUDA
+ConvWeightAlgorithm conv_weight_algorithm();
+ConvWeightAlgorithm parse_conv_weight_algorithm(std::string_view text, std::string_view flag = "--conv-weight");
+const char* name_of(ConvWeightAlgorithm algorithm);
+
 }  // namespace petra

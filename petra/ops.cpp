@@ -249,6 +249,36 @@ const char* name_of(CudnnAlgorithms choice) {
   return choice == CudnnAlgorithms::fastest ? "fastest" : "deterministic";
 }
 
+void set_conv_weight_algorithm(ConvWeightAlgorithm algorithm) {
+#if PETRA_HAVE_CUDA
+  kernels::cuda::set_conv2d_weight_algorithm(algorithm == ConvWeightAlgorithm::winograd
+                                                 ? kernels::cuda::Conv2dWeightAlgorithm::winograd
+                                                 : kernels::cuda::Conv2dWeightAlgorithm::direct);
+#else
+  PETRA_CHECK(algorithm == ConvWeightAlgorithm::direct, DeviceError,
+              "set_conv_weight_algorithm(winograd): this petra was built without CUDA");
+#endif
+}
+
+ConvWeightAlgorithm conv_weight_algorithm() {
+#if PETRA_HAVE_CUDA
+  return kernels::cuda::conv2d_weight_algorithm() == kernels::cuda::Conv2dWeightAlgorithm::winograd
+             ? ConvWeightAlgorithm::winograd
+             : ConvWeightAlgorithm::direct;
+#else
+  return ConvWeightAlgorithm::direct;
+#endif
+}
+
+ConvWeightAlgorithm parse_conv_weight_algorithm(std::string_view text, std::string_view flag) {
+  return parse_choice(text, flag, std::pair{"direct", ConvWeightAlgorithm::direct},
+                      std::pair{"winograd", ConvWeightAlgorithm::winograd});
+}
+
+const char* name_of(ConvWeightAlgorithm algorithm) {
+  return algorithm == ConvWeightAlgorithm::winograd ? "winograd" : "direct";
+}
+
 }  // namespace petra
 
 namespace petra::ops {

@@ -7,7 +7,8 @@ For each precision (fp32, tf32) and pass (forward, data, weight) over the layers
 timed: the sum of petra's times with the tiles conv2d_tiling::choose_tile picked, the sum of the
 fastest of the four tiles per layer (bench-cuda forces each; a sum far below the first says the
 rule leaves time on the table), cuDNN's sum in the same call, and how many layers reach 70% of
-cuDNN's throughput (issue 12's target), all layers and the 3x3 layers after the stem.
+cuDNN's throughput (issue 12's target), all layers and the 3x3 layers after the stem; and, where
+bench-cuda timed it, the weight pass with the Winograd path on the layers where it is faster.
 scripts/gpu-check.sh's `bench` group prints it; tests/cli/conv_tiles.sh checks it.
 """
 import json
@@ -46,6 +47,15 @@ def main():
             middle_met = sum(r["petra_share_of_cudnn"] >= 0.7 for r in middle)
             print(f"{math} {pass_:8} {chosen:7.3f} / {best:7.3f} / {cudnn:7.3f}   "
                   f"{met} of {len(layers)} layers, {middle_met} of {len(middle)} 3x3 after the stem")
+            # bench-cuda also timed the weight pass of the 3x3 stride-1 layers in Winograd's domain
+            # (petra_winograd_ms, from 2026-12-05): the sum with the faster of the two per layer.
+            if any("petra_winograd_ms" in r for r in layers):
+                either = sum(min(r["petra_ms"], r.get("petra_winograd_ms", r["petra_ms"])) for r in layers)
+                won = [r["layer"] for r in layers if r.get("petra_winograd_ms", float("inf")) < r["petra_ms"]]
+                either_met = sum(max(r["petra_share_of_cudnn"], r.get("petra_winograd_share_of_cudnn", 0)) >= 0.7
+                                 for r in layers)
+                print(f"{math} {pass_:8} {either:7.3f} with Winograd where faster ({len(won)} layers: "
+                      f"{', '.join(won) or 'none'}); {either_met} of {len(layers)} layers at >= 70%")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
 #             300 steps, with backprop, revbackprop, revbackprop on cuDNN's convolution and batch
 #             norm (--conv-impl cudnn: the anchor of petra's kernels), the same three in TF32
 #             (--conv-math tf32), backprop on cuDNN with its deterministic and its fastest
-#             algorithms, PETRA, and PETRA on two streams of the one GPU (the concurrent
+#             algorithms, backprop with the Winograd weight gradient (--conv-weight winograd),
+#             PETRA, and PETRA on two streams of the one GPU (the concurrent
 #             executor), twice: bit-identical to PETRA on one stream and from run to run;
 #   bench     the kernels against cuDNN and the copy bandwidth (bench-cuda: ResNet-18 CIFAR
 #             convolutions at batch 128, FP32 and TF32, every block tile forced too, and batch
@@ -177,8 +178,11 @@ group_training() {
   # how far petra's stack is from PyTorch's (group pytorch) with cuDNN's kernels on both sides.
   train backprop-cudnn --method backprop --devices cuda:0 --conv-impl cudnn
   train backprop-cudnn-fastest --method backprop --devices cuda:0 --conv-impl cudnn --cudnn-algorithms fastest
-  images_per_second "backprop, FP32" "$out/train-backprop.jsonl" "$out/train-backprop-cudnn.jsonl" \
-    "$out/train-backprop-cudnn-fastest.jsonl"
+  # petra's weight gradient in Winograd's F(2x2, 3x3) domain on the 3x3 stride-1 layers
+  # (--conv-weight winograd, not the default until this says it wins).
+  train backprop-winograd --method backprop --devices cuda:0 --conv-weight winograd
+  images_per_second "backprop, FP32" "$out/train-backprop.jsonl" "$out/train-backprop-winograd.jsonl" \
+    "$out/train-backprop-cudnn.jsonl" "$out/train-backprop-cudnn-fastest.jsonl"
   train petra --method petra --devices cuda:0
   # PETRA's stages on two streams of the one GPU (two workers, the concurrent executor): the same
   # numbers as the sequential executor's on the same GPU, bit for bit, and from run to run.

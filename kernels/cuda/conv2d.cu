@@ -365,6 +365,60 @@ struct WeightProblem {
   static constexpr bool kVectorStores = false;
 };
 
+// The weight gradient of a 3x3, stride-1, padding-1 convolution in Winograd's F(2x2, 3x3) domain
+// (set_conv2d_weight_algorithm(winograd); the transforms are below, winograd_weight_launch): 16
+// independent products, one per element e of the 4 x 4 transformed tile, over the tiles t of the
+// batch part: M_e(o, c) = sum_t U_e(o, t) V_e(t, c), A = U_e (o x T, row-major, t contiguous) and
+// B = V_e (T x C, c contiguous), both dense (no padding term, no gather), into the partials
+// m[z][o][c] of grid layer z = slice * 16 + e. K = the tiles, cut into split's slices.
+struct WinogradWeightProblem {
+  static constexpr tiling::ConvPass kPass = tiling::ConvPass::weight;
+  const float* u;   // [16][O][T]
+  const float* v;   // [16][T][C]
+  float* m;         // [slices][16][O][C]
+  Index o_count, c_count, t_count;
+  tiling::SplitK split;
+  Index element = 0;  // e, set by in_slice (U and V hold fewer than 2^31 values: 128 MiB at most)
+
+  struct Row {
+    Index u_row;  // where U_e's row o starts: (e * O + o) * T
+  };
+  struct Column {
+    Index v_column;  // V_e's column c: e * T * C + c
+  };
+  __device__ WinogradWeightProblem in_slice(unsigned z) const {  // z = slice * 16 + e
+    WinogradWeightProblem q = *this;
+    q.element = Index(z % 16);
+    return q;
+  }
+  __device__ std::int64_t rows() const { return o_count; }
+  __device__ std::int64_t columns() const { return c_count; }
+  __device__ std::int64_t k_begin(unsigned z) const { return split.begin(z / 16); }
+  __device__ std::int64_t k_end(unsigned z) const { return split.end(z / 16); }
+  __device__ Row row(Index o) const { return {(element * o_count + o) * t_count}; }
+  __device__ Column column(std::int64_t c) const { return {element * t_count * c_count + Index(c)}; }
+  // k = the tile t itself (one digit): a = t, b = t * C.
+  __device__ tiling::Radix k_radix() const { return {1, 1}; }
+  __device__ KEntry k_entry_at(Index k, const tiling::Digits& /*d*/) const { return {k, k * c_count, 0, 0}; }
+  __device__ const float* a_data() const { return u; }
+  __device__ Index a_offset(const Row& r, const KEntry& e) const { return r.u_row + e.a; }
+  __device__ const float* b_data() const { return v; }
+  __device__ bool b_inside(const Column& /*c*/, const KEntry& /*e*/) const { return true; }
+  __device__ Index b_offset(const Column& c, const KEntry& e) const { return e.b + c.v_column; }
+  struct StoreColumn {
+    Index c;
+  };
+  struct StoreRow {
+    Index index;  // o * C
+  };
+  __device__ StoreColumn store_column(std::int64_t c) const { return {Index(c)}; }
+  __device__ StoreRow store_row(std::int64_t o) const { return {Index(o) * c_count}; }
+  __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned z) const {
+    m[Index(z) * o_count * c_count + r.index + c.c] = value;  // the partials: at most 64 MiB
+  }
+  static constexpr bool kVectorStores = false;
+};
+
 // ---- the tiled implicit GEMM ------------------------------------------------------------------
 
 // The K-step table: the decomposition of a K step's K indices k0 .. k0 + K - 1 (Problem::k_entry_at;
@@ -907,6 +961,8 @@ __global__ void add_bias_partials(std::int64_t channels, std::int64_t slices, co
 std::atomic<int> conv_math{int(Conv2dMath::fp32)};
 // The FP32 path's tile (set_conv2d_tile): < 0 for choose_tile's.
 std::atomic<int> conv_tile{-1};
+// The weight gradient's algorithm on 3x3, stride-1, padding-1 layers (set_conv2d_weight_algorithm).
+std::atomic<int> conv_weight_algorithm{int(Conv2dWeightAlgorithm::direct)};
 // The most elements a tensor of one launch may have (set_conv2d_launch_elements): the kernels
 // index in 32 bits.
 constexpr std::int64_t kIndexLimit = std::numeric_limits<Index>::max();
@@ -976,6 +1032,8 @@ KernelChoice<Problem> choose_kernel(const char* fp32_name, const char* tf32_name
 
 void set_conv2d_math(Conv2dMath math) { conv_math.store(int(math)); }
 void set_conv2d_tile(int tile) { conv_tile.store(tile < 0 || tile > 3 ? -1 : tile); }
+void set_conv2d_weight_algorithm(Conv2dWeightAlgorithm algorithm) { conv_weight_algorithm.store(int(algorithm)); }
+Conv2dWeightAlgorithm conv2d_weight_algorithm() { return Conv2dWeightAlgorithm(conv_weight_algorithm.load()); }
 void set_conv2d_launch_elements(std::int64_t limit) {
   launch_element_limit.store(limit <= 0 || limit > kIndexLimit ? kIndexLimit : limit);
 }
@@ -1020,6 +1078,186 @@ void weight_launch(const StreamHandle& s, const Conv2dShape& shape, const float*
                                     split.slices, partials, dw);
 }
 
+// ---- the weight gradient in Winograd's F(2x2, 3x3) domain (set_conv2d_weight_algorithm) ----------
+//
+// For a 3x3 convolution at stride 1 and padding 1, cut the output into 2x2 tiles; tile t reads the
+// 4x4 input patch d_t. With B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], G = [1 0 0; .5 .5 .5;
+// .5 -.5 .5; 0 0 1] and A^T = [1 1 1 0; 0 1 -1 -1] (kernels/cpu/conv2d_winograd.cpp, Lavin & Gray
+// 2016), a tile of the output is Y_t = A^T [ sum_c (G g[o,c] G^T) .* (B^T d_t[c] B) ] A, so the
+// gradient of the weight is
+//   dW[o, c] = G^T M[o, c] G,   M[o, c] = sum over t of (A dY_t[o] A^T) .* (B^T d_t[c] B):
+// for each of the 16 elements e of the 4 x 4 tile, M_e = U_e V_e with U_e = (A dY A^T)_e (out-channels
+// x tiles) and V_e = (B^T d B)_e (tiles x in-channels): 16 dense products of 2 O C T multiply-adds
+// where the direct product (WeightProblem) does 9 x 4 per tile: 2.25x fewer, and no padding term.
+// Three kernels around the GEMM: the transforms write U and V (winograd_gradient_transform,
+// winograd_input_transform), the GEMM (WinogradWeightProblem, split-K over the tiles) writes the
+// partial M's, and winograd_weight_output adds them in slice order in double and adds G^T M G into
+// dW. The transforms only add, subtract and halve (exact), so the result differs from the direct
+// product's by a few roundings. Deterministic: every sum has a fixed order.
+struct WinogradTiles {
+  Index rows, cols;  // tile rows and columns of an image: ceil(out / 2)
+  Index per_image;   // rows * cols
+};
+
+// V[e][t][c] = (B^T d B)[e] for tile t's 4 x 4 patch d of channel c (input rows 2 ty - 1 .. 2 ty +
+// 2, columns likewise; 0 outside the image). One thread per (t, c), c fastest: V's writes
+// coalesce, x's reads go through the L2 cache.
+__global__ void winograd_input_transform(ConvGeometry g, WinogradTiles tiles, Index t_count, const float* x,
+                                         float* v) {
+  const Index channels = Index(g.in_channels), in_h = Index(g.in_h), in_w = Index(g.in_w);
+  const std::int64_t n = std::int64_t(t_count) * channels;
+  for (std::int64_t i = cuda_detail::thread_index(); i < n; i += cuda_detail::grid_threads()) {
+    const Index t = Index(i) / channels, c = Index(i) - t * channels;  // i < T C < 2^31
+    const Index b = t / tiles.per_image, rest = t - b * tiles.per_image;
+    const Index ty = rest / tiles.cols, tx = rest - ty * tiles.cols;
+    const float* plane = x + (std::int64_t(b) * channels + c) * in_h * in_w;
+    float d[4][4];
+    for (int r = 0; r < 4; ++r)
+      for (int q = 0; q < 4; ++q) {
+        const Index h = 2 * ty - 1 + r, w = 2 * tx - 1 + q;
+        d[r][q] = inside(h, in_h) && inside(w, in_w) ? plane[h * in_w + w] : 0.0f;
+      }
+    float bd[4][4];  // B^T d
+    for (int q = 0; q < 4; ++q) {
+      bd[0][q] = d[0][q] - d[2][q];
+      bd[1][q] = d[1][q] + d[2][q];
+      bd[2][q] = d[2][q] - d[1][q];
+      bd[3][q] = d[1][q] - d[3][q];
+    }
+    for (int r = 0; r < 4; ++r) {  // (B^T d) B
+      const float e[4] = {bd[r][0] - bd[r][2], bd[r][1] + bd[r][2], bd[r][2] - bd[r][1], bd[r][1] - bd[r][3]};
+      for (int q = 0; q < 4; ++q) v[(std::int64_t(4 * r + q) * t_count + t) * channels + c] = e[q];
+    }
+  }
+}
+
+// U[e][o][t] = (A g A^T)[e] for tile t's 2 x 2 block g of dy's channel o (0 past the output's
+// last row or column). One thread per (o, t), t fastest: U's writes coalesce.
+__global__ void winograd_gradient_transform(ConvGeometry g, WinogradTiles tiles, Index t_count, const float* dy,
+                                            float* u) {
+  const Index out_h = Index(g.out_h), out_w = Index(g.out_w);
+  const std::int64_t n = std::int64_t(t_count) * g.out_channels;
+  for (std::int64_t i = cuda_detail::thread_index(); i < n; i += cuda_detail::grid_threads()) {
+    const Index o = Index(i) / t_count, t = Index(i) - o * t_count;  // i < O T < 2^31
+    const Index b = t / tiles.per_image, rest = t - b * tiles.per_image;
+    const Index ty = rest / tiles.cols, tx = rest - ty * tiles.cols;
+    const float* plane = dy + (std::int64_t(b) * g.out_channels + o) * out_h * out_w;
+    float gt[2][2];
+    for (int r = 0; r < 2; ++r)
+      for (int q = 0; q < 2; ++q) {
+        const Index h = 2 * ty + r, w = 2 * tx + q;
+        gt[r][q] = h < out_h && w < out_w ? plane[h * out_w + w] : 0.0f;
+      }
+    float ag[4][2];  // A g
+    for (int q = 0; q < 2; ++q) {
+      ag[0][q] = gt[0][q];
+      ag[1][q] = gt[0][q] + gt[1][q];
+      ag[2][q] = gt[0][q] - gt[1][q];
+      ag[3][q] = -gt[1][q];
+    }
+    for (int r = 0; r < 4; ++r) {  // (A g) A^T
+      const float e[4] = {ag[r][0], ag[r][0] + ag[r][1], ag[r][0] - ag[r][1], -ag[r][1]};
+      for (int q = 0; q < 4; ++q) u[(std::int64_t(4 * r + q) * g.out_channels + o) * t_count + t] = e[q];
+    }
+  }
+}
+
+// dw[o, c] += G^T M G, M[e] the sum of the `slices` partials m[slice][e][o][c] in slice order, in
+// double (as sum_weight_partials), the 3 x 3 result rounded once per element.
+__global__ void winograd_weight_output(Index o_count, Index c_count, Index slices, const float* m, float* dw) {
+  const std::int64_t n = std::int64_t(o_count) * c_count, plane = n;
+  for (std::int64_t i = cuda_detail::thread_index(); i < n; i += cuda_detail::grid_threads()) {  // i = o * C + c
+    double mm[4][4];
+    for (int e = 0; e < 16; ++e) {
+      double sum = 0;
+      for (Index slice = 0; slice < slices; ++slice) sum += double(m[(std::int64_t(slice) * 16 + e) * plane + i]);
+      mm[e / 4][e % 4] = sum;
+    }
+    double gm[3][4];  // G^T M
+    for (int q = 0; q < 4; ++q) {
+      gm[0][q] = mm[0][q] + 0.5 * (mm[1][q] + mm[2][q]);
+      gm[1][q] = 0.5 * (mm[1][q] - mm[2][q]);
+      gm[2][q] = 0.5 * (mm[1][q] + mm[2][q]) + mm[3][q];
+    }
+    float* out = dw + i * 9;
+    for (int r = 0; r < 3; ++r) {  // (G^T M) G
+      const double w[3] = {gm[r][0] + 0.5 * (gm[r][1] + gm[r][2]), 0.5 * (gm[r][1] - gm[r][2]),
+                           0.5 * (gm[r][1] + gm[r][2]) + gm[r][3]};
+      for (int q = 0; q < 3; ++q) out[3 * r + q] = float(double(out[3 * r + q]) + w[q]);
+    }
+  }
+}
+
+// The transformed operands of one batch part, U and V, take at most this much of the workspace
+// (the batch goes in parts, each added into dw in batch order); a layer whose single image needs
+// more keeps the direct product.
+constexpr std::int64_t kWinogradOperandBytes = std::int64_t(128) << 20;
+
+WinogradTiles winograd_tiles(const Conv2dShape& shape) {
+  const Index rows = Index(tiling::ceil_div(shape.out_h(), 2)), cols = Index(tiling::ceil_div(shape.out_w(), 2));
+  return {rows, cols, rows * cols};
+}
+std::int64_t winograd_image_bytes(const Conv2dShape& shape) {
+  return 16 * (shape.out_channels + shape.in_channels) * std::int64_t(winograd_tiles(shape).per_image) * 4;
+}
+
+// The split of a part's tiles: as weight_split_slices, on 16 products of O x C (at least 1024
+// tiles a slice, at most 64 slices or what makes about 1024 blocks of 64 x 64, the partials at most
+// 64 MiB); from the shape alone.
+tiling::SplitK winograd_split(std::int64_t tiles, std::int64_t o_count, std::int64_t c_count) {
+  const std::int64_t blocks = 16 * tiling::ceil_div(o_count, tiling::kTileM) * tiling::ceil_div(c_count, tiling::kTileN);
+  std::int64_t wanted = std::clamp<std::int64_t>(tiles / tiling::kWeightSliceMinK, 1, tiling::kWeightMaxSlices);
+  wanted = std::min(wanted, std::max<std::int64_t>(1, tiling::kWeightTargetBlocks / blocks));
+  wanted = std::min(wanted, std::max<std::int64_t>(1, tiling::kWeightMaxPartialBytes / (16 * o_count * c_count * 4)));
+  return tiling::split_k(tiles, wanted);
+}
+
+void winograd_weight_launch(const StreamHandle& s, const Conv2dShape& shape, const float* x, const float* dy,
+                            float* dw) {
+  const WinogradTiles tiles = winograd_tiles(shape);
+  const std::int64_t o_count = shape.out_channels, c_count = shape.in_channels;
+  // Images per part: U and V within kWinogradOperandBytes, and each of their 16 planes (O x T,
+  // T x C) within launch_element_limit (the kernels index in 32 bits; tests lower the limit).
+  const std::int64_t plane_per_image = std::max(o_count, c_count) * tiles.per_image;
+  const std::int64_t part = std::clamp<std::int64_t>(
+      std::min(kWinogradOperandBytes / winograd_image_bytes(shape), launch_element_limit.load() / plane_per_image), 1,
+      shape.batch);
+  for (std::int64_t b0 = 0; b0 < shape.batch; b0 += part) {
+    Conv2dShape sub = shape;
+    sub.batch = std::min(part, shape.batch - b0);
+    const std::int64_t t_count = sub.batch * tiles.per_image;
+    const tiling::SplitK split = winograd_split(t_count, o_count, c_count);
+    const std::size_t u_floats = std::size_t(16 * o_count * t_count), v_floats = std::size_t(16 * t_count * c_count),
+                      m_floats = std::size_t(split.slices * 16 * o_count * c_count);
+    auto* u = static_cast<float*>(s.scratch((u_floats + v_floats + m_floats) * sizeof(float)));
+    float* v = u + u_floats;
+    float* m = v + v_floats;
+    const ConvGeometry g = ConvGeometry::of(sub);
+    cuda_detail::launch_grid_stride("conv2d_backward_weight_winograd_input", s, t_count * c_count,
+                                    winograd_input_transform, g, tiles, Index(t_count),
+                                    x + b0 * c_count * shape.in_h * shape.in_w, v);
+    cuda_detail::launch_grid_stride("conv2d_backward_weight_winograd_gradient", s, t_count * o_count,
+                                    winograd_gradient_transform, g, tiles, Index(t_count),
+                                    dy + b0 * o_count * shape.out_h() * shape.out_w(), u);
+    const WinogradWeightProblem p{u, v, m, Index(o_count), Index(c_count), Index(t_count), split};
+    const auto k = choose_kernel<WinogradWeightProblem>("conv2d_backward_weight_winograd",
+                                                        "conv2d_backward_weight_winograd_tf32", tiling::ConvPass::weight,
+                                                        o_count, c_count, 16 * split.slices);
+    launch_gemm(s, k, p, o_count, c_count, 16 * split.slices);
+    cuda_detail::launch_grid_stride("conv2d_backward_weight_winograd_output", s, o_count * c_count,
+                                    winograd_weight_output, Index(o_count), Index(c_count), Index(split.slices), m, dw);
+  }
+}
+
+// Whether the weight gradient of `shape` goes to winograd_weight_launch: asked for, a 3x3 kernel at
+// stride 1 and padding 1, and one image's transformed operands within the workspace's share.
+bool winograd_weight_applies(const Conv2dShape& shape) {
+  return Conv2dWeightAlgorithm(conv_weight_algorithm.load()) == Conv2dWeightAlgorithm::winograd &&
+         shape.kernel_h == 3 && shape.kernel_w == 3 && shape.stride_h == 1 && shape.stride_w == 1 &&
+         shape.pad_h == 1 && shape.pad_w == 1 && winograd_image_bytes(shape) <= kWinogradOperandBytes &&
+         std::max(shape.out_channels, shape.in_channels) * winograd_tiles(shape).per_image <= launch_element_limit.load();
+}
+
 }  // namespace
 
 // Each pass in launches over parts of the batch (for_each_batch_part: one launch unless a tensor
@@ -1049,6 +1287,8 @@ void conv2d_backward_weight_split(const StreamHandle& s, const Conv2dShape& shap
 
 void conv2d_backward_weight(const StreamHandle& s, const Conv2dShape& shape, const float* x,
                             const float* dy, float* dw) {
+  if (shape.weight_size() <= 0 || shape.output_size() <= 0) return;  // dw += 0 (and no batch to part)
+  if (winograd_weight_applies(shape)) return winograd_weight_launch(s, shape, x, dy, dw);
   conv2d_backward_weight_split(s, shape, x, dy, dw, tiling::weight_split_slices(shape));
 }
 

@@ -18,6 +18,18 @@ cat > "$dir/small.json" <<'JSON'
   "petra_share_of_cudnn": 1.5, "petra_ms_by_tile": [2.0, 1.5, 2.5, 1.6]}
 ]}
 JSON
+# The weight pass with Winograd timed on one of two layers (bench-cuda since 2026-12-05): petra
+# 2.0 + 1.0 = 3.000, Winograd 0.5 on the first: 1.500 with the faster per layer; shares 0.5 and
+# 1.2 direct, 2.0 with Winograd: both layers at 70%.
+cat > "$dir/winograd.json" <<'JSON'
+{"conv2d": [
+ {"math": "fp32", "pass": "weight", "layer": "layer3 256->256 3x3 8x8", "petra_ms": 2.0, "cudnn_ms": 1.0,
+  "petra_share_of_cudnn": 0.5, "petra_ms_by_tile": [2.0, 2.0, 2.0, 2.0], "petra_winograd_ms": 0.5,
+  "petra_winograd_share_of_cudnn": 2.0},
+ {"math": "fp32", "pass": "weight", "layer": "layer3 shortcut 1x1 s2", "petra_ms": 1.0, "cudnn_ms": 1.2,
+  "petra_share_of_cudnn": 1.2, "petra_ms_by_tile": [1.0, 1.0, 1.0, 1.0]}
+]}
+JSON
 echo '{"batchnorm": []}' > "$dir/other.json"
 status=0
 expect() {  # expect FILE PATTERN...: every pattern is a line of the output
@@ -36,6 +48,8 @@ expect() {  # expect FILE PATTERN...: every pattern is a line of the output
   done
 }
 expect "$dir/small.json" "fp32 forward    3.000 /   2.000 /   3.600   1 of 2 layers, 1 of 1 3x3 after the stem"
+expect "$dir/winograd.json" "fp32 weight     3.000 /   3.000 /   2.200   1 of 2 layers, 0 of 1 3x3 after the stem" \
+  "fp32 weight     1.500 with Winograd where faster (1 layers: layer3 256->256 3x3 8x8); 2 of 2 layers at >= 70%"
 expect "$run11" \
   "fp32 forward    2.202 /   2.102 /   2.067   11 of 11 layers, 7 of 7 3x3 after the stem" \
   "fp32 weight     3.141 /   2.929 /   2.931   6 of 11 layers, 3 of 7 3x3 after the stem" \

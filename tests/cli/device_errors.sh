@@ -50,6 +50,10 @@ expect_exit 2 "--conv-math tf32 runs on CUDA devices only" --method backprop --c
 expect_exit 2 "--conv-math tf32 runs on CUDA devices only" --method petra --conv-math tf32 --devices cpu:0,cuda:0
 expect_exit 2 "--conv-math" --method backprop --conv-math bf16
 expect_exit 0 "^final" --method backprop --conv-math fp32
+# --conv-weight winograd is petra's CUDA weight gradient: GPUs only; direct or winograd.
+expect_exit 2 "--conv-weight winograd runs on CUDA devices only" --method backprop --conv-weight winograd
+expect_exit 2 "--conv-weight" --method backprop --conv-weight fft
+expect_exit 0 "^final" --method backprop --conv-weight direct
 # --cudnn-algorithms fastest times cuDNN's algorithms: it needs --conv-impl cudnn (with petra's
 # kernels it would change nothing); deterministic (the default) passes anywhere.
 expect_exit 2 "needs --conv-impl cudnn" --method backprop --cudnn-algorithms fastest

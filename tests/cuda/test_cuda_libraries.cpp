@@ -81,6 +81,25 @@ TEST_CASE("conv math: fp32 by default, tf32 where CUDA is built, the choice pars
   CHECK(petra::conv_math() == petra::ConvMath::fp32);
 }
 
+TEST_CASE("conv weight algorithm: direct by default, winograd where CUDA is built, the choice parsed and named") {
+  CHECK(petra::conv_weight_algorithm() == petra::ConvWeightAlgorithm::direct);
+  CHECK(petra::parse_conv_weight_algorithm("direct") == petra::ConvWeightAlgorithm::direct);
+  CHECK(petra::parse_conv_weight_algorithm("winograd") == petra::ConvWeightAlgorithm::winograd);
+  CHECK_THROWS_WITH_AS(petra::parse_conv_weight_algorithm("fft"),
+                       doctest::Contains("--conv-weight fft: expected direct or winograd"), petra::ValueError);
+  CHECK(std::string(petra::name_of(petra::ConvWeightAlgorithm::winograd)) == "winograd");
+#if PETRA_HAVE_CUDA
+  petra::set_conv_weight_algorithm(petra::ConvWeightAlgorithm::winograd);
+  CHECK(petra::conv_weight_algorithm() == petra::ConvWeightAlgorithm::winograd);
+  CHECK(petra::kernels::cuda::conv2d_weight_algorithm() ==
+        petra::kernels::cuda::Conv2dWeightAlgorithm::winograd);  // what the kernels read
+  petra::set_conv_weight_algorithm(petra::ConvWeightAlgorithm::direct);
+  CHECK(petra::kernels::cuda::conv2d_weight_algorithm() == petra::kernels::cuda::Conv2dWeightAlgorithm::direct);
+#else
+  CHECK_THROWS_AS(petra::set_conv_weight_algorithm(petra::ConvWeightAlgorithm::winograd), petra::DeviceError);
+#endif
+}
+
 TEST_CASE("cudnn algorithms: deterministic by default, fastest where cuDNN is built, the choice parsed and named") {
   CHECK(petra::cudnn_algorithms() == petra::CudnnAlgorithms::deterministic);
   CHECK(petra::parse_cudnn_algorithms("deterministic") == petra::CudnnAlgorithms::deterministic);
@@ -568,6 +587,45 @@ TEST_CASE("cuda: petra's conv2d gives the same bits with every block tile, FP32 
         CHECK(dx_got == dx_small);
         CHECK(dw_got == dw_small);
       }
+    }
+  }
+}
+
+// The weight gradient in Winograd's F(2x2, 3x3) domain (set_conv2d_weight_algorithm(winograd)) on
+// the tensor cores and the FP32 units: against ref:: within 32 times the direct product's bound
+// (FP32) and TF32's (TF32), the same bits twice; the emulated test checks the same arithmetic on
+// more shapes, this one the real kernels.
+TEST_CASE("cuda: petra's Winograd weight gradient matches ref, FP32 and TF32, the same bits twice" *
+          doctest::skip(kNoGpu)) {
+  namespace ref = petra::kernels::ref;
+  namespace cu = petra::kernels::cuda;
+  petra::Stream stream(petra::Device::cuda(0));
+  const StreamHandle s = gpu_stream_handle(stream);
+  void* cs = s.cuda_stream;
+  const StreamHandle host{};
+  struct Restore {
+    ~Restore() { cu::set_conv2d_weight_algorithm(cu::Conv2dWeightAlgorithm::direct); }
+  } restore;
+  cu::set_conv2d_weight_algorithm(cu::Conv2dWeightAlgorithm::winograd);
+  for (const Conv2dShape& k : {Conv2dShape{3, 17, 9, 9, 5, 3, 3, 1, 1, 1, 1}, Conv2dShape{2, 65, 5, 7, 66, 3, 3, 1, 1, 1, 1},
+                               Conv2dShape{8, 64, 16, 16, 128, 3, 3, 1, 1, 1, 1}}) {
+    INFO("x (", k.batch, ", ", k.in_channels, ", ", k.in_h, ", ", k.in_w, ") out ", k.out_channels);
+    const ConvData d(k);
+    std::vector<float> expected = d.dw0, magnitude = absolute(d.dw0);
+    ref::conv2d_backward_weight<float>(host, k, d.x.data(), d.dy.data(), expected.data());
+    ref::conv2d_backward_weight<float>(host, k, absolute(d.x).data(), absolute(d.dy).data(), magnitude.data());
+    const std::int64_t terms = k.batch * k.out_h() * k.out_w() + 1;
+    Buffer x(d.x, cs), dy(d.dy, cs);
+    for (const cu::Conv2dMath math : {cu::Conv2dMath::fp32, cu::Conv2dMath::tf32}) {
+      CAPTURE(int(math));
+      const ConvSettings chosen(math, -1);
+      Buffer dw(d.dw0, cs), again(d.dw0, cs);
+      cu::conv2d_backward_weight(s, k, x.get(), dy.get(), dw.get());
+      cu::conv2d_backward_weight(s, k, x.get(), dy.get(), again.get());
+      const auto got = dw.download(cs);
+      CHECK(got == again.download(cs));
+      const double bound = math == cu::Conv2dMath::fp32 ? 32 * fp32_factor(terms) : 32 * (kTf32Factor + fp32_factor(terms));
+      CHECK(outside_bound(got, expected, magnitude, bound) == 0);
     }
   }
 }

@@ -708,3 +708,106 @@ TEST_CASE("emulated conv2d: the 64 x 128, 128 x 64 and 128 x 128 tiles give the 
   }
   MESSAGE("tiles: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
 }
+
+namespace {
+
+// Sets the weight gradient's algorithm for a scope (set_conv2d_weight_algorithm), then gives the
+// default back.
+class WeightAlgorithmGuard {
+ public:
+  explicit WeightAlgorithmGuard(cu::Conv2dWeightAlgorithm algorithm) { cu::set_conv2d_weight_algorithm(algorithm); }
+  ~WeightAlgorithmGuard() { cu::set_conv2d_weight_algorithm(cu::Conv2dWeightAlgorithm::direct); }
+  WeightAlgorithmGuard(const WeightAlgorithmGuard&) = delete;
+  WeightAlgorithmGuard& operator=(const WeightAlgorithmGuard&) = delete;
+};
+
+}  // namespace
+
+// The weight gradient in Winograd's F(2x2, 3x3) domain: on 3x3 stride-1 padding-1 layers with odd
+// and even planes (a last tile row or column half outside), channel counts past one and two tiles
+// of 64, one and several K slices (a part of 2048 tiles), and the batch in parts (the launch limit
+// lowered), against ref:: within 32 times the direct product's bound (the transforms add up to 4
+// values on each side and G^T M G up to 9: a wrong sign or element is off by the values
+// themselves); the same bits twice; other shapes keep the direct product; direct by default.
+TEST_CASE("emulated conv2d: the Winograd weight gradient matches ref::, deterministically, and only where it applies") {
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(cu::conv2d_weight_algorithm() == cu::Conv2dWeightAlgorithm::direct);
+  const WeightAlgorithmGuard winograd(cu::Conv2dWeightAlgorithm::winograd);
+  struct Case {
+    Conv2dShape shape;
+    std::int64_t launch_elements;  // 0: the default limit
+  };
+  const Case cases[] = {
+      {{1, 1, 1, 1, 1, 3, 3, 1, 1, 1, 1}, 0},     // one pixel: one tile, three quarters of it outside
+      {{2, 3, 5, 7, 2, 3, 3, 1, 1, 1, 1}, 0},     // odd planes
+      {{3, 17, 4, 4, 5, 3, 3, 1, 1, 1, 1}, 0},    // even plane, 17 in-channels
+      {{1, 5, 6, 3, 65, 3, 3, 1, 1, 1, 1}, 0},    // 65 out-channels: two tiles of M
+      {{1, 65, 2, 2, 3, 3, 3, 1, 1, 1, 1}, 0},    // 65 in-channels: two tiles of N
+      {{2, 2, 64, 64, 3, 3, 3, 1, 1, 1, 1}, 0},   // 2048 tiles: two K slices
+      {{3, 4, 5, 6, 7, 3, 3, 1, 1, 1, 1}, 7 * 9},  // the launch limit: one image (9 tiles, 7 channels) a part
+  };
+  std::uint64_t seed = 4100;
+  double worst = 0;  // the largest error / the direct bound
+  for (const Case& c : cases) {
+    const Conv2dShape& sh = c.shape;
+    INFO(describe(sh));
+    cu::set_conv2d_launch_elements(c.launch_elements);
+    Stream stream;  // a workspace of its own: its size says how the product was cut
+    const StreamHandle& s = stream.s;
+    seed += 10;
+    const Buffer x(sh.input_size(), seed, 1), dy(sh.output_size(), seed + 1, 0), dw(sh.weight_size(), seed + 2, 1);
+    std::vector<float> want = dw.initial();
+    ref::conv2d_backward_weight<float>(s, sh, x.data(), dy.data(), want.data());
+    std::vector<double> magnitude = absolute(dw.initial());
+    const std::vector<double> ax = absolute(x.values()), ady = absolute(dy.values());
+    ref::conv2d_backward_weight<double>(s, sh, ax.data(), ady.data(), magnitude.data());
+    const std::size_t before = emu::launches();
+    cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
+    const std::int64_t tiles_per_image = tiling::ceil_div(sh.out_h(), 2) * tiling::ceil_div(sh.out_w(), 2);
+    const std::int64_t parts = c.launch_elements == 0 ? 1 : sh.batch;
+    CHECK(emu::launches() - before == 4u * std::size_t(parts));  // two transforms, the product, the output
+    CHECK(emu::last_launch().kernel == std::string("conv2d_backward_weight_winograd_output"));
+    // U (16 O T) + V (16 T C) + the partials (slices x 16 O C) of a part's T tiles: two K slices
+    // from 2048 tiles (at least 1024 each), else one
+    const std::int64_t t = tiles_per_image * (sh.batch / parts), slices = t >= 2048 ? 2 : 1;
+    const std::int64_t floats = 16 * (sh.out_channels * t + t * sh.in_channels + slices * sh.out_channels * sh.in_channels);
+    CHECK(stream.workspace.capacity() == std::size_t((floats * 4 + 63) / 64 * 64));
+    CHECK(dw.guards_kept());
+    const std::vector<float> got = dw.values();
+    const double error = error_in_bounds(got, want, magnitude, sh.batch * sh.out_h() * sh.out_w() + 1);
+    worst = std::max(worst, error);
+    CHECK(error <= 32.0);
+    dw.reset();
+    cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
+    CHECK(bit_differences(dw.values(), got) == "");
+  }
+  cu::set_conv2d_launch_elements(0);
+  // In TF32 the 16 products run on the (emulated) tensor cores: within 32 times TF32's bound.
+  {
+    const MathGuard tf32(cu::Conv2dMath::tf32);
+    const Conv2dShape sh{2, 65, 5, 7, 66, 3, 3, 1, 1, 1, 1};
+    Stream stream;
+    const StreamHandle& s = stream.s;
+    const Buffer x(sh.input_size(), 41, 1), dy(sh.output_size(), 42, 0), dw(sh.weight_size(), 43, 1);
+    std::vector<float> want = dw.initial();
+    ref::conv2d_backward_weight<float>(s, sh, x.data(), dy.data(), want.data());
+    std::vector<double> magnitude = absolute(dw.initial());
+    const std::vector<double> ax = absolute(x.values()), ady = absolute(dy.values());
+    ref::conv2d_backward_weight<double>(s, sh, ax.data(), ady.data(), magnitude.data());
+    cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
+    CHECK(emu::last_launch().kernel == std::string("conv2d_backward_weight_winograd_output"));
+    CHECK(tf32_error_in_bounds(dw.values(), want, magnitude, sh.batch * sh.out_h() * sh.out_w() + 1) <= 32.0);
+  }
+  // Not 3x3 at stride 1 and padding 1: the direct product.
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  for (const Conv2dShape& sh : {Conv2dShape{1, 3, 6, 6, 2, 3, 3, 2, 2, 1, 1}, Conv2dShape{1, 3, 6, 6, 2, 3, 3, 1, 1, 0, 0},
+                                Conv2dShape{1, 3, 6, 6, 2, 1, 1, 1, 1, 0, 0}}) {
+    INFO(describe(sh));
+    const Buffer x(sh.input_size(), 17, 0), dy(sh.output_size(), 18, 0), dw(sh.weight_size(), 19, 0);
+    cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
+    CHECK(emu::last_launch().kernel == std::string("conv2d_backward_weight"));
+  }
+  MESSAGE("Winograd weight: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+          " s; the largest error, in units of the direct product's bound: ", worst);
+}
