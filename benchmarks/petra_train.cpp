@@ -283,11 +283,14 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
               settings.at("method").c_str(), trainer.config().threads > 0 ? trainer.config().threads
                                                                           : petra::default_cpu_threads());
   if (trainer.device().is_cuda())
-    std::printf("training on %s: %s; convolutions and batch norms: %s, %s%s\n", trainer.device().str().c_str(),
+    std::printf("training on %s: %s; convolutions and batch norms: %s, %s%s%s\n", trainer.device().str().c_str(),
                 petra::cuda_backend::describe().c_str(), petra::name_of(petra::conv_impl()),
                 petra::name_of(petra::conv_math()),
                 petra::cudnn_algorithms() == petra::CudnnAlgorithms::fastest
                     ? ", cuDNN's fastest algorithms (timed; not bit-reproducible)"
+                    : "",
+                petra::conv_weight_algorithm() == petra::ConvWeightAlgorithm::winograd
+                    ? ", Winograd weight gradients on 3x3 stride-1 layers"
                     : "");
   if (!eval_only) {
     std::printf("stages (--stages %s): %s\n", config.stages.empty() ? "blocks" : config.stages.c_str(),
@@ -406,6 +409,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
     nlohmann::json summary = {{"configuration", settings},
                               {"conv_impl", petra::name_of(petra::conv_impl())},
                               {"conv_math", petra::name_of(petra::conv_math())},
+                              {"conv_weight", petra::name_of(petra::conv_weight_algorithm())},
                               {"cudnn_algorithms", petra::name_of(petra::cudnn_algorithms())},
                               {"final_test_accuracy", final_accuracy},
                               {"epochs_run", reports.size()},
@@ -452,10 +456,16 @@ void use_conv_math(petra::ConvMath math, const std::vector<petra::Device>& devic
   petra::set_conv_math(math);
 }
 
-// --conv-weight winograd: petra's CUDA weight gradient, on CUDA devices only (as --conv-math tf32: a
-// run that silently kept the direct product would mislabel its numbers).
+// --conv-weight winograd: petra's CUDA weight gradient, on CUDA devices and petra's kernels only
+// (set after --conv-impl): a run that silently kept the direct product, on the CPU or on cuDNN's
+// convolutions, would mislabel its numbers.
 void use_conv_weight_algorithm(petra::ConvWeightAlgorithm algorithm, const std::vector<petra::Device>& devices) {
-  if (algorithm == petra::ConvWeightAlgorithm::winograd) require_cuda_devices("--conv-weight winograd", devices);
+  if (algorithm == petra::ConvWeightAlgorithm::winograd) {
+    require_cuda_devices("--conv-weight winograd", devices);
+    PETRA_CHECK(petra::conv_impl() == petra::ConvImpl::petra, petra::ValueError,
+                "--conv-weight winograd: petra's convolution kernels only (not with --conv-impl cudnn, which "
+                "chooses its own algorithms)");
+  }
   petra::set_conv_weight_algorithm(algorithm);
 }
 

@@ -157,8 +157,9 @@ void set_conv2d_tile(int tile);
 // The algorithm of the weight gradient (conv2d_backward_weight) of 3x3 convolutions at stride 1 and
 // padding 1, for the whole process: direct (the default), the implicit GEMM of the other passes; or
 // winograd, Winograd's F(2x2, 3x3) (2.25x fewer multiply-adds, the transformed operands in the
-// stream's workspace, at most 128 MiB a batch part; results a few roundings from direct's, still
-// deterministic). Other shapes, and a layer whose one image needs more workspace, stay direct.
+// stream's workspace, at most 128 MiB a batch part and 64 MiB of partial sums; results a few
+// roundings from direct's, still deterministic). Other shapes, and a layer whose one image or
+// whose out x in channels (over 2^20) need more workspace, stay direct.
 // Not yet timed on a GPU (docs/gpu-kernels.md): bench-cuda times both.
 enum class Conv2dWeightAlgorithm { direct, winograd };
 void set_conv2d_weight_algorithm(Conv2dWeightAlgorithm algorithm);

@@ -414,7 +414,7 @@ struct WinogradWeightProblem {
   __device__ StoreColumn store_column(std::int64_t c) const { return {Index(c)}; }
   __device__ StoreRow store_row(std::int64_t o) const { return {Index(o) * c_count}; }
   __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned z) const {
-    m[Index(z) * o_count * c_count + r.index + c.c] = value;  // the partials: at most 64 MiB
+    m[Index(z) * o_count * c_count + r.index + c.c] = value;  // the partials: at most 64 MiB (applies)
   }
   static constexpr bool kVectorStores = false;
 };
@@ -1189,8 +1189,9 @@ __global__ void winograd_weight_output(Index o_count, Index c_count, Index slice
 }
 
 // The transformed operands of one batch part, U and V, take at most this much of the workspace
-// (the batch goes in parts, each added into dw in batch order); a layer whose single image needs
-// more keeps the direct product.
+// (the batch goes in parts, each added into dw in batch order), the partial M's at most
+// kWeightMaxPartialBytes more; a layer whose single image needs more, or whose 16 M's of one slice
+// do (16 O C floats: O C > 2^20), keeps the direct product.
 constexpr std::int64_t kWinogradOperandBytes = std::int64_t(128) << 20;
 
 WinogradTiles winograd_tiles(const Conv2dShape& shape) {
@@ -1255,6 +1256,7 @@ bool winograd_weight_applies(const Conv2dShape& shape) {
   return Conv2dWeightAlgorithm(conv_weight_algorithm.load()) == Conv2dWeightAlgorithm::winograd &&
          shape.kernel_h == 3 && shape.kernel_w == 3 && shape.stride_h == 1 && shape.stride_w == 1 &&
          shape.pad_h == 1 && shape.pad_w == 1 && winograd_image_bytes(shape) <= kWinogradOperandBytes &&
+         16 * shape.out_channels * shape.in_channels * std::int64_t(sizeof(float)) <= tiling::kWeightMaxPartialBytes &&
          std::max(shape.out_channels, shape.in_channels) * winograd_tiles(shape).per_image <= launch_element_limit.load();
 }
 

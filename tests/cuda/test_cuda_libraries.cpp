@@ -607,8 +607,11 @@ TEST_CASE("cuda: petra's Winograd weight gradient matches ref, FP32 and TF32, th
     ~Restore() { cu::set_conv2d_weight_algorithm(cu::Conv2dWeightAlgorithm::direct); }
   } restore;
   cu::set_conv2d_weight_algorithm(cu::Conv2dWeightAlgorithm::winograd);
+  // tails of 64 channels, odd planes, a ResNet layer's channels at batch 8, and 2048 tiles (two K
+  // slices)
   for (const Conv2dShape& k : {Conv2dShape{3, 17, 9, 9, 5, 3, 3, 1, 1, 1, 1}, Conv2dShape{2, 65, 5, 7, 66, 3, 3, 1, 1, 1, 1},
-                               Conv2dShape{8, 64, 16, 16, 128, 3, 3, 1, 1, 1, 1}}) {
+                               Conv2dShape{8, 64, 16, 16, 128, 3, 3, 1, 1, 1, 1},
+                               Conv2dShape{8, 64, 32, 32, 64, 3, 3, 1, 1, 1, 1}}) {
     INFO("x (", k.batch, ", ", k.in_channels, ", ", k.in_h, ", ", k.in_w, ") out ", k.out_channels);
     const ConvData d(k);
     std::vector<float> expected = d.dw0, magnitude = absolute(d.dw0);

@@ -33,6 +33,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -796,7 +797,15 @@ TEST_CASE("emulated conv2d: the Winograd weight gradient matches ref::, determin
     ref::conv2d_backward_weight<double>(s, sh, ax.data(), ady.data(), magnitude.data());
     cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
     CHECK(emu::last_launch().kernel == std::string("conv2d_backward_weight_winograd_output"));
-    CHECK(tf32_error_in_bounds(dw.values(), want, magnitude, sh.batch * sh.out_h() * sh.out_w() + 1) <= 32.0);
+    const std::vector<float> tf32_got = dw.values();
+    CHECK(tf32_error_in_bounds(tf32_got, want, magnitude, sh.batch * sh.out_h() * sh.out_w() + 1) <= 32.0);
+    // the products really ran in TF32: FP32's bits differ
+    dw.reset();
+    {
+      const MathGuard fp32(cu::Conv2dMath::fp32);
+      cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
+    }
+    CHECK(bit_differences(dw.values(), tf32_got) != "");
   }
   // Not 3x3 at stride 1 and padding 1: the direct product.
   Stream stream;
@@ -810,4 +819,54 @@ TEST_CASE("emulated conv2d: the Winograd weight gradient matches ref::, determin
   }
   MESSAGE("Winograd weight: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
           " s; the largest error, in units of the direct product's bound: ", worst);
+}
+
+// On small integers (x, dy and dw in -2..2) every step of the Winograd path is exact: U's and V's
+// entries are at most 8 in size (TF32 holds them exactly too), their products' sums stay under
+// 2^24, and G^T M G only halves. So it must give ref::'s bits, in FP32 and TF32, across K slices
+// (2048 tiles: two slices of 1024) and batch parts (the launch limit lowered to two images): an
+// error at a slice boundary or a part's offset, which a rounding bound could hide, shows here.
+TEST_CASE("emulated conv2d: the Winograd weight gradient is exact on small integers, across slices and parts") {
+  const auto start = std::chrono::steady_clock::now();
+  const WeightAlgorithmGuard winograd(cu::Conv2dWeightAlgorithm::winograd);
+  struct Case {
+    Conv2dShape shape;
+    std::int64_t launch_elements;  // 0: the default limit
+    std::int64_t parts;
+  };
+  // 32 x 32 tiles an image; 3 out-channels: 3 x 1024 elements an image's U plane, so two images a
+  // part (two parts), 2048 tiles a part (two slices). (One case: each takes ~25 s emulated.)
+  const Case cases[] = {{{4, 2, 64, 64, 3, 3, 3, 1, 1, 1, 1}, 2 * 3 * 1024, 2}};
+  std::mt19937 gen(77);
+  std::uniform_int_distribution<int> small(-2, 2);
+  const auto integers = [&](std::int64_t n) {
+    std::vector<float> v(std::size_t(n), 0.0f);
+    for (float& value : v) value = float(small(gen));
+    return v;
+  };
+  for (const Case& c : cases) {
+    const Conv2dShape& sh = c.shape;
+    INFO(describe(sh));
+    const std::vector<float> x = integers(sh.input_size()), dy = integers(sh.output_size()),
+                             dw0 = integers(sh.weight_size());
+    std::vector<float> want = dw0;
+    ref::conv2d_backward_weight<float>(StreamHandle{}, sh, x.data(), dy.data(), want.data());
+    for (const cu::Conv2dMath math : {cu::Conv2dMath::fp32, cu::Conv2dMath::tf32}) {
+      CAPTURE(int(math));
+      const MathGuard chosen(math);
+      cu::set_conv2d_launch_elements(c.launch_elements);
+      Stream stream;
+      std::vector<float> got = dw0;
+      const std::size_t before = emu::launches();
+      cu::conv2d_backward_weight(stream.s, sh, x.data(), dy.data(), got.data());
+      cu::set_conv2d_launch_elements(0);
+      CHECK(emu::launches() - before == 4u * std::size_t(c.parts));
+      // two slices of a part's 2048 tiles: U, V and 2 x 16 partial M's
+      const std::int64_t t = 2048, floats = 16 * (sh.out_channels * t + t * sh.in_channels + 2 * 3 * 2);
+      CHECK(stream.workspace.capacity() == std::size_t((floats * 4 + 63) / 64 * 64));
+      CHECK(bit_differences(got, want) == "");
+    }
+  }
+  MESSAGE("Winograd weight, exact: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+          " s");
 }
