@@ -114,6 +114,21 @@ std::vector<double> absolute(const std::vector<float>& v) {
   return a;
 }
 
+// ref::'s weight gradient of (x, dy) added to dw's initial values, and each element's sum of
+// |terms| (|initial dw| included): what the weight-gradient tests compare with.
+struct WeightExpected {
+  std::vector<float> values;
+  std::vector<double> magnitude;
+};
+WeightExpected expected_weight_gradient(const StreamHandle& s, const Conv2dShape& sh, const Buffer& x,
+                                        const Buffer& dy, const Buffer& dw) {
+  WeightExpected e{dw.initial(), absolute(dw.initial())};
+  ref::conv2d_backward_weight<float>(s, sh, x.data(), dy.data(), e.values.data());
+  const std::vector<double> ax = absolute(x.values()), ady = absolute(dy.values());
+  ref::conv2d_backward_weight<double>(s, sh, ax.data(), ady.data(), e.magnitude.data());
+  return e;
+}
+
 // The largest |got - want| / ((terms + 3) * 2^-24 * magnitude) over the elements (<= 1 passes).
 double error_in_bounds(const std::vector<float>& got, const std::vector<float>& want,
                        const std::vector<double>& magnitude, std::int64_t terms) {
@@ -231,12 +246,8 @@ TEST_CASE("emulated conv2d: backward weight accumulates, matching ref, with 1, 2
     const std::int64_t depth = sh.batch * sh.out_h() * sh.out_w();
     const Buffer x(sh.input_size(), seed, offset), dy(sh.output_size(), seed + 1, offset),
         dw(sh.weight_size(), seed + 2, offset);
-    std::vector<float> want = dw.initial();
-    ref::conv2d_backward_weight<float>(s, sh, x.data(), dy.data(), want.data());
-    // sum of |terms|, including the initial |dw|
-    std::vector<double> magnitude = absolute(dw.initial());
-    const std::vector<double> ax = absolute(x.values()), ady = absolute(dy.values());
-    ref::conv2d_backward_weight<double>(s, sh, ax.data(), ady.data(), magnitude.data());
+    // ref::'s dw and each element's sum of |terms|, including the initial |dw|
+    const auto [want, magnitude] = expected_weight_gradient(s, sh, x, dy, dw);
     // slices as asked, the first time through the public function (one slice for these shapes)
     for (const std::int64_t asked : {std::int64_t(0), std::int64_t(2), std::int64_t(3), std::int64_t(5)}) {
       if ((asked == 2 || asked == 5) && index % 3 != 0) continue;  // every third shape (emulation time)
@@ -285,11 +296,8 @@ TEST_CASE("emulated conv2d: backward weight splits a long sum by itself, determi
   const Conv2dShape sh{3, 2, 27, 27, 3, 1, 1, 1, 1, 0, 0};
   REQUIRE(tiling::weight_split_slices(sh) == 2);
   const Buffer x(sh.input_size(), 7, 1), dy(sh.output_size(), 8, 1), dw(sh.weight_size(), 9, 1);
-  std::vector<float> want = dw.initial();
-  ref::conv2d_backward_weight<float>(s, sh, x.data(), dy.data(), want.data());
-  std::vector<double> magnitude = absolute(dw.initial());
-  const std::vector<double> ax = absolute(x.values()), ady = absolute(dy.values());
-  ref::conv2d_backward_weight<double>(s, sh, ax.data(), ady.data(), magnitude.data());
+  // ref::'s dw and each element's sum of |terms|, including the initial |dw|
+  const auto [want, magnitude] = expected_weight_gradient(s, sh, x, dy, dw);
   const std::size_t before = emu::launches();
   cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
   CHECK(emu::launches() - before == 2);
@@ -337,11 +345,8 @@ TEST_CASE("emulated conv2d: a batch over the 32-bit limit runs in parts, with th
   CHECK(y.guards_kept());
   CHECK(dx.guards_kept());
 
-  std::vector<float> want = dw.initial();
-  ref::conv2d_backward_weight<float>(s, sh, x.data(), dy.data(), want.data());
-  std::vector<double> magnitude = absolute(dw.initial());
-  const std::vector<double> ax = absolute(x.values()), ady = absolute(dy.values());
-  ref::conv2d_backward_weight<double>(s, sh, ax.data(), ady.data(), magnitude.data());
+  // ref::'s dw and each element's sum of |terms|, including the initial |dw|
+  const auto [want, magnitude] = expected_weight_gradient(s, sh, x, dy, dw);
   before = emu::launches();
   cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
   CHECK(emu::launches() - before == 3);
@@ -757,11 +762,8 @@ TEST_CASE("emulated conv2d: the Winograd weight gradient matches ref::, determin
     const StreamHandle& s = stream.s;
     seed += 10;
     const Buffer x(sh.input_size(), seed, 1), dy(sh.output_size(), seed + 1, 0), dw(sh.weight_size(), seed + 2, 1);
-    std::vector<float> want = dw.initial();
-    ref::conv2d_backward_weight<float>(s, sh, x.data(), dy.data(), want.data());
-    std::vector<double> magnitude = absolute(dw.initial());
-    const std::vector<double> ax = absolute(x.values()), ady = absolute(dy.values());
-    ref::conv2d_backward_weight<double>(s, sh, ax.data(), ady.data(), magnitude.data());
+    // ref::'s dw and each element's sum of |terms|, including the initial |dw|
+    const auto [want, magnitude] = expected_weight_gradient(s, sh, x, dy, dw);
     const std::size_t before = emu::launches();
     cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
     const std::int64_t tiles_per_image = tiling::ceil_div(sh.out_h(), 2) * tiling::ceil_div(sh.out_w(), 2);
@@ -790,11 +792,8 @@ TEST_CASE("emulated conv2d: the Winograd weight gradient matches ref::, determin
     Stream stream;
     const StreamHandle& s = stream.s;
     const Buffer x(sh.input_size(), 41, 1), dy(sh.output_size(), 42, 0), dw(sh.weight_size(), 43, 1);
-    std::vector<float> want = dw.initial();
-    ref::conv2d_backward_weight<float>(s, sh, x.data(), dy.data(), want.data());
-    std::vector<double> magnitude = absolute(dw.initial());
-    const std::vector<double> ax = absolute(x.values()), ady = absolute(dy.values());
-    ref::conv2d_backward_weight<double>(s, sh, ax.data(), ady.data(), magnitude.data());
+    // ref::'s dw and each element's sum of |terms|, including the initial |dw|
+    const auto [want, magnitude] = expected_weight_gradient(s, sh, x, dy, dw);
     cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
     CHECK(emu::last_launch().kernel == std::string("conv2d_backward_weight_winograd_output"));
     const std::vector<float> tf32_got = dw.values();
