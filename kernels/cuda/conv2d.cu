@@ -1202,15 +1202,11 @@ std::int64_t winograd_image_bytes(const Conv2dShape& shape) {
   return 16 * (shape.out_channels + shape.in_channels) * std::int64_t(winograd_tiles(shape).per_image) * 4;
 }
 
-// The split of a part's tiles: as weight_split_slices, on 16 products of O x C (at least 1024
-// tiles a slice, at most 64 slices or what makes about 1024 blocks of 64 x 64, the partials at most
-// 64 MiB); from the shape alone.
+// The split of a part's tiles: the direct weight gradient's rule (tiling::weight_split) on 16
+// products of O x C, from the shape alone.
 tiling::SplitK winograd_split(std::int64_t tiles, std::int64_t o_count, std::int64_t c_count) {
   const std::int64_t blocks = 16 * tiling::ceil_div(o_count, tiling::kTileM) * tiling::ceil_div(c_count, tiling::kTileN);
-  std::int64_t wanted = std::clamp<std::int64_t>(tiles / tiling::kWeightSliceMinK, 1, tiling::kWeightMaxSlices);
-  wanted = std::min(wanted, std::max<std::int64_t>(1, tiling::kWeightTargetBlocks / blocks));
-  wanted = std::min(wanted, std::max<std::int64_t>(1, tiling::kWeightMaxPartialBytes / (16 * o_count * c_count * 4)));
-  return tiling::split_k(tiles, wanted);
+  return tiling::weight_split(tiles, blocks, 16 * o_count * c_count * std::int64_t(sizeof(float)));
 }
 
 void winograd_weight_launch(const StreamHandle& s, const Conv2dShape& shape, const float* x, const float* dy,
@@ -1257,7 +1253,8 @@ bool winograd_weight_applies(const Conv2dShape& shape) {
          shape.kernel_h == 3 && shape.kernel_w == 3 && shape.stride_h == 1 && shape.stride_w == 1 &&
          shape.pad_h == 1 && shape.pad_w == 1 && winograd_image_bytes(shape) <= kWinogradOperandBytes &&
          16 * shape.out_channels * shape.in_channels * std::int64_t(sizeof(float)) <= tiling::kWeightMaxPartialBytes &&
-         std::max(shape.out_channels, shape.in_channels) * winograd_tiles(shape).per_image <= launch_element_limit.load();
+         std::max(shape.out_channels, shape.in_channels) * winograd_tiles(shape).per_image <=
+             launch_element_limit.load();
 }
 
 }  // namespace

@@ -409,15 +409,21 @@ inline constexpr std::int64_t kWeightMaxSlices = 64;
 inline constexpr std::int64_t kWeightTargetBlocks = 1024;
 inline constexpr std::int64_t kWeightMaxPartialBytes = std::int64_t(64) << 20;
 
-inline std::int64_t weight_split_slices(const Conv2dShape& s) {
-  const std::int64_t k = s.batch * s.out_h() * s.out_w();
-  const std::int64_t n = s.in_channels * s.kernel_h * s.kernel_w;
-  const std::int64_t tiles = ceil_div(s.out_channels, kTileM) * ceil_div(n, kTileN);
+// The rule for a sum of k terms into outputs that take `tiles` 64 x 64 tiles and `slice_bytes`
+// of partials per slice (the direct weight gradient here; the Winograd one's 16 products in
+// conv2d.cu).
+inline SplitK weight_split(std::int64_t k, std::int64_t tiles, std::int64_t slice_bytes) {
   std::int64_t wanted = std::clamp<std::int64_t>(k / kWeightSliceMinK, 1, kWeightMaxSlices);
   wanted = std::min(wanted, std::max<std::int64_t>(1, kWeightTargetBlocks / std::max<std::int64_t>(tiles, 1)));
-  const std::int64_t weight_bytes = std::max<std::int64_t>(s.weight_size(), 1) * std::int64_t(sizeof(float));
-  wanted = std::min(wanted, std::max<std::int64_t>(1, kWeightMaxPartialBytes / weight_bytes));
-  return split_k(k, wanted).slices;
+  wanted = std::min(wanted, std::max<std::int64_t>(1, kWeightMaxPartialBytes / std::max<std::int64_t>(slice_bytes, 1)));
+  return split_k(k, wanted);
+}
+
+inline std::int64_t weight_split_slices(const Conv2dShape& s) {
+  const std::int64_t n = s.in_channels * s.kernel_h * s.kernel_w;
+  return weight_split(s.batch * s.out_h() * s.out_w(), ceil_div(s.out_channels, kTileM) * ceil_div(n, kTileN),
+                      s.weight_size() * std::int64_t(sizeof(float)))
+      .slices;
 }
 
 }  // namespace petra::kernels::cuda::conv2d_tiling
