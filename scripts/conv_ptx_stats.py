@@ -7,7 +7,7 @@ The machine that builds petra has nvcc and ptxas but no cuobjdump/nvdisasm and n
 to kernels/cuda/conv2d.cu cannot be timed or disassembled here. This prints, per kernel
 (implicit_gemm / implicit_gemm_tf32 x problem x tile), what its PTX says about the main K loop:
 the loop's instructions (one step; an inner k8 loop, where the TF32 kernels keep one, counted
-once), integer divisions and remainders (each a ~20-instruction subroutine in SASS), 64-bit
+once; the TF32 kernels with 16-byte A copies are rows "tf32v"), integer divisions and remainders (each a ~20-instruction subroutine in SASS), 64-bit
 comparisons, TF32 conversions (cvt.rna.tf32.f32: two SASS instructions on sm_90), shared loads
 and stores, and tensor-core products; and ptxas's registers and spills. PTX is not what the GPU
 runs (ptxas schedules, combines and expands it), so compare two versions of the source with each
@@ -74,8 +74,14 @@ def compile_source(build, base, tree, arch, mode, out):
 
 
 def kernel_key(name):
-    path = "tf32" if "implicit_gemm_tf32" in name else "fp32"
-    problem = re.search(r"(Forward|Data|Weight)Problem", name).group(1).lower()
+    """(path, problem, tile) of a mangled kernel name: path fp32, tf32, or tf32v (the TF32 kernel
+    with 16-byte A copies: its last template argument true, Lb1E); problem forward, data, weight
+    or winograd (WinogradWeightProblem, the opt-in weight gradient's GEMM)."""
+    path = "fp32"
+    if "implicit_gemm_tf32" in name:
+        path = "tf32v" if re.search(r"TileLayoutE1EEELb1E", name) else "tf32"
+    problem = re.search(r"\d+(Forward|Data|Weight|WinogradWeight)Problem", name).group(1).lower()
+    problem = "winograd" if problem == "winogradweight" else problem
     tile = "x".join(re.search(r"TileShapeILi(\d+)ELi(\d+)", name).groups())
     return (path, problem, tile)
 
@@ -181,8 +187,9 @@ def main():
         cells = []
         for c in COLUMNS:
             v = new[key].get(c, "-")
-            if old is not None:
-                v = f"{old.get(key, {}).get(c, '-')}>{v}"
+            if old is not None:  # a revision before the 16-byte A copies: its TF32 kernel for both
+                before = old.get(key) or old.get(("tf32",) + key[1:] if key[0] == "tf32v" else key, {})
+                v = f"{before.get(c, '-')}>{v}"
             cells.append(f"{v!s:>11}")
         print(f"{key[0]} {key[1]:<7} {key[2]:<8}" + " ".join(cells))
 

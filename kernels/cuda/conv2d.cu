@@ -57,16 +57,19 @@
 // double and rounds once. With S = 1 the tile adds into dw directly.
 //
 // The TF32 path (all three passes, when set_conv2d_math(Conv2dMath::tf32)): implicit_gemm_tf32, the
-// same gather into shared tiles of the same shapes (choose_tile's; rows padded by 8 floats and B's
-// columns in fragment order, conv2d_tiling's Tf32Tile), each value rounded to TF32 (a 10-bit
-// mantissa), B's in the tile once it has landed and A's as they are loaded into a fragment, and
-// each of the 8 warps
-// multiplies its piece of the tile (16 x 32 to 32 x 64, conv2d_tiling::WarpLayout) on the tensor
-// cores (mma.m16n8k8 .tf32, FP32 accumulation, fragments read from the tiles with 8- and 16-byte
-// loads in Tf32Fragment's row order and tf32_b_slot's column order), then stores its accumulators
-// from the registers. The tensor-core instructions are confined to one small struct,
-// WarpTileTf32; under the emulation (and below sm_80) its twin does the same math element by
-// element: fmaf(tf32_round(a), b already rounded in the tile, acc).
+// same gather into shared tiles of the same sizes (choose_tile's) but laid out for the tensor cores
+// (conv2d_tiling's Tf32Tile): A as it is, a_tile[m][k] (a row's 16 k contiguous), B's rows in
+// tf32_b_row's order and its columns in tf32_b_slot's. Where A's rows are contiguous in k and
+// aligned (the forward's weights and the weight gradient's dy, on most shapes), A comes in 16-byte
+// copies of four k (a quarter of the copies). Each thread rounds the values it copied to TF32 in
+// the tile, once, after they land (tf32_operand: half a unit added to the bits, the tensor cores
+// truncating the rest); each of the 8 warps multiplies its piece of the tile (16 x 32 to 32 x 64,
+// conv2d_tiling::WarpLayout) on the tensor cores (mma.m16n8k8 .tf32, FP32 accumulation; a lane's
+// four k of an A row one 16-byte load, feeding the two k8 steps of a K step, tf32_step_k; B's
+// fragments of four columns one 16-byte load), then stores its accumulators from the registers.
+// The tensor-core instructions are confined to one small struct, WarpTileTf32; under the emulation
+// (and below sm_80) its twin does the same math element by element: fmaf(a, b, acc) over k in
+// order, a and b as the tiles hold them (rounded).
 //
 // The bias gradient: blocks of (out-channel, slice) add fixed strided parts of the channel's
 // batch*plane values in double (each with cuda_detail::block_sum's fixed tree), and one warp per
@@ -141,6 +144,9 @@ struct alignas(16) KEntry {  // 16-byte aligned: one 128-bit shared load per ent
   Index i, j;  // coordinates for the bounds checks, problem-specific
 };
 
+// Whether p is 16-byte aligned (the host's test for the TF32 path's 16-byte A copies).
+inline bool aligned16(const float* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
 // 0 <= v < extent, in one comparison (extent < 2^31).
 __device__ inline bool inside(Index v, std::int64_t extent) { return std::uint32_t(v) < std::uint32_t(extent); }
 
@@ -179,6 +185,10 @@ struct ForwardProblem {
   }
   __device__ const float* a_data() const { return w; }
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return r.w_row + e.a; }
+  // A's k of a row are consecutive floats (a weight row), so four of them from a multiple of 4
+  // are one 16-byte copy where every row starts aligned (TileGather's kVectorA).
+  static constexpr bool kVectorA = true;
+  bool vector_a_allowed() const { return aligned16(w) && g.in_channels * g.taps() % 4 == 0; }
   __device__ const float* b_data() const { return x; }
   __device__ bool b_inside(const Column& c, const KEntry& e) const {
     return inside(c.h0 + e.i, g.in_h) & inside(c.w0 + e.j, g.in_w);
@@ -267,6 +277,9 @@ struct DataProblem {
   }
   __device__ const float* a_data() const { return w; }
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return e.a + r.w_channel; }
+  // A's k of a row are a weight's taps across out-channels, apart in memory: scalar copies.
+  static constexpr bool kVectorA = false;
+  bool vector_a_allowed() const { return false; }
   __device__ const float* b_data() const { return dy; }
   __device__ bool b_inside(const Column& c, const KEntry& e) const {
     return inside(c.oh0 - e.i, g.out_h) & inside(c.ow0 - e.j, g.out_w);
@@ -338,6 +351,11 @@ struct WeightProblem {
   }
   __device__ const float* a_data() const { return dy; }
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return e.a + r.dy_channel; }
+  // A's k of a row are an out-channel's output pixels, sample after sample: four from a multiple
+  // of 4 (the slices begin at multiples of kTileK) are consecutive floats of one sample, and one
+  // aligned 16-byte copy, where the plane is a multiple of 4 and dy aligned (TileGather's kVectorA).
+  static constexpr bool kVectorA = true;
+  bool vector_a_allowed() const { return aligned16(dy) && g.out_plane() % 4 == 0; }
   __device__ const float* b_data() const { return x; }
   __device__ bool b_inside(const Column& c, const KEntry& e) const {
     return inside(e.i + c.i, g.in_h) & inside(e.j + c.j, g.in_w);
@@ -402,6 +420,9 @@ struct WinogradWeightProblem {
   __device__ KEntry k_entry_at(Index k, const tiling::Digits& /*d*/) const { return {k, k * c_count, 0, 0}; }
   __device__ const float* a_data() const { return u; }
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return r.u_row + e.a; }
+  // A's k of a row are consecutive floats of U_e's row: 16-byte copies where T is a multiple of 4.
+  static constexpr bool kVectorA = true;
+  bool vector_a_allowed() const { return aligned16(u) && t_count % 4 == 0; }
   __device__ const float* b_data() const { return v; }
   __device__ bool b_inside(const Column& /*c*/, const KEntry& /*e*/) const { return true; }
   __device__ Index b_offset(const Column& c, const KEntry& e) const { return e.b + c.v_column; }
@@ -456,13 +477,15 @@ __device__ void write_k_step(const Problem& p, int t, Index k0, Index k_end, KCu
   }
 }
 
-// x rounded to TF32 as the tensor cores' conversion does (cvt.rna.tf32.f32; conv2d_tiling's
-// tf32_round is the same function on the host and below sm_80).
-__device__ inline float to_tf32(float x) {
+// x as a TF32 operand of the tensor cores, rounded to nearest (ties away from zero, as
+// cvt.rna.tf32.f32): on sm_80 and newer its bits plus half a TF32 unit in the last place where it
+// is finite (conv2d_tiling::tf32_operand_bits: the mma reads only the 19 leading bits, which are
+// then the rounded value's; two instructions where cvt.rna is three), below sm_80 and under the
+// emulation the rounded value itself (tf32_round), which the twin multiplies. Only the tensor
+// cores read the result.
+__device__ inline float tf32_operand(float x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  std::uint32_t bits;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(x));
-  return __uint_as_float(bits);
+  return isfinite(x) ? __uint_as_float(__float_as_uint(x) + 0x1000u) : x;
 #else
   return tiling::tf32_round(x);
 #endif
@@ -482,6 +505,16 @@ __device__ inline void copy_async(float* shared_dst, const float* src, bool ok) 
   *shared_dst = ok ? *src : 0.0f;
 #endif
 }
+// The same for 16 bytes: shared_dst[i] = i < floats ? src[i] : 0 for i < 4 (floats <= 4; the
+// copy reads the first `floats` and fills the rest with zeros). Both addresses 16-byte aligned.
+__device__ inline void copy_async16(float* shared_dst, const float* src, int floats) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(4 * floats));
+#else
+  for (int i = 0; i < 4; ++i) shared_dst[i] = i < floats ? src[i] : 0.0f;
+#endif
+}
 __device__ inline void copy_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::);
@@ -496,11 +529,17 @@ __device__ inline void copy_wait() {
 
 // One thread's part of gathering the tiles: the A rows and the B column it loads, decomposed
 // once (Tile::a_load, b_load); issue() starts the copies of its values of one K step into one
-// stage of the shared tiles.
-template <class Problem, class Tile>
+// stage of the shared tiles. kVectorA (the TF32 layout, where the problem's A rows allow it:
+// Problem::kVectorA and vector_a_allowed): A in 16-byte copies of four consecutive k
+// (Tile::a_vector_load), a quarter of the copies, from kVectorLoadsA rows.
+template <class Problem, class Tile, bool kVectorA = false>
 struct TileGather {
-  typename Problem::Row rows[Tile::kLoadsA];
-  bool row_valid[Tile::kLoadsA];
+  static_assert(!kVectorA || (Tile::kTf32 && Problem::kVectorA), "16-byte A copies: a_tile[m][k], rows contiguous in k");
+  static constexpr int kRowsA = kVectorA ? Tile::kVectorLoadsA : Tile::kLoadsA;
+  // the tile row of the thread's A row q
+  PETRA_HOST_DEVICE static constexpr int a_row_of(int t, int q) { return kVectorA ? Tile::a_vector_load(t, q).mn : Tile::a_load(t, q).mn; }
+  typename Problem::Row rows[kRowsA];
+  bool row_valid[kRowsA];
   typename Problem::Column column;
   bool column_valid;
 
@@ -508,8 +547,8 @@ struct TileGather {
     // In 32 bits (M < 2^31): nvcc recomputes these inside the K loop rather than hold them in
     // registers, and in 64 bits that was 6 instructions per A value per step.
 PETRA_UNROLL
-    for (int q = 0; q < Tile::kLoadsA; ++q) {
-      const Index m = Index(m0) + Tile::a_load(t, q).mn;
+    for (int q = 0; q < kRowsA; ++q) {
+      const Index m = Index(m0) + a_row_of(t, q);
       row_valid[q] = m < Index(p.rows());
       rows[q] = p.row(row_valid[q] ? m : 0);
     }
@@ -526,16 +565,28 @@ PETRA_UNROLL
   // nvcc compiled the conditional loads before run 9, they went one after another).
   __device__ void issue(const Problem& p, int t, Index k_left, const KEntry* entry, float (*a_tile)[Tile::kLdA],
                         float (*b_tile)[Tile::kLdB]) const {
-    // A thread's A values of a step share their k (Tile::a_load), hence one table entry.
-    const int a_k = Tile::a_load(t, 0).k;
+    // A thread's A values of a step share their k (Tile::a_load), hence one table entry; with
+    // kVectorA the entry of its four k's first, the four in a row of A (Problem::kVectorA), of
+    // which those before k_end are copied.
+    const int a_k = kVectorA ? Tile::a_vector_load(t, 0).k : Tile::a_load(t, 0).k;
     const KEntry a_entry = entry[a_k];
-    const bool a_k_inside = a_k < k_left;
     const float* a_data = p.a_data();
+    if constexpr (kVectorA) {
+      const int a_floats = k_left - a_k >= 4 ? 4 : (k_left > a_k ? int(k_left - a_k) : 0);
 PETRA_UNROLL
-    for (int q = 0; q < Tile::kLoadsA; ++q) {
-      const tiling::TileCoordinate at = Tile::a_load(t, q);
-      const bool ok = a_k_inside & row_valid[q];
-      copy_async(&a_tile[at.k][at.mn], a_data + (ok ? p.a_offset(rows[q], a_entry) : 0), ok);
+      for (int q = 0; q < kRowsA; ++q) {
+        const int floats = row_valid[q] ? a_floats : 0;
+        copy_async16(&a_tile[a_row_of(t, q)][a_k], a_data + (floats > 0 ? p.a_offset(rows[q], a_entry) : 0), floats);
+      }
+    } else {
+      const bool a_k_inside = a_k < k_left;
+PETRA_UNROLL
+      for (int q = 0; q < kRowsA; ++q) {
+        const tiling::TileCoordinate at = Tile::a_load(t, q);
+        const bool ok = a_k_inside & row_valid[q];
+        copy_async(&a_tile[Tile::a_row(at.mn, at.k)][Tile::a_column(at.mn, at.k)],
+                   a_data + (ok ? p.a_offset(rows[q], a_entry) : 0), ok);
+      }
     }
     const float* b_data = p.b_data();
 PETRA_UNROLL
@@ -543,24 +594,39 @@ PETRA_UNROLL
       const tiling::TileCoordinate at = Tile::b_load(t, q);
       const KEntry e = entry[at.k];
       const bool ok = column_valid & (at.k < k_left) & p.b_inside(column, e);
-      copy_async(&b_tile[at.k][Tile::b_slot(at.mn)], b_data + (ok ? p.b_offset(column, e) : 0), ok);
+      copy_async(&b_tile[Tile::b_load_row(t, q)][Tile::b_slot(at.mn)], b_data + (ok ? p.b_offset(column, e) : 0),
+                 ok);
     }
   }
 
-  // The TF32 path: rounds to TF32, in place, the B values this thread copied into a stage, once
-  // they have landed (after copy_wait, before the barrier that shows them to the block). Each B
-  // value is read by the kWarpsM warps of a column of pieces (2 or 4); rounded here, once, instead
-  // of by each of them after its fragment load (the copies cannot round: they bypass the
-  // registers), it costs a thread kLoadsB loads, roundings and stores per step where the fragments
-  // cost each lane 2 FN x 2 roundings (FN fragments, two k per k8 step). A's values, read by two
-  // warps but with 4-way bank conflicts here (K consecutive threads share a row), stay rounded at
-  // their fragment load.
-  __device__ void round_b_to_tf32(int t, float (*b_tile)[Tile::kLdB]) const {
+  // The TF32 path: rounds to TF32 (tf32_operand), in place, the A and B values this thread copied
+  // into a stage, once they have landed (after copy_wait, before the barrier that shows them to the
+  // block). Each value is read by the warps of a row or a column of pieces (2 or 4); rounded here,
+  // once, instead of by each of them after its fragment load (the copies cannot round: they bypass
+  // the registers). Per step a thread's kLoadsA + kLoadsB loads, roundings and stores, where the
+  // fragments cost each lane 4 FM + 2 FN roundings per k8 step. The thread's copies of a k are 16
+  // consecutive floats of a row of a warp's two rows (A) or 32 consecutive slots of one row (B):
+  // 32 banks either way.
+  __device__ void round_to_tf32(int t, float (*a_tile)[Tile::kLdA], float (*b_tile)[Tile::kLdB]) const {
+    if constexpr (kVectorA) {
+PETRA_UNROLL
+      for (int q = 0; q < kRowsA; ++q) {
+        float4& v = *reinterpret_cast<float4*>(&a_tile[a_row_of(t, q)][Tile::a_vector_load(t, q).k]);
+        const float4 r = v;
+        v = make_float4(tf32_operand(r.x), tf32_operand(r.y), tf32_operand(r.z), tf32_operand(r.w));
+      }
+    } else {
+PETRA_UNROLL
+      for (int q = 0; q < kRowsA; ++q) {
+        const tiling::TileCoordinate at = Tile::a_load(t, q);
+        float& v = a_tile[Tile::a_row(at.mn, at.k)][Tile::a_column(at.mn, at.k)];
+        v = tf32_operand(v);
+      }
+    }
 PETRA_UNROLL
     for (int q = 0; q < Tile::kLoadsB; ++q) {
-      const tiling::TileCoordinate at = Tile::b_load(t, q);
-      float& v = b_tile[at.k][Tile::b_slot(at.mn)];
-      v = to_tf32(v);
+      float& v = b_tile[Tile::b_load_row(t, q)][Tile::b_slot(Tile::b_load(t, q).mn)];
+      v = tf32_operand(v);
     }
   }
 };
@@ -635,21 +701,21 @@ PETRA_UNROLL
 // The K loop both kernels share, a pipeline of Tile::kStages stages of the shared tiles: while
 // the block multiplies step i out of stage i % S, the copies of steps i + 1 .. i + S - 1 are in
 // flight into the other stages. Per step i:
-//   wait for this thread's copies of step i (the TF32 path then rounds its B values of them in
-//   place, TileGather::round_b_to_tf32); barrier (all threads' copies visible, and everyone
+//   wait for this thread's copies of step i (the TF32 path then rounds them in place,
+//   TileGather::round_to_tf32); barrier (all threads' copies visible, and everyone
 //   done with step i - 1's stage and table); issue the copies of step i + S - 1 into the stage
 //   step i - 1 used; threads 0..K-1 decompose step i + S's k into the other table; multiply
 //   step i.
 // One barrier per step (two before run 11, when the values went through registers). Every thread
 // commits one group of copies per step, empty past the last step, so copy_wait<S - 2> always
 // means "step i has landed". A table is rewritten one step after its last reader, across a barrier.
-template <class Tile, class Problem, class Multiply>
+template <class Tile, bool kVectorA, class Problem, class Multiply>
 __device__ void k_loop(const Problem& p, int t, std::int64_t m0, std::int64_t n0, Index k_begin, Index k_end,
-                       float (*a_tile)[Tile::kK][Tile::kLdA], float (*b_tile)[Tile::kK][Tile::kLdB],
+                       float (*a_tile)[Tile::kARows][Tile::kLdA], float (*b_tile)[Tile::kK][Tile::kLdB],
                        KEntry (*table)[Tile::kK], Multiply multiply) {
   constexpr int S = Tile::kStages;
   if (k_begin >= k_end) return;
-  const TileGather<Problem, Tile> gather(p, t, m0, n0);
+  const TileGather<Problem, Tile, kVectorA> gather(p, t, m0, n0);
   const int steps = int(tiling::ceil_div(k_end - k_begin, Tile::kK));
   const auto k_of = [&](int step) { return k_begin + step * Tile::kK; };  // a step's first k
   // the valid k of step `step`: k_end - its first k (more than kK but in the last step)
@@ -666,7 +732,7 @@ PETRA_UNROLL
   }
   for (int step = 0; step < steps; ++step) {
     copy_wait<S - 2>();
-    if constexpr (Tile::kTf32) gather.round_b_to_tf32(t, b_tile[step % S]);
+    if constexpr (Tile::kTf32) gather.round_to_tf32(t, a_tile[step % S], b_tile[step % S]);
     __syncthreads();
     const int ahead = step + S - 1;
     if (ahead < steps) gather.issue(p, t, k_left(ahead), table[ahead % 2], a_tile[ahead % S], b_tile[ahead % S]);
@@ -696,7 +762,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, false>(
   // a_tile[stage][k][m] (A transposed) and b_tile[stage][k][n]: in the inner loop each thread
   // reads its groups of 4 consecutive a_tile values and of 4 consecutive b_tile values of a k as
   // one float4 each (rows of kLdA and kLdB floats keep every float4 16-byte aligned).
-  __shared__ __align__(32) float a_tile[Tile::kStages][Tile::kK][Tile::kLdA];
+  __shared__ __align__(32) float a_tile[Tile::kStages][Tile::kARows][Tile::kLdA];
   __shared__ __align__(32) float b_tile[Tile::kStages][Tile::kK][Tile::kLdB];
   __shared__ KEntry table[2][Tile::kK];
   const int t = int(threadIdx.x);
@@ -706,7 +772,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, false>(
 
   constexpr int kMicroM = Tile::kMicroM, kMicroN = Tile::kMicroN;
   float acc[kMicroM][kMicroN] = {};
-  k_loop<Tile>(p, t, m0, n0, Index(p.k_begin(blockIdx.z)), Index(p.k_end(blockIdx.z)), a_tile, b_tile, table,
+  k_loop<Tile, false>(p, t, m0, n0, Index(p.k_begin(blockIdx.z)), Index(p.k_end(blockIdx.z)), a_tile, b_tile, table,
                [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) {
 PETRA_UNROLL
                  for (int k = 0; k < Tile::kK; ++k) {
@@ -736,12 +802,12 @@ PETRA_UNROLL
 
 // A warp's FM x FN accumulators of 16 x 8 (its piece of the block's C tile, rows wm.., columns
 // wn.., conv2d_tiling::WarpLayout), in the registers of mma.m16n8k8's fragments: zero(), mma<K>()
-// adds A(wm.., 0..K) B(0..K, wn..) from the shared tiles, A's values rounded to TF32 as they are
-// loaded into a fragment (the A tile holds the FP32 values the asynchronous copies put there; the B
-// tile holds them rounded already, in tf32_b_slot's column order), with FP32 accumulation;
-// c[fm][fn][e] is then C(wm + Fragment::row(fm, e / 2, g), wn + Fragment::column(fn, t, e % 2)) for
-// lane 4 g + t. Every lane of the warp calls mma (it is warp-collective). The only code with
-// tensor-core instructions; below sm_80 and under the emulation it is the twin after it.
+// adds A(wm.., 0..K) B(0..K, wn..) from the shared tiles, whose values the gather rounded to TF32
+// (TileGather::round_to_tf32; A in a_tile[m][k], B in tf32_b_row's row and tf32_b_slot's column
+// order), with FP32 accumulation; c[fm][fn][e] is then C(wm + Fragment::row(fm, e / 2, g),
+// wn + Fragment::column(fn, t, e % 2)) for lane 4 g + t. Every lane of the warp calls mma (it is
+// warp-collective). The only code with tensor-core instructions; below sm_80 and under the
+// emulation it is the twin after it.
 template <int FM, int FN>
 struct WarpTileTf32Base {
   using Fragment = tiling::Tf32Fragment<FM>;  // which rows and columns a lane's elements are
@@ -757,53 +823,50 @@ PETRA_UNROLL
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-// Per k8 step, lane 4 g + t reads its 2 FM rows of A at k + t and at k + t + 4 as one float2 or
-// float4 each (Tf32Fragment puts them side by side), rounding each (cvt.rna.tf32.f32), and B's
-// column g of its FN fragments at the same two k as FN / 4 float4 each (tf32_b_slot puts them side
-// by side; they were rounded in the tile, TileGather::round_b_to_tf32): 2 + FN / 2 shared loads for
-// FM x FN products, each load's lanes on 32 different banks per wavefront (the tiles' rows are
-// padded by 8 floats). (Until run 9 this was WMMA m16n16k8, whose fragment loads nvcc emitted as
-// generic loads with their own address arithmetic, one per element: 3 loads per m16n8k8 product
-// on the 64 x 64 tile; 2.5 in runs 10-11, with B's columns loaded one float at a time; 1 now.)
-//
-// kRolled keeps the k8 steps of a K step a loop: unrolled, nvcc loads both steps' fragments
-// before the first product, which spilled 2-5 registers once B came in float4s in the kernels
-// compiled for two or three blocks per multiprocessor (blocks_per_sm: 128 or 80 registers).
+// Per 16 k, lane 4 g + t takes k = 4 t .. 4 t + 3 of its 2 FM rows (Fragment::row: g, g + 8 of
+// each fragment) as one float4 each, and feeds them to two k8 steps: k 4 t and 4 t + 1 as the
+// fragments' k t and t + 4 in the first, 4 t + 2 and 4 t + 3 in the second (the mma's k are any
+// 8 of the step's, if A's and B's agree: each step sums 8 distinct k, the two all 16). B's column
+// g of its FN fragments at those k is FN / 4 float4 per k (tf32_b_slot puts four fragments'
+// columns side by side, tf32_b_row the lane's k on rows t, t + 4, t + 8, t + 12). So per 16 k:
+// 2 FM + FN shared loads for 2 FM FN products, each load's lanes on 32 different banks per
+// quarter-warp, and no rounding (the gather rounded the tiles). (Until run 9 this was WMMA
+// m16n16k8, whose fragment loads nvcc emitted as generic loads, one per element; until run 11 the
+// A tile was a_tile[k][m] and each warp rounded its A values again at every fragment load.)
 template <int FM, int FN>
 struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
-  using Rows = std::conditional_t<FM == 1, float2, float4>;
   static_assert(FN % 4 == 0, "B's fragments are loaded four at a time (tf32_b_slot)");
   template <int K, bool kRolled, int LdA, int LdB>
   __device__ void mma(const float (*a_tile)[LdA], const float (*b_tile)[LdB], int wm, int wn) {
+    static_assert(K == 16 && LdA == 16, "a_tile[m][k]: one K step of 16 k per row");
+    const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+    // rows[fm][s]: k 4 t .. 4 t + 3 of fragment fm's row 8 s + g
+    float4 rows[FM][2];
+PETRA_UNROLL
+    for (int fm = 0; fm < FM; ++fm)
+PETRA_UNROLL
+      for (int s = 0; s < 2; ++s)
+        rows[fm][s] = *reinterpret_cast<const float4*>(&a_tile[wm + WarpTileTf32Base<FM, FN>::Fragment::row(fm, s, g)][4 * t]);
     if constexpr (kRolled) {
 PETRA_NO_UNROLL
-      for (int k = 0; k < K; k += 8) mma_k8(a_tile, b_tile, wm, wn, k);
+      for (int h = 0; h < 2; ++h) mma_k8(rows, b_tile, wn, t, g, h);
     } else {
-PETRA_UNROLL
-      for (int k = 0; k < K; k += 8) mma_k8(a_tile, b_tile, wm, wn, k);
+      mma_k8(rows, b_tile, wn, t, g, 0);
+      mma_k8(rows, b_tile, wn, t, g, 1);
     }
   }
-  // The products of one k8 step, k .. k + 7.
-  template <int LdA, int LdB>
-  __device__ __forceinline__ void mma_k8(const float (*a_tile)[LdA], const float (*b_tile)[LdB], int wm, int wn,
-                                         int k) {
-    const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
-    // rows Fragment::row(fm, s, g) = first + 2 fm + s, side by side
-    const int first = wm + WarpTileTf32Base<FM, FN>::Fragment::row(0, 0, g);
-    const Rows low = *reinterpret_cast<const Rows*>(&a_tile[k + t][first]);
-    const Rows high = *reinterpret_cast<const Rows*>(&a_tile[k + t + 4][first]);
-    float low_rows[2 * FM], high_rows[2 * FM];
-PETRA_UNROLL
-    for (int i = 0; i < 2 * FM; ++i) {
-      low_rows[i] = to_tf32(reinterpret_cast<const float*>(&low)[i]);
-      high_rows[i] = to_tf32(reinterpret_cast<const float*>(&high)[i]);
-    }
-    // fragments 4 j .. 4 j + 3: tile columns wn + 8 fn + g, at slots wn + 32 j + 4 g ..
+  // The products of k8 step h (0 or 1) of the 16: k 4 t + 2 h and 4 t + 2 h + 1 of lane t.
+  template <int LdB>
+  __device__ __forceinline__ void mma_k8(const float4 (&rows)[FM][2], const float (*b_tile)[LdB], int wn, int t,
+                                         int g, int h) {
+    // fragments 4 j .. 4 j + 3: tile columns wn + 8 fn + g, at slots wn + 32 j + 4 g
     float4 low_columns[FN / 4], high_columns[FN / 4];
+    const float* low_row = b_tile[tiling::tf32_step_b_row(t, h, 0)];  // tf32_b_row(tf32_step_k(t, h, 0))
+    const float* high_row = b_tile[tiling::tf32_step_b_row(t, h, 1)];
 PETRA_UNROLL
     for (int j = 0; j < FN / 4; ++j) {
-      low_columns[j] = *reinterpret_cast<const float4*>(&b_tile[k + t][wn + 32 * j + 4 * g]);
-      high_columns[j] = *reinterpret_cast<const float4*>(&b_tile[k + t + 4][wn + 32 * j + 4 * g]);
+      low_columns[j] = *reinterpret_cast<const float4*>(&low_row[wn + 32 * j + 4 * g]);
+      high_columns[j] = *reinterpret_cast<const float4*>(&high_row[wn + 32 * j + 4 * g]);
     }
 PETRA_UNROLL
     for (int fn = 0; fn < FN; ++fn) {
@@ -811,26 +874,32 @@ PETRA_UNROLL
       const std::uint32_t b1 = __float_as_uint(reinterpret_cast<const float*>(&high_columns[fn / 4])[fn % 4]);
 PETRA_UNROLL
       for (int fm = 0; fm < FM; ++fm) {
+        // A's elements: (row g, k t), (row g + 8, k t), (row g, k t + 4), (row g + 8, k t + 4), k t
+        // and t + 4 being the row's float4 elements tf32_step_k(t, h, 0 or 1) - 4 t: 2 h, 2 h + 1
+        const float4& top = rows[fm][0];
+        const float4& bottom = rows[fm][1];
+        const float a0 = h == 0 ? top.x : top.z, a2 = h == 0 ? top.y : top.w;
+        const float a1 = h == 0 ? bottom.x : bottom.z, a3 = h == 0 ? bottom.y : bottom.w;
         float* d = this->c[fm][fn];
         asm volatile(
             "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
             "{%0, %1, %2, %3};\n"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(__float_as_uint(low_rows[2 * fm])), "r"(__float_as_uint(low_rows[2 * fm + 1])),
-              "r"(__float_as_uint(high_rows[2 * fm])), "r"(__float_as_uint(high_rows[2 * fm + 1])), "r"(b0),
-              "r"(b1));
+            : "r"(__float_as_uint(a0)), "r"(__float_as_uint(a1)), "r"(__float_as_uint(a2)), "r"(__float_as_uint(a3)),
+              "r"(b0), "r"(b1));
       }
     }
   }
 };
 #else
 // The emulated twin (also valid CUDA): each of the lane's accumulator elements adds, k in order,
-// fmaf(tf32(A), B, acc) over the rows and columns Tf32Fragment assigns it, B read at tf32_b_slot
-// and taken as it is in the tile (rounded there by the gather, as the real path takes it): TF32
-// inputs, FP32 accumulation. The tensor cores' internal order of a k8 step is not specified, so a
-// GPU's bits may differ from these; the emulated test holds the twin to a host model bit for bit
-// and both to ref:: within TF32's error (and the GPU's test-cuda holds the real instructions to
-// ref::).
+// fmaf(A, B, acc) over the rows and columns Tf32Fragment assigns it, A and B read from the tiles
+// where the gather put them (a_tile[m][k]; tf32_b_row, tf32_b_slot), rounded there to TF32 as the
+// real path takes them: TF32 inputs, FP32 accumulation. The tensor cores' internal order of a k8
+// step, and which k the real path's steps take, are the hardware's and the kernel's, so a GPU's
+// bits may differ from these; the emulated test holds the twin to a host model bit for bit and
+// both to ref:: within TF32's error (and the GPU's test-cuda holds the real instructions to
+// ref::, and its rounding to an exact case).
 template <int FM, int FN>
 struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
   using Fragment = typename WarpTileTf32Base<FM, FN>::Fragment;
@@ -844,7 +913,7 @@ struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
           const int row = wm + Fragment::row(fm, e / 2, g), column = wn + Fragment::column(fn, t, e % 2);
           float v = this->c[fm][fn][e];
           for (int k = 0; k < K; ++k)
-            v = fmaf(tiling::tf32_round(a_tile[k][row]), b_tile[k][tiling::tf32_b_slot(column)], v);
+            v = fmaf(a_tile[row][k], b_tile[tiling::tf32_b_row(k)][tiling::tf32_b_slot(column)], v);
           this->c[fm][fn][e] = v;
         }
     __syncwarp();
@@ -852,20 +921,21 @@ struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
 };
 #endif
 
-// implicit_gemm with the multiply on the tensor cores: the same gather into the same shared
-// tiles (rows padded by 8 floats); each warp accumulates its piece in mma.m16n8k8 fragments
+// implicit_gemm with the multiply on the tensor cores: the same gather into the TF32 layout's
+// tiles (A as a_tile[m][k]; in 16-byte copies with kVectorA, where the problem's A rows allow
+// them: kernel_with), rounded there; each warp accumulates its piece in mma.m16n8k8 fragments
 // (conv2d_tiling::WarpLayout, Tf32Fragment) and at the end stores them straight from its
 // registers: each lane's 2 FM rows and 2 FN columns decomposed once. Deterministic too: a fixed
 // sequence of mma per warp. The three passes use it under TF32 (choose_tile's tile unless
 // set_conv2d_tile forces another; choose_kernel). Registers: blocks_per_sm.
-template <class Problem, class Tile>
+template <class Problem, class Tile, bool kVectorA>
 __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, true>())
     implicit_gemm_tf32(Problem whole) {
   static_assert(Tile::kTf32, "WarpTileTf32 reads B at tf32_b_slot: the TF32 layout's tiles only");
   using Warps = tiling::WarpLayout<Tile>;
   using Fragment = tiling::Tf32Fragment<Warps::kFragmentsM>;
   constexpr int FM = Warps::kFragmentsM, FN = Warps::kFragmentsN;
-  __shared__ __align__(32) float a_tile[Tile::kStages][Tile::kK][Tile::kLdA];
+  __shared__ __align__(32) float a_tile[Tile::kStages][Tile::kARows][Tile::kLdA];
   __shared__ __align__(32) float b_tile[Tile::kStages][Tile::kK][Tile::kLdB];
   __shared__ KEntry table[2][Tile::kK];
   const int t = int(threadIdx.x), warp = t / 32, lane = t % 32;
@@ -874,12 +944,15 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, true>()
   const Problem p = whole.in_slice(blockIdx.z);
   if (n0 >= p.columns()) return;
 
-  // Where the registers are budgeted for two or three blocks per multiprocessor, the k8 steps stay
-  // a loop (WarpTileTf32).
-  constexpr bool kRolledK8 = blocks_per_sm<Problem, Tile, true>() >= 2;
+  // The kernels with scalar A copies (a row per A value: four times the rows of kVectorA) compiled
+  // for two or three blocks per multiprocessor keep the two k8 steps a loop (WarpTileTf32):
+  // unrolled, nvcc loads both steps' B fragments before the first product, and the backward
+  // data's (with its stride classes) and the forward's 64 x 64 spilled at their 128 or 80
+  // registers.
+  constexpr bool kRolledK8 = !kVectorA && blocks_per_sm<Problem, Tile, true>() >= 2;
   WarpTileTf32<FM, FN> acc;
   acc.zero();
-  k_loop<Tile>(p, t, m0, n0, Index(p.k_begin(blockIdx.z)), Index(p.k_end(blockIdx.z)), a_tile, b_tile, table,
+  k_loop<Tile, kVectorA>(p, t, m0, n0, Index(p.k_begin(blockIdx.z)), Index(p.k_end(blockIdx.z)), a_tile, b_tile, table,
                [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) {
                  acc.template mma<Tile::kK, kRolledK8>(as, bs, wm, wn);
                });
@@ -990,42 +1063,48 @@ void for_each_batch_part(const Conv2dShape& shape, Launch launch) {
   }
 }
 
-// The FP32 or tensor-core kernel of a tile.
+// The FP32 or tensor-core kernel of a tile; the tensor-core one with 16-byte A copies where the
+// problem's A allows them (vector_a: Problem::kVectorA and its vector_a_allowed()).
 template <class Problem, bool tf32, class Tile>
-KernelChoice<Problem> kernel_with(const char* name) {
-  if constexpr (tf32) return {implicit_gemm_tf32<Problem, Tile>, Tile::kM, Tile::kN, name};
+KernelChoice<Problem> kernel_with(const char* name, bool vector_a) {
+  if constexpr (tf32 && Problem::kVectorA) {
+    if (vector_a) return {implicit_gemm_tf32<Problem, Tile, true>, Tile::kM, Tile::kN, name};
+  }
+  if constexpr (tf32) return {implicit_gemm_tf32<Problem, Tile, false>, Tile::kM, Tile::kN, name};
   else return {implicit_gemm<Problem, Tile>, Tile::kM, Tile::kN, name};
 }
-// The FP32 path's tiles and the TF32 path's (conv2d_tiling.cuh, Tf32Tile: rows padded by 8).
+// The FP32 path's tiles and the TF32 path's (conv2d_tiling.cuh, Tf32Tile).
 template <class Problem, bool tf32, int M, int N>
-KernelChoice<Problem> kernel_of_shape(const char* name) {
+KernelChoice<Problem> kernel_of_shape(const char* name, bool vector_a) {
   if constexpr (tf32)
-    return kernel_with<Problem, true, tiling::Tf32Tile<M, N>>(name);
+    return kernel_with<Problem, true, tiling::Tf32Tile<M, N>>(name, vector_a);
   else
-    return kernel_with<Problem, false, tiling::TileShape<M, N>>(name);
+    return kernel_with<Problem, false, tiling::TileShape<M, N>>(name, vector_a);
 }
 template <class Problem, bool tf32>
-KernelChoice<Problem> kernel_for(tiling::TileChoice tile, const char* name) {
+KernelChoice<Problem> kernel_for(tiling::TileChoice tile, const char* name, bool vector_a) {
   switch (tile) {
-    case tiling::TileChoice::k128x128: return kernel_of_shape<Problem, tf32, 128, 128>(name);
-    case tiling::TileChoice::k64x128: return kernel_of_shape<Problem, tf32, 64, 128>(name);
-    case tiling::TileChoice::k128x64: return kernel_of_shape<Problem, tf32, 128, 64>(name);
+    case tiling::TileChoice::k128x128: return kernel_of_shape<Problem, tf32, 128, 128>(name, vector_a);
+    case tiling::TileChoice::k64x128: return kernel_of_shape<Problem, tf32, 64, 128>(name, vector_a);
+    case tiling::TileChoice::k128x64: return kernel_of_shape<Problem, tf32, 128, 64>(name, vector_a);
     case tiling::TileChoice::k64x64: break;
   }
-  return kernel_of_shape<Problem, tf32, 64, 64>(name);
+  return kernel_of_shape<Problem, tf32, 64, 64>(name, vector_a);
 }
 
 // The pass's kernel for a product of rows x columns x layers under the current math and tile:
 // the FP32 or the tensor-core one, with the tile set_conv2d_tile forces or choose_tile picks. The
 // launch name is the same for every tile.
 template <class Problem>
-KernelChoice<Problem> choose_kernel(const char* fp32_name, const char* tf32_name, tiling::ConvPass pass,
-                                    std::int64_t rows, std::int64_t columns, std::int64_t layers) {
+KernelChoice<Problem> choose_kernel(const Problem& p, const char* fp32_name, const char* tf32_name,
+                                    tiling::ConvPass pass, std::int64_t rows, std::int64_t columns,
+                                    std::int64_t layers) {
   const int forced = conv_tile.load();
   const tiling::TileChoice tile =
       forced >= 0 ? tiling::TileChoice(forced) : tiling::choose_tile(pass, rows, columns, layers);
-  if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32) return kernel_for<Problem, true>(tile, tf32_name);
-  return kernel_for<Problem, false>(tile, fp32_name);
+  if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32)
+    return kernel_for<Problem, true>(tile, tf32_name, p.vector_a_allowed());
+  return kernel_for<Problem, false>(tile, fp32_name, false);
 }
 
 }  // namespace
@@ -1044,8 +1123,8 @@ void forward_launch(const StreamHandle& s, const Conv2dShape& shape, const float
                     const float* bias, float* y) {
   const ForwardProblem p{ConvGeometry::of(shape), x, w, bias, y};
   const std::int64_t columns = shape.batch * shape.out_h() * shape.out_w();
-  const auto k = choose_kernel<ForwardProblem>("conv2d_forward", "conv2d_forward_tf32", tiling::ConvPass::forward,
-                                               shape.out_channels, columns, 1);
+  const auto k = choose_kernel(p, "conv2d_forward", "conv2d_forward_tf32", tiling::ConvPass::forward,
+                               shape.out_channels, columns, 1);
   launch_gemm(s, k, p, shape.out_channels, columns, 1);
 }
 
@@ -1055,8 +1134,8 @@ void data_launch(const StreamHandle& s, const Conv2dShape& shape, const float* d
   const std::int64_t widest = shape.batch * tiling::ceil_div(shape.in_h, shape.stride_h) *
                               tiling::ceil_div(shape.in_w, shape.stride_w);
   const std::int64_t classes = shape.stride_h * shape.stride_w;
-  const auto k = choose_kernel<DataProblem>("conv2d_backward_data", "conv2d_backward_data_tf32", tiling::ConvPass::data,
-                                            shape.in_channels, widest, classes);
+  const auto k = choose_kernel(p, "conv2d_backward_data", "conv2d_backward_data_tf32", tiling::ConvPass::data,
+                               shape.in_channels, widest, classes);
   launch_gemm(s, k, p, shape.in_channels, widest, classes);
 }
 
@@ -1070,8 +1149,8 @@ void weight_launch(const StreamHandle& s, const Conv2dShape& shape, const float*
       split.slices > 1 ? static_cast<float*>(s.scratch(std::size_t(split.slices * size) * sizeof(float))) : nullptr;
   const WeightProblem p{ConvGeometry::of(shape), x, dy, dw, partials, split};
   const std::int64_t columns = shape.in_channels * shape.kernel_h * shape.kernel_w;
-  const auto k = choose_kernel<WeightProblem>("conv2d_backward_weight", "conv2d_backward_weight_tf32",
-                                              tiling::ConvPass::weight, shape.out_channels, columns, split.slices);
+  const auto k = choose_kernel(p, "conv2d_backward_weight", "conv2d_backward_weight_tf32", tiling::ConvPass::weight,
+                               shape.out_channels, columns, split.slices);
   launch_gemm(s, k, p, shape.out_channels, columns, split.slices);
   if (partials != nullptr)
     cuda_detail::launch_grid_stride("conv2d_backward_weight_sum", s, size, sum_weight_partials, size,
@@ -1237,9 +1316,8 @@ void winograd_weight_launch(const StreamHandle& s, const Conv2dShape& shape, con
                                     winograd_gradient_transform, g, tiles, Index(t_count),
                                     dy + b0 * o_count * shape.out_h() * shape.out_w(), u);
     const WinogradWeightProblem p{u, v, m, Index(o_count), Index(c_count), Index(t_count), split};
-    const auto k = choose_kernel<WinogradWeightProblem>("conv2d_backward_weight_winograd",
-                                                        "conv2d_backward_weight_winograd_tf32", tiling::ConvPass::weight,
-                                                        o_count, c_count, 16 * split.slices);
+    const auto k = choose_kernel(p, "conv2d_backward_weight_winograd", "conv2d_backward_weight_winograd_tf32",
+                                 tiling::ConvPass::weight, o_count, c_count, 16 * split.slices);
     launch_gemm(s, k, p, o_count, c_count, 16 * split.slices);
     cuda_detail::launch_grid_stride("conv2d_backward_weight_winograd_output", s, o_count * c_count,
                                     winograd_weight_output, Index(o_count), Index(c_count), Index(split.slices), m, dw);

@@ -23,7 +23,8 @@
 //     on by a K step without dividing again;
 //   - the block's tile shape and which tile elements each thread loads and computes (and, for the
 //     TF32 path, each warp);
-//   - tf32_round: the rounding of the tensor cores' TF32 inputs (the emulated mma uses it);
+//   - tf32_round: the rounding of the tensor cores' TF32 inputs (the emulated mma uses it), and
+//     tf32_operand_bits, the same rounding as the real kernels hand it to the tensor cores;
 //   - SplitK: K cut into fixed, tile-aligned slices (the deterministic split of the weight
 //     gradient), and weight_split_slices, the number of slices a shape gets.
 #pragma once
@@ -217,8 +218,24 @@ struct TileCoordinate {
 // only when read back through this same function.
 PETRA_HOST_DEVICE constexpr int tf32_b_slot(int n) { return (n & ~31) | ((n & 7) << 2) | ((n >> 3) & 3); }
 
-// The shared tiles' layout: the FP32 path's (rows padded by 4 floats, columns in order) or the
-// TF32 path's (rows padded by 8 floats for the fragment loads, B's columns in tf32_b_slot's order).
+// Which row of the TF32 path's b_tile holds B's k (b_tile[tf32_b_row(k)][...]): within each 16 k,
+// k = 4 t + u (t, u < 4) at row 4 u + t. The TF32 path's mma.m16n8k8 steps do not take a K step's
+// k in order: lane (g, t) supplies k = 4 t, 4 t + 1 (fragment k t and t + 4) in the first k8 step
+// of each 16 and 4 t + 2, 4 t + 3 in the second (WarpTileTf32), so that its four k of an A row are
+// one 16-byte load. Stored so, its B values at those k are rows t, t + 4, t + 8, t + 12: the lanes
+// of a load then sit on rows 8 banks apart, as when the rows were k's own. A 4 x 4 transpose, its
+// own inverse.
+PETRA_HOST_DEVICE constexpr int tf32_b_row(int k) { return (k & ~15) | ((k & 3) << 2) | ((k >> 2) & 3); }
+// The k of a K step of 16 that lane (g, t)'s fragment k t (high = 0) or t + 4 (high = 1) stands
+// for in the step's k8 product h (0 or 1): 4 t + 2 h + high, in A's and B's fragments alike; and
+// its row in b_tile, tf32_b_row of it, as a sum (t < 4).
+PETRA_HOST_DEVICE constexpr int tf32_step_k(int t, int h, int high) { return 4 * t + 2 * h + high; }
+PETRA_HOST_DEVICE constexpr int tf32_step_b_row(int t, int h, int high) { return 4 * (2 * h + high) + t; }
+
+// The shared tiles' layout: the FP32 path's (A transposed, a_tile[k][m], rows padded by 4 floats;
+// b_tile[k][n] the same) or the TF32 path's (A as it is, a_tile[m][k]: a row's K values
+// contiguous, unpadded; b_tile's rows padded by 8 floats, in tf32_b_row's order, its columns in
+// tf32_b_slot's).
 enum class TileLayout { fp32, tf32 };
 
 // K: the K step (kTileK = 16 for both paths' tiles, Tf32Tile below).
@@ -227,20 +244,31 @@ struct TileShape {
   static_assert((M == 64 || M == 128) && (N == 64 || N == 128));
   static_assert(K == 16 || K == 32);
   static constexpr bool kTf32 = Layout == TileLayout::tf32;
-  static constexpr int Pad = kTf32 ? 8 : 4;  // the shared tiles' row padding, in floats
+  static_assert(!kTf32 || K == 16, "the TF32 layout's A rows are one K step of 16 (tf32_b_row, WarpTileTf32)");
   static constexpr int kM = M, kN = N, kK = K;
   static constexpr int kMicroM = M / kThreadsY, kMicroN = N / kThreadsX;  // 4 or 8
   static_assert(kMicroM % 4 == 0 && kMicroN % 4 == 0, "the FP32 inner loop reads 4 values at a time (float4)");
   static constexpr int kLoadsA = M * K / kThreads, kLoadsB = N * K / kThreads;
-  // Row lengths of the shared tiles a_tile[k][m], b_tile[k][n]: padded by Pad floats, multiples of
-  // 4 (16-byte rows, for the FP32 path's float4 reads). The TF32 path pads by 8, so that a row is
-  // 8 banks further than the previous one: the lanes (g, t) of a fragment load (rows t, columns
-  // g) then read 32 different banks (Tf32Fragment).
-  static constexpr int kLdA = M + Pad, kLdB = N + Pad;
+  // The shared tiles: a_tile[kARows][kLdA], b_tile[K][kLdB] per stage. FP32: a_tile[k][m], its rows
+  // padded by 4 floats (multiples of 4: 16-byte rows for the inner loop's float4 reads); b_tile the
+  // same. TF32: a_tile[m][k], rows of K floats, unpadded: a lane's four k of a row are one 16-byte
+  // fragment load, and the 8 rows g of a load's quarter-warp pairs sit 16 banks apart (the K = 16
+  // floats of a row), so its lanes read 32 different banks; b_tile's rows padded by 8 floats, so
+  // that a row is 8 banks further than the previous one: the lanes (g, t) of a fragment load (rows
+  // t + 4 u, columns g) then read 32 different banks (Tf32Fragment, tf32_b_row).
+  static constexpr int kARows = kTf32 ? M : K;
+  static constexpr int kLdA = kTf32 ? K : M + 4, kLdB = N + (kTf32 ? 8 : 4);
+  // Where A(m, k) and B(k, n) of a step are in the tiles: a_tile[a_row(m, k)][a_column(m, k)],
+  // b_tile[b_row(k)][b_slot(n)] (b_row: k itself, or, in the TF32 layout, tf32_b_row(k); b_slot: n
+  // itself, or tf32_b_slot(n)).
+  PETRA_HOST_DEVICE static constexpr int a_row(int m, int k) { return kTf32 ? m : k; }
+  PETRA_HOST_DEVICE static constexpr int a_column(int m, int k) { return kTf32 ? k : m; }
+  PETRA_HOST_DEVICE static constexpr int b_row(int k) { return kTf32 ? tf32_b_row(k) : k; }
+  PETRA_HOST_DEVICE static constexpr int b_slot(int n) { return kTf32 ? tf32_b_slot(n) : n; }
   // The stages of the K loop's pipeline (conv2d.cu, k_loop): three where three copies of the two
   // tiles fit in 40 KiB of shared memory (under the 48 KiB a block may declare statically, with
   // room for the K-step tables), else two.
-  static constexpr int kStageBytes = K * (kLdA + kLdB) * 4;
+  static constexpr int kStageBytes = (kARows * kLdA + K * kLdB) * 4;
   static constexpr int kStages = 3 * kStageBytes <= 40 * 1024 ? 3 : 2;
 
   // The q-th A value and B value that thread t loads, q < kLoadsA (kLoadsB). A: K consecutive
@@ -251,12 +279,29 @@ struct TileShape {
   PETRA_HOST_DEVICE static constexpr TileCoordinate a_load(int t, int q) {
     return {t / K + q * (kThreads / K), t % K};
   }
-  PETRA_HOST_DEVICE static constexpr TileCoordinate b_load(int t, int q) {
-    return {t % N, t / N + q * (kThreads / N)};
+  // The TF32 layout's A copies of 16 bytes, where a problem's A rows allow them (conv2d.cu,
+  // TileGather): thread t's v-th, v < kVectorLoadsA, is tile row t / 4 + 64 v, k 4 (t % 4) .. + 3,
+  // a quarter of a row (K = 16) of a_tile[m][k], so a warp's 32 copies fill 8 whole rows.
+  static constexpr int kVectorLoadsA = kLoadsA / 4;
+  PETRA_HOST_DEVICE static constexpr TileCoordinate a_vector_load(int t, int v) {
+    return {t / 4 + v * (kThreads / 4), 4 * (t % 4)};
   }
-  // Where B's tile column n is stored in a row of b_tile (b_tile[k][b_slot(n)]): n itself, or, in
-  // the TF32 layout, tf32_b_slot(n).
-  PETRA_HOST_DEVICE static constexpr int b_slot(int n) { return kTf32 ? tf32_b_slot(n) : n; }
+  // In the TF32 layout a thread's k are chosen so that their rows in b_tile (tf32_b_row) are its
+  // own row group t / N plus a constant of q, as the FP32 layout's k are: with k = 4 a + b at row
+  // 4 b + a, a = q % 4 and b = (q / 4) R + t / N (R = kThreads / N row groups); else the row of
+  // each copy and of its rounding would be recomputed from t at every step (the bit shuffle of
+  // tf32_b_row: nvcc rematerialises it rather than hold a register per value).
+  PETRA_HOST_DEVICE static constexpr TileCoordinate b_load(int t, int q) {
+    constexpr int R = kThreads / N;
+    if constexpr (kTf32) return {t % N, 4 * (q % 4) + (q / 4) * R + t / N};
+    return {t % N, t / N + q * R};
+  }
+  // b_row(b_load(t, q).k) as the same kind of sum
+  PETRA_HOST_DEVICE static constexpr int b_load_row(int t, int q) {
+    constexpr int R = kThreads / N;
+    if constexpr (kTf32) return 4 * ((q / 4) * R + t / N) + q % 4;
+    return t / N + q * R;
+  }
   // Tile row and column of thread t's output (r, q), r < kMicroM, q < kMicroN.
   PETRA_HOST_DEVICE static constexpr int micro_row(int t, int r) { return r / 4 * 64 + t / kThreadsX * 4 + r % 4; }
   PETRA_HOST_DEVICE static constexpr int micro_column(int t, int q) {
@@ -305,9 +350,10 @@ inline TileChoice choose_tile(ConvPass pass, std::int64_t rows, std::int64_t col
 
 // ---- the TF32 path (the three passes under conv2d_math() == Conv2dMath::tf32) -----------------
 
-// The TF32 path's tiles: the FP32 path's K step of 16, rows padded by 8 floats (Tf32Fragment's
-// loads) and B's columns in tf32_b_slot's order, so three pipeline stages on the 64 x 64, 64 x 128
-// and 128 x 64 tiles and two on the 128 x 128 (TileShape::kStages). Until run 9 the K step was 32
+// The TF32 path's tiles: the FP32 path's K step of 16, A as a_tile[m][k], B's rows padded by 8
+// floats and in tf32_b_row's order, its columns in tf32_b_slot's (TileLayout::tf32), so three
+// pipeline stages on the 64 x 64, 64 x 128 and 128 x 64 tiles and two on the 128 x 128
+// (TileShape::kStages). Until run 9 the K step was 32
 // on most tiles, meant to hide the gather's latency behind twice the products per pair of barriers
 // when the values went through registers; with the copies asynchronous the pipeline's depth does
 // that, and 32 would leave room for two stages only. The accumulation order (k8 products in k
@@ -337,18 +383,16 @@ struct WarpLayout {
 // Which tile rows and columns lane l = 4 g + t of a warp holds in its mma.m16n8k8 fragments, FM
 // fragments of 16 rows (1 or 2) per warp piece. In the PTX layout, accumulator element e (0..3) of
 // fragment (fm, fn) is C(row 8 (e / 2) + g of the fragment's 16, column 2 t + e % 2 of its 8), A's
-// element e is A(row 8 (e % 2) + g, k t + 4 (e / 2)) and B's element e is B(k t + 4 e, column g).
-// The fragments' rows are not the piece's rows in order: fragment fm's row 8 s + g is piece row
-// row(fm, s, g) = FM s' + ..., so that the rows a lane needs of one k are adjacent in a_tile[k]
-// (2 FM consecutive floats: one 8- or 16-byte load instead of 2 FM). The rows of C are the rows of
-// A, so the epilogue stores element e to the same row; the row order changes no sum (each output is
-// still its own sum over k, in k order). Columns are in order: fragment fn's column c is piece
-// column 8 fn + c.
+// element e is A(row 8 (e % 2) + g, k t + 4 (e / 2)) and B's element e is B(k t + 4 e, column g);
+// which of a K step's k the fragment's k are is the kernel's choice (tf32_b_row). Fragment fm's
+// row 8 s + g is piece row 16 fm + 8 s + g, fragment fn's column c is piece column 8 fn + c. (Until
+// the A tile held rows of k, a_tile[m][k], the rows were interleaved so that a lane's rows of one k
+// were adjacent there; now a lane's k of one row are.)
 template <int FM>
 struct Tf32Fragment {
   static_assert(FM == 1 || FM == 2);
   // piece row of fragment fm's row 8 s + g (s = 0, 1)
-  PETRA_HOST_DEVICE static constexpr int row(int fm, int s, int g) { return 2 * FM * g + 2 * fm + s; }
+  PETRA_HOST_DEVICE static constexpr int row(int fm, int s, int g) { return 16 * fm + 8 * s + g; }
   // piece column of fragment fn's column 2 t + e (e = 0, 1)
   PETRA_HOST_DEVICE static constexpr int column(int fn, int t, int e) { return 8 * fn + 2 * t + e; }
 };
@@ -372,6 +416,17 @@ PETRA_HOST_DEVICE inline float tf32_round(float x) {
   std::memcpy(&r, &bits, sizeof r);
   return r;
 #endif
+}
+
+// The bits a TF32 operand is handed to the tensor cores in (conv2d.cu's tf32_operand): x's plus
+// half a unit of TF32's last place where x is finite, x's own where it is not. An mma reads only
+// the 19 leading bits of a .tf32 operand (it truncates: 1 + 0.75 * 2^-10 enters as 1), and those
+// are tf32_round(x)'s: the rounding in one integer add behind a test of x, where cvt.rna.tf32.f32
+// is three instructions on sm_80 and sm_90 (CUTLASS's round_half_ulp_truncate is the same idea).
+// The test keeps a NaN from carrying into the sign bit (0x7fffffff + 0x1000 would read as -0); a
+// NaN whose payload lies only in the 13 dropped bits reads as an infinity, as its truncation does.
+PETRA_HOST_DEVICE constexpr std::uint32_t tf32_operand_bits(std::uint32_t bits) {
+  return (bits & 0x7f800000u) == 0x7f800000u ? bits : bits + 0x1000u;
 }
 
 // ---- split-K: fixed slices of the summed dimension --------------------------------------------

@@ -13,8 +13,11 @@
 //     (thread, q), every C element computed by exactly one (thread, r, q); choose_tile's and
 //     choose_tile_tf32's rules;
 //   - split_k: slices in order, none empty, tile-aligned, covering K; weight_split_slices' bounds;
-//   - the TF32 path: tf32_round against the two TF32 neighbours of a float, the warps' pieces
-//     and mma.m16n8k8 fragments covering every tile once, their shared loads bank-conflict free.
+//   - the TF32 path: tf32_round against the two TF32 neighbours of a float, tf32_operand_bits
+//     against tf32_round through the tensor cores' truncation, the warps' pieces and mma.m16n8k8
+//     fragments covering every tile once, the products the PTX's fragment layout makes from where
+//     the kernel reads them (each output's A row and B column, each k of a step once), the 16-byte
+//     A copies covering the A tile once, every shared load and store bank-conflict free.
 // Runs in every build (the header needs no CUDA).
 #include <doctest/doctest.h>
 
@@ -272,6 +275,8 @@ void check_tile_coverage() {
       ++b[bt.k * N + bt.mn];
       // the kernel keeps one B column per thread for the whole K loop
       CHECK(bt.mn == Tile::b_load(t, 0).mn);
+      // and writes it at b_load_row, its k's row
+      CHECK(Tile::b_load_row(t, q) == Tile::b_row(bt.k));
     }
     for (int r = 0; r < Tile::kMicroM; ++r)
       for (int q = 0; q < Tile::kMicroN; ++q) {
@@ -433,14 +438,39 @@ TEST_CASE("conv2d tiling: tf32_round keeps 10 mantissa bits, to nearest, ties aw
   }
 }
 
+TEST_CASE("conv2d tiling: tf32_operand_bits hands the tensor cores tf32_round's 19 leading bits") {
+  const auto bits = [](float f) { return std::bit_cast<std::uint32_t>(f); };
+  // what an mma reads of an operand: its 19 leading bits (it truncates the 13 others)
+  const auto read = [](std::uint32_t b) { return std::bit_cast<float>(b & ~0x1fffu); };
+  const float one = 1.0f, ulp = std::ldexp(1.0f, -10);
+  CHECK(read(bits(one + 0.75f * ulp)) == one);  // truncated, the value the rounding must avoid
+  CHECK(read(tiling::tf32_operand_bits(bits(one + 0.75f * ulp))) == one + ulp);
+  CHECK(read(tiling::tf32_operand_bits(bits(-(one + ulp / 2)))) == -(one + ulp));  // a tie: away from zero
+  const float inf = std::numeric_limits<float>::infinity(), max = std::numeric_limits<float>::max();
+  CHECK(read(tiling::tf32_operand_bits(bits(max))) == inf);  // rounds up out of range, as tf32_round
+  CHECK(tiling::tf32_round(max) == inf);
+  CHECK(read(tiling::tf32_operand_bits(bits(-inf))) == -inf);
+  // NaNs stay NaNs, the all-ones payload included (a plain add would carry it into the sign: -0)
+  for (const std::uint32_t nan : {0x7fffffffu, 0xffffffffu, 0x7fc00000u, 0x7fffe000u})
+    CHECK(std::isnan(read(tiling::tf32_operand_bits(nan))));
+  std::mt19937_64 gen(12);
+  std::uniform_int_distribution<std::uint32_t> any;
+  for (int trial = 0; trial < 200000; ++trial) {
+    const std::uint32_t b = any(gen);
+    const float x = std::bit_cast<float>(b);
+    if (!std::isfinite(x)) continue;
+    REQUIRE(bits(read(tiling::tf32_operand_bits(b))) == bits(tiling::tf32_round(x)));
+  }
+}
+
 namespace {
 // Tile's warps (WarpLayout) and their lanes' mma.m16n8k8 accumulator elements (Tf32Fragment)
-// cover its output once; the A rows a lane reads at one k are adjacent and aligned for one 8- or
-// 16-byte load, and so are the B columns of four fragments (tf32_b_slot); and each shared load of
-// a fragment puts its lanes on different banks: A's float2 (float4) loads in half-warps
-// (quarter-warps), which is how the hardware serves 8- and 16-byte accesses, B's float4 loads in
-// quarter-warps. The B tile's writers (the gather's copies, round_b_to_tf32: a warp's 32 threads
-// take 32 consecutive columns of one k) also reach 32 different banks.
+// cover its output once; a lane's four k of an A row (a_tile[m][k]) are one aligned 16-byte load,
+// and so are the B columns of four fragments (tf32_b_slot) at one of its k (tf32_b_row); each
+// shared load of a fragment puts the lanes of a quarter-warp (how the hardware serves 16-byte
+// accesses) on 32 different banks. The tiles' writers (the gather's copies and round_to_tf32: a
+// warp's 32 threads take 16 consecutive k of two rows of A, or 32 consecutive columns of one k of
+// B) also reach 32 different banks.
 template <class Tile>
 void check_warp_layout() {
   using Warps = tiling::WarpLayout<Tile>;
@@ -469,43 +499,122 @@ void check_warp_layout() {
   CHECK(*slots.rbegin() == Tile::kN - 1);
   for (int first = 0; first < Tile::kN; first += 32) {
     std::set<int> banks;
-    for (int n = first; n < first + 32; ++n) banks.insert((3 * Tile::kLdB + Tile::b_slot(n)) % 32);
+    for (int n = first; n < first + 32; ++n) banks.insert((Tile::b_row(3) * Tile::kLdB + Tile::b_slot(n)) % 32);
     CHECK(banks.size() == 32);
   }
-  for (int warp = 0; warp < Warps::kWarps; ++warp) {
-    // lane (g, t)'s A rows of a k: 2 FM consecutive floats from row(0, 0, g), aligned to their size
-    for (int g = 0; g < 8; ++g) {
-      const int first = Fragment::row(0, 0, g);
-      for (int fm = 0; fm < FM; ++fm)
-        for (int s = 0; s < 2; ++s) CHECK(Fragment::row(fm, s, g) == first + 2 * fm + s);
-      CHECK((Warps::row(warp) + first) % (2 * FM) == 0);
+  // The 16-byte A copies (a_vector_load) cover the A tile once, each 4 consecutive, aligned
+  // floats of a row; a quarter-warp's 8 copies (two whole rows) on 32 banks
+  std::vector<int> a_cover(Tile::kM * Tile::kK, 0);
+  for (int t = 0; t < tiling::kThreads; ++t)
+    for (int v = 0; v < Tile::kVectorLoadsA; ++v) {
+      const tiling::TileCoordinate at = Tile::a_vector_load(t, v);
+      REQUIRE(at.mn < Tile::kM);
+      REQUIRE(at.k + 4 <= Tile::kK);
+      const int word = Tile::a_row(at.mn, at.k) * Tile::kLdA + Tile::a_column(at.mn, at.k);
+      CHECK(word % 4 == 0);
+      for (int i = 0; i < 4; ++i) {
+        CHECK(Tile::a_row(at.mn, at.k + i) * Tile::kLdA + Tile::a_column(at.mn, at.k + i) == word + i);
+        ++a_cover[at.mn * Tile::kK + at.k + i];
+      }
     }
-    for (int k = 0; k < Tile::kK; k += 8)
-      for (int half = 0; half < 2; ++half) {  // the loads at k + t and at k + t + 4
-        const int lanes_per_wavefront = FM == 1 ? 16 : 8;  // 128 bytes: 16 float2s or 8 float4s
-        for (int first_lane = 0; first_lane < 32; first_lane += lanes_per_wavefront) {
+  for (const int count : a_cover) CHECK(count == 1);
+  for (int v = 0; v < Tile::kVectorLoadsA; ++v)
+    for (int first = 0; first < tiling::kThreads; first += 8) {
+      std::set<int> banks;
+      for (int t = first; t < first + 8; ++t) {
+        const tiling::TileCoordinate at = Tile::a_vector_load(t, v);
+        const int word = Tile::a_row(at.mn, at.k) * Tile::kLdA + Tile::a_column(at.mn, at.k);
+        for (int i = 0; i < 4; ++i) banks.insert((word + i) % 32);
+      }
+      CHECK(banks.size() == 32);
+    }
+  // A's writers: each warp's threads (two rows of 16 k per copy) on 32 banks
+  for (int warp = 0; warp < Warps::kWarps; ++warp)
+    for (int q = 0; q < Tile::kLoadsA; ++q) {
+      std::set<int> banks;
+      for (int t = 32 * warp; t < 32 * warp + 32; ++t) {
+        const tiling::TileCoordinate at = Tile::a_load(t, q);
+        banks.insert((Tile::a_row(at.mn, at.k) * Tile::kLdA + Tile::a_column(at.mn, at.k)) % 32);
+      }
+      CHECK(banks.size() == 32);
+    }
+  for (int warp = 0; warp < Warps::kWarps; ++warp) {
+    // lane (g, t)'s float4 of fragment fm's row 8 s + g: k 4 t .. 4 t + 3, aligned
+    for (int fm = 0; fm < FM; ++fm)
+      for (int s = 0; s < 2; ++s)
+        for (int first_lane = 0; first_lane < 32; first_lane += 8) {
           std::set<int> a_banks;
-          for (int lane = first_lane; lane < first_lane + lanes_per_wavefront; ++lane) {
-            const int word = (k + lane % 4 + 4 * half) * Tile::kLdA + Warps::row(warp) + Fragment::row(0, 0, lane / 4);
-            for (int i = 0; i < 2 * FM; ++i) a_banks.insert((word + i) % 32);
+          for (int lane = first_lane; lane < first_lane + 8; ++lane) {
+            const int row = Warps::row(warp) + Fragment::row(fm, s, lane / 4);
+            const int word = Tile::a_row(row, 4 * (lane % 4)) * Tile::kLdA + Tile::a_column(row, 4 * (lane % 4));
+            CHECK(word % 4 == 0);
+            for (int i = 0; i < 4; ++i) {
+              CHECK(Tile::a_row(row, 4 * (lane % 4) + i) * Tile::kLdA + Tile::a_column(row, 4 * (lane % 4) + i) ==
+                    word + i);
+              a_banks.insert((word + i) % 32);
+            }
           }
           CHECK(a_banks.size() == 32);
         }
-        for (int j = 0; j < FN / 4; ++j)  // the float4 of fragments 4 j .. 4 j + 3, at slot column(warp) + 32 j + 4 g
-          for (int first_lane = 0; first_lane < 32; first_lane += 8) {
-            std::set<int> b_banks;
-            for (int lane = first_lane; lane < first_lane + 8; ++lane) {
-              const int slot = Warps::column(warp) + 32 * j + 4 * (lane / 4);
-              CHECK(slot % 4 == 0);
-              for (int f = 0; f < 4; ++f)  // the float4 holds the columns of fragments 4 j + f, column g
-                CHECK(Tile::b_slot(Warps::column(warp) + 8 * (4 * j + f) + lane / 4) == slot + f);
-              const int word = (k + lane % 4 + 4 * half) * Tile::kLdB + slot;
-              for (int f = 0; f < 4; ++f) b_banks.insert((word + f) % 32);
-            }
-            CHECK(b_banks.size() == 32);
+    // B at lane t's k 4 t + u (u < 4: the two k8 steps' k t and t + 4): the float4 of fragments
+    // 4 j .. 4 j + 3, at slot column(warp) + 32 j + 4 g
+    for (int u = 0; u < 4; ++u)
+      for (int j = 0; j < FN / 4; ++j)
+        for (int first_lane = 0; first_lane < 32; first_lane += 8) {
+          std::set<int> b_banks;
+          for (int lane = first_lane; lane < first_lane + 8; ++lane) {
+            const int slot = Warps::column(warp) + 32 * j + 4 * (lane / 4);
+            CHECK(slot % 4 == 0);
+            for (int f = 0; f < 4; ++f)  // the float4 holds the columns of fragments 4 j + f, column g
+              CHECK(Tile::b_slot(Warps::column(warp) + 8 * (4 * j + f) + lane / 4) == slot + f);
+            const int word = Tile::b_row(4 * (lane % 4) + u) * Tile::kLdB + slot;
+            for (int f = 0; f < 4; ++f) b_banks.insert((word + f) % 32);
           }
-      }
+          CHECK(b_banks.size() == 32);
+        }
   }
+  // The products a warp's two k8 steps make, as the PTX defines mma.m16n8k8 (C(r, c) += sum over
+  // k' < 8 of A(r, k') B(k', c), A(r, k') in lane (r % 8, k' % 4)'s element r / 8 + 2 (k' / 4), B(k',
+  // c) in lane (c, k' % 4)'s element k' / 4), from where WarpTileTf32 reads them (A: element
+  // tf32_step_k(t, h, high) - 4 t of the float4 at a_tile[its row][4 t]; B: element fn % 4 of the
+  // float4 at b_tile[tf32_b_row(tf32_step_k(t, h, high))][column(warp) + 32 (fn / 4) + 4 g]), each
+  // position read back through the gather's layout (which A(m, k), which B(k, n) the gather puts
+  // there): each output of the piece gets A(its row, k) B(k, its column) for each k of the step once.
+  const auto a_at = [](int row, int column) {  // the (m, k) the gather stores at a_tile[row][column]
+    for (int m = 0; m < Tile::kM; ++m)
+      for (int k = 0; k < Tile::kK; ++k)
+        if (Tile::a_row(m, k) == row && Tile::a_column(m, k) == column) return std::pair{m, k};
+    FAIL("no A value at " << row << ", " << column);
+    return std::pair{-1, -1};
+  };
+  std::map<std::pair<int, int>, std::pair<int, int>> b_at;  // (row, slot) -> (k, n)
+  for (int k = 0; k < Tile::kK; ++k)
+    for (int n = 0; n < Tile::kN; ++n) b_at[{Tile::b_row(k), Tile::b_slot(n)}] = {k, n};
+  for (int warp = 0; warp < Warps::kWarps; ++warp)
+    for (int fm = 0; fm < FM; ++fm)
+      for (int fn = 0; fn < FN; ++fn)
+        for (int r = 0; r < 16; ++r)
+          for (int cc = 0; cc < 8; ++cc) {
+            const int m = Warps::row(warp) + Fragment::row(fm, r / 8, r % 8);
+            const int n = Warps::column(warp) + 8 * fn + cc;
+            std::set<int> ks;
+            for (int h = 0; h < 2; ++h)
+              for (int kk = 0; kk < 8; ++kk) {
+                const int t = kk % 4, high = kk / 4;
+                const int a_row = Warps::row(warp) + Fragment::row(fm, r / 8, r % 8);  // lane (r % 8, t)'s row r / 8
+                const auto [a_m, a_k] = a_at(a_row, 4 * t + (tiling::tf32_step_k(t, h, high) - 4 * t));
+                const int b_row = tiling::tf32_step_b_row(t, h, high);  // lane (cc, t)
+                CHECK(b_row == tiling::tf32_b_row(tiling::tf32_step_k(t, h, high)));
+                const int b_slot = Warps::column(warp) + 32 * (fn / 4) + 4 * cc + fn % 4;
+                REQUIRE(b_at.count({b_row, b_slot}) == 1);
+                const auto [b_k, b_n] = b_at[{b_row, b_slot}];
+                CHECK(a_m == m);
+                CHECK(b_n == n);
+                CHECK(a_k == b_k);
+                ks.insert(a_k);
+              }
+            CHECK(ks.size() == std::size_t(Tile::kK));
+          }
 }
 }  // namespace
 
@@ -520,12 +629,22 @@ TEST_CASE("conv2d tiling: the TF32 path's warps and fragments cover every block 
   CHECK(tiling::WarpLayout<tiling::TileShape<64, 128>>::kFragmentsM == 2);
   CHECK(tiling::WarpLayout<tiling::TileShape<64, 128>>::kFragmentsN == 4);
   CHECK(tiling::WarpLayout<tiling::TileShape<128, 128>>::kFragmentsN == 8);
-  // the TF32 tiles' rows: 8 banks apart; the FP32 tiles': multiples of 4 floats (float4 reads)
-  CHECK(tiling::Tf32Tile<64, 64>::kLdA % 32 == 8);
+  // the TF32 tiles' A rows: one K step, unpadded; B's rows 8 banks apart; the FP32 tiles':
+  // multiples of 4 floats (float4 reads)
+  CHECK(tiling::Tf32Tile<64, 64>::kLdA == 16);
+  CHECK(tiling::Tf32Tile<128, 128>::kARows == 128);
   CHECK(tiling::Tf32Tile<128, 128>::kLdB % 32 == 8);
+  CHECK(tiling::TileShape<128, 64>::kARows == 16);
   CHECK(tiling::TileShape<64, 128>::kLdB % 4 == 0);
   // the FP32 tiles keep B's columns in order; the TF32 tiles' order, spelled out on one group
   CHECK(tiling::TileShape<128, 128>::b_slot(37) == 37);
   CHECK(tiling::Tf32Tile<64, 64>::b_slot(8 * 3 + 5) == 4 * 5 + 3);
   CHECK(tiling::Tf32Tile<64, 64>::b_slot(32 + 8 * 1 + 7) == 32 + 4 * 7 + 1);
+  // and B's rows: k 4 t + u at row 4 u + t, a permutation of the 16; the FP32 tiles' in order
+  CHECK(tiling::TileShape<64, 64>::b_row(6) == 6);
+  CHECK(tiling::Tf32Tile<64, 64>::b_row(4 * 3 + 1) == 4 * 1 + 3);
+  std::set<int> rows;
+  for (int k = 0; k < 16; ++k) rows.insert(tiling::tf32_b_row(k));
+  CHECK(rows.size() == 16);
+  CHECK(*rows.rbegin() == 15);
 }

@@ -556,7 +556,7 @@ void run_grid(const LaunchConfig& c, std::function<void()> body) {
     ++launch_count;
     std::lock_guard lock(record_mutex);
     last_record = LaunchRecord{launch_name != nullptr ? launch_name : c.kernel_text, c.grid,
-                               c.block, c.shared_bytes};
+                               c.block, c.shared_bytes, c.kernel};
   }
   std::function<void()> grid = [c, what = std::move(what), body = std::move(body)] { execute_grid(c, what, body); };
   if (settings().submit != nullptr)

@@ -179,6 +179,7 @@ struct LaunchRecord {
   std::string kernel;  // launch_grid_stride's name, else the PETRA_LAUNCH argument
   dim3 grid, block;
   std::size_t shared_bytes = 0;
+  const void* function = nullptr;  // the kernel itself: two instantiations under one name differ here
 };
 LaunchRecord last_launch();
 

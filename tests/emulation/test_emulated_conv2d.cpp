@@ -715,6 +715,65 @@ TEST_CASE("emulated conv2d: the 64 x 128, 128 x 64 and 128 x 128 tiles give the 
   MESSAGE("tiles: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
 }
 
+// The TF32 path's 16-byte A copies (where A's rows allow them: the forward's weight rows when
+// in_channels x taps is a multiple of 4, the weight gradient's dy rows when the output plane is,
+// each 16-byte aligned) against the scalar copies the same values take one float off alignment:
+// two kernels (the launches' functions differ), the same bits, on every tile, with M past 64 and
+// 128 and the weight gradient in one and three K slices; and the model's bits.
+TEST_CASE("emulated conv2d: TF32's 16-byte A copies give the scalar copies' bits, forward and weight") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  const MathGuard tf32(cu::Conv2dMath::tf32);
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<Conv2dShape> shapes = {
+      {2, 4, 8, 8, 70, 3, 3, 1, 1, 1, 1},    // forward K = 36, M = 70; weight K = 128 (plane 64)
+      {1, 12, 6, 10, 130, 3, 3, 1, 1, 1, 1},  // forward K = 108, M = 130; weight K = 60 (plane 60)
+  };
+  std::uint64_t seed = 2300;
+  for (const Conv2dShape& sh : shapes) {
+    seed += 10;
+    INFO(describe(sh));
+    // the aligned buffers, and one float off them the same values
+    const Buffer x(sh.input_size(), seed, 0), w(sh.weight_size(), seed + 1, 0), dy(sh.output_size(), seed + 2, 0),
+        y(sh.output_size(), seed + 3, 0), dw(sh.weight_size(), seed + 4, 0);
+    const Buffer x1(sh.input_size(), seed, 1), w1(sh.weight_size(), seed + 1, 1), dy1(sh.output_size(), seed + 2, 1),
+        y1(sh.output_size(), seed + 3, 1), dw1(sh.weight_size(), seed + 4, 1);
+    for (const auto& [from, to] : {std::pair{&x, &x1}, {&w, &w1}, {&dy, &dy1}}) {
+      const std::vector<float> values = from->values();
+      std::copy(values.begin(), values.end(), to->data());
+    }
+    const std::vector<float> dw0 = dw.initial();
+    for (const int tile : {0, 1, 2, 3}) {
+      CAPTURE(tile);
+      const TileGuard forced(tile);
+      for (const std::int64_t slices : {std::int64_t(1), std::int64_t(3)}) {
+        CAPTURE(slices);
+        // aligned: the 16-byte copies, the model's bits
+        cu::conv2d_forward(s, sh, x.data(), w.data(), nullptr, y.data());
+        CHECK(emu::last_launch().kernel == std::string("conv2d_forward_tf32"));
+        const void* forward_vector = emu::last_launch().function;
+        dw.reset();
+        cu::conv2d_backward_weight_split(s, sh, x.data(), dy.data(), dw.data(), slices);
+        CHECK(emu::last_launch().kernel ==
+              std::string(slices == 1 ? "conv2d_backward_weight_tf32" : "conv2d_backward_weight_sum"));
+        const void* weight_vector = emu::last_launch().function;
+        CHECK(bit_differences(y.values(), tf32_model(sh, x.data(), w.data(), nullptr)) == "");
+        CHECK(bit_differences(dw.values(), tf32_weight_model(sh, x.data(), dy.data(), dw0, slices)) == "");
+        // one float off: the scalar copies, another kernel, the same bits
+        cu::conv2d_forward(s, sh, x1.data(), w1.data(), nullptr, y1.data());
+        CHECK(emu::last_launch().function != forward_vector);
+        std::copy(dw0.begin(), dw0.end(), dw1.data());
+        cu::conv2d_backward_weight_split(s, sh, x1.data(), dy1.data(), dw1.data(), slices);
+        if (slices == 1) CHECK(emu::last_launch().function != weight_vector);
+        CHECK(bit_differences(y1.values(), y.values()) == "");
+        CHECK(bit_differences(dw1.values(), dw.values()) == "");
+        for (const Buffer* b : {&y, &dw, &y1, &dw1}) CHECK(b->guards_kept());
+      }
+    }
+  }
+  MESSAGE("TF32 16-byte A copies: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
+}
+
 namespace {
 
 // Sets the weight gradient's algorithm for a scope (set_conv2d_weight_algorithm), then gives the
