@@ -232,13 +232,19 @@ struct ForwardProblem {
 // dx = w^T . gather(dy) for the input pixels of one stride class (conv2d_tiling::stride_class),
 // class blockIdx.z = r_h * stride_w + r_w: N = batch x the class's rows x its columns, K =
 // out_channels x the class's tap rows x its tap columns, A(c, (o,i,j)) = w[o, c, i, j].
+// A's k of a row are apart in w (a tap's weights across out-channels), so the TF32 path can read
+// A from a copy laid out by k instead (data_weight_transpose: wt[z][c][k], rows of k_max floats,
+// k = (o, v_i, v_j) of class z), whose rows take 16-byte copies (TileGather's kVectorA).
 struct DataProblem {
   static constexpr tiling::ConvPass kPass = tiling::ConvPass::data;
   ConvGeometry g;
   const float* dy;
   const float* w;
   float* dx;
+  const float* wt = nullptr;  // the copy by k, or null: A from w
+  Index k_max = 0;            // wt's row length: out_channels x the largest class's taps
   tiling::StrideClass class_h{}, class_w{};  // set by in_slice
+  Index a_base = 0;                          // set by in_slice: where class z's rows start in wt
 
   struct Row {
     Index w_channel;  // c * kh * kw: the in-channel's offset inside a weight row
@@ -252,6 +258,7 @@ struct DataProblem {
     const std::int64_t r_h = tiling::quotient(z, g.stride_w), r_w = z - r_h * g.stride_w;
     q.class_h = tiling::stride_class(r_h, g.stride_h, g.pad_h, g.in_h, g.kernel_h);
     q.class_w = tiling::stride_class(r_w, g.stride_w, g.pad_w, g.in_w, g.kernel_w);
+    q.a_base = Index(z) * Index(g.in_channels) * k_max;
     return q;
   }
   __device__ std::int64_t rows() const { return g.in_channels; }
@@ -259,27 +266,27 @@ struct DataProblem {
   __device__ std::int64_t depth() const { return g.out_channels * class_h.taps * class_w.taps; }
   __device__ std::int64_t k_begin(unsigned /*slice*/) const { return 0; }
   __device__ std::int64_t k_end(unsigned /*slice*/) const { return depth(); }
-  __device__ Row row(Index m) const { return {m * Index(g.taps())}; }
+  __device__ Row row(Index m) const { return {wt != nullptr ? a_base + m * k_max : m * Index(g.taps())}; }
   __device__ Column column(std::int64_t n) const {
     const tiling::Pixel p = tiling::split_pixel(n, class_h.count, class_w.count);
     const std::int64_t oh0 = class_h.out0 + p.y, ow0 = class_w.out0 + p.x;
     return {Index(p.b * g.out_channels * g.out_plane() + oh0 * g.out_w + ow0), Index(oh0), Index(ow0)};
   }
   // k = (o, v_i, v_j) (its digits in k_radix), tap (i, j) = (tap0_h + v_i * stride_h, tap0_w +
-  // v_j * stride_w): a = where w[o, 0, i, j] is; i, j = v_i, v_j; b = the offset in dy from a
-  // column's (oh0, ow0) in channel 0 to the pixel (oh0 - v_i, ow0 - v_j) of channel o it reads
-  // through the tap.
+  // v_j * stride_w): a = where w[o, 0, i, j] is (or k itself, reading wt); i, j = v_i, v_j; b = the
+  // offset in dy from a column's (oh0, ow0) in channel 0 to the pixel (oh0 - v_i, ow0 - v_j) of
+  // channel o it reads through the tap.
   __device__ tiling::Radix k_radix() const { return {std::int32_t(class_h.taps), std::int32_t(class_w.taps)}; }
-  __device__ KEntry k_entry_at(Index /*k*/, const tiling::Digits& d) const {
+  __device__ KEntry k_entry_at(Index k, const tiling::Digits& d) const {
     const Index i = Index(class_h.tap0) + d.mid * Index(g.stride_h), j = Index(class_w.tap0) + d.lo * Index(g.stride_w);
-    return {d.hi * Index(g.in_channels * g.taps()) + i * Index(g.kernel_w) + j,
+    return {wt != nullptr ? k : d.hi * Index(g.in_channels * g.taps()) + i * Index(g.kernel_w) + j,
             d.hi * Index(g.out_plane()) - d.mid * Index(g.out_w) - d.lo, d.mid, d.lo};
   }
-  __device__ const float* a_data() const { return w; }
+  __device__ const float* a_data() const { return wt != nullptr ? wt : w; }
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return e.a + r.w_channel; }
-  // A's k of a row are a weight's taps across out-channels, apart in memory: scalar copies.
-  static constexpr bool kVectorA = false;
-  bool vector_a_allowed() const { return false; }
+  // Reading wt, A's k of a row are consecutive floats: 16-byte copies where its rows start aligned.
+  static constexpr bool kVectorA = true;
+  bool vector_a_allowed() const { return wt != nullptr && aligned16(wt) && k_max % 4 == 0; }
   __device__ const float* b_data() const { return dy; }
   __device__ bool b_inside(const Column& c, const KEntry& e) const {
     return inside(c.oh0 - e.i, g.out_h) & inside(c.ow0 - e.j, g.out_w);
@@ -1119,6 +1126,34 @@ void set_conv2d_launch_elements(std::int64_t limit) {
 Conv2dMath conv2d_math() { return Conv2dMath(conv_math.load()); }
 
 namespace {
+// The TF32 backward data's copy of the weights laid out by k (DataProblem::wt): per stride class z
+// and in-channel c a row of k_max floats, A(c, k) of the class at k (k = (o, v_i, v_j)), zeros
+// past the class's own K. k_max: out_channels x the largest class's taps (the first class's:
+// ceil(kernel / stride) per axis).
+std::int64_t data_weight_k_max(const Conv2dShape& s) {
+  return s.out_channels * tiling::ceil_div(s.kernel_h, s.stride_h) * tiling::ceil_div(s.kernel_w, s.stride_w);
+}
+std::int64_t data_weight_transposed_size(const Conv2dShape& s) {
+  return s.stride_h * s.stride_w * s.in_channels * data_weight_k_max(s);
+}
+__global__ void data_weight_transpose(ConvGeometry g, Index k_max, const float* w, float* wt) {
+  const std::int64_t per_class = g.in_channels * std::int64_t(k_max), n = g.stride_h * g.stride_w * per_class;
+  for (std::int64_t i = cuda_detail::thread_index(); i < n; i += cuda_detail::grid_threads()) {
+    const std::int64_t z = i / per_class, rest = i - z * per_class, c = rest / k_max, k = rest - c * k_max;
+    const std::int64_t r_h = z / g.stride_w, r_w = z - r_h * g.stride_w;
+    const tiling::StrideClass ch = tiling::stride_class(r_h, g.stride_h, g.pad_h, g.in_h, g.kernel_h);
+    const tiling::StrideClass cw = tiling::stride_class(r_w, g.stride_w, g.pad_w, g.in_w, g.kernel_w);
+    const std::int64_t taps = std::int64_t(ch.taps) * cw.taps;
+    float v = 0.0f;
+    if (k < g.out_channels * taps) {
+      const std::int64_t o = k / taps, t = k - o * taps, v_i = t / cw.taps, v_j = t - v_i * cw.taps;
+      const std::int64_t tap_h = ch.tap0 + v_i * g.stride_h, tap_w = cw.tap0 + v_j * g.stride_w;
+      v = w[((o * g.in_channels + c) * g.kernel_h + tap_h) * g.kernel_w + tap_w];
+    }
+    wt[i] = v;
+  }
+}
+
 void forward_launch(const StreamHandle& s, const Conv2dShape& shape, const float* x, const float* w,
                     const float* bias, float* y) {
   const ForwardProblem p{ConvGeometry::of(shape), x, w, bias, y};
@@ -1128,8 +1163,10 @@ void forward_launch(const StreamHandle& s, const Conv2dShape& shape, const float
   launch_gemm(s, k, p, shape.out_channels, columns, 1);
 }
 
-void data_launch(const StreamHandle& s, const Conv2dShape& shape, const float* dy, const float* w, float* dx) {
-  const DataProblem p{ConvGeometry::of(shape), dy, w, dx};
+void data_launch(const StreamHandle& s, const Conv2dShape& shape, const float* dy, const float* w, float* dx,
+                 const float* wt) {
+  DataProblem p{ConvGeometry::of(shape), dy, w, dx};
+  if (wt != nullptr) p.wt = wt, p.k_max = Index(data_weight_k_max(shape));
   // One grid layer per stride class, each as wide as the widest class (ceil(in / stride) per axis).
   const std::int64_t widest = shape.batch * tiling::ceil_div(shape.in_h, shape.stride_h) *
                               tiling::ceil_div(shape.in_w, shape.stride_w);
@@ -1350,8 +1387,19 @@ void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float
 void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const float* dy, const float* w,
                           float* dx) {
   if (shape.input_size() <= 0) return;
+  // Under TF32, A from the weights laid out by k (data_weight_transpose), once for all parts,
+  // where its rows allow 16-byte copies and the copy fits 64 MiB of scratch.
+  const float* wt = nullptr;
+  const std::int64_t wt_size = data_weight_transposed_size(shape);
+  if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32 && data_weight_k_max(shape) % 4 == 0 &&
+      wt_size * std::int64_t(sizeof(float)) <= (std::int64_t(64) << 20)) {
+    auto* copy = static_cast<float*>(s.scratch(std::size_t(wt_size) * sizeof(float)));
+    cuda_detail::launch_grid_stride("conv2d_backward_data_weight_transpose", s, wt_size, data_weight_transpose,
+                                    ConvGeometry::of(shape), Index(data_weight_k_max(shape)), w, copy);
+    wt = copy;
+  }
   for_each_batch_part(shape, [&](const Conv2dShape& part, std::int64_t x_at, std::int64_t y_at) {
-    data_launch(s, part, dy + y_at, w, dx + x_at);
+    data_launch(s, part, dy + y_at, w, dx + x_at, wt);
   });
 }
 

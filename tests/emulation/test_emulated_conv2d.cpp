@@ -774,6 +774,47 @@ TEST_CASE("emulated conv2d: TF32's 16-byte A copies give the scalar copies' bits
   MESSAGE("TF32 16-byte A copies: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
 }
 
+// TF32 backward data from the weights laid out by k (data_weight_transpose, where out_channels x
+// the largest stride class's taps is a multiple of 4: a second launch before the product, whose
+// A rows then take 16-byte copies): the model's bits on every tile, at stride 1, at stride 2
+// (classes of 4, 2, 2 and 1 taps, the last one's K of 2 a partial 16-byte copy) and at a 1x1
+// stride 2 (three classes without taps); the FP32 path the same way reads w itself.
+TEST_CASE("emulated conv2d: TF32 backward data from the weights laid out by k gives the model's bits") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<Conv2dShape> shapes = {
+      {2, 70, 8, 8, 4, 3, 3, 1, 1, 1, 1},   // M = 70, K = 36
+      {2, 130, 9, 7, 2, 3, 3, 2, 2, 1, 1},  // M = 130, classes' K 8, 4, 4, 2
+      {1, 8, 7, 9, 12, 1, 1, 2, 2, 0, 0},   // K = 12 in one class, 0 in three
+  };
+  std::uint64_t seed = 2400;
+  for (const Conv2dShape& sh : shapes) {
+    seed += 10;
+    INFO(describe(sh));
+    const Buffer w(sh.weight_size(), seed, 0), dy(sh.output_size(), seed + 1, 0), dx(sh.input_size(), seed + 2, 0, 5, 6);
+    const std::vector<float> model = tf32_data_model(sh, dy.data(), w.data());
+    for (const int tile : {0, 1, 2, 3}) {
+      CAPTURE(tile);
+      const TileGuard forced(tile);
+      {
+        const MathGuard tf32(cu::Conv2dMath::tf32);
+        const std::size_t before = emu::launches();
+        cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
+        CHECK(emu::launches() - before == 2);  // the copy by k, then the product
+        CHECK(emu::last_launch().kernel == std::string("conv2d_backward_data_tf32"));
+        CHECK(bit_differences(dx.values(), model) == "");
+        CHECK(dx.guards_kept());
+      }
+      const std::size_t before = emu::launches();
+      cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
+      CHECK(emu::launches() - before == 1);
+      CHECK(bit_differences(dx.values(), model) != "");  // FP32: other bits
+    }
+  }
+  MESSAGE("TF32 backward data by k: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
+}
+
 namespace {
 
 // Sets the weight gradient's algorithm for a scope (set_conv2d_weight_algorithm), then gives the
