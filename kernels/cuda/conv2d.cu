@@ -498,6 +498,19 @@ __device__ inline float tf32_operand(float x) {
 #endif
 }
 
+// base + offset where ok, else base itself (the copies' source: a copy that reads nothing still
+// needs an address). The select is made on the 32-bit offset and the result hidden from the
+// compiler (an empty asm), so that it widens and scales the offset after the select, one
+// multiply-add with the base, instead of pushing the widening above the select: a 64-bit select,
+// a sign extension and a 64-bit shift and add per copy.
+__device__ inline const float* at_or_base(const float* base, Index offset, bool ok) {
+  Index chosen = ok ? offset : 0;
+#ifdef __CUDA_ARCH__
+  asm("" : "+r"(chosen));
+#endif
+  return base + chosen;
+}
+
 // *shared_dst = ok ? *src : 0, as an asynchronous copy (cp.async, sm_80 and newer: global memory
 // to shared memory without passing through registers; with !ok it reads nothing and writes 0).
 // copy_commit() closes the group of copies this thread issued since the last one;
@@ -530,7 +543,9 @@ __device__ inline void copy_commit() {
 template <int N>
 __device__ inline void copy_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  // "memory": the loads after the wait (the TF32 path rounds the copied values before the step's
+  // barrier) must not be moved above it
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
@@ -583,7 +598,7 @@ PETRA_UNROLL
 PETRA_UNROLL
       for (int q = 0; q < kRowsA; ++q) {
         const int floats = row_valid[q] ? a_floats : 0;
-        copy_async16(&a_tile[a_row_of(t, q)][a_k], a_data + (floats > 0 ? p.a_offset(rows[q], a_entry) : 0), floats);
+        copy_async16(&a_tile[a_row_of(t, q)][a_k], at_or_base(a_data, p.a_offset(rows[q], a_entry), floats > 0), floats);
       }
     } else {
       const bool a_k_inside = a_k < k_left;
@@ -592,7 +607,7 @@ PETRA_UNROLL
         const tiling::TileCoordinate at = Tile::a_load(t, q);
         const bool ok = a_k_inside & row_valid[q];
         copy_async(&a_tile[Tile::a_row(at.mn, at.k)][Tile::a_column(at.mn, at.k)],
-                   a_data + (ok ? p.a_offset(rows[q], a_entry) : 0), ok);
+                   at_or_base(a_data, p.a_offset(rows[q], a_entry), ok), ok);
       }
     }
     const float* b_data = p.b_data();
@@ -601,8 +616,7 @@ PETRA_UNROLL
       const tiling::TileCoordinate at = Tile::b_load(t, q);
       const KEntry e = entry[at.k];
       const bool ok = column_valid & (at.k < k_left) & p.b_inside(column, e);
-      copy_async(&b_tile[Tile::b_load_row(t, q)][Tile::b_slot(at.mn)], b_data + (ok ? p.b_offset(column, e) : 0),
-                 ok);
+      copy_async(&b_tile[Tile::b_load_row(t, q)][Tile::b_slot(at.mn)], at_or_base(b_data, p.b_offset(column, e), ok), ok);
     }
   }
 
@@ -1129,9 +1143,11 @@ namespace {
 // The TF32 backward data's copy of the weights laid out by k (DataProblem::wt): per stride class z
 // and in-channel c a row of k_max floats, A(c, k) of the class at k (k = (o, v_i, v_j)), zeros
 // past the class's own K. k_max: out_channels x the largest class's taps (the first class's:
-// ceil(kernel / stride) per axis).
+// ceil(kernel / stride) per axis), rounded up to a multiple of 4 so that every row starts 16-byte
+// aligned (the 16-byte copies stop at the class's K).
 std::int64_t data_weight_k_max(const Conv2dShape& s) {
-  return s.out_channels * tiling::ceil_div(s.kernel_h, s.stride_h) * tiling::ceil_div(s.kernel_w, s.stride_w);
+  const std::int64_t k = s.out_channels * tiling::ceil_div(s.kernel_h, s.stride_h) * tiling::ceil_div(s.kernel_w, s.stride_w);
+  return tiling::ceil_div(k, 4) * 4;
 }
 std::int64_t data_weight_transposed_size(const Conv2dShape& s) {
   return s.stride_h * s.stride_w * s.in_channels * data_weight_k_max(s);
@@ -1388,10 +1404,10 @@ void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const
                           float* dx) {
   if (shape.input_size() <= 0) return;
   // Under TF32, A from the weights laid out by k (data_weight_transpose), once for all parts,
-  // where its rows allow 16-byte copies and the copy fits 64 MiB of scratch.
+  // where the copy fits 64 MiB of the stream's scratch (and there is one).
   const float* wt = nullptr;
   const std::int64_t wt_size = data_weight_transposed_size(shape);
-  if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32 && data_weight_k_max(shape) % 4 == 0 &&
+  if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32 && s.workspace != nullptr &&
       wt_size * std::int64_t(sizeof(float)) <= (std::int64_t(64) << 20)) {
     auto* copy = static_cast<float*>(s.scratch(std::size_t(wt_size) * sizeof(float)));
     cuda_detail::launch_grid_stride("conv2d_backward_data_weight_transpose", s, wt_size, data_weight_transpose,

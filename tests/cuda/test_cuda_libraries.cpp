@@ -591,6 +591,62 @@ TEST_CASE("cuda: petra's conv2d gives the same bits with every block tile, FP32 
   }
 }
 
+// The TF32 kernels round both operands to nearest, ties away from zero (as cvt.rna.tf32.f32),
+// not by the tensor cores' truncation, which tf32_operand relies on to finish its rounding: w is
+// 1 + 3 * 2^-12 and x and dy 1 + 2^-11 (a tie), both r = 1 + 2^-10 rounded (1 truncated, and the
+// tie 1 rounded to even), so each output is its count n of terms (ref:: on ones) times r^2 (exact
+// in FP32), up to the accumulation's error, bounded by (n + 1) 2^-22 of it (a unit in the last
+// place per addition, twice over: the tensor cores' internal additions need not round to
+// nearest), where one operand truncated would give n r: 2^-10 of it away. Every tile, stride 1
+// and 2, the three passes.
+TEST_CASE("cuda: petra's TF32 conv2d rounds its inputs to nearest, ties away, on every tile" * doctest::skip(kNoGpu)) {
+  namespace ref = petra::kernels::ref;
+  namespace cu = petra::kernels::cuda;
+  petra::Stream stream(petra::Device::cuda(0));
+  const StreamHandle s = gpu_stream_handle(stream);
+  void* cs = s.cuda_stream;
+  const StreamHandle host{};
+  const float above = 1.0f + 3 * 0x1p-12f, tie = 1.0f + 0x1p-11f;
+  const double r = 1.0 + 0x1p-10;
+  for (const Conv2dShape& k : {Conv2dShape{2, 8, 6, 6, 70, 3, 3, 1, 1, 1, 1}, Conv2dShape{3, 70, 7, 9, 6, 3, 3, 2, 2, 1, 1}}) {
+    INFO("x (", k.batch, ", ", k.in_channels, ", ", k.in_h, ", ", k.in_w, ") out ", k.out_channels, " stride ",
+         k.stride_h);
+    const auto ny = std::size_t(k.output_size()), nx = std::size_t(k.input_size()), nw = std::size_t(k.weight_size());
+    // the number of terms of each output of the three passes: ref:: on ones
+    const std::vector<float> x_ones(nx, 1.0f), w_ones(nw, 1.0f), y_ones(ny, 1.0f);
+    std::vector<float> y_terms(ny), dx_terms(nx), dw_terms(nw, 0.0f);
+    ref::conv2d_forward<float>(host, k, x_ones.data(), w_ones.data(), nullptr, y_terms.data());
+    ref::conv2d_backward_data<float>(host, k, y_ones.data(), w_ones.data(), dx_terms.data());
+    ref::conv2d_backward_weight<float>(host, k, x_ones.data(), y_ones.data(), dw_terms.data());
+    // elements off n r^2 by more than the accumulation error; and (so that the check can fail)
+    // the elements where truncating one operand would stay within it
+    const auto off = [&](const std::vector<float>& got, const std::vector<float>& terms) {
+      std::size_t bad = 0, blind = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        const double n = terms[i], expected = n * r * r, bound = (n + 1) * 0x1p-22 * expected;
+        bad += std::fabs(double(got[i]) - expected) > bound;
+        blind += n > 0 && std::fabs(n * r - expected) <= bound;
+      }
+      CHECK(blind == 0);
+      return bad;
+    };
+    Buffer x(std::vector<float>(nx, tie), cs), w(std::vector<float>(nw, above), cs), dy(std::vector<float>(ny, tie), cs);
+    for (const int tile : {0, 1, 2, 3}) {
+      CAPTURE(tile);
+      Buffer y(std::vector<float>(ny, 7.0f), cs), dx(std::vector<float>(nx, 7.0f), cs), dw(std::vector<float>(nw, 0.0f), cs);
+      {
+        const ConvSettings forced(cu::Conv2dMath::tf32, tile);
+        cu::conv2d_forward(s, k, x.get(), w.get(), nullptr, y.get());
+        cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx.get());
+        cu::conv2d_backward_weight(s, k, x.get(), dy.get(), dw.get());
+      }
+      CHECK(off(y.download(cs), y_terms) == 0);
+      CHECK(off(dx.download(cs), dx_terms) == 0);
+      CHECK(off(dw.download(cs), dw_terms) == 0);
+    }
+  }
+}
+
 // The weight gradient in Winograd's F(2x2, 3x3) domain (set_conv2d_weight_algorithm(winograd)) on
 // the tensor cores and the FP32 units: against ref:: within 32 times the direct product's bound
 // (FP32) and TF32's (TF32), the same bits twice; the emulated test checks the same arithmetic on

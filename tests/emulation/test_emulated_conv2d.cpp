@@ -774,11 +774,11 @@ TEST_CASE("emulated conv2d: TF32's 16-byte A copies give the scalar copies' bits
   MESSAGE("TF32 16-byte A copies: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
 }
 
-// TF32 backward data from the weights laid out by k (data_weight_transpose, where out_channels x
-// the largest stride class's taps is a multiple of 4: a second launch before the product, whose
-// A rows then take 16-byte copies): the model's bits on every tile, at stride 1, at stride 2
-// (classes of 4, 2, 2 and 1 taps, the last one's K of 2 a partial 16-byte copy) and at a 1x1
-// stride 2 (three classes without taps); the FP32 path the same way reads w itself.
+// TF32 backward data from the weights laid out by k (data_weight_transpose: a second launch
+// before the product, whose A rows then take 16-byte copies): the model's bits on every tile, at
+// stride 1, at stride 2 (classes of 4, 2, 2 and 1 taps, the last one's K of 2 a partial 16-byte
+// copy), at a 1x1 stride 2 (three classes without taps) and with rows padded to a multiple of 4;
+// the FP32 path reads w itself.
 TEST_CASE("emulated conv2d: TF32 backward data from the weights laid out by k gives the model's bits") {
   Stream stream;
   const StreamHandle& s = stream.s;
@@ -787,6 +787,7 @@ TEST_CASE("emulated conv2d: TF32 backward data from the weights laid out by k gi
       {2, 70, 8, 8, 4, 3, 3, 1, 1, 1, 1},   // M = 70, K = 36
       {2, 130, 9, 7, 2, 3, 3, 2, 2, 1, 1},  // M = 130, classes' K 8, 4, 4, 2
       {1, 8, 7, 9, 12, 1, 1, 2, 2, 0, 0},   // K = 12 in one class, 0 in three
+      {2, 9, 7, 7, 3, 3, 3, 1, 1, 1, 1},    // K = 27 in rows of 28: the last copy of a row partial
   };
   std::uint64_t seed = 2400;
   for (const Conv2dShape& sh : shapes) {
