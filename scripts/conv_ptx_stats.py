@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """scripts/conv_ptx_stats.py: what the convolution kernels' K loops execute, read from their PTX.
 
-    python3 scripts/conv_ptx_stats.py [--build build] [--arch 90] [--against REV]
+    python3 scripts/conv_ptx_stats.py [--build build] [--arch 90] [--against REV] [--sass]
 
 The machine that builds petra has nvcc and ptxas but no cuobjdump/nvdisasm and no GPU, so a change
 to kernels/cuda/conv2d.cu cannot be timed or disassembled here. This prints, per kernel
@@ -11,7 +11,10 @@ once; the TF32 kernels with 16-byte A copies are rows "tf32v"), integer division
 comparisons, TF32 conversions (cvt.rna.tf32.f32: two SASS instructions on sm_90), shared loads
 and stores, and tensor-core products; and ptxas's registers and spills. PTX is not what the GPU
 runs (ptxas schedules, combines and expands it), so compare two versions of the source with each
-other (--against REV: the same kernels at a git revision, printed as old>new), never with a profile. The main K loop is found as the innermost backward
+other; --sass adds the SASS instructions of one K step per kernel, from the machine code itself
+without a disassembler: each kernel's .text size (16 bytes an instruction) with the main loop
+unrolled 4 times less unrolled twice, halved (static counts: an inner k8 loop, where a kernel keeps
+one, counted once) (--against REV: the same kernels at a git revision, printed as old>new), never with a profile. The main K loop is found as the innermost backward
 branch whose body holds both the cp.async wait and the barrier.
 
 It compiles with the build's own nvcc command for kernels/cuda/conv2d.cu (from the build's ninja
@@ -157,19 +160,66 @@ def export_tree(rev, work):
     return tree
 
 
-def measure(build, base, rev, arch):
+MAIN_LOOP = "  for (int step = 0; step < steps; ++step) {"
+
+
+def text_sizes(cubin):
+    """SASS instructions per convolution kernel in a cubin: its .text section's size / 16 bytes."""
+    out = subprocess.run(["readelf", "-S", "-W", cubin], capture_output=True, text=True, check=True).stdout
+    sizes = {}
+    for line in out.splitlines():
+        m = re.search(r"\]\s+(\.text\.\S+)\s+\S+\s+\S+\s+\S+\s+([0-9a-f]+)", line)
+        if m and "implicit_gemm" in m.group(1):
+            sizes[kernel_key(m.group(1))] = int(m.group(2), 16) // 16
+    return sizes
+
+
+def sass_per_step(build, base, tree, arch, work):
+    """SASS instructions of one step of each kernel's main K loop, static: the kernel compiled with
+    that loop unrolled 4 and 2 times (a pragma put into a copy of conv2d.cu), the text sizes'
+    difference halved. (Unrolled 2 against 1 would count the remainder iteration nvcc adds too.)"""
+    source = os.path.join(tree, "kernels/cuda/conv2d.cu")
+    text = open(source).read()
+    if MAIN_LOOP not in text:
+        return {}
+    sizes = {}
+    try:
+        for unroll in (2, 4):
+            with open(source, "w") as f:
+                f.write(text.replace(MAIN_LOOP, f'  _Pragma("unroll {unroll}")\n' + MAIN_LOOP, 1))
+            cubin = os.path.join(work, f"k{unroll}.cubin")
+            compile_source(build, base, tree, arch, "cubin", cubin)
+            sizes[unroll] = text_sizes(cubin)
+    finally:
+        with open(source, "w") as f:
+            f.write(text)
+    return {key: (sizes[4][key] - sizes[2][key]) // 2 for key in sizes[4] if key in sizes[2]}
+
+
+def measure(build, base, rev, arch, sass):
     with tempfile.TemporaryDirectory() as work:
-        tree = export_tree(rev, work) if rev else ROOT
+        # the working tree itself, but a copy of it where conv2d.cu is rewritten (--sass)
+        tree = export_tree(rev or working_tree_commit(), work) if (rev or sass) else ROOT
         ptx = os.path.join(work, "k.ptx")
         compile_source(build, base, tree, arch, "ptx", ptx)
         stats = loop_stats(open(ptx).read())
         report = compile_source(build, base, tree, arch, "cubin", os.path.join(work, "k.cubin"))
+        steps = sass_per_step(build, base, tree, arch, work) if sass else {}
     for key, value in register_stats(report).items():
         stats.setdefault(key, {}).update(value)
+    for key, value in steps.items():
+        stats.setdefault(key, {})["sass/step"] = value
     return stats
 
 
-COLUMNS = ["loop", "div/rem", "setp.64", "cvt.rna", "ld.shared", "st.shared", "mma", "regs", "spills"]
+def working_tree_commit():
+    """A commit of the working tree as it is, uncommitted changes included (git stash create; the
+    HEAD commit where nothing changed), to export like a revision."""
+    out = subprocess.run(["git", "-C", ROOT, "stash", "create"], capture_output=True, text=True, check=True).stdout
+    return out.strip() or "HEAD"
+
+
+COLUMNS = ["loop", "div/rem", "setp.64", "cvt.rna", "ld.shared", "st.shared", "mma", "regs", "spills", "sass/step"]
 
 
 def main():
@@ -177,11 +227,14 @@ def main():
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
     parser.add_argument("--arch", default="90")
     parser.add_argument("--against", metavar="REV", help="a git revision to compare with, printed as old>new")
+    parser.add_argument("--sass", action="store_true",
+                        help="also the SASS instructions of one K step (static, from the cubins' text sizes; "
+                             "two more compilations per revision)")
     a = parser.parse_args()
     build = os.path.abspath(a.build)
     base = nvcc_command(build)
-    new = measure(build, base, None, a.arch)
-    old = measure(build, base, a.against, a.arch) if a.against else None
+    new = measure(build, base, None, a.arch, a.sass)
+    old = measure(build, base, a.against, a.arch, a.sass) if a.against else None
     print("path problem tile    " + " ".join(f"{c:>11}" for c in COLUMNS))
     for key in sorted(new):
         cells = []
