@@ -553,13 +553,16 @@ __device__ inline void copy_wait() {
 // once (Tile::a_load, b_load); issue() starts the copies of its values of one K step into one
 // stage of the shared tiles. kVectorA (the TF32 layout, where the problem's A rows allow it:
 // Problem::kVectorA and vector_a_allowed): A in 16-byte copies of four consecutive k
-// (Tile::a_vector_load), a quarter of the copies, from kVectorLoadsA rows.
+// (Tile::a_vector_load), a quarter of the copies, from two rows per thread.
 template <class Problem, class Tile, bool kVectorA = false>
 struct TileGather {
-  static_assert(!kVectorA || (Tile::kTf32 && Problem::kVectorA), "16-byte A copies: a_tile[m][k], rows contiguous in k");
+  static_assert(!kVectorA || (Tile::kTf32 && Problem::kVectorA),
+                "16-byte A copies: the TF32 layout, from A rows contiguous in k");
   static constexpr int kRowsA = kVectorA ? Tile::kVectorLoadsA : Tile::kLoadsA;
   // the tile row of the thread's A row q
-  PETRA_HOST_DEVICE static constexpr int a_row_of(int t, int q) { return kVectorA ? Tile::a_vector_load(t, q).mn : Tile::a_load(t, q).mn; }
+  PETRA_HOST_DEVICE static constexpr int a_row_of(int t, int q) {
+    return kVectorA ? Tile::a_vector_load(t, q).mn : Tile::a_load(t, q).mn;
+  }
   typename Problem::Row rows[kRowsA];
   bool row_valid[kRowsA];
   typename Problem::Column column;
@@ -594,11 +597,14 @@ PETRA_UNROLL
     const KEntry a_entry = entry[a_k];
     const float* a_data = p.a_data();
     if constexpr (kVectorA) {
-      const int a_floats = k_left - a_k >= 4 ? 4 : (k_left > a_k ? int(k_left - a_k) : 0);
+      if (t < Tile::kVectorThreadsA) {  // all threads but in the 64-row tiles (whole warps)
+        const int a_floats = k_left - a_k >= 4 ? 4 : (k_left > a_k ? int(k_left - a_k) : 0);
 PETRA_UNROLL
-      for (int q = 0; q < kRowsA; ++q) {
-        const int floats = row_valid[q] ? a_floats : 0;
-        copy_async16(&a_tile[a_row_of(t, q)][a_k], at_or_base(a_data, p.a_offset(rows[q], a_entry), floats > 0), floats);
+        for (int q = 0; q < kRowsA; ++q) {
+          const int floats = row_valid[q] ? a_floats : 0;
+          copy_async16(&a_tile[a_row_of(t, q)][a_k], at_or_base(a_data, p.a_offset(rows[q], a_entry), floats > 0),
+                       floats);
+        }
       }
     } else {
       const bool a_k_inside = a_k < k_left;
@@ -616,7 +622,8 @@ PETRA_UNROLL
       const tiling::TileCoordinate at = Tile::b_load(t, q);
       const KEntry e = entry[at.k];
       const bool ok = column_valid & (at.k < k_left) & p.b_inside(column, e);
-      copy_async(&b_tile[Tile::b_load_row(t, q)][Tile::b_slot(at.mn)], at_or_base(b_data, p.b_offset(column, e), ok), ok);
+      copy_async(&b_tile[Tile::b_load_row(t, q)][Tile::b_slot(at.mn)], at_or_base(b_data, p.b_offset(column, e), ok),
+                 ok);
     }
   }
 
@@ -630,11 +637,16 @@ PETRA_UNROLL
   // 32 banks either way.
   __device__ void round_to_tf32(int t, float (*a_tile)[Tile::kLdA], float (*b_tile)[Tile::kLdB]) const {
     if constexpr (kVectorA) {
-PETRA_UNROLL
-      for (int q = 0; q < kRowsA; ++q) {
-        float4& v = *reinterpret_cast<float4*>(&a_tile[a_row_of(t, q)][Tile::a_vector_load(t, q).k]);
-        const float4 r = v;
-        v = make_float4(tf32_operand(r.x), tf32_operand(r.y), tf32_operand(r.z), tf32_operand(r.w));
+      // its two copies, k 4 j .. 4 j + 3 of rows r and r + 8 as they landed, interleaved into
+      // their places (Tile::a_row, a_column): (r, 4j) (r+8, 4j) (r, 4j+1) (r+8, 4j+1) in row r,
+      // k 4 j + 2 and 4 j + 3 the same in row r + 8
+      if (t < Tile::kVectorThreadsA) {
+        const int k = Tile::a_vector_load(t, 0).k;
+        float4& low = *reinterpret_cast<float4*>(&a_tile[a_row_of(t, 0)][k]);
+        float4& high = *reinterpret_cast<float4*>(&a_tile[a_row_of(t, 1)][k]);
+        const float4 r = low, r8 = high;
+        low = make_float4(tf32_operand(r.x), tf32_operand(r8.x), tf32_operand(r.y), tf32_operand(r8.y));
+        high = make_float4(tf32_operand(r.z), tf32_operand(r8.z), tf32_operand(r.w), tf32_operand(r8.w));
       }
     } else {
 PETRA_UNROLL
@@ -844,42 +856,45 @@ PETRA_UNROLL
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-// Per 16 k, lane 4 g + t takes k = 4 t .. 4 t + 3 of its 2 FM rows (Fragment::row: g, g + 8 of
-// each fragment) as one float4 each, and feeds them to two k8 steps: k 4 t and 4 t + 1 as the
-// fragments' k t and t + 4 in the first, 4 t + 2 and 4 t + 3 in the second (the mma's k are any
-// 8 of the step's, if A's and B's agree: each step sums 8 distinct k, the two all 16). B's column
-// g of its FN fragments at those k is FN / 4 float4 per k (tf32_b_slot puts four fragments'
-// columns side by side, tf32_b_row the lane's k on rows t, t + 4, t + 8, t + 12). So per 16 k:
-// 2 FM + FN shared loads for 2 FM FN products, each load's lanes on 32 different banks per
-// quarter-warp, and no rounding (the gather rounded the tiles). (Until run 9 this was WMMA
-// m16n16k8, whose fragment loads nvcc emitted as generic loads, one per element; until run 11 the
-// A tile was a_tile[k][m] and each warp rounded its A values again at every fragment load.)
+// Per 16 k, lane 4 g + t takes the k 4 t .. 4 t + 3 of its 2 FM rows (Fragment::row: g, g + 8 of
+// each fragment) and feeds them to two k8 steps: k 4 t and 4 t + 1 as the fragments' k t and
+// t + 4 in the first, 4 t + 2 and 4 t + 3 in the second (tf32_step_k; the mma's k are any 8 of
+// the step's, if A's and B's agree: each step sums 8 distinct k, the two all 16). The A tile holds
+// a fragment's four operands of a step side by side in the mma's order (TileShape::a_row), so
+// each is one 16-byte load into the instruction's register quad. B's column g of its FN
+// fragments at those k is FN / 4 float4 per k (tf32_b_slot puts four fragments' columns side by
+// side, tf32_b_row the lane's k on rows t, t + 4, t + 8, t + 12). So per 16 k: 2 FM + FN shared
+// loads for 2 FM FN products, each load's lanes on 32 different banks per quarter-warp, and no
+// rounding (the gather rounded the tiles). (Until run 9 this was WMMA m16n16k8, whose fragment
+// loads nvcc emitted as generic loads, one per element; until run 11 the A tile was a_tile[k][m]
+// and each warp rounded its A values again at every fragment load.)
 template <int FM, int FN>
 struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
   static_assert(FN % 4 == 0, "B's fragments are loaded four at a time (tf32_b_slot)");
   template <int K, bool kRolled, int LdA, int LdB>
   __device__ void mma(const float (*a_tile)[LdA], const float (*b_tile)[LdB], int wm, int wn) {
-    static_assert(K == 16 && LdA == 16, "a_tile[m][k]: one K step of 16 k per row");
+    static_assert(K == 16 && LdA == 16, "a_tile: one K step of 16 k per row (conv2d_tiling's TileShape::a_row)");
     const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
-    // rows[fm][s]: k 4 t .. 4 t + 3 of fragment fm's row 8 s + g
-    float4 rows[FM][2];
+    // operands[fm][h]: fragment fm's A operands of k8 step h, in the mma's order (TileShape::a_row:
+    // row g + 8 h of the fragment's 16 holds them at 4 t ..)
+    float4 operands[FM][2];
 PETRA_UNROLL
     for (int fm = 0; fm < FM; ++fm)
 PETRA_UNROLL
-      for (int s = 0; s < 2; ++s)
-        rows[fm][s] = *reinterpret_cast<const float4*>(&a_tile[wm + WarpTileTf32Base<FM, FN>::Fragment::row(fm, s, g)][4 * t]);
+      for (int h = 0; h < 2; ++h)
+        operands[fm][h] = *reinterpret_cast<const float4*>(&a_tile[wm + 16 * fm + g + 8 * h][4 * t]);
     if constexpr (kRolled) {
 PETRA_NO_UNROLL
-      for (int h = 0; h < 2; ++h) mma_k8(rows, b_tile, wn, t, g, h);
+      for (int h = 0; h < 2; ++h) mma_k8(operands, b_tile, wn, t, g, h);
     } else {
-      mma_k8(rows, b_tile, wn, t, g, 0);
-      mma_k8(rows, b_tile, wn, t, g, 1);
+      mma_k8(operands, b_tile, wn, t, g, 0);
+      mma_k8(operands, b_tile, wn, t, g, 1);
     }
   }
   // The products of k8 step h (0 or 1) of the 16: k 4 t + 2 h and 4 t + 2 h + 1 of lane t.
   template <int LdB>
-  __device__ __forceinline__ void mma_k8(const float4 (&rows)[FM][2], const float (*b_tile)[LdB], int wn, int t,
-                                         int g, int h) {
+  __device__ __forceinline__ void mma_k8(const float4 (&operands)[FM][2], const float (*b_tile)[LdB], int wn,
+                                         int t, int g, int h) {
     // fragments 4 j .. 4 j + 3: tile columns wn + 8 fn + g, at slots wn + 32 j + 4 g
     float4 low_columns[FN / 4], high_columns[FN / 4];
     const float* low_row = b_tile[tiling::tf32_step_b_row(t, h, 0)];  // tf32_b_row(tf32_step_k(t, h, 0))
@@ -895,12 +910,10 @@ PETRA_UNROLL
       const std::uint32_t b1 = __float_as_uint(reinterpret_cast<const float*>(&high_columns[fn / 4])[fn % 4]);
 PETRA_UNROLL
       for (int fm = 0; fm < FM; ++fm) {
-        // A's elements: (row g, k t), (row g + 8, k t), (row g, k t + 4), (row g + 8, k t + 4), k t
-        // and t + 4 being the row's float4 elements tf32_step_k(t, h, 0 or 1) - 4 t: 2 h, 2 h + 1
-        const float4& top = rows[fm][0];
-        const float4& bottom = rows[fm][1];
-        const float a0 = h == 0 ? top.x : top.z, a2 = h == 0 ? top.y : top.w;
-        const float a1 = h == 0 ? bottom.x : bottom.z, a3 = h == 0 ? bottom.y : bottom.w;
+        // A's elements (row g, k t), (row g + 8, k t), (row g, k t + 4), (row g + 8, k t + 4), k t
+        // and t + 4 standing for tf32_step_k(t, h, 0 and 1): the float4 as it is
+        const float4& a = operands[fm][h];
+        const float a0 = a.x, a1 = a.y, a2 = a.z, a3 = a.w;
         float* d = this->c[fm][fn];
         asm volatile(
             "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -915,8 +928,8 @@ PETRA_UNROLL
 #else
 // The emulated twin (also valid CUDA): each of the lane's accumulator elements adds, k in order,
 // fmaf(A, B, acc) over the rows and columns Tf32Fragment assigns it, A and B read from the tiles
-// where the gather put them (a_tile[m][k]; tf32_b_row, tf32_b_slot), rounded there to TF32 as the
-// real path takes them: TF32 inputs, FP32 accumulation. The tensor cores' internal order of a k8
+// where the gather put them (tf32_a_row, tf32_a_column; tf32_b_row, tf32_b_slot), rounded there to
+// TF32 as the real path takes them: TF32 inputs, FP32 accumulation. The tensor cores' internal order of a k8
 // step, and which k the real path's steps take, are the hardware's and the kernel's, so a GPU's
 // bits may differ from these; the emulated test holds the twin to a host model bit for bit and
 // both to ref:: within TF32's error (and the GPU's test-cuda holds the real instructions to
@@ -934,7 +947,8 @@ struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
           const int row = wm + Fragment::row(fm, e / 2, g), column = wn + Fragment::column(fn, t, e % 2);
           float v = this->c[fm][fn][e];
           for (int k = 0; k < K; ++k)
-            v = fmaf(a_tile[row][k], b_tile[tiling::tf32_b_row(k)][tiling::tf32_b_slot(column)], v);
+            v = fmaf(a_tile[tiling::tf32_a_row(row, k)][tiling::tf32_a_column(row, k)],
+                     b_tile[tiling::tf32_b_row(k)][tiling::tf32_b_slot(column)], v);
           this->c[fm][fn][e] = v;
         }
     __syncwarp();
@@ -1146,7 +1160,8 @@ namespace {
 // ceil(kernel / stride) per axis), rounded up to a multiple of 4 so that every row starts 16-byte
 // aligned (the 16-byte copies stop at the class's K).
 std::int64_t data_weight_k_max(const Conv2dShape& s) {
-  const std::int64_t k = s.out_channels * tiling::ceil_div(s.kernel_h, s.stride_h) * tiling::ceil_div(s.kernel_w, s.stride_w);
+  const std::int64_t k =
+      s.out_channels * tiling::ceil_div(s.kernel_h, s.stride_h) * tiling::ceil_div(s.kernel_w, s.stride_w);
   return tiling::ceil_div(k, 4) * 4;
 }
 std::int64_t data_weight_transposed_size(const Conv2dShape& s) {

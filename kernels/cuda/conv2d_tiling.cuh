@@ -232,6 +232,10 @@ PETRA_HOST_DEVICE constexpr int tf32_b_row(int k) { return (k & ~15) | ((k & 3) 
 PETRA_HOST_DEVICE constexpr int tf32_step_k(int t, int h, int high) { return 4 * t + 2 * h + high; }
 PETRA_HOST_DEVICE constexpr int tf32_step_b_row(int t, int h, int high) { return 4 * (2 * h + high) + t; }
 
+// Where the TF32 layout's a_tile holds A(m, k) of a K step of 16 (TileShape::a_row, a_column).
+PETRA_HOST_DEVICE constexpr int tf32_a_row(int m, int k) { return (m & ~8) + 8 * ((k % 4) / 2); }
+PETRA_HOST_DEVICE constexpr int tf32_a_column(int m, int k) { return 4 * (k / 4) + 2 * (k % 2) + (m / 8) % 2; }
+
 // The shared tiles' layout: the FP32 path's (A transposed, a_tile[k][m], rows padded by 4 floats;
 // b_tile[k][n] the same) or the TF32 path's (A as it is, a_tile[m][k]: a row's K values
 // contiguous, unpadded; b_tile's rows padded by 8 floats, in tf32_b_row's order, its columns in
@@ -245,6 +249,7 @@ struct TileShape {
   static_assert(K == 16 || K == 32);
   static constexpr bool kTf32 = Layout == TileLayout::tf32;
   static_assert(!kTf32 || K == 16, "the TF32 layout's A rows are one K step of 16 (tf32_b_row, WarpTileTf32)");
+  static_assert(kThreads == 256, "kVectorThreadsA: 2 M threads, at most all of them");
   static constexpr int kM = M, kN = N, kK = K;
   static constexpr int kMicroM = M / kThreadsY, kMicroN = N / kThreadsX;  // 4 or 8
   static_assert(kMicroM % 4 == 0 && kMicroN % 4 == 0, "the FP32 inner loop reads 4 values at a time (float4)");
@@ -258,11 +263,18 @@ struct TileShape {
   // t + 4 u, columns g) then read 32 different banks (Tf32Fragment, tf32_b_row).
   static constexpr int kARows = kTf32 ? M : K;
   static constexpr int kLdA = kTf32 ? K : M + 4, kLdB = N + (kTf32 ? 8 : 4);
-  // Where A(m, k) and B(k, n) of a step are in the tiles: a_tile[a_row(m, k)][a_column(m, k)],
-  // b_tile[b_row(k)][b_slot(n)] (b_row: k itself, or, in the TF32 layout, tf32_b_row(k); b_slot: n
-  // itself, or tf32_b_slot(n)).
-  PETRA_HOST_DEVICE static constexpr int a_row(int m, int k) { return kTf32 ? m : k; }
-  PETRA_HOST_DEVICE static constexpr int a_column(int m, int k) { return kTf32 ? k : m; }
+  // Where A(m, k) and B(k, n) of a step are in the tiles (once the TF32 path has rounded them):
+  // a_tile[a_row(m, k)][a_column(m, k)], b_tile[b_row(k)][b_slot(n)] (b_row: k itself, or, in the
+  // TF32 layout, tf32_b_row(k); b_slot: n itself, or tf32_b_slot(n)). The TF32 layout keeps each
+  // 16-float row of a_tile for one mma A fragment's operands: rows r and r + 8 of a 16-row group
+  // (r % 16 < 8) share the cells of 4 k, k = 4 j .. 4 j + 3 (u = k % 4): u = 0, 1 in row r, u = 2,
+  // 3 in row r + 8, at column 4 j + 2 (u % 2) + (the row's half: 0 for r, 1 for r + 8). So lane
+  // (g, t)'s A operands of a k8 step h, (g, k 4t + 2h), (g + 8, 4t + 2h), (g, 4t + 2h + 1), (g +
+  // 8, 4t + 2h + 1) in the mma's order, are the four floats of a_tile[g + 8 h][4 t ..]: one 16-byte
+  // load straight into the instruction's register quad (with the rows apart, nvcc added moves to
+  // assemble each quad: 17% of a 128 x 128 K step's SASS).
+  PETRA_HOST_DEVICE static constexpr int a_row(int m, int k) { return kTf32 ? tf32_a_row(m, k) : k; }
+  PETRA_HOST_DEVICE static constexpr int a_column(int m, int k) { return kTf32 ? tf32_a_column(m, k) : m; }
   PETRA_HOST_DEVICE static constexpr int b_row(int k) { return kTf32 ? tf32_b_row(k) : k; }
   PETRA_HOST_DEVICE static constexpr int b_slot(int n) { return kTf32 ? tf32_b_slot(n) : n; }
   // The stages of the K loop's pipeline (conv2d.cu, k_loop): three where three copies of the two
@@ -280,11 +292,17 @@ struct TileShape {
     return {t / K + q * (kThreads / K), t % K};
   }
   // The TF32 layout's A copies of 16 bytes, where a problem's A rows allow them (conv2d.cu,
-  // TileGather): thread t's v-th, v < kVectorLoadsA, is tile row t / 4 + 64 v, k 4 (t % 4) .. + 3,
-  // a quarter of a row (K = 16) of a_tile[m][k], so a warp's 32 copies fill 8 whole rows.
-  static constexpr int kVectorLoadsA = kLoadsA / 4;
+  // TileGather): threads t < kVectorThreadsA each copy the 4 k 4 j .. 4 j + 3 (j = t % 4) of the
+  // rows r and r + 8 of one pair (r = a_pair_row(t / 4)), v = 0 and 1, to a_tile[row][4 j ..] as
+  // they are (a_vector_load: the row and the first k of copy v; where it lands, too). Those 8
+  // places are where a_row and a_column put the same 8 values, so the thread that copied them
+  // rounds them and puts them in place (interleaved, TileGather::round_to_tf32) without another
+  // thread's values in the way. A quarter-warp's copies fill two whole rows: 32 banks.
+  static constexpr int kVectorLoadsA = 2;
+  static constexpr int kVectorThreadsA = 2 * M;  // M / 2 pairs x 4 cells; all threads at M = 128
+  PETRA_HOST_DEVICE static constexpr int a_pair_row(int pair) { return pair / 8 * 16 + pair % 8; }
   PETRA_HOST_DEVICE static constexpr TileCoordinate a_vector_load(int t, int v) {
-    return {t / 4 + v * (kThreads / 4), 4 * (t % 4)};
+    return {a_pair_row(t / 4) + 8 * v, 4 * (t % 4)};
   }
   // In the TF32 layout a thread's k are chosen so that their rows in b_tile (tf32_b_row) are its
   // own row group t / N plus a constant of q, as the FP32 layout's k are: with k = 4 a + b at row

@@ -465,12 +465,12 @@ TEST_CASE("conv2d tiling: tf32_operand_bits hands the tensor cores tf32_round's 
 
 namespace {
 // Tile's warps (WarpLayout) and their lanes' mma.m16n8k8 accumulator elements (Tf32Fragment)
-// cover its output once; a lane's four k of an A row (a_tile[m][k]) are one aligned 16-byte load,
-// and so are the B columns of four fragments (tf32_b_slot) at one of its k (tf32_b_row); each
-// shared load of a fragment puts the lanes of a quarter-warp (how the hardware serves 16-byte
-// accesses) on 32 different banks. The tiles' writers (the gather's copies and round_to_tf32: a
-// warp's 32 threads take 16 consecutive k of two rows of A, or 32 consecutive columns of one k of
-// B) also reach 32 different banks.
+// cover its output once; the A tile's places (a_row, a_column) hold each A(m, k) once, and a
+// lane's four A operands of a k8 step, in the mma's order, are one aligned 16-byte load, as are
+// the B columns of four fragments (tf32_b_slot) at one of its k (tf32_b_row); each shared load of
+// a fragment puts the lanes of a quarter-warp (how the hardware serves 16-byte accesses) on 32
+// different banks. The 16-byte A copies land where their values belong (so their thread rounds
+// them into place alone) on 32 banks; the scalar ones reach at most 2 ways of a bank, B's 32.
 template <class Tile>
 void check_warp_layout() {
   using Warps = tiling::WarpLayout<Tile>;
@@ -502,56 +502,73 @@ void check_warp_layout() {
     for (int n = first; n < first + 32; ++n) banks.insert((Tile::b_row(3) * Tile::kLdB + Tile::b_slot(n)) % 32);
     CHECK(banks.size() == 32);
   }
-  // The 16-byte A copies (a_vector_load) cover the A tile once, each 4 consecutive, aligned
-  // floats of a row; a quarter-warp's 8 copies (two whole rows) on 32 banks
-  std::vector<int> a_cover(Tile::kM * Tile::kK, 0);
-  for (int t = 0; t < tiling::kThreads; ++t)
+  // The A tile's places (a_row, a_column) hold each A(m, k) of the step once.
+  std::map<std::pair<int, int>, std::pair<int, int>> a_of;  // (row, column) -> (m, k)
+  for (int m = 0; m < Tile::kM; ++m)
+    for (int k = 0; k < Tile::kK; ++k) {
+      const int row = Tile::a_row(m, k), column = Tile::a_column(m, k);
+      REQUIRE(row < Tile::kARows);
+      REQUIRE(column < Tile::kLdA);
+      a_of[{row, column}] = {m, k};
+    }
+  CHECK(a_of.size() == std::size_t(Tile::kM * Tile::kK));
+  // The 16-byte A copies (a_vector_load): threads below kVectorThreadsA copy k 4 j .. 4 j + 3 of
+  // two rows each to a_tile[row][4 j ..], covering the tile once; the 8 places a thread's copies
+  // land on are where a_row and a_column put the same 8 values (so it rounds them into place
+  // alone); a quarter-warp's 8 copies on 32 banks.
+  std::vector<int> landed(Tile::kARows * Tile::kLdA, 0);
+  for (int t = 0; t < Tile::kVectorThreadsA; ++t) {
+    std::set<std::pair<int, int>> lands, places;
     for (int v = 0; v < Tile::kVectorLoadsA; ++v) {
       const tiling::TileCoordinate at = Tile::a_vector_load(t, v);
       REQUIRE(at.mn < Tile::kM);
+      REQUIRE(at.k % 4 == 0);
       REQUIRE(at.k + 4 <= Tile::kK);
-      const int word = Tile::a_row(at.mn, at.k) * Tile::kLdA + Tile::a_column(at.mn, at.k);
-      CHECK(word % 4 == 0);
       for (int i = 0; i < 4; ++i) {
-        CHECK(Tile::a_row(at.mn, at.k + i) * Tile::kLdA + Tile::a_column(at.mn, at.k + i) == word + i);
-        ++a_cover[at.mn * Tile::kK + at.k + i];
+        ++landed[at.mn * Tile::kLdA + at.k + i];
+        lands.insert({at.mn, at.k + i});
+        places.insert({Tile::a_row(at.mn, at.k + i), Tile::a_column(at.mn, at.k + i)});
       }
     }
-  for (const int count : a_cover) CHECK(count == 1);
+    CHECK(lands == places);
+  }
+  for (const int count : landed) CHECK(count == 1);
   for (int v = 0; v < Tile::kVectorLoadsA; ++v)
-    for (int first = 0; first < tiling::kThreads; first += 8) {
+    for (int first = 0; first < Tile::kVectorThreadsA; first += 8) {
       std::set<int> banks;
       for (int t = first; t < first + 8; ++t) {
         const tiling::TileCoordinate at = Tile::a_vector_load(t, v);
-        const int word = Tile::a_row(at.mn, at.k) * Tile::kLdA + Tile::a_column(at.mn, at.k);
-        for (int i = 0; i < 4; ++i) banks.insert((word + i) % 32);
+        for (int i = 0; i < 4; ++i) banks.insert((at.mn * Tile::kLdA + at.k + i) % 32);
       }
       CHECK(banks.size() == 32);
     }
-  // A's writers: each warp's threads (two rows of 16 k per copy) on 32 banks
+  // A's scalar writers (the copies where A's rows do not allow 16-byte ones): a warp's 32 on
+  // at most 2 ways of a bank (16 k of two rows, each row's k spread over a row pair)
   for (int warp = 0; warp < Warps::kWarps; ++warp)
     for (int q = 0; q < Tile::kLoadsA; ++q) {
-      std::set<int> banks;
+      std::map<int, int> ways;
       for (int t = 32 * warp; t < 32 * warp + 32; ++t) {
         const tiling::TileCoordinate at = Tile::a_load(t, q);
-        banks.insert((Tile::a_row(at.mn, at.k) * Tile::kLdA + Tile::a_column(at.mn, at.k)) % 32);
+        ++ways[(Tile::a_row(at.mn, at.k) * Tile::kLdA + Tile::a_column(at.mn, at.k)) % 32];
       }
-      CHECK(banks.size() == 32);
+      for (const auto& [bank, count] : ways) CHECK(count <= 2);
     }
   for (int warp = 0; warp < Warps::kWarps; ++warp) {
-    // lane (g, t)'s float4 of fragment fm's row 8 s + g: k 4 t .. 4 t + 3, aligned
+    // lane (g, t)'s A operands of fragment fm, k8 step h: the aligned float4 at row
+    // row(warp) + 16 fm + g + 8 h, column 4 t, holding A(g, 4t + 2h), A(g + 8, 4t + 2h), A(g, 4t
+    // + 2h + 1), A(g + 8, 4t + 2h + 1) of the fragment's rows, the mma's order; 32 banks per
+    // quarter-warp
     for (int fm = 0; fm < FM; ++fm)
-      for (int s = 0; s < 2; ++s)
+      for (int h = 0; h < 2; ++h)
         for (int first_lane = 0; first_lane < 32; first_lane += 8) {
           std::set<int> a_banks;
           for (int lane = first_lane; lane < first_lane + 8; ++lane) {
-            const int row = Warps::row(warp) + Fragment::row(fm, s, lane / 4);
-            const int word = Tile::a_row(row, 4 * (lane % 4)) * Tile::kLdA + Tile::a_column(row, 4 * (lane % 4));
-            CHECK(word % 4 == 0);
-            for (int i = 0; i < 4; ++i) {
-              CHECK(Tile::a_row(row, 4 * (lane % 4) + i) * Tile::kLdA + Tile::a_column(row, 4 * (lane % 4) + i) ==
-                    word + i);
-              a_banks.insert((word + i) % 32);
+            const int g = lane / 4, t = lane % 4, row = Warps::row(warp) + 16 * fm + g + 8 * h;
+            for (int e = 0; e < 4; ++e) {
+              const auto [m, k] = a_of.at({row, 4 * t + e});
+              CHECK(m == Warps::row(warp) + Fragment::row(fm, e % 2, g));
+              CHECK(k == tiling::tf32_step_k(t, h, e / 2));
+              a_banks.insert((row * Tile::kLdA + 4 * t + e) % 32);
             }
           }
           CHECK(a_banks.size() == 32);
@@ -601,8 +618,8 @@ void check_warp_layout() {
             for (int h = 0; h < 2; ++h)
               for (int kk = 0; kk < 8; ++kk) {
                 const int t = kk % 4, high = kk / 4;
-                const int a_row = Warps::row(warp) + Fragment::row(fm, r / 8, r % 8);  // lane (r % 8, t)'s row r / 8
-                const auto [a_m, a_k] = a_at(a_row, 4 * t + (tiling::tf32_step_k(t, h, high) - 4 * t));
+                // lane (r % 8, t)'s element r / 8 + 2 high, of the float4 at row + 16 fm + r % 8 + 8 h, 4 t
+                const auto [a_m, a_k] = a_at(Warps::row(warp) + 16 * fm + r % 8 + 8 * h, 4 * t + r / 8 + 2 * high);
                 const int b_row = tiling::tf32_step_b_row(t, h, high);  // lane (cc, t)
                 CHECK(b_row == tiling::tf32_b_row(tiling::tf32_step_k(t, h, high)));
                 const int b_slot = Warps::column(warp) + 32 * (fn / 4) + 4 * cc + fn % 4;
