@@ -530,6 +530,18 @@ class ConvSettings {
   ConvSettings(const ConvSettings&) = delete;
   ConvSettings& operator=(const ConvSettings&) = delete;
 };
+
+// petra's three passes on k (y = forward, dx = backward data, dw += backward weight) under `math`
+// and `tile`, set for the calls only.
+void three_passes(const StreamHandle& s, const Conv2dShape& k, petra::kernels::cuda::Conv2dMath math, int tile,
+                  const Buffer& x, const Buffer& w, const float* bias, const Buffer& dy, const Buffer& y,
+                  const Buffer& dx, const Buffer& dw) {
+  namespace cu = petra::kernels::cuda;
+  const ConvSettings forced(math, tile);
+  cu::conv2d_forward(s, k, x.get(), w.get(), bias, y.get());
+  cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx.get());
+  cu::conv2d_backward_weight(s, k, x.get(), dy.get(), dw.get());
+}
 }  // namespace
 
 TEST_CASE("cuda: petra's conv2d gives the same bits with every block tile, FP32 and TF32" * doctest::skip(kNoGpu)) {
@@ -566,12 +578,7 @@ TEST_CASE("cuda: petra's conv2d gives the same bits with every block tile, FP32 
       for (const int tile : {0, 1, 2, 3}) {
         CAPTURE(tile);
         Buffer y(std::vector<float>(ny, 7.0f), cs), dx(std::vector<float>(nx, 7.0f), cs), dw(d.dw0, cs);
-        {
-          const ConvSettings forced(math, tile);
-          cu::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y.get());
-          cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx.get());
-          cu::conv2d_backward_weight(s, k, x.get(), dy.get(), dw.get());
-        }
+        three_passes(s, k, math, tile, x, w, bias.get(), dy, y, dx, dw);
         const auto y_got = y.download(cs), dx_got = dx.download(cs), dw_got = dw.download(cs);
         if (math == cu::Conv2dMath::fp32) {
           CHECK(outside_bound(y_got, y_expected, y_magnitude, fp32_factor(k.in_channels * taps + 1)) == 0);
@@ -634,12 +641,7 @@ TEST_CASE("cuda: petra's TF32 conv2d rounds its inputs to nearest, ties away, on
     for (const int tile : {0, 1, 2, 3}) {
       CAPTURE(tile);
       Buffer y(std::vector<float>(ny, 7.0f), cs), dx(std::vector<float>(nx, 7.0f), cs), dw(std::vector<float>(nw, 0.0f), cs);
-      {
-        const ConvSettings forced(cu::Conv2dMath::tf32, tile);
-        cu::conv2d_forward(s, k, x.get(), w.get(), nullptr, y.get());
-        cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx.get());
-        cu::conv2d_backward_weight(s, k, x.get(), dy.get(), dw.get());
-      }
+      three_passes(s, k, cu::Conv2dMath::tf32, tile, x, w, nullptr, dy, y, dx, dw);
       CHECK(off(y.download(cs), y_terms) == 0);
       CHECK(off(dx.download(cs), dx_terms) == 0);
       CHECK(off(dw.download(cs), dw_terms) == 0);
