@@ -221,8 +221,8 @@ PETRA_HOST_DEVICE constexpr int tf32_b_slot(int n) { return (n & ~31) | ((n & 7)
 // Which row of the TF32 path's b_tile holds B's k (b_tile[tf32_b_row(k)][...]): within each 16 k,
 // k = 4 t + u (t, u < 4) at row 4 u + t. The TF32 path's mma.m16n8k8 steps do not take a K step's
 // k in order: lane (g, t) supplies k = 4 t, 4 t + 1 (fragment k t and t + 4) in the first k8 step
-// of each 16 and 4 t + 2, 4 t + 3 in the second (WarpTileTf32), so that its four k of an A row are
-// one 16-byte load. Stored so, its B values at those k are rows t, t + 4, t + 8, t + 12: the lanes
+// of each 16 and 4 t + 2, 4 t + 3 in the second (WarpTileTf32), so that its A operands of a step
+// are one 16-byte load (TileShape::a_row). Stored so, its B values at those k are rows t, t + 4, t + 8, t + 12: the lanes
 // of a load then sit on rows 8 banks apart, as when the rows were k's own. A 4 x 4 transpose, its
 // own inverse.
 PETRA_HOST_DEVICE constexpr int tf32_b_row(int k) { return (k & ~15) | ((k & 3) << 2) | ((k >> 2) & 3); }
@@ -237,9 +237,9 @@ PETRA_HOST_DEVICE constexpr int tf32_a_row(int m, int k) { return (m & ~8) + 8 *
 PETRA_HOST_DEVICE constexpr int tf32_a_column(int m, int k) { return 4 * (k / 4) + 2 * (k % 2) + (m / 8) % 2; }
 
 // The shared tiles' layout: the FP32 path's (A transposed, a_tile[k][m], rows padded by 4 floats;
-// b_tile[k][n] the same) or the TF32 path's (A as it is, a_tile[m][k]: a row's K values
-// contiguous, unpadded; b_tile's rows padded by 8 floats, in tf32_b_row's order, its columns in
-// tf32_b_slot's).
+// b_tile[k][n] the same) or the TF32 path's (A in rows of one K step, unpadded, each row pair's
+// values in the mma's operand order, tf32_a_row and tf32_a_column; b_tile's rows padded by 8
+// floats, in tf32_b_row's order, its columns in tf32_b_slot's).
 enum class TileLayout { fp32, tf32 };
 
 // K: the K step (kTileK = 16 for both paths' tiles, Tf32Tile below).
@@ -256,8 +256,8 @@ struct TileShape {
   static constexpr int kLoadsA = M * K / kThreads, kLoadsB = N * K / kThreads;
   // The shared tiles: a_tile[kARows][kLdA], b_tile[K][kLdB] per stage. FP32: a_tile[k][m], its rows
   // padded by 4 floats (multiples of 4: 16-byte rows for the inner loop's float4 reads); b_tile the
-  // same. TF32: a_tile[m][k], rows of K floats, unpadded: a lane's four k of a row are one 16-byte
-  // fragment load, and the 8 rows g of a load's quarter-warp pairs sit 16 banks apart (the K = 16
+  // same. TF32: M rows of K floats, unpadded (a_row below): a lane's A operands of a k8 step are
+  // one 16-byte load, and the rows g of a load's quarter-warp pairs sit 16 banks apart (the K = 16
   // floats of a row), so its lanes read 32 different banks; b_tile's rows padded by 8 floats, so
   // that a row is 8 banks further than the previous one: the lanes (g, t) of a fragment load (rows
   // t + 4 u, columns g) then read 32 different banks (Tf32Fragment, tf32_b_row).
@@ -368,7 +368,7 @@ inline TileChoice choose_tile(ConvPass pass, std::int64_t rows, std::int64_t col
 
 // ---- the TF32 path (the three passes under conv2d_math() == Conv2dMath::tf32) -----------------
 
-// The TF32 path's tiles: the FP32 path's K step of 16, A as a_tile[m][k], B's rows padded by 8
+// The TF32 path's tiles: the FP32 path's K step of 16, A in the mma's operand order, B's rows padded by 8
 // floats and in tf32_b_row's order, its columns in tf32_b_slot's (TileLayout::tf32), so three
 // pipeline stages on the 64 x 64, 64 x 128 and 128 x 64 tiles and two on the 128 x 128
 // (TileShape::kStages). Until run 9 the K step was 32
