@@ -58,10 +58,11 @@
 //
 // The TF32 path (all three passes, when set_conv2d_math(Conv2dMath::tf32)): implicit_gemm_tf32, the
 // same gather into shared tiles of the same sizes (choose_tile's) but laid out for the tensor cores
-// (conv2d_tiling's Tf32Tile): A as it is, a_tile[m][k] (a row's 16 k contiguous), B's rows in
-// tf32_b_row's order and its columns in tf32_b_slot's. Where A's rows are contiguous in k and
-// aligned (the forward's weights and the weight gradient's dy, on most shapes), A comes in 16-byte
-// copies of four k (a quarter of the copies). Each thread rounds the values it copied to TF32 in
+// (conv2d_tiling's Tf32Tile): A in rows of 16 k, each row pair's values in the mma's operand
+// order (TileShape::a_row), B's rows in tf32_b_row's order and its columns in tf32_b_slot's. Where
+// A's rows are contiguous in k and aligned (the forward's weights, the weight gradient's dy and,
+// through a copy laid out by k, backward data's weights), A comes in 16-byte copies of four k (a
+// quarter of the copies). Each thread rounds the values it copied to TF32 in
 // the tile, once, after they land (tf32_operand: half a unit added to the bits, the tensor cores
 // truncating the rest); each of the 8 warps multiplies its piece of the tile (16 x 32 to 32 x 64,
 // conv2d_tiling::WarpLayout) on the tensor cores (mma.m16n8k8 .tf32, FP32 accumulation; a lane's
@@ -836,8 +837,8 @@ PETRA_UNROLL
 // A warp's FM x FN accumulators of 16 x 8 (its piece of the block's C tile, rows wm.., columns
 // wn.., conv2d_tiling::WarpLayout), in the registers of mma.m16n8k8's fragments: zero(), mma<K>()
 // adds A(wm.., 0..K) B(0..K, wn..) from the shared tiles, whose values the gather rounded to TF32
-// (TileGather::round_to_tf32; A in a_tile[m][k], B in tf32_b_row's row and tf32_b_slot's column
-// order), with FP32 accumulation; c[fm][fn][e] is then C(wm + Fragment::row(fm, e / 2, g),
+// (TileGather::round_to_tf32; A in the mma's operand order, tf32_a_row, B in tf32_b_row's row
+// and tf32_b_slot's column order), with FP32 accumulation; c[fm][fn][e] is then C(wm + Fragment::row(fm, e / 2, g),
 // wn + Fragment::column(fn, t, e % 2)) for lane 4 g + t. Every lane of the warp calls mma (it is
 // warp-collective). The only code with tensor-core instructions; below sm_80 and under the
 // emulation it is the twin after it.
@@ -957,8 +958,8 @@ struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
 #endif
 
 // implicit_gemm with the multiply on the tensor cores: the same gather into the TF32 layout's
-// tiles (A as a_tile[m][k]; in 16-byte copies with kVectorA, where the problem's A rows allow
-// them: kernel_with), rounded there; each warp accumulates its piece in mma.m16n8k8 fragments
+// tiles (A in the mma's operand order; in 16-byte copies with kVectorA, where the problem's A rows
+// allow them: kernel_with), rounded there; each warp accumulates its piece in mma.m16n8k8 fragments
 // (conv2d_tiling::WarpLayout, Tf32Fragment) and at the end stores them straight from its
 // registers: each lane's 2 FM rows and 2 FN columns decomposed once. Deterministic too: a fixed
 // sequence of mma per warp. The three passes use it under TF32 (choose_tile's tile unless

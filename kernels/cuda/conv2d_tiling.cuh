@@ -404,8 +404,8 @@ struct WarpLayout {
 // element e is A(row 8 (e % 2) + g, k t + 4 (e / 2)) and B's element e is B(k t + 4 e, column g);
 // which of a K step's k the fragment's k are is the kernel's choice (tf32_b_row). Fragment fm's
 // row 8 s + g is piece row 16 fm + 8 s + g, fragment fn's column c is piece column 8 fn + c. (Until
-// the A tile held rows of k, a_tile[m][k], the rows were interleaved so that a lane's rows of one k
-// were adjacent there; now a lane's k of one row are.)
+// the A tile held rows of k, a_tile[k][m], the rows were interleaved so that a lane's rows of one k
+// were adjacent there; now the A tile holds a lane's operands side by side, TileShape::a_row.)
 template <int FM>
 struct Tf32Fragment {
   static_assert(FM == 1 || FM == 2);
