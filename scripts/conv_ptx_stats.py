@@ -5,22 +5,23 @@
 
 The machine that builds petra has nvcc and ptxas but no cuobjdump/nvdisasm and no GPU, so a change
 to kernels/cuda/conv2d.cu cannot be timed or disassembled here. This prints, per kernel
-(implicit_gemm / implicit_gemm_tf32 x problem x tile), what its PTX says about the main K loop:
-the loop's instructions (one step; an inner k8 loop, where the TF32 kernels keep one, counted
-once; the TF32 kernels with 16-byte A copies are rows "tf32v"), integer divisions and remainders (each a ~20-instruction subroutine in SASS), 64-bit
-comparisons, TF32 conversions (cvt.rna.tf32.f32: two SASS instructions on sm_90), shared loads
-and stores, and tensor-core products; and ptxas's registers and spills. PTX is not what the GPU
-runs (ptxas schedules, combines and expands it), so compare two versions of the source with each
-other; --sass adds the SASS instructions of one K step per kernel, from the machine code itself
-without a disassembler: each kernel's .text size (16 bytes an instruction) with the main loop
-unrolled 4 times less unrolled twice, halved (static counts: an inner k8 loop, where a kernel keeps
-one, counted once) (--against REV: the same kernels at a git revision, printed as old>new), never with a profile. The main K loop is found as the innermost backward
-branch whose body holds both the cp.async wait and the barrier.
+(implicit_gemm / implicit_gemm_tf32 x problem x tile; "tf32v": the TF32 kernels with 16-byte A
+copies), what its PTX says about the main K loop: the loop's instructions (one step; an inner k8
+loop, where a TF32 kernel keeps one, counted once), integer divisions and remainders (each a
+~20-instruction subroutine in SASS), 64-bit comparisons, TF32 conversions (cvt.rna.tf32.f32:
+three SASS instructions on sm_80 and sm_90), shared loads and stores, and tensor-core products;
+and ptxas's registers and spills. PTX is not what the GPU runs (ptxas schedules, combines and
+expands it), so compare two versions of the source with each other (--against REV: the same
+kernels at a git revision, printed as old>new), never with a profile. --sass adds the SASS
+instructions of one K step per kernel, from the machine code itself without a disassembler: each
+kernel's .text size (16 bytes an instruction) with the main loop unrolled 4 times less unrolled
+twice, halved (static counts; an inner k8 loop counted once). The main K loop is found as the
+innermost backward branch whose body holds both the cp.async wait and the barrier.
 
 It compiles with the build's own nvcc command for kernels/cuda/conv2d.cu (from the build's ninja
 file), for one architecture (compute_ARCH PTX, sm_ARCH for ptxas); a revision is exported with
-git archive and compiled with its own headers. docs/gpu-kernels.md (steps 12
-and 13) quotes its numbers.
+git archive and compiled with its own headers. docs/gpu-kernels.md (steps 12 to 14) quotes its
+numbers.
 """
 import argparse
 import os

@@ -62,12 +62,13 @@
 // order (TileShape::a_row), B's rows in tf32_b_row's order and its columns in tf32_b_slot's. Where
 // A's rows are contiguous in k and aligned (the forward's weights, the weight gradient's dy and,
 // through a copy laid out by k, backward data's weights), A comes in 16-byte copies of four k (a
-// quarter of the copies). Each thread rounds the values it copied to TF32 in
-// the tile, once, after they land (tf32_operand: half a unit added to the bits, the tensor cores
+// quarter of the copies). Each thread rounds the values it copied to TF32 in the tile, once, after
+// they land (tf32_operand: half a unit added to the bits, the tensor cores
 // truncating the rest); each of the 8 warps multiplies its piece of the tile (16 x 32 to 32 x 64,
 // conv2d_tiling::WarpLayout) on the tensor cores (mma.m16n8k8 .tf32, FP32 accumulation; a lane's
-// four k of an A row one 16-byte load, feeding the two k8 steps of a K step, tf32_step_k; B's
-// fragments of four columns one 16-byte load), then stores its accumulators from the registers.
+// four A operands of a k8 step one 16-byte load, the step taking 8 of the K step's 16 k,
+// tf32_step_k; B's fragments of four columns one 16-byte load), then stores its accumulators from
+// the registers.
 // The tensor-core instructions are confined to one small struct, WarpTileTf32; under the emulation
 // (and below sm_80) its twin does the same math element by element: fmaf(a, b, acc) over k in
 // order, a and b as the tiles hold them (rounded).
@@ -145,9 +146,6 @@ struct alignas(16) KEntry {  // 16-byte aligned: one 128-bit shared load per ent
   Index i, j;  // coordinates for the bounds checks, problem-specific
 };
 
-// Whether p is 16-byte aligned (the host's test for the TF32 path's 16-byte A copies).
-inline bool aligned16(const float* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
 // 0 <= v < extent, in one comparison (extent < 2^31).
 __device__ inline bool inside(Index v, std::int64_t extent) { return std::uint32_t(v) < std::uint32_t(extent); }
 
@@ -189,7 +187,7 @@ struct ForwardProblem {
   // A's k of a row are consecutive floats (a weight row), so four of them from a multiple of 4
   // are one 16-byte copy where every row starts aligned (TileGather's kVectorA).
   static constexpr bool kVectorA = true;
-  bool vector_a_allowed() const { return aligned16(w) && g.in_channels * g.taps() % 4 == 0; }
+  bool vector_a_allowed() const { return cuda_detail::aligned_16(w) && g.in_channels * g.taps() % 4 == 0; }
   __device__ const float* b_data() const { return x; }
   __device__ bool b_inside(const Column& c, const KEntry& e) const {
     return inside(c.h0 + e.i, g.in_h) & inside(c.w0 + e.j, g.in_w);
@@ -243,7 +241,7 @@ struct DataProblem {
   const float* w;
   float* dx;
   const float* wt = nullptr;  // the copy by k, or null: A from w
-  Index k_max = 0;            // wt's row length: out_channels x the largest class's taps
+  Index k_max = 0;            // wt's row length (data_weight_k_max, a multiple of 4)
   tiling::StrideClass class_h{}, class_w{};  // set by in_slice
   Index a_base = 0;                          // set by in_slice: where class z's rows start in wt
 
@@ -285,9 +283,10 @@ struct DataProblem {
   }
   __device__ const float* a_data() const { return wt != nullptr ? wt : w; }
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return e.a + r.w_channel; }
-  // Reading wt, A's k of a row are consecutive floats: 16-byte copies where its rows start aligned.
+  // Reading wt, A's k of a row are consecutive floats and its rows start aligned (k_max is a
+  // multiple of 4): 16-byte copies.
   static constexpr bool kVectorA = true;
-  bool vector_a_allowed() const { return wt != nullptr && aligned16(wt) && k_max % 4 == 0; }
+  bool vector_a_allowed() const { return wt != nullptr && cuda_detail::aligned_16(wt); }
   __device__ const float* b_data() const { return dy; }
   __device__ bool b_inside(const Column& c, const KEntry& e) const {
     return inside(c.oh0 - e.i, g.out_h) & inside(c.ow0 - e.j, g.out_w);
@@ -363,7 +362,7 @@ struct WeightProblem {
   // of 4 (the slices begin at multiples of kTileK) are consecutive floats of one sample, and one
   // aligned 16-byte copy, where the plane is a multiple of 4 and dy aligned (TileGather's kVectorA).
   static constexpr bool kVectorA = true;
-  bool vector_a_allowed() const { return aligned16(dy) && g.out_plane() % 4 == 0; }
+  bool vector_a_allowed() const { return cuda_detail::aligned_16(dy) && g.out_plane() % 4 == 0; }
   __device__ const float* b_data() const { return x; }
   __device__ bool b_inside(const Column& c, const KEntry& e) const {
     return inside(e.i + c.i, g.in_h) & inside(e.j + c.j, g.in_w);
@@ -430,7 +429,7 @@ struct WinogradWeightProblem {
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return r.u_row + e.a; }
   // A's k of a row are consecutive floats of U_e's row: 16-byte copies where T is a multiple of 4.
   static constexpr bool kVectorA = true;
-  bool vector_a_allowed() const { return aligned16(u) && t_count % 4 == 0; }
+  bool vector_a_allowed() const { return cuda_detail::aligned_16(u) && t_count % 4 == 0; }
   __device__ const float* b_data() const { return v; }
   __device__ bool b_inside(const Column& /*c*/, const KEntry& /*e*/) const { return true; }
   __device__ Index b_offset(const Column& c, const KEntry& e) const { return e.b + c.v_column; }
@@ -633,9 +632,9 @@ PETRA_UNROLL
   // block). Each value is read by the warps of a row or a column of pieces (2 or 4); rounded here,
   // once, instead of by each of them after its fragment load (the copies cannot round: they bypass
   // the registers). Per step a thread's kLoadsA + kLoadsB loads, roundings and stores, where the
-  // fragments cost each lane 4 FM + 2 FN roundings per k8 step. The thread's copies of a k are 16
-  // consecutive floats of a row of a warp's two rows (A) or 32 consecutive slots of one row (B):
-  // 32 banks either way.
+  // fragments cost each lane 4 FM + 2 FN roundings per k8 step. A warp's values are on 32 banks
+  // (B, and A's 16-byte copies) or at most 2 ways of one (A's scalar copies), as the tiling test
+  // counts.
   __device__ void round_to_tf32(int t, float (*a_tile)[Tile::kLdA], float (*b_tile)[Tile::kLdB]) const {
     if constexpr (kVectorA) {
       // its two copies, k 4 j .. 4 j + 3 of rows r and r + 8 as they landed, interleaved into
@@ -838,10 +837,10 @@ PETRA_UNROLL
 // wn.., conv2d_tiling::WarpLayout), in the registers of mma.m16n8k8's fragments: zero(), mma<K>()
 // adds A(wm.., 0..K) B(0..K, wn..) from the shared tiles, whose values the gather rounded to TF32
 // (TileGather::round_to_tf32; A in the mma's operand order, tf32_a_row, B in tf32_b_row's row
-// and tf32_b_slot's column order), with FP32 accumulation; c[fm][fn][e] is then C(wm + Fragment::row(fm, e / 2, g),
-// wn + Fragment::column(fn, t, e % 2)) for lane 4 g + t. Every lane of the warp calls mma (it is
-// warp-collective). The only code with tensor-core instructions; below sm_80 and under the
-// emulation it is the twin after it.
+// and tf32_b_slot's column order), with FP32 accumulation; c[fm][fn][e] is then
+// C(wm + Fragment::row(fm, e / 2, g), wn + Fragment::column(fn, t, e % 2)) for lane 4 g + t. Every
+// lane of the warp calls mma (it is warp-collective). The only code with tensor-core
+// instructions; below sm_80 and under the emulation it is the twin after it.
 template <int FM, int FN>
 struct WarpTileTf32Base {
   using Fragment = tiling::Tf32Fragment<FM>;  // which rows and columns a lane's elements are
@@ -876,26 +875,24 @@ struct WarpTileTf32 : WarpTileTf32Base<FM, FN> {
   __device__ void mma(const float (*a_tile)[LdA], const float (*b_tile)[LdB], int wm, int wn) {
     static_assert(K == 16 && LdA == 16, "a_tile: one K step of 16 k per row (conv2d_tiling's TileShape::a_row)");
     const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
-    // operands[fm][h]: fragment fm's A operands of k8 step h, in the mma's order (TileShape::a_row:
-    // row g + 8 h of the fragment's 16 holds them at 4 t ..)
-    float4 operands[FM][2];
-PETRA_UNROLL
-    for (int fm = 0; fm < FM; ++fm)
-PETRA_UNROLL
-      for (int h = 0; h < 2; ++h)
-        operands[fm][h] = *reinterpret_cast<const float4*>(&a_tile[wm + 16 * fm + g + 8 * h][4 * t]);
     if constexpr (kRolled) {
 PETRA_NO_UNROLL
-      for (int h = 0; h < 2; ++h) mma_k8(operands, b_tile, wn, t, g, h);
+      for (int h = 0; h < 2; ++h) mma_k8(a_tile, b_tile, wm, wn, t, g, h);
     } else {
-      mma_k8(operands, b_tile, wn, t, g, 0);
-      mma_k8(operands, b_tile, wn, t, g, 1);
+      mma_k8(a_tile, b_tile, wm, wn, t, g, 0);
+      mma_k8(a_tile, b_tile, wm, wn, t, g, 1);
     }
   }
   // The products of k8 step h (0 or 1) of the 16: k 4 t + 2 h and 4 t + 2 h + 1 of lane t.
-  template <int LdB>
-  __device__ __forceinline__ void mma_k8(const float4 (&operands)[FM][2], const float (*b_tile)[LdB], int wn,
+  template <int LdA, int LdB>
+  __device__ __forceinline__ void mma_k8(const float (*a_tile)[LdA], const float (*b_tile)[LdB], int wm, int wn,
                                          int t, int g, int h) {
+    // operands[fm]: fragment fm's A operands of this step, in the mma's order (TileShape::a_row:
+    // row g + 8 h of the fragment's 16 holds them at 4 t ..)
+    float4 operands[FM];
+PETRA_UNROLL
+    for (int fm = 0; fm < FM; ++fm)
+      operands[fm] = *reinterpret_cast<const float4*>(&a_tile[wm + 16 * fm + g + 8 * h][4 * t]);
     // fragments 4 j .. 4 j + 3: tile columns wn + 8 fn + g, at slots wn + 32 j + 4 g
     float4 low_columns[FN / 4], high_columns[FN / 4];
     const float* low_row = b_tile[tiling::tf32_step_b_row(t, h, 0)];  // tf32_b_row(tf32_step_k(t, h, 0))
@@ -913,7 +910,7 @@ PETRA_UNROLL
       for (int fm = 0; fm < FM; ++fm) {
         // A's elements (row g, k t), (row g + 8, k t), (row g, k t + 4), (row g + 8, k t + 4), k t
         // and t + 4 standing for tf32_step_k(t, h, 0 and 1): the float4 as it is
-        const float4& a = operands[fm][h];
+        const float4& a = operands[fm];
         const float a0 = a.x, a1 = a.y, a2 = a.z, a3 = a.w;
         float* d = this->c[fm][fn];
         asm volatile(
@@ -930,9 +927,9 @@ PETRA_UNROLL
 // The emulated twin (also valid CUDA): each of the lane's accumulator elements adds, k in order,
 // fmaf(A, B, acc) over the rows and columns Tf32Fragment assigns it, A and B read from the tiles
 // where the gather put them (tf32_a_row, tf32_a_column; tf32_b_row, tf32_b_slot), rounded there to
-// TF32 as the real path takes them: TF32 inputs, FP32 accumulation. The tensor cores' internal order of a k8
-// step, and which k the real path's steps take, are the hardware's and the kernel's, so a GPU's
-// bits may differ from these; the emulated test holds the twin to a host model bit for bit and
+// TF32 as the real path takes them: TF32 inputs, FP32 accumulation. The tensor cores' internal
+// order of a k8 step, and which k the real path's steps take, are the hardware's and the kernel's,
+// so a GPU's bits may differ from these; the emulated test holds the twin to a host model bit for bit and
 // both to ref:: within TF32's error (and the GPU's test-cuda holds the real instructions to
 // ref::, and its rounding to an exact case).
 template <int FM, int FN>

@@ -222,9 +222,9 @@ PETRA_HOST_DEVICE constexpr int tf32_b_slot(int n) { return (n & ~31) | ((n & 7)
 // k = 4 t + u (t, u < 4) at row 4 u + t. The TF32 path's mma.m16n8k8 steps do not take a K step's
 // k in order: lane (g, t) supplies k = 4 t, 4 t + 1 (fragment k t and t + 4) in the first k8 step
 // of each 16 and 4 t + 2, 4 t + 3 in the second (WarpTileTf32), so that its A operands of a step
-// are one 16-byte load (TileShape::a_row). Stored so, its B values at those k are rows t, t + 4, t + 8, t + 12: the lanes
-// of a load then sit on rows 8 banks apart, as when the rows were k's own. A 4 x 4 transpose, its
-// own inverse.
+// are one 16-byte load (TileShape::a_row). Stored so, its B values at those k are rows t, t + 4,
+// t + 8, t + 12: the lanes of a load then sit on rows 8 banks apart, as when the rows were k's
+// own. A 4 x 4 transpose, its own inverse.
 PETRA_HOST_DEVICE constexpr int tf32_b_row(int k) { return (k & ~15) | ((k & 3) << 2) | ((k >> 2) & 3); }
 // The k of a K step of 16 that lane (g, t)'s fragment k t (high = 0) or t + 4 (high = 1) stands
 // for in the step's k8 product h (0 or 1): 4 t + 2 h + high, in A's and B's fragments alike; and

@@ -615,7 +615,8 @@ TEST_CASE("cuda: petra's TF32 conv2d rounds its inputs to nearest, ties away, on
   const StreamHandle host{};
   const float above = 1.0f + 3 * 0x1p-12f, tie = 1.0f + 0x1p-11f;
   const double r = 1.0 + 0x1p-10;
-  for (const Conv2dShape& k : {Conv2dShape{2, 8, 6, 6, 70, 3, 3, 1, 1, 1, 1}, Conv2dShape{3, 70, 7, 9, 6, 3, 3, 2, 2, 1, 1}}) {
+  for (const Conv2dShape& k :
+       {Conv2dShape{2, 8, 6, 6, 70, 3, 3, 1, 1, 1, 1}, Conv2dShape{3, 70, 7, 9, 6, 3, 3, 2, 2, 1, 1}}) {
     INFO("x (", k.batch, ", ", k.in_channels, ", ", k.in_h, ", ", k.in_w, ") out ", k.out_channels, " stride ",
          k.stride_h);
     const auto ny = std::size_t(k.output_size()), nx = std::size_t(k.input_size()), nw = std::size_t(k.weight_size());
@@ -637,10 +638,12 @@ TEST_CASE("cuda: petra's TF32 conv2d rounds its inputs to nearest, ties away, on
       CHECK(blind == 0);
       return bad;
     };
-    Buffer x(std::vector<float>(nx, tie), cs), w(std::vector<float>(nw, above), cs), dy(std::vector<float>(ny, tie), cs);
+    Buffer x(std::vector<float>(nx, tie), cs), w(std::vector<float>(nw, above), cs),
+        dy(std::vector<float>(ny, tie), cs);
     for (const int tile : {0, 1, 2, 3}) {
       CAPTURE(tile);
-      Buffer y(std::vector<float>(ny, 7.0f), cs), dx(std::vector<float>(nx, 7.0f), cs), dw(std::vector<float>(nw, 0.0f), cs);
+      Buffer y(std::vector<float>(ny, 7.0f), cs), dx(std::vector<float>(nx, 7.0f), cs),
+          dw(std::vector<float>(nw, 0.0f), cs);
       three_passes(s, k, cu::Conv2dMath::tf32, tile, x, w, nullptr, dy, y, dx, dw);
       CHECK(off(y.download(cs), y_terms) == 0);
       CHECK(off(dx.download(cs), dx_terms) == 0);
