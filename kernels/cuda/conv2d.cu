@@ -131,7 +131,7 @@ using tiling::Tap;
 // or (sample, row, column)): the block computes it once per k per step, 16 threads for the step's
 // 16 k, into a table in shared memory (write_k_step, which moves the digits on by 16 a step). A value
 // of A is then a_data()[a_offset(row, e)], one of B b_data()[b_offset(column, e)] where
-// b_inside(column, e) (else the zero padding): adds and two bounds checks; a thread's rows and
+// b_inside(column, e) (else the zero padding): two bit tests (tiling::bits_meet); a thread's rows and
 // column are decomposed once, before the K loop. (Before the table each of the 256 threads
 // decomposed each of its 8 values' k again: integer work that outweighed the multiply-adds, so the
 // FP32 and TF32 kernels ran at the same ~11 TFLOP/s on an H200.)
@@ -142,8 +142,8 @@ using tiling::Tap;
 // made nvcc recompute the rows' offsets inside the loop (Nsight Compute's source view, run 9).
 using Index = std::int32_t;
 struct alignas(16) KEntry {  // 16-byte aligned: one 128-bit shared load per entry
-  Index a, b;  // offsets, problem-specific (see each k_entry_at)
-  Index i, j;  // coordinates for the bounds checks, problem-specific
+  Index a, b;                  // offsets, problem-specific (see each k_entry_at)
+  std::uint32_t h, w;  // k's side of the bounds check (Problem::b_inside): tap bits, or biased coordinates
 };
 
 // 0 <= v < extent, in one comparison (extent < 2^31).
@@ -163,8 +163,8 @@ struct ForwardProblem {
     Index w_row;  // offset of the weight row
   };
   struct Column {
-    Index x_corner;  // offset in x of the pixel's tap (0, 0) in channel 0 (may be padding)
-    Index h0, w0;    // that tap's input coordinates (negative in the padding)
+    Index x_corner;                // offset in x of the pixel's tap (0, 0) in channel 0 (may be padding)
+    std::uint32_t taps_h, taps_w;  // the tap rows and columns that land inside x (tiling::taps_inside)
   };
   __device__ ForwardProblem in_slice(unsigned /*z*/) const { return *this; }
   __device__ std::int64_t rows() const { return g.out_channels; }
@@ -175,12 +175,14 @@ struct ForwardProblem {
   __device__ Row row(Index m) const { return {m * Index(depth())}; }
   __device__ Column column(std::int64_t n) const {
     const tiling::OutputPixel o = tiling::output_pixel(g, n);
-    return {Index(tiling::corner_offset(g, o)), Index(o.h0), Index(o.w0)};
+    return {Index(tiling::corner_offset(g, o)), tiling::taps_inside(Index(o.h0), Index(g.in_h)),
+            tiling::taps_inside(Index(o.w0), Index(g.in_w))};
   }
-  // k = (c, i, j) (its digits in k_radix): a = k, b = the tap's offset from the corner, i, j.
+  // k = (c, i, j) (its digits in k_radix): a = k, b = the tap's offset from the corner, the bits
+  // of i and j.
   __device__ tiling::Radix k_radix() const { return {std::int32_t(g.kernel_h), std::int32_t(g.kernel_w)}; }
   __device__ KEntry k_entry_at(Index k, const tiling::Digits& d) const {
-    return {k, (d.hi * Index(g.in_h) + d.mid) * Index(g.in_w) + d.lo, d.mid, d.lo};
+    return {k, (d.hi * Index(g.in_h) + d.mid) * Index(g.in_w) + d.lo, tiling::tap_bit(d.mid), tiling::tap_bit(d.lo)};
   }
   __device__ const float* a_data() const { return w; }
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return r.w_row + e.a; }
@@ -189,8 +191,8 @@ struct ForwardProblem {
   static constexpr bool kVectorA = true;
   bool vector_a_allowed() const { return cuda_detail::aligned_16(w) && g.in_channels * g.taps() % 4 == 0; }
   __device__ const float* b_data() const { return x; }
-  __device__ bool b_inside(const Column& c, const KEntry& e) const {
-    return inside(c.h0 + e.i, g.in_h) & inside(c.w0 + e.j, g.in_w);
+  __device__ bool b_inside(const Column& c, const KEntry& e, bool /*k_inside*/) const {
+    return tiling::bits_meet(c.taps_h, e.h, c.taps_w, e.w);
   }
   __device__ Index b_offset(const Column& c, const KEntry& e) const { return c.x_corner + e.b; }
   // y[b, m, pixel] for column n = (b, pixel): the column's part (decomposed once per column, not
@@ -250,7 +252,9 @@ struct DataProblem {
   };
   struct Column {
     Index dy_pixel;  // where output pixel (oh0, ow0) of the sample's channel 0 is in dy (may be outside)
-    Index oh0, ow0;  // the output pixel that reads this input pixel through the class's tap 0
+    // the class's taps v through which a pixel of dy reads this input pixel, where (oh0, ow0) is
+    // the one that reads it through the class's tap 0: (oh0 - v_i, ow0 - v_j) inside dy
+    std::uint32_t taps_h, taps_w;
   };
   __device__ DataProblem in_slice(unsigned z) const {
     DataProblem q = *this;
@@ -269,17 +273,21 @@ struct DataProblem {
   __device__ Column column(std::int64_t n) const {
     const tiling::Pixel p = tiling::split_pixel(n, class_h.count, class_w.count);
     const std::int64_t oh0 = class_h.out0 + p.y, ow0 = class_w.out0 + p.x;
-    return {Index(p.b * g.out_channels * g.out_plane() + oh0 * g.out_w + ow0), Index(oh0), Index(ow0)};
+    // 0 <= oh0 - v < out_h: oh0 - out_h < v <= oh0
+    return {Index(p.b * g.out_channels * g.out_plane() + oh0 * g.out_w + ow0),
+            tiling::bit_range(Index(oh0 - g.out_h + 1), Index(oh0 + 1)),
+            tiling::bit_range(Index(ow0 - g.out_w + 1), Index(ow0 + 1))};
   }
   // k = (o, v_i, v_j) (its digits in k_radix), tap (i, j) = (tap0_h + v_i * stride_h, tap0_w +
-  // v_j * stride_w): a = where w[o, 0, i, j] is (or k itself, reading wt); i, j = v_i, v_j; b = the
-  // offset in dy from a column's (oh0, ow0) in channel 0 to the pixel (oh0 - v_i, ow0 - v_j) of
-  // channel o it reads through the tap.
+  // v_j * stride_w): a = where w[o, 0, i, j] is (or k itself, reading wt); b = the offset in dy
+  // from a column's (oh0, ow0) in channel 0 to the pixel (oh0 - v_i, ow0 - v_j) of channel o it
+  // reads through the tap; the bits of v_i and v_j.
   __device__ tiling::Radix k_radix() const { return {std::int32_t(class_h.taps), std::int32_t(class_w.taps)}; }
   __device__ KEntry k_entry_at(Index k, const tiling::Digits& d) const {
     const Index i = Index(class_h.tap0) + d.mid * Index(g.stride_h), j = Index(class_w.tap0) + d.lo * Index(g.stride_w);
     return {wt != nullptr ? k : d.hi * Index(g.in_channels * g.taps()) + i * Index(g.kernel_w) + j,
-            d.hi * Index(g.out_plane()) - d.mid * Index(g.out_w) - d.lo, d.mid, d.lo};
+            d.hi * Index(g.out_plane()) - d.mid * Index(g.out_w) - d.lo, tiling::tap_bit(d.mid),
+            tiling::tap_bit(d.lo)};
   }
   __device__ const float* a_data() const { return wt != nullptr ? wt : w; }
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return e.a + r.w_channel; }
@@ -288,8 +296,8 @@ struct DataProblem {
   static constexpr bool kVectorA = true;
   bool vector_a_allowed() const { return wt != nullptr && cuda_detail::aligned_16(wt); }
   __device__ const float* b_data() const { return dy; }
-  __device__ bool b_inside(const Column& c, const KEntry& e) const {
-    return inside(c.oh0 - e.i, g.out_h) & inside(c.ow0 - e.j, g.out_w);
+  __device__ bool b_inside(const Column& c, const KEntry& e, bool /*k_inside*/) const {
+    return tiling::bits_meet(c.taps_h, e.h, c.taps_w, e.w);
   }
   __device__ Index b_offset(const Column& c, const KEntry& e) const { return c.dy_pixel + e.b; }
   // dx[b, m, h, w] for column n = the class's pixel (b, h, w): the column's part plus m * in_plane.
@@ -333,9 +341,15 @@ struct WeightProblem {
     Index dy_channel;  // o * out_h * out_w
   };
   struct Column {
-    Index x_tap;  // the tap's offset from an output pixel's corner: (c * in_h + i) * in_w + j
-    Index i, j;
+    Index x_tap;         // the tap's offset from an output pixel's corner: (c * in_h + i) * in_w + j
+    std::uint32_t i, j;  // the tap, less kCoordinateBias (mod 2^32)
   };
+  // The K-step table's entries hold the input coordinates (h0, w0) of their pixel's tap (0, 0)
+  // plus 2^31 (mod 2^32), the columns their tap (i, j) less as much, so that an entry plus a column
+  // is h0 + i and w0 + j, checked in one unsigned comparison each, and the zero entry past k_end is
+  // a pixel at -2^31, outside the image for every tap. (A pixel's taps as masks, as the forward's,
+  // would have the table's writers compute four masks an entry: no fewer instructions in all.)
+  static constexpr std::uint32_t kCoordinateBias = 0x80000000u;
   __device__ WeightProblem in_slice(unsigned /*z*/) const { return *this; }  // z: the K slice
   __device__ std::int64_t rows() const { return g.out_channels; }
   __device__ std::int64_t columns() const { return g.in_channels * g.taps(); }
@@ -345,16 +359,17 @@ struct WeightProblem {
   __device__ Row row(Index m) const { return {m * Index(g.out_plane())}; }
   __device__ Column column(std::int64_t n) const {
     const Tap t = tiling::split_tap(n, g.kernel_h, g.kernel_w);
-    return {Index(tiling::tap_offset(g, t)), Index(t.i), Index(t.j)};
+    return {Index(tiling::tap_offset(g, t)), std::uint32_t(t.i) - kCoordinateBias, std::uint32_t(t.j) - kCoordinateBias};
   }
   // k = output pixel (b, oh, ow) (its digits in k_radix): a = its offset in dy's channel 0, b =
-  // its tap (0, 0)'s offset in x's channel 0 (the corner, as ForwardProblem's), i, j = that tap's
-  // input coordinates.
+  // its tap (0, 0)'s offset in x's channel 0 (the corner, as ForwardProblem's), and that tap's
+  // input coordinates plus kCoordinateBias.
   __device__ tiling::Radix k_radix() const { return {std::int32_t(g.out_h), std::int32_t(g.out_w)}; }
   __device__ KEntry k_entry_at(Index /*k*/, const tiling::Digits& d) const {
     const Index h0 = d.mid * Index(g.stride_h) - Index(g.pad_h), w0 = d.lo * Index(g.stride_w) - Index(g.pad_w);
     return {d.hi * Index(g.out_channels * g.out_plane()) + d.mid * Index(g.out_w) + d.lo,
-            d.hi * Index(g.in_channels * g.in_plane()) + h0 * Index(g.in_w) + w0, h0, w0};
+            d.hi * Index(g.in_channels * g.in_plane()) + h0 * Index(g.in_w) + w0,
+            std::uint32_t(h0) + kCoordinateBias, std::uint32_t(w0) + kCoordinateBias};
   }
   __device__ const float* a_data() const { return dy; }
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return e.a + r.dy_channel; }
@@ -364,8 +379,8 @@ struct WeightProblem {
   static constexpr bool kVectorA = true;
   bool vector_a_allowed() const { return cuda_detail::aligned_16(dy) && g.out_plane() % 4 == 0; }
   __device__ const float* b_data() const { return x; }
-  __device__ bool b_inside(const Column& c, const KEntry& e) const {
-    return inside(e.i + c.i, g.in_h) & inside(e.j + c.j, g.in_w);
+  __device__ bool b_inside(const Column& c, const KEntry& e, bool /*k_inside*/) const {
+    return (e.h + c.i < std::uint32_t(g.in_h)) & (e.w + c.j < std::uint32_t(g.in_w));
   }
   __device__ Index b_offset(const Column& c, const KEntry& e) const { return e.b + c.x_tap; }
   // dw[m, n] (+=), or slice `slice`'s partial of it.
@@ -431,7 +446,9 @@ struct WinogradWeightProblem {
   static constexpr bool kVectorA = true;
   bool vector_a_allowed() const { return cuda_detail::aligned_16(u) && t_count % 4 == 0; }
   __device__ const float* b_data() const { return v; }
-  __device__ bool b_inside(const Column& /*c*/, const KEntry& /*e*/) const { return true; }
+  // No padding: inside wherever k is before k_end (one comparison, cheaper than testing the entry,
+  // which is zero past k_end: measured with conv_ptx_stats.py --sass).
+  __device__ bool b_inside(const Column& /*c*/, const KEntry& /*e*/, bool k_inside) const { return k_inside; }
   __device__ Index b_offset(const Column& c, const KEntry& e) const { return e.b + c.v_column; }
   struct StoreColumn {
     Index c;
@@ -457,7 +474,8 @@ struct WinogradWeightProblem {
 // (a weight-pass step is ~300 instructions per warp; an entry from k was ~150 more), and every warp
 // waited for it at the step's barrier (barrier stalls were 26-28% of the weight kernels in run 11).
 // An index past k_end gets a zero entry (its values are never gathered: TileGather::issue checks
-// k < k_left = k_end - k0; zeros keep the offsets it computes and discards in range). Indices are 32-bit: every
+// an A value's k < k_left = k_end - k0, and a zero entry is outside for every B column in
+// Problem::b_inside; zeros keep the offsets it computes and discards in range). Indices are 32-bit: every
 // K is below 2^31 (a launch's tensors are).
 // Thread t's digits live in shared memory (cursor[t]: its own, read and written by it alone),
 // not in registers: the block's threads all hold a kernel's registers, and the kernels at their
@@ -565,8 +583,10 @@ struct TileGather {
   }
   typename Problem::Row rows[kRowsA];
   bool row_valid[kRowsA];
+  // Past the product's last column, column 0's: its values land in outputs never stored (only
+  // the zero entries past k_end must gather zeros, which A's zeros there would not cancel if B
+  // held an infinity).
   typename Problem::Column column;
-  bool column_valid;
 
   __device__ TileGather(const Problem& p, int t, std::int64_t m0, std::int64_t n0) {
     // In 32 bits (M < 2^31): nvcc recomputes these inside the K loop rather than hold them in
@@ -578,16 +598,17 @@ PETRA_UNROLL
       rows[q] = p.row(row_valid[q] ? m : 0);
     }
     const std::int64_t n = n0 + Tile::b_load(t, 0).mn;  // the same for every q
-    column_valid = n < p.columns();
-    column = p.column(column_valid ? n : 0);
+    column = p.column(n < p.columns() ? n : 0);
   }
 
   // a_tile[k][m] = A(m0 + m, k0 + k), b_tile[k][n] = B(k0 + k, n0 + n) for this thread's tile
-  // elements, 0 outside (a row or column past the tile's end, k past k_end, the zero padding), with
-  // `entry` the step's table (write_k_step) and k_left = k_end - k0 (k < k_left is inside: a 32-bit
-  // comparison per value). Asynchronous copies (copy_async), so no register holds a value and all
-  // of a thread's loads are in flight at once; issued without a branch (with one around each, as
-  // nvcc compiled the conditional loads before run 9, they went one after another).
+  // elements, 0 outside (a row past the product's end, k past k_end, the zero padding; a column
+  // past its end holds column 0's values, never stored), with `entry` the step's table
+  // (write_k_step) and k_left = k_end - k0 (an A value's k < k_left is inside; a B value's k past
+  // k_end has a zero entry, outside for every column: Problem::b_inside). Asynchronous copies
+  // (copy_async), so no register holds a value and all of a thread's loads are in flight at once;
+  // issued without a branch (with one around each, as nvcc compiled the conditional loads before
+  // run 9, they went one after another).
   __device__ void issue(const Problem& p, int t, Index k_left, const KEntry* entry, float (*a_tile)[Tile::kLdA],
                         float (*b_tile)[Tile::kLdB]) const {
     // A thread's A values of a step share their k (Tile::a_load), hence one table entry; with
@@ -621,7 +642,7 @@ PETRA_UNROLL
     for (int q = 0; q < Tile::kLoadsB; ++q) {
       const tiling::TileCoordinate at = Tile::b_load(t, q);
       const KEntry e = entry[at.k];
-      const bool ok = column_valid & (at.k < k_left) & p.b_inside(column, e);
+      const bool ok = p.b_inside(column, e, at.k < k_left);  // false past k_end
       copy_async(&b_tile[Tile::b_load_row(t, q)][Tile::b_slot(at.mn)], at_or_base(b_data, p.b_offset(column, e), ok),
                  ok);
     }
@@ -1077,7 +1098,8 @@ std::atomic<std::int64_t> launch_element_limit{kIndexLimit};
 // Runs launch(part, x_at, y_at) over consecutive parts of the batch, each of as many samples as
 // keep the input and output of a launch within launch_element_limit (the whole batch unless it is
 // over 2^31 elements); x_at and y_at are where the part starts in the input and the output. The
-// parts depend on the shape only; the weight gradient adds them into dw in batch order.
+// parts depend on the shape only; the weight gradient adds them into dw in batch order. A sample
+// over the limit, or a kernel over kMaxKernelExtent taps a side, is a ShapeError.
 template <class Launch>
 void for_each_batch_part(const Conv2dShape& shape, Launch launch) {
   const std::int64_t limit = launch_element_limit.load();
@@ -1088,6 +1110,10 @@ void for_each_batch_part(const Conv2dShape& shape, Launch launch) {
     throw ShapeError(detail::concat("conv2d: petra's CUDA kernels index in 32 bits: one sample has ", per_sample,
                                     " elements and the weights ", shape.weight_size(), ", over the limit of ", limit,
                                     " (--conv-impl cudnn has none)"));
+  if (shape.kernel_h > tiling::kMaxKernelExtent || shape.kernel_w > tiling::kMaxKernelExtent)
+    throw ShapeError(detail::concat("conv2d: petra's CUDA kernels take kernels of at most ", tiling::kMaxKernelExtent,
+                                    " taps a side (their bounds checks are 32-bit masks of taps), not ",
+                                    shape.kernel_h, "x", shape.kernel_w, " (--conv-impl cudnn has no such limit)"));
   const std::int64_t part = std::max<std::int64_t>(1, limit / std::max<std::int64_t>(per_sample, 1));
   for (std::int64_t b0 = 0; b0 < shape.batch; b0 += part) {
     Conv2dShape sub = shape;

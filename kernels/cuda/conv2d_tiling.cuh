@@ -17,6 +17,8 @@
 //     (sample, row, column);
 //   - corner_offset + tap_offset: the x element an output pixel reads through a tap (forward,
 //     weight), where tap_inside says it is not the zero padding;
+//   - bit_range / bits_meet: that same bounds check as two bit tests (the taps of a pixel that
+//     land inside, as a mask, against a tap's bit);
 //   - stride_class: backward data's input pixels and taps grouped by stride class, so that its
 //     gather has no zero terms and no division;
 //   - Digits / advance: a K index's (channel, tap row, tap column) or (sample, row, column) moved
@@ -155,6 +157,47 @@ PETRA_HOST_DEVICE inline std::int64_t tap_offset(const ConvGeometry& g, const Ta
 PETRA_HOST_DEVICE inline bool tap_inside(const ConvGeometry& g, const OutputPixel& o, const Tap& t) {
   const std::int64_t h = o.h0 + t.i, w = o.w0 + t.j;
   return h >= 0 && h < g.in_h && w >= 0 && w < g.in_w;
+}
+
+// ---- the bounds check as bit tests ------------------------------------------------------------
+// Whether a gathered value is inside the image (not the zero padding) depends on a tap (i, j) and
+// a pixel: h0 + i and w0 + j inside. Per pixel, the taps that land inside are an interval of the
+// tap rows and one of the tap columns, so the kernels hold them as two 32-bit masks (bit i: tap row
+// i lands inside) and a tap as two one-hot bits, and the check is two ANDs, (mask_h & bit_i) and
+// (mask_w & bit_j) both nonzero (bits_meet), with no comparison against k_end or the tile's last
+// column either: an entry past k_end, or a column past the product's end, is all zeros and meets
+// nothing. As comparisons it took two additions and three to four comparisons per value (5 of the
+// 9-10 SASS instructions of each B copy in the TF32 128 x 128 loops, measured by removing it).
+// Which side holds the masks depends on the pass: the forward's and backward data's thread keeps a
+// pixel (a column of B) for the whole K loop and meets each K index's tap bits; the weight pass's
+// thread keeps a tap (its column) and meets each K index's pixel masks. Taps are below 32 on both
+// axes (kMaxKernelExtent; conv2d.cu refuses larger kernels).
+inline constexpr std::int64_t kMaxKernelExtent = 32;
+// Bits v < n of a 32-bit mask (none for n <= 0, all for n >= 32). On the device one funnel shift
+// of 32 ones into a zero word, whose shift clamps at 32 (two instructions with the max: the weight
+// pass's table writers compute four of these per entry), elsewhere the same by cases.
+PETRA_HOST_DEVICE inline std::uint32_t bits_below(std::int32_t n) {
+#ifdef __CUDA_ARCH__
+  return __funnelshift_lc(~0u, 0u, unsigned(max(n, 0)));
+#else
+  return n <= 0 ? 0u : n >= 32 ? ~0u : (1u << n) - 1u;
+#endif
+}
+// Bits v of a 32-bit mask with lo <= v < hi (none where hi <= lo; lo, hi may lie outside 0..32).
+PETRA_HOST_DEVICE inline std::uint32_t bit_range(std::int32_t lo, std::int32_t hi) {
+  return bits_below(hi) & ~bits_below(lo);
+}
+// Tap v (0 <= v < 32) as one bit.
+PETRA_HOST_DEVICE constexpr std::uint32_t tap_bit(std::int32_t v) { return 1u << v; }
+// The taps i whose input coordinate first + i lands in [0, extent) (the forward's and the weight
+// pass's rows and columns: first = the output pixel's tap-0 coordinate, out * stride - pad).
+PETRA_HOST_DEVICE inline std::uint32_t taps_inside(std::int32_t first, std::int32_t extent) {
+  return bit_range(-first, extent - first);
+}
+// Both axes' bits meet: the value is inside the image.
+PETRA_HOST_DEVICE constexpr bool bits_meet(std::uint32_t mask_h, std::uint32_t bit_h, std::uint32_t mask_w,
+                                           std::uint32_t bit_w) {
+  return ((mask_h & bit_h) != 0) & ((mask_w & bit_w) != 0);
 }
 
 // ---- backward data: stride classes (the gather form without zero terms) -----------------------

@@ -166,6 +166,12 @@ TEST_CASE("conv2d tiling: the gathered operands are im2col and its transpose, on
         const std::int64_t want = inside ? ((b * s.in_channels + c) * s.in_h + h) * s.in_w + w : -1;
         const tiling::Tap t = tiling::split_tap(k, s.kernel_h, s.kernel_w);
         REQUIRE(tiling::tap_inside(g, op, t) == inside);
+        // the kernels' form of the check (ForwardProblem, WeightProblem): masks of a pixel's taps
+        // inside against the tap's bits
+        const std::uint32_t taps_h = tiling::taps_inside(std::int32_t(op.h0), std::int32_t(s.in_h)),
+                            taps_w = tiling::taps_inside(std::int32_t(op.w0), std::int32_t(s.in_w));
+        REQUIRE(tiling::bits_meet(taps_h, tiling::tap_bit(std::int32_t(t.i)), taps_w,
+                                  tiling::tap_bit(std::int32_t(t.j))) == inside);
         if (inside) REQUIRE(tiling::corner_offset(g, op) + tiling::tap_offset(g, t) == want);
         ++gathers;
       }
@@ -188,10 +194,17 @@ TEST_CASE("conv2d tiling: the gathered operands are im2col and its transpose, on
           REQUIRE((h + s.pad_h) % s.stride_h == r_h);
           REQUIRE((w + s.pad_w) % s.stride_w == r_w);
           ++classes_of_pixel[std::size_t((p.b * s.in_h + h) * s.in_w + w)];
+          // DataProblem's check: the class's taps v with (oh0 - v, ow0 - v) inside dy, as masks
+          const std::int64_t oh0 = ch.out0 + p.y, ow0 = cw.out0 + p.x;
+          const std::uint32_t taps_h = tiling::bit_range(std::int32_t(oh0 - g.out_h + 1), std::int32_t(oh0 + 1)),
+                              taps_w = tiling::bit_range(std::int32_t(ow0 - g.out_w + 1), std::int32_t(ow0 + 1));
           for (std::int64_t v_i = 0; v_i < ch.taps; ++v_i)
             for (std::int64_t v_j = 0; v_j < cw.taps; ++v_j) {
               const std::int64_t oh = ch.out0 + p.y - v_i, ow = cw.out0 + p.x - v_j;
-              if (oh < 0 || oh >= g.out_h || ow < 0 || ow >= g.out_w) continue;
+              const bool inside = oh >= 0 && oh < g.out_h && ow >= 0 && ow < g.out_w;
+              REQUIRE(tiling::bits_meet(taps_h, tiling::tap_bit(std::int32_t(v_i)), taps_w,
+                                        tiling::tap_bit(std::int32_t(v_j))) == inside);
+              if (!inside) continue;
               const std::array<std::int64_t, 5> key{p.b, h, w, ch.tap0 + v_i * s.stride_h, cw.tap0 + v_j * s.stride_w};
               REQUIRE(key[3] < s.kernel_h);
               REQUIRE(key[4] < s.kernel_w);
@@ -218,6 +231,30 @@ TEST_CASE("conv2d tiling: the gathered operands are im2col and its transpose, on
     REQUIRE(pairs == reached.size());
   }
   MESSAGE(shapes, " shapes, ", gathers, " gathers checked");
+}
+
+// The bounds check as bit tests (bit_range, taps_inside, bits_meet) against comparisons, over
+// every bit of the 32 and intervals reaching past both ends; a zero mask or bit meets nothing (the
+// entries past k_end and the columns past a product's end).
+TEST_CASE("conv2d tiling: the bit-test bounds check agrees with comparisons") {
+  for (std::int32_t lo = -40; lo <= 40; ++lo)
+    for (std::int32_t hi = -40; hi <= 40; ++hi) {
+      std::uint32_t want = 0;
+      for (std::int32_t v = 0; v < 32; ++v)
+        if (lo <= v && v < hi) want |= std::uint32_t(1) << v;
+      REQUIRE(tiling::bit_range(lo, hi) == want);
+    }
+  for (std::int32_t first = -40; first <= 40; ++first)
+    for (std::int32_t extent = 0; extent <= 40; ++extent)
+      for (std::int32_t i = 0; i < 32; ++i) {
+        const bool inside = first + i >= 0 && first + i < extent;
+        REQUIRE(((tiling::taps_inside(first, extent) & tiling::tap_bit(i)) != 0) == inside);
+      }
+  CHECK(tiling::tap_bit(31) == 0x80000000u);
+  CHECK_FALSE(tiling::bits_meet(0, ~0u, ~0u, ~0u));
+  CHECK_FALSE(tiling::bits_meet(~0u, ~0u, ~0u, 0));
+  CHECK(tiling::bits_meet(0x80000000u, tiling::tap_bit(31), 1, tiling::tap_bit(0)));
+  CHECK_FALSE(tiling::bits_meet(0x7fffffffu, tiling::tap_bit(31), 1, tiling::tap_bit(0)));
 }
 
 TEST_CASE("conv2d tiling: stride_class partitions coordinates and taps by residue") {

@@ -65,6 +65,8 @@ const std::vector<Conv2dShape> kShapes = {
     {1, 65, 3, 3, 2, 3, 3, 1, 1, 1, 1},    // 65 in-channels: two tiles of M (backward data)
     {1, 2, 8, 8, 3, 2, 2, 3, 3, 0, 0},     // stride 3 > kernel 2: rows and columns no output reads
     {1, 2, 3, 3, 3, 5, 5, 1, 1, 1, 1},     // the kernel covers the whole padded input: 1x1 output
+    {2, 2, 2, 37, 3, 1, 32, 1, 1, 0, 3},   // 1x32, the widest kernel: tap bit 31 (tiling::bits_meet)
+    {1, 2, 3, 37, 3, 2, 32, 1, 2, 1, 31},  // 2x32 stride (1, 2): stride classes of 16 taps, padding 31
     {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},     // one of everything
     {0, 3, 5, 5, 4, 3, 3, 1, 1, 1, 1},     // empty batch
 };
@@ -362,6 +364,22 @@ TEST_CASE("emulated conv2d: a batch over the 32-bit limit runs in parts, with th
   CHECK_THROWS_AS(cu::conv2d_forward(s, sh, x.data(), w.data(), bias.data(), y.data()), petra::ShapeError);
   CHECK_THROWS_AS(cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data()), petra::ShapeError);
   CHECK(emu::launches() == before);
+}
+
+// The kernels' bounds checks are 32-bit masks of taps (tiling::bits_meet): a kernel of 33 taps a
+// side is a ShapeError in every pass, before any launch (the 32-tap one is in kShapes).
+TEST_CASE("emulated conv2d: a kernel over 32 taps a side is a ShapeError") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  for (const Conv2dShape& sh : {Conv2dShape{1, 1, 3, 40, 1, 1, 33, 1, 1, 0, 0}, Conv2dShape{1, 1, 40, 3, 1, 33, 1, 1, 1, 0, 0}}) {
+    const Buffer x(sh.input_size(), 1, 1), w(sh.weight_size(), 2, 0), y(sh.output_size(), 3, 1),
+        dx(sh.input_size(), 4, 1), dw(sh.weight_size(), 5, 0);
+    const std::size_t before = emu::launches();
+    CHECK_THROWS_AS(cu::conv2d_forward(s, sh, x.data(), w.data(), nullptr, y.data()), petra::ShapeError);
+    CHECK_THROWS_AS(cu::conv2d_backward_data(s, sh, y.data(), w.data(), dx.data()), petra::ShapeError);
+    CHECK_THROWS_AS(cu::conv2d_backward_weight(s, sh, x.data(), y.data(), dw.data()), petra::ShapeError);
+    CHECK(emu::launches() == before);
+  }
 }
 
 TEST_CASE("emulated conv2d: backward bias accumulates, matching ref, the same bits whatever the grid") {
