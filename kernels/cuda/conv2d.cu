@@ -189,6 +189,7 @@ struct ForwardProblem {
   // A's k of a row are consecutive floats (a weight row), so four of them from a multiple of 4
   // are one 16-byte copy where every row starts aligned (TileGather's kVectorA).
   static constexpr bool kVectorA = true;
+  static constexpr bool kPaddedA = false, kVectorB = false;  // (ChannelsLastForwardProblem's)
   bool vector_a_allowed() const { return cuda_detail::aligned_16(w) && g.in_channels * g.taps() % 4 == 0; }
   __device__ const float* b_data() const { return x; }
   __device__ bool b_inside(const Column& c, const KEntry& e, bool /*k_inside*/) const {
@@ -228,6 +229,83 @@ struct ForwardProblem {
     for (int e = 0; e < G; ++e) w[e] = bias != nullptr ? v[e] + r.bias : v[e];
     cuda_detail::store_floats<G>(y + r.y_offset + c.y_offset, w);
   }
+};
+
+// The TF32 forward where in_channels % 4 == 0, from channels-last copies (conv2d_forward makes
+// them: to_channels_last, weights_by_tap): y^T = im2col(x)^T . w^T, M = the output pixels, N = the
+// out-channels, K = (i, j, c) with c fastest. A(pixel, k) = xc[b, h0 + i, w0 + j, c] (xc: x as
+// [batch][in_h][in_w][in_channels]), so four consecutive k are four channels of one tap: one
+// aligned 16-byte copy, one bounds check (kPaddedA). B(k, o) = wt[k][tf32_b_slot(o)] (rows of
+// n_pad floats, o padded with zeros to a multiple of 128, rounded to TF32): 16-byte copies as
+// well (kVectorB). In ForwardProblem's form (B = im2col(x), gathered a value at a time, with a
+// bounds check each) B's copies were ~130 of the 372 SASS instructions of a 128 x 128 K step.
+// The sum runs over k in (i, j, c) order, not (c, i, j): other bits than ForwardProblem's.
+struct ChannelsLastForwardProblem {
+  static constexpr tiling::ConvPass kPass = tiling::ConvPass::forward;
+  ConvGeometry g;
+  const float* xc;  // x channels-last
+  const float* wt;  // [K][n_pad], rounded to TF32, columns in tf32_b_slot's order
+  const float* bias;  // may be null
+  float* y;
+  Index n_pad;
+
+  struct Row {
+    Index corner;                  // where the pixel's tap (0, 0) is in xc, channel 0 (may be padding)
+    std::uint32_t taps_h, taps_w;  // the tap rows and columns that land inside x (tiling::taps_inside)
+  };
+  struct Column {
+    Index first;  // the tile's first out-channel (TileGather copies B a tile row at a time)
+  };
+  __device__ ChannelsLastForwardProblem in_slice(unsigned /*z*/) const { return *this; }
+  __device__ std::int64_t rows() const { return g.batch * g.out_plane(); }
+  __device__ std::int64_t columns() const { return g.out_channels; }
+  __device__ std::int64_t depth() const { return g.in_channels * g.taps(); }
+  __device__ std::int64_t k_begin(unsigned /*slice*/) const { return 0; }
+  __device__ std::int64_t k_end(unsigned /*slice*/) const { return depth(); }
+  __device__ Row row(Index m) const {
+    const tiling::Pixel p = tiling::split_pixel(m, g.out_h, g.out_w);
+    const Index h0 = Index(p.y * g.stride_h - g.pad_h), w0 = Index(p.x * g.stride_w - g.pad_w);
+    return {((Index(p.b) * Index(g.in_h) + h0) * Index(g.in_w) + w0) * Index(g.in_channels),
+            tiling::taps_inside(h0, Index(g.in_h)), tiling::taps_inside(w0, Index(g.in_w))};
+  }
+  __device__ Column column(std::int64_t n) const { return {Index(n)}; }
+  // k = (i, j, c) (its digits in k_radix): a = the offset in xc from a corner, b = where wt's row k
+  // starts, the bits of i and j.
+  __device__ tiling::Radix k_radix() const { return {std::int32_t(g.kernel_w), std::int32_t(g.in_channels)}; }
+  __device__ KEntry k_entry_at(Index k, const tiling::Digits& d) const {
+    return {(d.hi * Index(g.in_w) + d.mid) * Index(g.in_channels) + d.lo, k * n_pad, tiling::tap_bit(d.hi),
+            tiling::tap_bit(d.mid)};
+  }
+  __device__ const float* a_data() const { return xc; }
+  __device__ Index a_offset(const Row& r, const KEntry& e) const { return r.corner + e.a; }
+  // (always: conv2d_forward takes this problem where in_channels % 4 == 0, channels_last_applies)
+  static constexpr bool kVectorA = true, kPaddedA = true, kVectorB = true;
+  __device__ bool a_inside(const Row& r, const KEntry& e) const {
+    return tiling::bits_meet(r.taps_h, e.h, r.taps_w, e.w);
+  }
+  __device__ const float* b_data() const { return wt; }
+  // where B(k, slot first + s) is: row k's start plus the slot
+  __device__ Index b_vector_offset(const Column& c, const KEntry& e, int s) const { return e.b + c.first + s; }
+  // y[b, o, pixel] for row m = (b, pixel) and column o (the bias, per column)
+  struct StoreRow {
+    Index y_offset;  // b * out_channels * plane + pixel
+  };
+  struct StoreColumn {
+    Index y_offset;  // o * plane
+    float bias;
+  };
+  __device__ StoreRow store_row(std::int64_t m) const {
+    const std::int64_t plane = g.out_plane();
+    const std::int64_t b = tiling::quotient(m, plane);
+    return {Index(b * g.out_channels * plane + (m - b * plane))};
+  }
+  __device__ StoreColumn store_column(std::int64_t o) const {
+    return {Index(o * g.out_plane()), bias != nullptr ? bias[o] : 0.0f};
+  }
+  __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned /*slice*/) const {
+    y[r.y_offset + c.y_offset] = bias != nullptr ? value + c.bias : value;
+  }
+  static constexpr bool kVectorStores = false;  // a lane's adjacent columns are planes apart in y
 };
 
 // dx = w^T . gather(dy) for the input pixels of one stride class (conv2d_tiling::stride_class),
@@ -294,6 +372,7 @@ struct DataProblem {
   // Reading wt, A's k of a row are consecutive floats and its rows start aligned (k_max is a
   // multiple of 4): 16-byte copies.
   static constexpr bool kVectorA = true;
+  static constexpr bool kPaddedA = false, kVectorB = false;  // (ChannelsLastForwardProblem's)
   bool vector_a_allowed() const { return wt != nullptr && cuda_detail::aligned_16(wt); }
   __device__ const float* b_data() const { return dy; }
   __device__ bool b_inside(const Column& c, const KEntry& e, bool /*k_inside*/) const {
@@ -377,6 +456,7 @@ struct WeightProblem {
   // of 4 (the slices begin at multiples of kTileK) are consecutive floats of one sample, and one
   // aligned 16-byte copy, where the plane is a multiple of 4 and dy aligned (TileGather's kVectorA).
   static constexpr bool kVectorA = true;
+  static constexpr bool kPaddedA = false, kVectorB = false;  // (ChannelsLastForwardProblem's)
   bool vector_a_allowed() const { return cuda_detail::aligned_16(dy) && g.out_plane() % 4 == 0; }
   __device__ const float* b_data() const { return x; }
   __device__ bool b_inside(const Column& c, const KEntry& e, bool /*k_inside*/) const {
@@ -444,6 +524,7 @@ struct WinogradWeightProblem {
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return r.u_row + e.a; }
   // A's k of a row are consecutive floats of U_e's row: 16-byte copies where T is a multiple of 4.
   static constexpr bool kVectorA = true;
+  static constexpr bool kPaddedA = false, kVectorB = false;  // (ChannelsLastForwardProblem's)
   bool vector_a_allowed() const { return cuda_detail::aligned_16(u) && t_count % 4 == 0; }
   __device__ const float* b_data() const { return v; }
   // No padding: inside wherever k is before k_end (one comparison, cheaper than testing the entry,
@@ -572,10 +653,15 @@ __device__ inline void copy_wait() {
 // stage of the shared tiles. kVectorA (the TF32 layout, where the problem's A rows allow it:
 // Problem::kVectorA and vector_a_allowed): A in 16-byte copies of four consecutive k
 // (Tile::a_vector_load), a quarter of the copies, from two rows per thread.
+// Problem::kVectorB (TF32, with kVectorA): B in 16-byte copies too, from a dense copy the host
+// laid out in tf32_b_slot's order and rounded to TF32 (Tile::b_vector_load; B is then not rounded
+// in the tile). Problem::kPaddedA: A has zero padding (Problem::a_inside), checked per 16-byte copy.
 template <class Problem, class Tile, bool kVectorA = false>
 struct TileGather {
   static_assert(!kVectorA || (Tile::kTf32 && Problem::kVectorA),
                 "16-byte A copies: the TF32 layout, from A rows contiguous in k");
+  static_assert(!(Problem::kVectorB || Problem::kPaddedA) || kVectorA,
+                "a padded A or 16-byte B copies: in the 16-byte A copies' kernel only");
   static constexpr int kRowsA = kVectorA ? Tile::kVectorLoadsA : Tile::kLoadsA;
   // the tile row of the thread's A row q
   PETRA_HOST_DEVICE static constexpr int a_row_of(int t, int q) {
@@ -597,8 +683,12 @@ PETRA_UNROLL
       row_valid[q] = m < Index(p.rows());
       rows[q] = p.row(row_valid[q] ? m : 0);
     }
-    const std::int64_t n = n0 + Tile::b_load(t, 0).mn;  // the same for every q
-    column = p.column(n < p.columns() ? n : 0);
+    if constexpr (Problem::kVectorB) {
+      column = p.column(n0);  // B is copied a tile row at a time, from the tile's first column
+    } else {
+      const std::int64_t n = n0 + Tile::b_load(t, 0).mn;  // the same for every q
+      column = p.column(n < p.columns() ? n : 0);
+    }
   }
 
   // a_tile[k][m] = A(m0 + m, k0 + k), b_tile[k][n] = B(k0 + k, n0 + n) for this thread's tile
@@ -622,7 +712,8 @@ PETRA_UNROLL
         const int a_floats = k_left - a_k >= 4 ? 4 : (k_left > a_k ? int(k_left - a_k) : 0);
 PETRA_UNROLL
         for (int q = 0; q < kRowsA; ++q) {
-          const int floats = row_valid[q] ? a_floats : 0;
+          int floats = row_valid[q] ? a_floats : 0;
+          if constexpr (Problem::kPaddedA) floats = p.a_inside(rows[q], a_entry) ? floats : 0;
           copy_async16(&a_tile[a_row_of(t, q)][a_k], at_or_base(a_data, p.a_offset(rows[q], a_entry), floats > 0),
                        floats);
         }
@@ -638,13 +729,23 @@ PETRA_UNROLL
       }
     }
     const float* b_data = p.b_data();
+    if constexpr (Problem::kVectorB) {
 PETRA_UNROLL
-    for (int q = 0; q < Tile::kLoadsB; ++q) {
-      const tiling::TileCoordinate at = Tile::b_load(t, q);
-      const KEntry e = entry[at.k];
-      const bool ok = p.b_inside(column, e, at.k < k_left);  // false past k_end
-      copy_async(&b_tile[Tile::b_load_row(t, q)][Tile::b_slot(at.mn)], at_or_base(b_data, p.b_offset(column, e), ok),
-                 ok);
+      for (int v = 0; v < Tile::kVectorLoadsB; ++v) {
+        const tiling::TileCoordinate at = Tile::b_vector_load(t, v);
+        const bool ok = at.k < k_left;
+        copy_async16(&b_tile[Tile::b_row(at.k)][at.mn],
+                     at_or_base(b_data, p.b_vector_offset(column, entry[at.k], at.mn), ok), ok ? 4 : 0);
+      }
+    } else {
+PETRA_UNROLL
+      for (int q = 0; q < Tile::kLoadsB; ++q) {
+        const tiling::TileCoordinate at = Tile::b_load(t, q);
+        const KEntry e = entry[at.k];
+        const bool ok = p.b_inside(column, e, at.k < k_left);  // false past k_end
+        copy_async(&b_tile[Tile::b_load_row(t, q)][Tile::b_slot(at.mn)],
+                   at_or_base(b_data, p.b_offset(column, e), ok), ok);
+      }
     }
   }
 
@@ -677,10 +778,12 @@ PETRA_UNROLL
         v = tf32_operand(v);
       }
     }
+    if constexpr (!Problem::kVectorB) {  // (a kVectorB problem's B was rounded by the host's copy)
 PETRA_UNROLL
-    for (int q = 0; q < Tile::kLoadsB; ++q) {
-      float& v = b_tile[Tile::b_load_row(t, q)][Tile::b_slot(Tile::b_load(t, q).mn)];
-      v = tf32_operand(v);
+      for (int q = 0; q < Tile::kLoadsB; ++q) {
+        float& v = b_tile[Tile::b_load_row(t, q)][Tile::b_slot(Tile::b_load(t, q).mn)];
+        v = tf32_operand(v);
+      }
     }
   }
 };
@@ -1124,13 +1227,20 @@ void for_each_batch_part(const Conv2dShape& shape, Launch launch) {
 
 // The FP32 or tensor-core kernel of a tile; the tensor-core one with 16-byte A copies where the
 // problem's A allows them (vector_a: Problem::kVectorA and its vector_a_allowed()).
+// (A problem with 16-byte B copies, Problem::kVectorB, has that one kernel only.)
 template <class Problem, bool tf32, class Tile>
 KernelChoice<Problem> kernel_with(const char* name, bool vector_a) {
-  if constexpr (tf32 && Problem::kVectorA) {
-    if (vector_a) return {implicit_gemm_tf32<Problem, Tile, true>, Tile::kM, Tile::kN, name};
+  if constexpr (!tf32) {
+    static_assert(!Problem::kVectorB, "16-byte B copies: the TF32 kernel only");
+    return {implicit_gemm<Problem, Tile>, Tile::kM, Tile::kN, name};
+  } else if constexpr (Problem::kVectorB) {
+    return {implicit_gemm_tf32<Problem, Tile, true>, Tile::kM, Tile::kN, name};
+  } else {
+    if constexpr (Problem::kVectorA) {
+      if (vector_a) return {implicit_gemm_tf32<Problem, Tile, true>, Tile::kM, Tile::kN, name};
+    }
+    return {implicit_gemm_tf32<Problem, Tile, false>, Tile::kM, Tile::kN, name};
   }
-  if constexpr (tf32) return {implicit_gemm_tf32<Problem, Tile, false>, Tile::kM, Tile::kN, name};
-  else return {implicit_gemm<Problem, Tile>, Tile::kM, Tile::kN, name};
 }
 // The FP32 path's tiles and the TF32 path's (conv2d_tiling.cuh, Tf32Tile).
 template <class Problem, bool tf32, int M, int N>
@@ -1154,13 +1264,16 @@ KernelChoice<Problem> kernel_for(tiling::TileChoice tile, const char* name, bool
 // The pass's kernel for a product of rows x columns x layers under the current math and tile:
 // the FP32 or the tensor-core one, with the tile set_conv2d_tile forces or choose_tile picks. The
 // launch name is the same for every tile.
+// The tile set_conv2d_tile forces, or choose_tile's.
+tiling::TileChoice tile_for(tiling::ConvPass pass, std::int64_t rows, std::int64_t columns, std::int64_t layers) {
+  const int forced = conv_tile.load();
+  return forced >= 0 ? tiling::TileChoice(forced) : tiling::choose_tile(pass, rows, columns, layers);
+}
 template <class Problem>
 KernelChoice<Problem> choose_kernel(const Problem& p, const char* fp32_name, const char* tf32_name,
                                     tiling::ConvPass pass, std::int64_t rows, std::int64_t columns,
                                     std::int64_t layers) {
-  const int forced = conv_tile.load();
-  const tiling::TileChoice tile =
-      forced >= 0 ? tiling::TileChoice(forced) : tiling::choose_tile(pass, rows, columns, layers);
+  const tiling::TileChoice tile = tile_for(pass, rows, columns, layers);
   if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32)
     return kernel_for<Problem, true>(tile, tf32_name, p.vector_a_allowed());
   return kernel_for<Problem, false>(tile, fp32_name, false);
@@ -1209,8 +1322,93 @@ __global__ void data_weight_transpose(ConvGeometry g, Index k_max, const float* 
   }
 }
 
+// ---- the TF32 forward from channels-last copies (ChannelsLastForwardProblem) -----------------
+
+// xc[b][p][c] = x[b][c][p] (p: a pixel of the plane), through 32 x 32 tiles of shared memory so
+// that both the reads (along a channel's plane) and the writes (along a pixel's channels) are
+// coalesced; block i handles tiles i, i + grid, ... of (sample, channel tile, pixel tile). The
+// tile's rows are 33 floats: a column of it (the writes' reads) is then on 32 banks.
+constexpr int kTransposeTile = 32;
+__global__ void to_channels_last(Index batch, Index channels, Index plane, const float* x, float* xc) {
+  __shared__ float tile[kTransposeTile][kTransposeTile + 1];
+  const int tx = int(threadIdx.x) % kTransposeTile, ty = int(threadIdx.x) / kTransposeTile;
+  constexpr int kRowsPerPass = kThreads / kTransposeTile;  // 8
+  const Index pixel_tiles = (plane + kTransposeTile - 1) / kTransposeTile;
+  const Index channel_tiles = (channels + kTransposeTile - 1) / kTransposeTile;
+  const std::int64_t tiles = std::int64_t(batch) * channel_tiles * pixel_tiles;
+  for (std::int64_t i = blockIdx.x; i < tiles; i += gridDim.x) {
+    const Index b = Index(i / (std::int64_t(channel_tiles) * pixel_tiles));
+    const Index rest = Index(i - std::int64_t(b) * channel_tiles * pixel_tiles);
+    const Index c0 = rest / pixel_tiles * kTransposeTile, p0 = rest % pixel_tiles * kTransposeTile;
+    const float* sample = x + std::int64_t(b) * channels * plane;
+    float* sample_c = xc + std::int64_t(b) * channels * plane;
+    __syncthreads();  // the previous tile's reads of `tile` are done
+    for (int r = ty; r < kTransposeTile; r += kRowsPerPass) {
+      const Index c = c0 + r, p = p0 + tx;
+      if (c < channels && p < plane) tile[r][tx] = sample[std::int64_t(c) * plane + p];
+    }
+    __syncthreads();
+    for (int r = ty; r < kTransposeTile; r += kRowsPerPass) {
+      const Index p = p0 + r, c = c0 + tx;
+      if (c < channels && p < plane) sample_c[std::int64_t(p) * channels + c] = tile[tx][r];
+    }
+  }
+}
+
+// wt[k][tf32_b_slot(o)] = tf32_round(w[o, c, i, j]) for k = (i, j, c), c fastest, and 0 for the
+// padding o >= out_channels (rows of n_pad floats, a multiple of 128).
+__global__ void weights_by_tap(ConvGeometry g, Index n_pad, const float* w, float* wt) {
+  const std::int64_t n = g.in_channels * g.taps() * std::int64_t(n_pad);
+  for (std::int64_t e = cuda_detail::thread_index(); e < n; e += cuda_detail::grid_threads()) {
+    const std::int64_t k = e / n_pad, o = tiling::tf32_b_column_of_slot(int(e - k * n_pad));
+    const std::int64_t tap = k / g.in_channels, c = k - tap * g.in_channels;
+    wt[e] = o < g.out_channels ? tiling::tf32_round(w[(o * g.in_channels + c) * g.taps() + tap]) : 0.0f;
+  }
+}
+
+// The copies' sizes in floats (the weights' rows start at a multiple of 64 floats after xc), and
+// the most scratch memory they may take: above it (a batch part's input over ~60 MiB), the forward
+// takes ForwardProblem's path.
+constexpr std::int64_t kChannelsLastMaxBytes = std::int64_t(64) << 20;
+std::int64_t channels_last_n_pad(const Conv2dShape& s) { return tiling::ceil_div(s.out_channels, 128) * 128; }
+std::int64_t channels_last_x_floats(const Conv2dShape& s) { return tiling::ceil_div(s.input_size(), 64) * 64; }
+std::int64_t channels_last_floats(const Conv2dShape& s) {
+  return channels_last_x_floats(s) + s.in_channels * s.kernel_h * s.kernel_w * channels_last_n_pad(s);
+}
+
+// Whether conv2d_forward takes the channels-last path for a batch part: TF32, in_channels a
+// multiple of 4 (four k of a tap in one aligned 16-byte copy), a stream with scratch memory, the
+// copies within kChannelsLastMaxBytes, and the pixels' row tiles within a grid's y (65535).
+bool channels_last_applies(const StreamHandle& s, const Conv2dShape& shape) {
+  return Conv2dMath(conv_math.load()) == Conv2dMath::tf32 && shape.in_channels % 4 == 0 && s.workspace != nullptr &&
+         channels_last_floats(shape) * std::int64_t(sizeof(float)) <= kChannelsLastMaxBytes &&
+         tiling::ceil_div(shape.batch * shape.out_h() * shape.out_w(), 64) <= 65535;
+}
+
+void channels_last_forward_launch(const StreamHandle& s, const Conv2dShape& shape, const float* x, const float* w,
+                                  const float* bias, float* y) {
+  auto* xc = static_cast<float*>(s.scratch(std::size_t(channels_last_floats(shape)) * sizeof(float)));
+  float* wt = xc + channels_last_x_floats(shape);
+  const ConvGeometry g = ConvGeometry::of(shape);
+  const Index n_pad = Index(channels_last_n_pad(shape));
+  const std::int64_t plane = shape.in_h * shape.in_w;
+  const std::int64_t tiles = shape.batch * tiling::ceil_div(shape.in_channels, kTransposeTile) *
+                             tiling::ceil_div(plane, kTransposeTile);
+  cuda_detail::launch_blocks("conv2d_forward_to_channels_last", s, unsigned(std::min<std::int64_t>(tiles, 4096)),
+                             kThreads, to_channels_last, Index(shape.batch), Index(shape.in_channels), Index(plane), x,
+                             xc);
+  cuda_detail::launch_grid_stride("conv2d_forward_weights_by_tap", s, channels_last_floats(shape) -
+                                  channels_last_x_floats(shape), weights_by_tap, g, n_pad, w, wt);
+  const ChannelsLastForwardProblem p{g, xc, wt, bias, y, n_pad};
+  const std::int64_t pixels = shape.batch * shape.out_h() * shape.out_w();
+  const auto k = kernel_for<ChannelsLastForwardProblem, true>(
+      tile_for(tiling::ConvPass::forward, pixels, shape.out_channels, 1), "conv2d_forward_tf32_channels_last", true);
+  launch_gemm(s, k, p, pixels, shape.out_channels, 1);
+}
+
 void forward_launch(const StreamHandle& s, const Conv2dShape& shape, const float* x, const float* w,
                     const float* bias, float* y) {
+  if (channels_last_applies(s, shape)) return channels_last_forward_launch(s, shape, x, w, bias, y);
   const ForwardProblem p{ConvGeometry::of(shape), x, w, bias, y};
   const std::int64_t columns = shape.batch * shape.out_h() * shape.out_w();
   const auto k = choose_kernel(p, "conv2d_forward", "conv2d_forward_tf32", tiling::ConvPass::forward,

@@ -260,6 +260,8 @@ struct TileCoordinate {
 // 16-byte load (at 32 j + 4 g) instead of four scalar ones. A 4 x 8 transpose, its own inverse
 // only when read back through this same function.
 PETRA_HOST_DEVICE constexpr int tf32_b_slot(int n) { return (n & ~31) | ((n & 7) << 2) | ((n >> 3) & 3); }
+// The column whose slot is s: tf32_b_slot's inverse (slot 4 g + f holds column 8 f + g).
+PETRA_HOST_DEVICE constexpr int tf32_b_column_of_slot(int s) { return (s & ~31) | ((s & 3) << 3) | ((s >> 2) & 7); }
 
 // Which row of the TF32 path's b_tile holds B's k (b_tile[tf32_b_row(k)][...]): within each 16 k,
 // k = 4 t + u (t, u < 4) at row 4 u + t. The TF32 path's mma.m16n8k8 steps do not take a K step's
@@ -346,6 +348,16 @@ struct TileShape {
   PETRA_HOST_DEVICE static constexpr int a_pair_row(int pair) { return pair / 8 * 16 + pair % 8; }
   PETRA_HOST_DEVICE static constexpr TileCoordinate a_vector_load(int t, int v) {
     return {a_pair_row(t / 4) + 8 * v, 4 * (t % 4)};
+  }
+  // The TF32 layout's B copies of 16 bytes, where the problem's B is a dense copy whose rows are
+  // already in tf32_b_slot's order (conv2d.cu, Problem::kVectorB: the channels-last forward's
+  // weights): thread t copies, for v < kVectorLoadsB, the four slots 4 s .. 4 s + 3 of row k of
+  // the step (b_vector_load: mn = 4 s, k), to b_tile[b_row(k)][4 s ..] as they are. A row's N / 4
+  // copies are consecutive threads, so a quarter-warp's 8 fill 32 consecutive floats: 32 banks.
+  static constexpr int kVectorCopiesPerRowB = N / 4;
+  static constexpr int kVectorLoadsB = K * N / 4 / kThreads;  // 2 (N = 128) or 1 (N = 64)
+  PETRA_HOST_DEVICE static constexpr TileCoordinate b_vector_load(int t, int v) {
+    return {4 * (t % kVectorCopiesPerRowB), t / kVectorCopiesPerRowB + v * (kThreads / kVectorCopiesPerRowB)};
   }
   // In the TF32 layout a thread's k are chosen so that their rows in b_tile (tf32_b_row) are its
   // own row group t / N plus a constant of q, as the FP32 layout's k are: with k = 4 a + b at row

@@ -579,6 +579,33 @@ void check_warp_layout() {
       }
       CHECK(banks.size() == 32);
     }
+  // The 16-byte B copies (b_vector_load, a B already in tf32_b_slot's order): every thread's
+  // copies cover each (k, slot) of the step once, each within a row, 4-aligned; a quarter-warp's 8
+  // copies on 32 banks of b_tile.
+  // (such a B's copy puts column o at slot tf32_b_slot(o): tf32_b_column_of_slot undoes it)
+  for (int n = 0; n < 256; ++n) {
+    CHECK(tiling::tf32_b_column_of_slot(tiling::tf32_b_slot(n)) == n);
+    CHECK(tiling::tf32_b_slot(tiling::tf32_b_column_of_slot(n)) == n);
+  }
+  std::vector<int> b_landed(Tile::kK * Tile::kN, 0);
+  for (int t = 0; t < tiling::kThreads; ++t)
+    for (int v = 0; v < Tile::kVectorLoadsB; ++v) {
+      const tiling::TileCoordinate at = Tile::b_vector_load(t, v);
+      REQUIRE(at.k < Tile::kK);
+      REQUIRE(at.mn % 4 == 0);
+      REQUIRE(at.mn + 4 <= Tile::kN);
+      for (int i = 0; i < 4; ++i) ++b_landed[at.k * Tile::kN + at.mn + i];
+    }
+  for (const int count : b_landed) CHECK(count == 1);
+  for (int v = 0; v < Tile::kVectorLoadsB; ++v)
+    for (int first = 0; first < tiling::kThreads; first += 8) {
+      std::set<int> banks;
+      for (int t = first; t < first + 8; ++t) {
+        const tiling::TileCoordinate at = Tile::b_vector_load(t, v);
+        for (int i = 0; i < 4; ++i) banks.insert((Tile::b_row(at.k) * Tile::kLdB + at.mn + i) % 32);
+      }
+      CHECK(banks.size() == 32);
+    }
   // A's scalar writers (the copies where A's rows do not allow 16-byte ones): a warp's 32 on
   // at most 2 ways of a bank (16 k of two rows, each row's k spread over a row pair)
   for (int warp = 0; warp < Warps::kWarps; ++warp)

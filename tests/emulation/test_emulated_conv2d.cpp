@@ -743,9 +743,10 @@ TEST_CASE("emulated conv2d: TF32's 16-byte A copies give the scalar copies' bits
   const StreamHandle& s = stream.s;
   const MathGuard tf32(cu::Conv2dMath::tf32);
   const auto start = std::chrono::steady_clock::now();
+  // (in_channels not a multiple of 4: with one, the forward reads x channels-last, below)
   const std::vector<Conv2dShape> shapes = {
-      {2, 4, 8, 8, 70, 3, 3, 1, 1, 1, 1},    // forward K = 36, M = 70; weight K = 128 (plane 64)
-      {1, 12, 6, 10, 130, 3, 3, 1, 1, 1, 1},  // forward K = 108, M = 130; weight K = 60 (plane 60)
+      {2, 5, 7, 7, 70, 2, 2, 1, 1, 1, 1},    // forward K = 20, M = 70; weight K = 128 (plane 64)
+      {1, 7, 7, 11, 130, 2, 2, 1, 1, 0, 0},  // forward K = 28, M = 130; weight K = 60 (plane 60)
   };
   std::uint64_t seed = 2300;
   for (const Conv2dShape& sh : shapes) {
@@ -790,6 +791,93 @@ TEST_CASE("emulated conv2d: TF32's 16-byte A copies give the scalar copies' bits
     }
   }
   MESSAGE("TF32 16-byte A copies: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
+}
+
+// The TF32 forward where in_channels % 4 == 0, from channels-last copies (ChannelsLastForwardProblem:
+// x transposed and the weights laid out by tap, two launches before the product, whose A and B
+// then take 16-byte copies): the model's bits with k in (i, j, c) order, on every tile (M the
+// pixels, N the out-channels), ref::'s within TF32, and other bits than the (c, i, j) order's.
+// Shapes: padding, stride 2, a non-square kernel and stride, 1x1, a channel count over one
+// transpose tile with a K tail (K = 324), the 32-tap kernel, M and N tails.
+std::vector<float> tf32_channels_last_model(const Conv2dShape& sh, const float* x, const float* w, const float* bias) {
+  std::vector<float> y(std::size_t(sh.output_size()));
+  for (std::int64_t b = 0; b < sh.batch; ++b)
+    for (std::int64_t o = 0; o < sh.out_channels; ++o)
+      for (std::int64_t oh = 0; oh < sh.out_h(); ++oh)
+        for (std::int64_t ow = 0; ow < sh.out_w(); ++ow) {
+          float acc = 0.0f;
+          for (std::int64_t i = 0; i < sh.kernel_h; ++i)
+            for (std::int64_t j = 0; j < sh.kernel_w; ++j)
+              for (std::int64_t c = 0; c < sh.in_channels; ++c) {
+                const std::int64_t h = oh * sh.stride_h - sh.pad_h + i, v = ow * sh.stride_w - sh.pad_w + j;
+                const float xv = h >= 0 && h < sh.in_h && v >= 0 && v < sh.in_w
+                                     ? x[((b * sh.in_channels + c) * sh.in_h + h) * sh.in_w + v]
+                                     : 0.0f;
+                acc = std::fmaf(tiling::tf32_round(w[((o * sh.in_channels + c) * sh.kernel_h + i) * sh.kernel_w + j]),
+                                tiling::tf32_round(xv), acc);
+              }
+          y[std::size_t(((b * sh.out_channels + o) * sh.out_h() + oh) * sh.out_w() + ow)] =
+              bias != nullptr ? acc + bias[o] : acc;
+        }
+  return y;
+}
+
+TEST_CASE("emulated conv2d: TF32 forward from channels-last copies (in_channels % 4 == 0) gives its model's bits") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  const MathGuard tf32(cu::Conv2dMath::tf32);
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<Conv2dShape> shapes = {
+      {3, 16, 9, 9, 33, 3, 3, 1, 1, 1, 1},  {1, 4, 5, 5, 65, 3, 3, 1, 1, 1, 1},  {2, 8, 9, 7, 17, 3, 3, 2, 2, 1, 1},
+      {1, 4, 7, 11, 3, 2, 5, 1, 2, 1, 2},   {2, 8, 8, 8, 7, 1, 1, 2, 2, 0, 0},   {1, 36, 7, 5, 3, 3, 3, 1, 1, 0, 0},
+      {1, 4, 3, 37, 2, 1, 32, 1, 1, 0, 3},
+  };
+  std::uint64_t seed = 2700;
+  std::size_t index = 0;
+  for (const Conv2dShape& sh : shapes) {
+    seed += 10;
+    const std::size_t offset = index++ % 2;
+    const bool with_bias = offset == 0;
+    INFO(describe(sh), ", offset ", offset, ", bias ", with_bias);
+    const Buffer x(sh.input_size(), seed, offset), w(sh.weight_size(), seed + 1, offset),
+        bias(sh.out_channels, seed + 2, offset), y(sh.output_size(), seed + 3, offset, 5, 6);
+    const float* b = with_bias ? bias.data() : nullptr;
+    const std::vector<float> model = tf32_channels_last_model(sh, x.data(), w.data(), b);
+    const std::int64_t pixels = sh.batch * sh.out_h() * sh.out_w();
+    for (const int tile : {-1, 0, 1, 2, 3}) {
+      CAPTURE(tile);
+      const TileGuard forced(tile);
+      y.reset();
+      const std::size_t before = emu::launches();
+      cu::conv2d_forward(s, sh, x.data(), w.data(), b, y.data());
+      CHECK(emu::launches() - before == 3);  // the two copies, the product
+      CHECK(emu::last_launch().kernel == std::string("conv2d_forward_tf32_channels_last"));
+      if (tile >= 0) {
+        CHECK(emu::last_launch().grid.y == unsigned(tiling::ceil_div(pixels, tile >= 2 ? 128 : 64)));
+        CHECK(emu::last_launch().grid.x == unsigned(tiling::ceil_div(sh.out_channels, tile % 2 == 1 ? 128 : 64)));
+      }
+      CHECK(y.guards_kept());
+      CHECK(bit_differences(y.values(), model) == "");
+    }
+    // against ref: each product's inputs rounded by up to 2^-11 relative (2^-10 for the product)
+    const std::vector<float> got = y.values();
+    std::vector<float> want = y.initial();
+    ref::conv2d_forward<float>(s, sh, x.data(), w.data(), b, want.data());
+    std::vector<double> magnitude(std::size_t(sh.output_size()));
+    const std::vector<double> ax = absolute(x.values()), aw = absolute(w.values()), ab = absolute(bias.values());
+    ref::conv2d_forward<double>(s, sh, ax.data(), aw.data(), with_bias ? ab.data() : nullptr, magnitude.data());
+    const std::int64_t terms = sh.in_channels * sh.kernel_h * sh.kernel_w + 1;
+    double worst = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, std::abs(double(got[i]) - double(want[i])) /
+                                  ((std::ldexp(1.0, -10) + double(terms + 3) * std::ldexp(1.0, -24)) * magnitude[i] + 1e-300));
+    CHECK(worst <= 1.0);
+    // the order is real: (c, i, j) gives other bits wherever K has more than one tap and channel
+    if (sh.kernel_h * sh.kernel_w > 1)
+      CHECK(bit_differences(got, tf32_model(sh, x.data(), w.data(), b)) != "");
+  }
+  MESSAGE("TF32 channels-last forward: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+          " s");
 }
 
 // TF32 backward data from the weights laid out by k (data_weight_transpose: a second launch
