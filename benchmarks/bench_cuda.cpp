@@ -217,6 +217,16 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
                  row.pass, row.math, winograd_difference, bound);
     }
   }
+  // The TF32 forward of a layer with in_channels % 4 == 0 reads channels-last copies (the default,
+  // its two copy launches in petra_s); its time reading x itself, as before 2026-12-05, beside it.
+  const bool channels_last = std::string(row.pass) == "forward" && row.setting == k::cuda::Conv2dMath::tf32 &&
+                             shape.in_channels % 4 == 0;
+  double nchw_s = 0;
+  if (channels_last) {
+    k::cuda::set_conv2d_channels_last(false);
+    nchw_s = seconds_per_launch([&] { row.petra(s); }, stream, repeats);
+    k::cuda::set_conv2d_channels_last(true);
+  }
   const int pass_index = std::string(row.pass) == "forward" ? 0 : std::string(row.pass) == "data" ? 1 : 2;
   const k::cudnn::Conv2dAlgorithm algorithm = k::cudnn::conv2d_algorithm(s, layer.shape, pass_index);
   k::cuda::set_conv2d_math(k::cuda::Conv2dMath::fp32);  // the default again
@@ -230,7 +240,8 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
     for (const double t : tile_s) tiles += fmt::format(" {:.3f}", t * 1e3);
     const std::string winograd_text =
         winograd ? fmt::format("  winograd {:.3f} ms ({:.0f}% of cuDNN)", winograd_s * 1e3, 100.0 * cudnn_s / winograd_s)
-                 : "";
+        : channels_last ? fmt::format("  from x itself {:.3f} ms ({:.0f}% of cuDNN)", nchw_s * 1e3, 100.0 * cudnn_s / nchw_s)
+                        : "";
     fmt::print("{:<28} {:<8} {:<5} {:>9.3f} {:>9.3f} {:>8.1f} {:>8.1f} {:>6.0f}%  algo {}{}{}\n", layer.name, row.pass,
                row.math, petra_s * 1e3, cudnn_s * 1e3, flops / petra_s / 1e12, flops / cudnn_s / 1e12,
                100.0 * cudnn_s / petra_s, algorithm.algorithm, "  tiles ms" + tiles, winograd_text);
@@ -255,6 +266,7 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
           {"cudnn_algorithm", algorithm.algorithm},
           {"cudnn_workspace_bytes", algorithm.workspace_bytes},
           {"relative_difference", difference}};
+  if (channels_last) result["petra_nchw_ms"] = nchw_s * 1e3;  // the forward reading x itself
   if (winograd) {
     result["petra_winograd_ms"] = winograd_s * 1e3;
     result["petra_winograd_share_of_cudnn"] = cudnn_s / winograd_s;

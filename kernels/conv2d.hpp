@@ -165,6 +165,14 @@ enum class Conv2dWeightAlgorithm { direct, winograd };
 void set_conv2d_weight_algorithm(Conv2dWeightAlgorithm algorithm);
 Conv2dWeightAlgorithm conv2d_weight_algorithm();
 
+// Whether the TF32 forward of a layer with in_channels % 4 == 0 reads channels-last copies of x
+// and the weights (the default, true: both operands in 16-byte copies, two more launches per call,
+// up to 64 MiB of the stream's workspace; docs/gpu-kernels.md step 16) or x itself, as FP32 does.
+// The results differ in the last places (another order of the sum), each deterministic. For the
+// whole process; benchmarks time both.
+void set_conv2d_channels_last(bool enabled);
+bool conv2d_channels_last();
+
 // The most elements (default and at most 2^31 - 1) an input or output of one launch may have: the
 // kernels index in 32 bits, and a larger batch runs in launches of fewer samples (forward and
 // backward data: the same results; backward weight: the parts added into dw in batch order). A

@@ -84,8 +84,8 @@ def kernel_key(name):
     path = "fp32"
     if "implicit_gemm_tf32" in name:
         path = "tf32v" if re.search(r"TileLayoutE1EEELb1E", name) else "tf32"
-    problem = re.search(r"\d+(Forward|Data|Weight|WinogradWeight|ChannelsLastForward)Problem", name).group(1).lower()
-    problem = {"winogradweight": "winograd", "channelslastforward": "fwd-cl"}.get(problem, problem)
+    problem = re.search(r"\d+(Forward|Data|Weight|WinogradWeight|ChannelsLastForward|ChannelsLastData)Problem", name).group(1).lower()
+    problem = {"winogradweight": "winograd", "channelslastforward": "fwd-cl", "channelslastdata": "data-cl"}.get(problem, problem)
     tile = "x".join(re.search(r"TileShapeILi(\d+)ELi(\d+)", name).groups())
     return (path, problem, tile)
 

@@ -406,6 +406,87 @@ struct DataProblem {
   }
 };
 
+// Backward data under TF32 where out_channels % 4 == 0, from channels-last copies (as
+// ChannelsLastForwardProblem; conv2d_backward_data makes them: to_channels_last of dy,
+// data_weights_by_tap): per stride class z (DataProblem's), dx^T = gather(dy)^T . w_z^T, M the
+// class's input pixels, N the in-channels, K = (v_i, v_j, o) with o fastest. A(pixel, k) =
+// dyc[b, oh0 - v_i, ow0 - v_j, o] (dyc: dy as [batch][out_h][out_w][out_channels]): four
+// consecutive k are four out-channels of one tap, one 16-byte copy and one bounds check. B(k, c) =
+// wt[z][k][tf32_b_slot(c)] (per class rows of n_pad floats, k_max rows: the largest class's K;
+// rounded to TF32). Its bits are those of the (v_i, v_j, o) order.
+struct ChannelsLastDataProblem {
+  static constexpr tiling::ConvPass kPass = tiling::ConvPass::data;
+  ConvGeometry g;
+  const float* dyc;  // dy channels-last
+  const float* wt;   // [classes][k_max][n_pad], rounded to TF32, columns in tf32_b_slot's order
+  float* dx;
+  Index n_pad, k_max;
+  tiling::StrideClass class_h{}, class_w{};  // set by in_slice
+  Index b_base = 0;                          // set by in_slice: where class z's rows start in wt
+
+  struct Row {
+    Index corner;                  // where the pixel (oh0, ow0) that reads this one through tap 0 is in dyc
+    std::uint32_t taps_h, taps_w;  // the class's taps v with (oh0 - v_i, ow0 - v_j) inside dy
+  };
+  struct Column {
+    Index first;  // the tile's first in-channel
+  };
+  __device__ ChannelsLastDataProblem in_slice(unsigned z) const {
+    ChannelsLastDataProblem q = *this;
+    const std::int64_t r_h = tiling::quotient(z, g.stride_w), r_w = z - r_h * g.stride_w;
+    q.class_h = tiling::stride_class(r_h, g.stride_h, g.pad_h, g.in_h, g.kernel_h);
+    q.class_w = tiling::stride_class(r_w, g.stride_w, g.pad_w, g.in_w, g.kernel_w);
+    q.b_base = Index(z) * k_max * n_pad;
+    return q;
+  }
+  __device__ std::int64_t rows() const { return g.batch * class_h.count * class_w.count; }
+  __device__ std::int64_t columns() const { return g.in_channels; }
+  __device__ std::int64_t depth() const { return g.out_channels * class_h.taps * class_w.taps; }
+  __device__ std::int64_t k_begin(unsigned /*slice*/) const { return 0; }
+  __device__ std::int64_t k_end(unsigned /*slice*/) const { return depth(); }
+  __device__ Row row(Index m) const {
+    const tiling::Pixel p = tiling::split_pixel(m, class_h.count, class_w.count);
+    const Index oh0 = Index(class_h.out0 + p.y), ow0 = Index(class_w.out0 + p.x);
+    // 0 <= oh0 - v < out_h: oh0 - out_h < v <= oh0
+    return {((Index(p.b) * Index(g.out_h) + oh0) * Index(g.out_w) + ow0) * Index(g.out_channels),
+            tiling::bit_range(oh0 - Index(g.out_h) + 1, oh0 + 1), tiling::bit_range(ow0 - Index(g.out_w) + 1, ow0 + 1)};
+  }
+  __device__ Column column(std::int64_t n) const { return {Index(n)}; }
+  // k = (v_i, v_j, o) (its digits in k_radix): a = the offset in dyc from a row's corner, b = where
+  // wt's row k of the class starts, the bits of v_i and v_j.
+  __device__ tiling::Radix k_radix() const { return {std::int32_t(class_w.taps), std::int32_t(g.out_channels)}; }
+  __device__ KEntry k_entry_at(Index k, const tiling::Digits& d) const {
+    return {(-d.hi * Index(g.out_w) - d.mid) * Index(g.out_channels) + d.lo, b_base + k * n_pad, tiling::tap_bit(d.hi),
+            tiling::tap_bit(d.mid)};
+  }
+  __device__ const float* a_data() const { return dyc; }
+  __device__ Index a_offset(const Row& r, const KEntry& e) const { return r.corner + e.a; }
+  // (always: conv2d_backward_data takes this problem where out_channels % 4 == 0)
+  static constexpr bool kVectorA = true, kPaddedA = true, kVectorB = true;
+  __device__ bool a_inside(const Row& r, const KEntry& e) const {
+    return tiling::bits_meet(r.taps_h, e.h, r.taps_w, e.w);
+  }
+  __device__ const float* b_data() const { return wt; }
+  __device__ Index b_vector_offset(const Column& c, const KEntry& e, int s) const { return e.b + c.first + s; }
+  // dx[b, c, h, w] for row m = the class's pixel (b, h, w) and column c
+  struct StoreRow {
+    Index dx_offset;  // (b * in_channels * in_h + h) * in_w + w
+  };
+  struct StoreColumn {
+    Index dx_offset;  // c * in_h * in_w
+  };
+  __device__ StoreRow store_row(std::int64_t m) const {
+    const tiling::Pixel p = tiling::split_pixel(m, class_h.count, class_w.count);
+    const std::int64_t h = class_h.first + p.y * g.stride_h, w = class_w.first + p.x * g.stride_w;
+    return {Index((p.b * g.in_channels * g.in_h + h) * g.in_w + w)};
+  }
+  __device__ StoreColumn store_column(std::int64_t c) const { return {Index(c * g.in_plane())}; }
+  __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned /*slice*/) const {
+    dx[r.dx_offset + c.dx_offset] = value;
+  }
+  static constexpr bool kVectorStores = false;  // a lane's adjacent columns are planes apart in dx
+};
+
 // dw += dy . im2col(x)^T over K slice blockIdx.z. A(o, (b,oh,ow)) = dy[b, o, oh, ow].
 struct WeightProblem {
   static constexpr tiling::ConvPass kPass = tiling::ConvPass::weight;
@@ -1191,6 +1272,8 @@ __global__ void add_bias_partials(std::int64_t channels, std::int64_t slices, co
 std::atomic<int> conv_math{int(Conv2dMath::fp32)};
 // The FP32 path's tile (set_conv2d_tile): < 0 for choose_tile's.
 std::atomic<int> conv_tile{-1};
+// Whether the TF32 forward may read channels-last copies (set_conv2d_channels_last).
+std::atomic<bool> conv_channels_last{true};
 // The weight gradient's algorithm on 3x3, stride-1, padding-1 layers (set_conv2d_weight_algorithm).
 std::atomic<int> conv_weight_algorithm{int(Conv2dWeightAlgorithm::direct)};
 // The most elements a tensor of one launch may have (set_conv2d_launch_elements): the kernels
@@ -1284,6 +1367,8 @@ KernelChoice<Problem> choose_kernel(const Problem& p, const char* fp32_name, con
 void set_conv2d_math(Conv2dMath math) { conv_math.store(int(math)); }
 void set_conv2d_tile(int tile) { conv_tile.store(tile < 0 || tile > 3 ? -1 : tile); }
 void set_conv2d_weight_algorithm(Conv2dWeightAlgorithm algorithm) { conv_weight_algorithm.store(int(algorithm)); }
+void set_conv2d_channels_last(bool enabled) { conv_channels_last.store(enabled); }
+bool conv2d_channels_last() { return conv_channels_last.load(); }
 Conv2dWeightAlgorithm conv2d_weight_algorithm() { return Conv2dWeightAlgorithm(conv_weight_algorithm.load()); }
 void set_conv2d_launch_elements(std::int64_t limit) {
   launch_element_limit.store(limit <= 0 || limit > kIndexLimit ? kIndexLimit : limit);
@@ -1355,6 +1440,16 @@ __global__ void to_channels_last(Index batch, Index channels, Index plane, const
   }
 }
 
+// to_channels_last of `batch` samples of `channels` x `plane` floats, from `from` into `to` (at most
+// 4096 blocks, each looping over its share of the 32 x 32 tiles).
+void launch_to_channels_last(const char* name, const StreamHandle& s, std::int64_t batch, std::int64_t channels,
+                             std::int64_t plane, const float* from, float* to) {
+  const std::int64_t tiles =
+      batch * tiling::ceil_div(channels, kTransposeTile) * tiling::ceil_div(plane, kTransposeTile);
+  cuda_detail::launch_blocks(name, s, unsigned(std::min<std::int64_t>(tiles, 4096)), kThreads, to_channels_last,
+                             Index(batch), Index(channels), Index(plane), from, to);
+}
+
 // wt[k][tf32_b_slot(o)] = tf32_round(w[o, c, i, j]) for k = (i, j, c), c fastest, and 0 for the
 // padding o >= out_channels (rows of n_pad floats, a multiple of 128).
 __global__ void weights_by_tap(ConvGeometry g, Index n_pad, const float* w, float* wt) {
@@ -1370,17 +1465,21 @@ __global__ void weights_by_tap(ConvGeometry g, Index n_pad, const float* w, floa
 // the most scratch memory they may take: above it (a batch part's input over ~60 MiB), the forward
 // takes ForwardProblem's path.
 constexpr std::int64_t kChannelsLastMaxBytes = std::int64_t(64) << 20;
-std::int64_t channels_last_n_pad(const Conv2dShape& s) { return tiling::ceil_div(s.out_channels, 128) * 128; }
+// B's rows: the columns padded to a multiple of 128 (the widest tile)
+std::int64_t channels_last_n_pad_of(std::int64_t columns) { return tiling::ceil_div(columns, 128) * 128; }
+std::int64_t channels_last_n_pad(const Conv2dShape& s) { return channels_last_n_pad_of(s.out_channels); }
 std::int64_t channels_last_x_floats(const Conv2dShape& s) { return tiling::ceil_div(s.input_size(), 64) * 64; }
 std::int64_t channels_last_floats(const Conv2dShape& s) {
   return channels_last_x_floats(s) + s.in_channels * s.kernel_h * s.kernel_w * channels_last_n_pad(s);
 }
 
-// Whether conv2d_forward takes the channels-last path for a batch part: TF32, in_channels a
-// multiple of 4 (four k of a tap in one aligned 16-byte copy), a stream with scratch memory, the
-// copies within kChannelsLastMaxBytes, and the pixels' row tiles within a grid's y (65535).
+// Whether conv2d_forward takes the channels-last path for a batch part: TF32 with
+// set_conv2d_channels_last on (the default), in_channels a multiple of 4 (four k of a tap in one
+// aligned 16-byte copy), a stream with scratch memory, the copies within kChannelsLastMaxBytes,
+// and the pixels' row tiles within a grid's y (65535).
 bool channels_last_applies(const StreamHandle& s, const Conv2dShape& shape) {
-  return Conv2dMath(conv_math.load()) == Conv2dMath::tf32 && shape.in_channels % 4 == 0 && s.workspace != nullptr &&
+  return Conv2dMath(conv_math.load()) == Conv2dMath::tf32 && conv_channels_last.load() && shape.in_channels % 4 == 0 &&
+         s.workspace != nullptr &&
          channels_last_floats(shape) * std::int64_t(sizeof(float)) <= kChannelsLastMaxBytes &&
          tiling::ceil_div(shape.batch * shape.out_h() * shape.out_w(), 64) <= 65535;
 }
@@ -1391,12 +1490,8 @@ void channels_last_forward_launch(const StreamHandle& s, const Conv2dShape& shap
   float* wt = xc + channels_last_x_floats(shape);
   const ConvGeometry g = ConvGeometry::of(shape);
   const Index n_pad = Index(channels_last_n_pad(shape));
-  const std::int64_t plane = shape.in_h * shape.in_w;
-  const std::int64_t tiles = shape.batch * tiling::ceil_div(shape.in_channels, kTransposeTile) *
-                             tiling::ceil_div(plane, kTransposeTile);
-  cuda_detail::launch_blocks("conv2d_forward_to_channels_last", s, unsigned(std::min<std::int64_t>(tiles, 4096)),
-                             kThreads, to_channels_last, Index(shape.batch), Index(shape.in_channels), Index(plane), x,
-                             xc);
+  launch_to_channels_last("conv2d_forward_to_channels_last", s, shape.batch, shape.in_channels,
+                          shape.in_h * shape.in_w, x, xc);
   cuda_detail::launch_grid_stride("conv2d_forward_weights_by_tap", s, channels_last_floats(shape) -
                                   channels_last_x_floats(shape), weights_by_tap, g, n_pad, w, wt);
   const ChannelsLastForwardProblem p{g, xc, wt, bias, y, n_pad};
@@ -1404,6 +1499,73 @@ void channels_last_forward_launch(const StreamHandle& s, const Conv2dShape& shap
   const auto k = kernel_for<ChannelsLastForwardProblem, true>(
       tile_for(tiling::ConvPass::forward, pixels, shape.out_channels, 1), "conv2d_forward_tf32_channels_last", true);
   launch_gemm(s, k, p, pixels, shape.out_channels, 1);
+}
+
+// Backward data's weights for ChannelsLastDataProblem: wt[z][k][tf32_b_slot(c)] =
+// tf32_round(w[o, c, tap_h, tap_w]) for stride class z and its k = (v_i, v_j, o), o fastest (tap =
+// the class's tap0 + v * stride), 0 past the class's own K (k_max rows: data_weight_k_max) and for
+// the padding c >= in_channels.
+__global__ void data_weights_by_tap(ConvGeometry g, Index k_max, Index n_pad, const float* w, float* wt) {
+  const std::int64_t per_class = std::int64_t(k_max) * n_pad, n = g.stride_h * g.stride_w * per_class;
+  for (std::int64_t e = cuda_detail::thread_index(); e < n; e += cuda_detail::grid_threads()) {
+    const std::int64_t z = e / per_class, rest = e - z * per_class, k = rest / n_pad;
+    const std::int64_t c = tiling::tf32_b_column_of_slot(int(rest - k * n_pad));
+    const std::int64_t r_h = z / g.stride_w, r_w = z - r_h * g.stride_w;
+    const tiling::StrideClass ch = tiling::stride_class(r_h, g.stride_h, g.pad_h, g.in_h, g.kernel_h);
+    const tiling::StrideClass cw = tiling::stride_class(r_w, g.stride_w, g.pad_w, g.in_w, g.kernel_w);
+    float v = 0.0f;
+    if (c < g.in_channels && k < g.out_channels * ch.taps * cw.taps) {
+      const std::int64_t tap = k / g.out_channels, o = k - tap * g.out_channels;
+      const std::int64_t v_i = tap / cw.taps, v_j = tap - v_i * cw.taps;
+      const std::int64_t tap_h = ch.tap0 + v_i * g.stride_h, tap_w = cw.tap0 + v_j * g.stride_w;
+      v = tiling::tf32_round(w[((o * g.in_channels + c) * g.kernel_h + tap_h) * g.kernel_w + tap_w]);
+    }
+    wt[e] = v;
+  }
+}
+
+// Backward data's copies, in floats: the weights per class (data_weights_by_tap), then dy
+// channels-last from a multiple of 64 floats.
+std::int64_t data_channels_last_weight_floats(const Conv2dShape& s) {
+  return tiling::ceil_div(s.stride_h * s.stride_w * data_weight_k_max(s) * channels_last_n_pad_of(s.in_channels), 64) *
+         64;
+}
+std::int64_t data_channels_last_floats(const Conv2dShape& s) {
+  return data_channels_last_weight_floats(s) + s.output_size();
+}
+// As channels_last_applies, for backward data: out_channels % 4 == 0, the widest class's pixels
+// in row tiles within a grid's y.
+bool data_channels_last_applies(const StreamHandle& s, const Conv2dShape& shape) {
+  const std::int64_t widest =
+      shape.batch * tiling::ceil_div(shape.in_h, shape.stride_h) * tiling::ceil_div(shape.in_w, shape.stride_w);
+  return Conv2dMath(conv_math.load()) == Conv2dMath::tf32 && conv_channels_last.load() &&
+         shape.out_channels % 4 == 0 && s.workspace != nullptr &&
+         data_channels_last_floats(shape) * std::int64_t(sizeof(float)) <= kChannelsLastMaxBytes &&
+         tiling::ceil_div(widest, 64) <= 65535;
+}
+
+// Backward data from channels-last copies (ChannelsLastDataProblem): the weights once, then per
+// batch part dy copied and the product, one grid layer per stride class.
+void channels_last_data(const StreamHandle& s, const Conv2dShape& shape, const float* dy, const float* w,
+                        float* dx) {
+  auto* wt = static_cast<float*>(s.scratch(std::size_t(data_channels_last_floats(shape)) * sizeof(float)));
+  float* dyc = wt + data_channels_last_weight_floats(shape);
+  const Index k_max = Index(data_weight_k_max(shape)), n_pad = Index(channels_last_n_pad_of(shape.in_channels));
+  cuda_detail::launch_grid_stride("conv2d_backward_data_weights_by_tap", s,
+                                  shape.stride_h * shape.stride_w * std::int64_t(k_max) * n_pad, data_weights_by_tap,
+                                  ConvGeometry::of(shape), k_max, n_pad, w, wt);
+  for_each_batch_part(shape, [&](const Conv2dShape& part, std::int64_t x_at, std::int64_t y_at) {
+    launch_to_channels_last("conv2d_backward_data_to_channels_last", s, part.batch, part.out_channels,
+                            part.out_h() * part.out_w(), dy + y_at, dyc);
+    const ChannelsLastDataProblem p{ConvGeometry::of(part), dyc, wt, dx + x_at, n_pad, k_max};
+    const std::int64_t widest =
+        part.batch * tiling::ceil_div(part.in_h, part.stride_h) * tiling::ceil_div(part.in_w, part.stride_w);
+    const std::int64_t classes = part.stride_h * part.stride_w;
+    const auto k = kernel_for<ChannelsLastDataProblem, true>(tile_for(tiling::ConvPass::data, widest, part.in_channels,
+                                                                      classes),
+                                                             "conv2d_backward_data_tf32_channels_last", true);
+    launch_gemm(s, k, p, widest, part.in_channels, classes);
+  });
 }
 
 void forward_launch(const StreamHandle& s, const Conv2dShape& shape, const float* x, const float* w,
@@ -1640,6 +1802,7 @@ void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float
 void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const float* dy, const float* w,
                           float* dx) {
   if (shape.input_size() <= 0) return;
+  if (data_channels_last_applies(s, shape)) return channels_last_data(s, shape, dy, w, dx);
   // Under TF32, A from the weights laid out by k (data_weight_transpose), once for all parts,
   // where the copy fits 64 MiB of the stream's scratch (and there is one).
   const float* wt = nullptr;

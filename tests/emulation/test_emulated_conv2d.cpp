@@ -678,6 +678,15 @@ class TileGuard {
   TileGuard& operator=(const TileGuard&) = delete;
 };
 
+// Sets cu::set_conv2d_channels_last for a scope (the default, on, after it).
+class ChannelsLastGuard {
+ public:
+  explicit ChannelsLastGuard(bool enabled) { cu::set_conv2d_channels_last(enabled); }
+  ~ChannelsLastGuard() { cu::set_conv2d_channels_last(true); }
+  ChannelsLastGuard(const ChannelsLastGuard&) = delete;
+  ChannelsLastGuard& operator=(const ChannelsLastGuard&) = delete;
+};
+
 }  // namespace
 
 // The 64 x 64 tile is checked against ref:: above and below (choose_tile keeps it for shapes this
@@ -872,9 +881,19 @@ TEST_CASE("emulated conv2d: TF32 forward from channels-last copies (in_channels 
       worst = std::max(worst, std::abs(double(got[i]) - double(want[i])) /
                                   ((std::ldexp(1.0, -10) + double(terms + 3) * std::ldexp(1.0, -24)) * magnitude[i] + 1e-300));
     CHECK(worst <= 1.0);
-    // the order is real: (c, i, j) gives other bits wherever K has more than one tap and channel
+    // the order is real: (c, i, j) gives other bits wherever K has more than one tap and channel;
+    // with set_conv2d_channels_last(false) the forward reads x itself, in that order
     if (sh.kernel_h * sh.kernel_w > 1)
       CHECK(bit_differences(got, tf32_model(sh, x.data(), w.data(), b)) != "");
+    {
+      const ChannelsLastGuard off(false);
+      const std::size_t before = emu::launches();
+      cu::conv2d_forward(s, sh, x.data(), w.data(), b, y.data());
+      CHECK(emu::launches() - before == 1);
+      CHECK(emu::last_launch().kernel == std::string("conv2d_forward_tf32"));
+      CHECK(bit_differences(y.values(), tf32_model(sh, x.data(), w.data(), b)) == "");
+    }
+    CHECK(cu::conv2d_channels_last());
   }
   MESSAGE("TF32 channels-last forward: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
           " s");
@@ -888,6 +907,7 @@ TEST_CASE("emulated conv2d: TF32 forward from channels-last copies (in_channels 
 TEST_CASE("emulated conv2d: TF32 backward data from the weights laid out by k gives the model's bits") {
   Stream stream;
   const StreamHandle& s = stream.s;
+  const ChannelsLastGuard off(false);  // (out_channels 4 and 12 would read dy channels-last, below)
   const auto start = std::chrono::steady_clock::now();
   const std::vector<Conv2dShape> shapes = {
       {2, 70, 8, 8, 4, 3, 3, 1, 1, 1, 1},   // M = 70, K = 36
@@ -920,6 +940,96 @@ TEST_CASE("emulated conv2d: TF32 backward data from the weights laid out by k gi
     }
   }
   MESSAGE("TF32 backward data by k: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
+}
+
+// Backward data under TF32 where out_channels % 4 == 0, from channels-last copies
+// (ChannelsLastDataProblem: the weights per stride class laid out by tap, dy transposed, then the
+// product, one grid layer per class): the model's bits with k in (v_i, v_j, o) order on every
+// tile, ref::'s within TF32. Shapes: stride 1 with padding, stride 2 (classes of 4, 2, 2 and 1
+// taps), a 1x1 stride 2 (three classes without taps: zeros), stride 3 over a kernel of 2 (rows no
+// output reads), a non-square kernel and stride, 36 out-channels (a K tail), M and N tails.
+std::vector<float> tf32_channels_last_data_model(const Conv2dShape& sh, const float* dy, const float* w) {
+  std::vector<float> dx(std::size_t(sh.input_size()));
+  const std::int64_t oh_n = sh.out_h(), ow_n = sh.out_w();
+  for (std::int64_t b = 0; b < sh.batch; ++b)
+    for (std::int64_t c = 0; c < sh.in_channels; ++c)
+      for (std::int64_t h = 0; h < sh.in_h; ++h)
+        for (std::int64_t v = 0; v < sh.in_w; ++v) {
+          float acc = 0.0f;
+          for (std::int64_t i = 0; i < sh.kernel_h; ++i) {
+            if ((h + sh.pad_h - i) % sh.stride_h != 0) continue;  // not a tap of this row's class
+            for (std::int64_t j = 0; j < sh.kernel_w; ++j) {
+              if ((v + sh.pad_w - j) % sh.stride_w != 0) continue;
+              for (std::int64_t o = 0; o < sh.out_channels; ++o) {
+                const std::int64_t oh = (h + sh.pad_h - i) / sh.stride_h, ow = (v + sh.pad_w - j) / sh.stride_w;
+                const bool inside = h + sh.pad_h - i >= 0 && oh < oh_n && v + sh.pad_w - j >= 0 && ow < ow_n;
+                const float g = inside ? dy[((b * sh.out_channels + o) * oh_n + oh) * ow_n + ow] : 0.0f;
+                acc = std::fmaf(tiling::tf32_round(w[((o * sh.in_channels + c) * sh.kernel_h + i) * sh.kernel_w + j]),
+                                tiling::tf32_round(g), acc);
+              }
+            }
+          }
+          dx[std::size_t(((b * sh.in_channels + c) * sh.in_h + h) * sh.in_w + v)] = acc;
+        }
+  return dx;
+}
+
+TEST_CASE("emulated conv2d: TF32 backward data from channels-last copies (out_channels % 4 == 0) gives its model's bits") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  const MathGuard tf32(cu::Conv2dMath::tf32);
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<Conv2dShape> shapes = {
+      {3, 17, 9, 9, 16, 3, 3, 1, 1, 1, 1}, {2, 70, 9, 7, 8, 3, 3, 2, 2, 1, 1}, {1, 8, 7, 9, 12, 1, 1, 2, 2, 0, 0},
+      {1, 2, 8, 8, 4, 2, 2, 3, 3, 0, 0},   {1, 3, 7, 11, 4, 2, 5, 1, 2, 1, 2}, {1, 130, 5, 5, 36, 3, 3, 1, 1, 1, 1},
+  };
+  std::uint64_t seed = 2800;
+  std::size_t index = 0;
+  for (const Conv2dShape& sh : shapes) {
+    seed += 10;
+    const std::size_t offset = index++ % 2;
+    INFO(describe(sh), ", offset ", offset);
+    const Buffer w(sh.weight_size(), seed, offset), dy(sh.output_size(), seed + 1, offset),
+        dx(sh.input_size(), seed + 2, offset, 5, 6);
+    const std::vector<float> model = tf32_channels_last_data_model(sh, dy.data(), w.data());
+    const std::int64_t widest = sh.batch * tiling::ceil_div(sh.in_h, sh.stride_h) * tiling::ceil_div(sh.in_w, sh.stride_w);
+    for (const int tile : {-1, 0, 1, 2, 3}) {
+      CAPTURE(tile);
+      const TileGuard forced(tile);
+      dx.reset();
+      const std::size_t before = emu::launches();
+      cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
+      CHECK(emu::launches() - before == 3);  // the weights, dy, the product
+      CHECK(emu::last_launch().kernel == std::string("conv2d_backward_data_tf32_channels_last"));
+      CHECK(emu::last_launch().grid.z == unsigned(sh.stride_h * sh.stride_w));
+      if (tile >= 0) {
+        CHECK(emu::last_launch().grid.y == unsigned(tiling::ceil_div(widest, tile >= 2 ? 128 : 64)));
+        CHECK(emu::last_launch().grid.x == unsigned(tiling::ceil_div(sh.in_channels, tile % 2 == 1 ? 128 : 64)));
+      }
+      CHECK(dx.guards_kept());
+      CHECK(bit_differences(dx.values(), model) == "");
+    }
+    // against ref: each product's inputs rounded by up to 2^-11 relative (2^-10 for the product)
+    const std::vector<float> got = dx.values();
+    std::vector<float> want = dx.initial();
+    ref::conv2d_backward_data<float>(s, sh, dy.data(), w.data(), want.data());
+    std::vector<double> magnitude(std::size_t(sh.input_size()));
+    const std::vector<double> ady = absolute(dy.values()), aw = absolute(w.values());
+    ref::conv2d_backward_data<double>(s, sh, ady.data(), aw.data(), magnitude.data());
+    const std::int64_t terms = sh.out_channels * sh.kernel_h * sh.kernel_w;
+    double worst = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, std::abs(double(got[i]) - double(want[i])) /
+                                  ((std::ldexp(1.0, -10) + double(terms + 3) * std::ldexp(1.0, -24)) * magnitude[i] + 1e-300));
+    CHECK(worst <= 1.0);
+    // with set_conv2d_channels_last(false): the weights by k and dy itself, in (o, v_i, v_j) order
+    const ChannelsLastGuard off(false);
+    cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
+    CHECK(emu::last_launch().kernel == std::string("conv2d_backward_data_tf32"));
+    CHECK(bit_differences(dx.values(), tf32_data_model(sh, dy.data(), w.data())) == "");
+  }
+  MESSAGE("TF32 channels-last backward data: ",
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
 }
 
 namespace {
