@@ -217,10 +217,12 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
                  row.pass, row.math, winograd_difference, bound);
     }
   }
-  // The TF32 forward of a layer with in_channels % 4 == 0 reads channels-last copies (the default,
-  // its two copy launches in petra_s); its time reading x itself, as before 2026-12-05, beside it.
-  const bool channels_last = std::string(row.pass) == "forward" && row.setting == k::cuda::Conv2dMath::tf32 &&
-                             shape.in_channels % 4 == 0;
+  // The TF32 forward of a layer with in_channels % 4 == 0, and backward data with out_channels %
+  // 4 == 0, read channels-last copies (the default, their copy launches in petra_s); the time
+  // reading x or dy itself, as before 2026-12-05, beside it.
+  const bool channels_last =
+      row.setting == k::cuda::Conv2dMath::tf32 && ((std::string(row.pass) == "forward" && shape.in_channels % 4 == 0) ||
+                                                   (std::string(row.pass) == "data" && shape.out_channels % 4 == 0));
   double nchw_s = 0;
   if (channels_last) {
     k::cuda::set_conv2d_channels_last(false);
@@ -240,7 +242,8 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
     for (const double t : tile_s) tiles += fmt::format(" {:.3f}", t * 1e3);
     const std::string winograd_text =
         winograd ? fmt::format("  winograd {:.3f} ms ({:.0f}% of cuDNN)", winograd_s * 1e3, 100.0 * cudnn_s / winograd_s)
-        : channels_last ? fmt::format("  from x itself {:.3f} ms ({:.0f}% of cuDNN)", nchw_s * 1e3, 100.0 * cudnn_s / nchw_s)
+        : channels_last ? fmt::format("  without the channels-last copies {:.3f} ms ({:.0f}% of cuDNN)", nchw_s * 1e3,
+                                      100.0 * cudnn_s / nchw_s)
                         : "";
     fmt::print("{:<28} {:<8} {:<5} {:>9.3f} {:>9.3f} {:>8.1f} {:>8.1f} {:>6.0f}%  algo {}{}{}\n", layer.name, row.pass,
                row.math, petra_s * 1e3, cudnn_s * 1e3, flops / petra_s / 1e12, flops / cudnn_s / 1e12,
@@ -266,7 +269,7 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
           {"cudnn_algorithm", algorithm.algorithm},
           {"cudnn_workspace_bytes", algorithm.workspace_bytes},
           {"relative_difference", difference}};
-  if (channels_last) result["petra_nchw_ms"] = nchw_s * 1e3;  // the forward reading x itself
+  if (channels_last) result["petra_nchw_ms"] = nchw_s * 1e3;  // reading x or dy itself
   if (winograd) {
     result["petra_winograd_ms"] = winograd_s * 1e3;
     result["petra_winograd_share_of_cudnn"] = cudnn_s / winograd_s;

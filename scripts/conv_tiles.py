@@ -56,12 +56,12 @@ def main():
                                  for r in layers)
                 print(f"{math} {pass_:8} {either:7.3f} with Winograd where faster ({len(won)} layers: "
                       f"{', '.join(won) or 'none'}); {either_met} of {len(layers)} layers at >= 70%")
-            # and the TF32 forward reading x itself where petra reads channels-last copies
-            # (petra_nchw_ms, from 2026-12-05's third session): the sum that way.
+            # and the TF32 forward and backward data reading x or dy itself where petra reads
+            # channels-last copies (petra_nchw_ms, from 2026-12-05's third session): the sum so.
             if any("petra_nchw_ms" in r for r in layers):
                 nchw = sum(r.get("petra_nchw_ms", r["petra_ms"]) for r in layers)
                 count = sum("petra_nchw_ms" in r for r in layers)
-                print(f"{math} {pass_:8} {nchw:7.3f} reading x itself where channels-last ran ({count} layers)")
+                print(f"{math} {pass_:8} {nchw:7.3f} without the channels-last copies ({count} layers)")
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ cat > "$dir/winograd.json" <<'JSON'
   "petra_share_of_cudnn": 1.2, "petra_ms_by_tile": [1.0, 1.0, 1.0, 1.0]}
 ]}
 JSON
-# The TF32 forward timed reading x itself on one of two layers (bench-cuda since 2026-12-05's
-# third session): 3.0 there, 1.0 where it was not timed: 4.000 over 1 layer.
+# The TF32 forward timed without the channels-last copies on one of two layers (bench-cuda since
+# 2026-12-05's third session): 3.0 there, 1.0 where it was not timed: 4.000 over 1 layer.
 cat > "$dir/channels-last.json" <<'JSON'
 {"conv2d": [
  {"math": "tf32", "pass": "forward", "layer": "layer1 64->64 3x3 32x32", "petra_ms": 2.0, "cudnn_ms": 1.0,
@@ -60,7 +60,7 @@ expect() {  # expect FILE PATTERN...: every pattern is a line of the output
 expect "$dir/small.json" "fp32 forward    3.000 /   2.000 /   3.600   1 of 2 layers, 1 of 1 3x3 after the stem"
 expect "$dir/winograd.json" "fp32 weight     3.000 /   3.000 /   2.200   1 of 2 layers, 0 of 1 3x3 after the stem" \
   "fp32 weight     1.500 with Winograd where faster (1 layers: layer3 256->256 3x3 8x8); 2 of 2 layers at >= 70%"
-expect "$dir/channels-last.json" "tf32 forward    4.000 reading x itself where channels-last ran (1 layers)"
+expect "$dir/channels-last.json" "tf32 forward    4.000 without the channels-last copies (1 layers)"
 expect "$run11" \
   "fp32 forward    2.202 /   2.102 /   2.067   11 of 11 layers, 7 of 7 3x3 after the stem" \
   "fp32 weight     3.141 /   2.929 /   2.931   6 of 11 layers, 3 of 7 3x3 after the stem" \
