@@ -1006,7 +1006,9 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, false>(
   const int t = int(threadIdx.x);
   const std::int64_t m0 = std::int64_t(blockIdx.y) * Tile::kM, n0 = std::int64_t(blockIdx.x) * Tile::kN;
   const Problem p = whole.in_slice(blockIdx.z);
-  if (n0 >= p.columns()) return;  // a smaller stride class than the grid's widest (the whole block)
+  // a smaller stride class than the grid's widest (the whole block): its pixels are DataProblem's
+  // columns, ChannelsLastDataProblem's rows (a class may have none: a row's split would divide by 0)
+  if (n0 >= p.columns() || m0 >= p.rows()) return;
 
   constexpr int kMicroM = Tile::kMicroM, kMicroN = Tile::kMicroN;
   float acc[kMicroM][kMicroN] = {};
@@ -1180,7 +1182,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, true>()
   const int wm = Warps::row(warp), wn = Warps::column(warp);
   const std::int64_t m0 = std::int64_t(blockIdx.y) * Tile::kM, n0 = std::int64_t(blockIdx.x) * Tile::kN;
   const Problem p = whole.in_slice(blockIdx.z);
-  if (n0 >= p.columns()) return;
+  if (n0 >= p.columns() || m0 >= p.rows()) return;  // (as implicit_gemm's)
 
   // The kernels with scalar A copies (a row per A value: four times the rows of kVectorA) compiled
   // for two or three blocks per multiprocessor keep the two k8 steps a loop (WarpTileTf32):
@@ -1446,6 +1448,7 @@ void launch_to_channels_last(const char* name, const StreamHandle& s, std::int64
                              std::int64_t plane, const float* from, float* to) {
   const std::int64_t tiles =
       batch * tiling::ceil_div(channels, kTransposeTile) * tiling::ceil_div(plane, kTransposeTile);
+  if (tiles <= 0) return;  // nothing to copy (no channel, or an empty plane): an empty grid is an error
   cuda_detail::launch_blocks(name, s, unsigned(std::min<std::int64_t>(tiles, 4096)), kThreads, to_channels_last,
                              Index(batch), Index(channels), Index(plane), from, to);
 }

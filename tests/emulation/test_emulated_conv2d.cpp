@@ -839,7 +839,7 @@ TEST_CASE("emulated conv2d: TF32 forward from channels-last copies (in_channels 
   const std::vector<Conv2dShape> shapes = {
       {3, 16, 9, 9, 33, 3, 3, 1, 1, 1, 1},  {1, 4, 5, 5, 65, 3, 3, 1, 1, 1, 1},  {2, 8, 9, 7, 17, 3, 3, 2, 2, 1, 1},
       {1, 4, 7, 11, 3, 2, 5, 1, 2, 1, 2},   {2, 8, 8, 8, 7, 1, 1, 2, 2, 0, 0},   {1, 36, 7, 5, 3, 3, 3, 1, 1, 0, 0},
-      {1, 4, 3, 37, 2, 1, 32, 1, 1, 0, 3},
+      {1, 4, 3, 37, 2, 1, 32, 1, 1, 0, 3},  {1, 0, 3, 3, 5, 3, 3, 1, 1, 1, 1},  // no channel: y = the bias
   };
   std::uint64_t seed = 2700;
   std::size_t index = 0;
@@ -859,7 +859,7 @@ TEST_CASE("emulated conv2d: TF32 forward from channels-last copies (in_channels 
       y.reset();
       const std::size_t before = emu::launches();
       cu::conv2d_forward(s, sh, x.data(), w.data(), b, y.data());
-      CHECK(emu::launches() - before == 3);  // the two copies, the product
+      CHECK(emu::launches() - before == (sh.in_channels > 0 ? 3 : 1));  // the two copies (if any), the product
       CHECK(emu::last_launch().kernel == std::string("conv2d_forward_tf32_channels_last"));
       if (tile >= 0) {
         CHECK(emu::last_launch().grid.y == unsigned(tiling::ceil_div(pixels, tile >= 2 ? 128 : 64)));
@@ -883,7 +883,7 @@ TEST_CASE("emulated conv2d: TF32 forward from channels-last copies (in_channels 
     CHECK(worst <= 1.0);
     // the order is real: (c, i, j) gives other bits wherever K has more than one tap and channel;
     // with set_conv2d_channels_last(false) the forward reads x itself, in that order
-    if (sh.kernel_h * sh.kernel_w > 1)
+    if (sh.kernel_h * sh.kernel_w > 1 && sh.in_channels > 0)
       CHECK(bit_differences(got, tf32_model(sh, x.data(), w.data(), b)) != "");
     {
       const ChannelsLastGuard off(false);
@@ -947,7 +947,8 @@ TEST_CASE("emulated conv2d: TF32 backward data from the weights laid out by k gi
 // product, one grid layer per class): the model's bits with k in (v_i, v_j, o) order on every
 // tile, ref::'s within TF32. Shapes: stride 1 with padding, stride 2 (classes of 4, 2, 2 and 1
 // taps), a 1x1 stride 2 (three classes without taps: zeros), stride 3 over a kernel of 2 (rows no
-// output reads), a non-square kernel and stride, 36 out-channels (a K tail), M and N tails.
+// output reads), a non-square kernel and stride, 36 out-channels (a K tail), M and N tails, a
+// class without pixels (one input row at stride 2: its blocks return), no out-channel (zeros).
 std::vector<float> tf32_channels_last_data_model(const Conv2dShape& sh, const float* dy, const float* w) {
   std::vector<float> dx(std::size_t(sh.input_size()));
   const std::int64_t oh_n = sh.out_h(), ow_n = sh.out_w();
@@ -982,6 +983,7 @@ TEST_CASE("emulated conv2d: TF32 backward data from channels-last copies (out_ch
   const std::vector<Conv2dShape> shapes = {
       {3, 17, 9, 9, 16, 3, 3, 1, 1, 1, 1}, {2, 70, 9, 7, 8, 3, 3, 2, 2, 1, 1}, {1, 8, 7, 9, 12, 1, 1, 2, 2, 0, 0},
       {1, 2, 8, 8, 4, 2, 2, 3, 3, 0, 0},   {1, 3, 7, 11, 4, 2, 5, 1, 2, 1, 2}, {1, 130, 5, 5, 36, 3, 3, 1, 1, 1, 1},
+      {1, 4, 1, 5, 4, 1, 1, 2, 2, 0, 0},   {1, 3, 3, 3, 0, 3, 3, 1, 1, 1, 1},
   };
   std::uint64_t seed = 2800;
   std::size_t index = 0;
@@ -999,7 +1001,7 @@ TEST_CASE("emulated conv2d: TF32 backward data from channels-last copies (out_ch
       dx.reset();
       const std::size_t before = emu::launches();
       cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
-      CHECK(emu::launches() - before == 3);  // the weights, dy, the product
+      CHECK(emu::launches() - before == (sh.out_channels > 0 ? 3 : 1));  // the weights, dy (if any), the product
       CHECK(emu::last_launch().kernel == std::string("conv2d_backward_data_tf32_channels_last"));
       CHECK(emu::last_launch().grid.z == unsigned(sh.stride_h * sh.stride_w));
       if (tile >= 0) {
