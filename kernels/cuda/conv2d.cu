@@ -150,6 +150,27 @@ struct alignas(16) KEntry {  // 16-byte aligned: one 128-bit shared load per ent
 __device__ inline bool inside(Index v, std::int64_t extent) { return std::uint32_t(v) < std::uint32_t(extent); }
 
 
+// Where the forward's outputs go, as both forward problems store them: y[b, o, pixel] is a
+// pixel's part (decomposed once per pixel, not per output) plus a channel's (with its bias).
+struct YPixel {
+  Index y_offset;  // b * out_channels * plane + pixel
+};
+struct YChannel {
+  Index y_offset;  // o * plane
+  float bias;      // bias[o], or 0 without a bias
+};
+__device__ inline YPixel y_pixel(const ConvGeometry& g, std::int64_t n) {  // n = (b, pixel)
+  const std::int64_t plane = g.out_plane();
+  const std::int64_t b = tiling::quotient(n, plane);
+  return {Index(b * g.out_channels * plane + (n - b * plane))};
+}
+__device__ inline YChannel y_channel(const ConvGeometry& g, const float* bias, std::int64_t o) {
+  return {Index(o * g.out_plane()), bias != nullptr ? bias[o] : 0.0f};
+}
+__device__ inline void store_y(float* y, const float* bias, const YChannel& c, const YPixel& p, float value) {
+  y[c.y_offset + p.y_offset] = bias != nullptr ? value + c.bias : value;
+}
+
 // y = w . im2col(x) + bias. A = w as (out_channels) x (in_channels*kh*kw), row-major.
 struct ForwardProblem {
   static constexpr tiling::ConvPass kPass = tiling::ConvPass::forward;
@@ -196,25 +217,13 @@ struct ForwardProblem {
     return tiling::bits_meet(c.taps_h, e.h, c.taps_w, e.w);
   }
   __device__ Index b_offset(const Column& c, const KEntry& e) const { return c.x_corner + e.b; }
-  // y[b, m, pixel] for column n = (b, pixel): the column's part (decomposed once per column, not
-  // per output) plus the row's (m * plane, and the row's bias).
-  struct StoreColumn {
-    Index y_offset;  // b * out_channels * plane + pixel
-  };
-  struct StoreRow {
-    Index y_offset;  // m * plane
-    float bias;
-  };
-  __device__ StoreColumn store_column(std::int64_t n) const {
-    const std::int64_t plane = g.out_plane();
-    const std::int64_t b = tiling::quotient(n, plane);
-    return {Index(b * g.out_channels * plane + (n - b * plane))};
-  }
-  __device__ StoreRow store_row(std::int64_t m) const {
-    return {Index(m * g.out_plane()), bias != nullptr ? bias[m] : 0.0f};
-  }
+  // y[b, m, pixel] for column n = (b, pixel) and row m
+  using StoreColumn = YPixel;
+  using StoreRow = YChannel;
+  __device__ StoreColumn store_column(std::int64_t n) const { return y_pixel(g, n); }
+  __device__ StoreRow store_row(std::int64_t m) const { return y_channel(g, bias, m); }
   __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned /*slice*/) const {
-    y[r.y_offset + c.y_offset] = bias != nullptr ? value + r.bias : value;
+    store_y(y, bias, r, c, value);
   }
   // The vector stores of store_outputs: where an output is (row part + column part), whether the
   // destination of `slice` is aligned for G-float vectors, and G consecutive outputs at once.
@@ -286,24 +295,13 @@ struct ChannelsLastForwardProblem {
   __device__ const float* b_data() const { return wt; }
   // where B(k, slot first + s) is: row k's start plus the slot
   __device__ Index b_vector_offset(const Column& c, const KEntry& e, int s) const { return e.b + c.first + s; }
-  // y[b, o, pixel] for row m = (b, pixel) and column o (the bias, per column)
-  struct StoreRow {
-    Index y_offset;  // b * out_channels * plane + pixel
-  };
-  struct StoreColumn {
-    Index y_offset;  // o * plane
-    float bias;
-  };
-  __device__ StoreRow store_row(std::int64_t m) const {
-    const std::int64_t plane = g.out_plane();
-    const std::int64_t b = tiling::quotient(m, plane);
-    return {Index(b * g.out_channels * plane + (m - b * plane))};
-  }
-  __device__ StoreColumn store_column(std::int64_t o) const {
-    return {Index(o * g.out_plane()), bias != nullptr ? bias[o] : 0.0f};
-  }
+  // y[b, o, pixel] for row m = (b, pixel) and column o (ForwardProblem's, transposed)
+  using StoreRow = YPixel;
+  using StoreColumn = YChannel;
+  __device__ StoreRow store_row(std::int64_t m) const { return y_pixel(g, m); }
+  __device__ StoreColumn store_column(std::int64_t o) const { return y_channel(g, bias, o); }
   __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned /*slice*/) const {
-    y[r.y_offset + c.y_offset] = bias != nullptr ? value + c.bias : value;
+    store_y(y, bias, c, r, value);
   }
   static constexpr bool kVectorStores = false;  // a lane's adjacent columns are planes apart in y
 };
