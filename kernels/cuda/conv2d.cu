@@ -306,6 +306,22 @@ struct ChannelsLastForwardProblem {
   static constexpr bool kVectorStores = false;  // a lane's adjacent columns are planes apart in y
 };
 
+// Where backward data's outputs go, as both data problems store them: dx[b, c, h, w] is a stride
+// class's pixel's part (decomposed once per pixel) plus a channel's.
+struct DxPixel {
+  Index dx_offset;  // (b * in_channels * in_h + h) * in_w + w
+};
+struct DxChannel {
+  Index dx_offset;  // c * in_h * in_w
+};
+__device__ inline DxPixel dx_pixel(const ConvGeometry& g, const tiling::StrideClass& class_h,
+                                   const tiling::StrideClass& class_w, std::int64_t n) {  // n = the class's (b, h, w)
+  const tiling::Pixel p = tiling::split_pixel(n, class_h.count, class_w.count);
+  const std::int64_t h = class_h.first + p.y * g.stride_h, w = class_w.first + p.x * g.stride_w;
+  return {Index((p.b * g.in_channels * g.in_h + h) * g.in_w + w)};
+}
+__device__ inline DxChannel dx_channel(const ConvGeometry& g, std::int64_t c) { return {Index(c * g.in_plane())}; }
+
 // dx = w^T . gather(dy) for the input pixels of one stride class (conv2d_tiling::stride_class),
 // class blockIdx.z = r_h * stride_w + r_w: N = batch x the class's rows x its columns, K =
 // out_channels x the class's tap rows x its tap columns, A(c, (o,i,j)) = w[o, c, i, j].
@@ -377,19 +393,11 @@ struct DataProblem {
     return tiling::bits_meet(c.taps_h, e.h, c.taps_w, e.w);
   }
   __device__ Index b_offset(const Column& c, const KEntry& e) const { return c.dy_pixel + e.b; }
-  // dx[b, m, h, w] for column n = the class's pixel (b, h, w): the column's part plus m * in_plane.
-  struct StoreColumn {
-    Index dx_offset;  // (b * in_channels * in_h + h) * in_w + w
-  };
-  struct StoreRow {
-    Index dx_offset;  // m * in_h * in_w
-  };
-  __device__ StoreColumn store_column(std::int64_t n) const {
-    const tiling::Pixel p = tiling::split_pixel(n, class_h.count, class_w.count);
-    const std::int64_t h = class_h.first + p.y * g.stride_h, w = class_w.first + p.x * g.stride_w;
-    return {Index((p.b * g.in_channels * g.in_h + h) * g.in_w + w)};
-  }
-  __device__ StoreRow store_row(std::int64_t m) const { return {Index(m * g.in_plane())}; }
+  // dx[b, m, h, w] for column n = the class's pixel (b, h, w) and row m
+  using StoreColumn = DxPixel;
+  using StoreRow = DxChannel;
+  __device__ StoreColumn store_column(std::int64_t n) const { return dx_pixel(g, class_h, class_w, n); }
+  __device__ StoreRow store_row(std::int64_t m) const { return dx_channel(g, m); }
   __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned /*slice*/) const {
     dx[r.dx_offset + c.dx_offset] = value;
   }
@@ -466,19 +474,11 @@ struct ChannelsLastDataProblem {
   }
   __device__ const float* b_data() const { return wt; }
   __device__ Index b_vector_offset(const Column& c, const KEntry& e, int s) const { return e.b + c.first + s; }
-  // dx[b, c, h, w] for row m = the class's pixel (b, h, w) and column c
-  struct StoreRow {
-    Index dx_offset;  // (b * in_channels * in_h + h) * in_w + w
-  };
-  struct StoreColumn {
-    Index dx_offset;  // c * in_h * in_w
-  };
-  __device__ StoreRow store_row(std::int64_t m) const {
-    const tiling::Pixel p = tiling::split_pixel(m, class_h.count, class_w.count);
-    const std::int64_t h = class_h.first + p.y * g.stride_h, w = class_w.first + p.x * g.stride_w;
-    return {Index((p.b * g.in_channels * g.in_h + h) * g.in_w + w)};
-  }
-  __device__ StoreColumn store_column(std::int64_t c) const { return {Index(c * g.in_plane())}; }
+  // dx[b, c, h, w] for row m = the class's pixel (b, h, w) and column c (DataProblem's, transposed)
+  using StoreRow = DxPixel;
+  using StoreColumn = DxChannel;
+  __device__ StoreRow store_row(std::int64_t m) const { return dx_pixel(g, class_h, class_w, m); }
+  __device__ StoreColumn store_column(std::int64_t c) const { return dx_channel(g, c); }
   __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned /*slice*/) const {
     dx[r.dx_offset + c.dx_offset] = value;
   }
