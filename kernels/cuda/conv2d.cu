@@ -31,17 +31,19 @@
 //     K index's decomposition (which channel and tap, or which pixel) is done once per step for
 //     the whole block: threads 0..15 write the step's 16 entries into a table in shared memory
 //     (write_k_step, KEntry; each thread advances its index's digits by 16 from one step to
-//     the next instead of dividing again), and each gather is then adds and two bounds checks, in
-//     32-bit offsets (a batch whose tensors reach 2^31 elements runs in several launches);
+//     the next instead of dividing again), and each gather is then an add and a bounds check (two
+//     bit tests against a pixel's masks of taps inside: conv2d_tiling::bits_meet), in 32-bit
+//     offsets (a batch whose tensors reach 2^31 elements runs in several launches);
 //   - a pipeline of asynchronous copies (cp.async, k_loop): the shared tiles have 2 or 3 stages;
 //     while the block multiplies step i out of one, the copies of the next one or two steps are in
 //     flight into the others, with one barrier per step and no register holding a gathered value;
 //   - the epilogue decomposes each of a thread's output columns and rows once (store_column,
 //     store_row), not each output, and stores a group of 4 (FP32) or 2 (TF32) outputs that are
 //     consecutive in memory as one float4 / float2 (store_outputs);
-//   - the gather is a problem type (ForwardProblem, DataProblem, WeightProblem) with row(m),
-//     column(n), k_radix / k_entry_at, a_offset / b_offset / b_inside, store_column / store_row / store and
-//     its K range per slice: the tiling is written once.
+//   - the gather is a problem type (ForwardProblem, DataProblem, WeightProblem, and below the
+//     TF32 path's channels-last problems and Winograd's) with row(m), column(n), k_radix /
+//     k_entry_at, a_offset / b_offset / b_inside, store_column / store_row / store and its K range
+//     per slice: the tiling is written once.
 // Backward data is the gather form of the transposed convolution: dx[b, c, h, w] sums over the
 // taps (o, i, j) whose output position oh = (h + pad - i) / stride is an integer inside the output.
 // Every dx is written by exactly one thread: no atomics. For strides > 1 the input pixels are
@@ -69,6 +71,11 @@
 // four A operands of a k8 step one 16-byte load, the step taking 8 of the K step's 16 k,
 // tf32_step_k; B's fragments of four columns one 16-byte load), then stores its accumulators from
 // the registers.
+// Under TF32 the forward (in_channels % 4 == 0) and backward data (out_channels % 4 == 0) read
+// channels-last copies instead (ChannelsLastForwardProblem, ChannelsLastDataProblem; two more
+// launches per call, set_conv2d_channels_last): the product transposed, M the pixels, so that the
+// gathered operand is A with four channels of a tap in one 16-byte copy, and the weights (laid
+// out by tap and rounded to TF32 as they are copied) B, in 16-byte copies too.
 // The tensor-core instructions are confined to one small struct, WarpTileTf32; under the emulation
 // (and below sm_80) its twin does the same math element by element: fmaf(a, b, acc) over k in
 // order, a and b as the tiles hold them (rounded).
@@ -732,9 +739,9 @@ __device__ inline void copy_wait() {
 // stage of the shared tiles. kVectorA (the TF32 layout, where the problem's A rows allow it:
 // Problem::kVectorA and vector_a_allowed): A in 16-byte copies of four consecutive k
 // (Tile::a_vector_load), a quarter of the copies, from two rows per thread.
-// Problem::kVectorB (TF32, with kVectorA): B in 16-byte copies too, from a dense copy the host
-// laid out in tf32_b_slot's order and rounded to TF32 (Tile::b_vector_load; B is then not rounded
-// in the tile). Problem::kPaddedA: A has zero padding (Problem::a_inside), checked per 16-byte copy.
+// Problem::kVectorB (TF32, with kVectorA): B in 16-byte copies too, from a dense copy laid out in
+// tf32_b_slot's order and rounded to TF32 by the launch that wrote it (Tile::b_vector_load; B is
+// then not rounded in the tile). Problem::kPaddedA: A has zero padding (Problem::a_inside), checked per 16-byte copy.
 template <class Problem, class Tile, bool kVectorA = false>
 struct TileGather {
   static_assert(!kVectorA || (Tile::kTf32 && Problem::kVectorA),
@@ -857,7 +864,7 @@ PETRA_UNROLL
         v = tf32_operand(v);
       }
     }
-    if constexpr (!Problem::kVectorB) {  // (a kVectorB problem's B was rounded by the host's copy)
+    if constexpr (!Problem::kVectorB) {  // (a kVectorB problem's B was rounded as it was laid out)
 PETRA_UNROLL
       for (int q = 0; q < Tile::kLoadsB; ++q) {
         float& v = b_tile[Tile::b_load_row(t, q)][Tile::b_slot(Tile::b_load(t, q).mn)];

@@ -162,20 +162,20 @@ PETRA_HOST_DEVICE inline bool tap_inside(const ConvGeometry& g, const OutputPixe
 // ---- the bounds check as bit tests ------------------------------------------------------------
 // Whether a gathered value is inside the image (not the zero padding) depends on a tap (i, j) and
 // a pixel: h0 + i and w0 + j inside. Per pixel, the taps that land inside are an interval of the
-// tap rows and one of the tap columns, so the kernels hold them as two 32-bit masks (bit i: tap row
-// i lands inside) and a tap as two one-hot bits, and the check is two ANDs, (mask_h & bit_i) and
-// (mask_w & bit_j) both nonzero (bits_meet), with no comparison against k_end or the tile's last
-// column either: an entry past k_end, or a column past the product's end, is all zeros and meets
-// nothing. As comparisons it took two additions and three to four comparisons per value (5 of the
-// 9-10 SASS instructions of each B copy in the TF32 128 x 128 loops, measured by removing it).
-// Which side holds the masks depends on the pass: the forward's and backward data's thread keeps a
-// pixel (a column of B) for the whole K loop and meets each K index's tap bits; the weight pass's
-// thread keeps a tap (its column) and meets each K index's pixel masks. Taps are below 32 on both
-// axes (kMaxKernelExtent; conv2d.cu refuses larger kernels).
+// tap rows and one of the tap columns, so the kernels whose thread keeps a pixel for the whole K
+// loop (the forward's and backward data's B column, the channels-last problems' A rows) hold them
+// as two 32-bit masks (bit i: tap row i lands inside), each K index its tap as two one-hot bits,
+// and the check is two ANDs, (mask_h & bit_i) and (mask_w & bit_j) both nonzero (bits_meet), with
+// no comparison against k_end either: the K-step table's zero entry past k_end meets nothing. As
+// comparisons it took two additions and three to four comparisons per value (5 of the 9-10 SASS
+// instructions of each B copy in the TF32 128 x 128 loops, measured by removing it). (The weight
+// pass, whose thread keeps a tap and whose K indices are pixels, keeps biased coordinates:
+// conv2d.cu, WeightProblem.) Taps are below 32 on both axes (kMaxKernelExtent; conv2d.cu refuses
+// larger kernels).
 inline constexpr std::int64_t kMaxKernelExtent = 32;
 // Bits v < n of a 32-bit mask (none for n <= 0, all for n >= 32). On the device one funnel shift
-// of 32 ones into a zero word, whose shift clamps at 32 (two instructions with the max: the weight
-// pass's table writers compute four of these per entry), elsewhere the same by cases.
+// of 32 ones into a zero word, whose shift clamps at 32 (two instructions with the max), elsewhere
+// the same by cases.
 PETRA_HOST_DEVICE inline std::uint32_t bits_below(std::int32_t n) {
 #ifdef __CUDA_ARCH__
   return __funnelshift_lc(~0u, 0u, unsigned(max(n, 0)));
@@ -189,8 +189,8 @@ PETRA_HOST_DEVICE inline std::uint32_t bit_range(std::int32_t lo, std::int32_t h
 }
 // Tap v (0 <= v < 32) as one bit.
 PETRA_HOST_DEVICE constexpr std::uint32_t tap_bit(std::int32_t v) { return 1u << v; }
-// The taps i whose input coordinate first + i lands in [0, extent) (the forward's and the weight
-// pass's rows and columns: first = the output pixel's tap-0 coordinate, out * stride - pad).
+// The taps i whose input coordinate first + i lands in [0, extent) (the forward's rows and
+// columns: first = the output pixel's tap-0 coordinate, out * stride - pad).
 PETRA_HOST_DEVICE inline std::uint32_t taps_inside(std::int32_t first, std::int32_t extent) {
   return bit_range(-first, extent - first);
 }
@@ -350,8 +350,8 @@ struct TileShape {
     return {a_pair_row(t / 4) + 8 * v, 4 * (t % 4)};
   }
   // The TF32 layout's B copies of 16 bytes, where the problem's B is a dense copy whose rows are
-  // already in tf32_b_slot's order (conv2d.cu, Problem::kVectorB: the channels-last forward's
-  // weights): thread t copies, for v < kVectorLoadsB, the four slots 4 s .. 4 s + 3 of row k of
+  // already in tf32_b_slot's order (conv2d.cu, Problem::kVectorB: the weights of the channels-last
+  // forward and backward data): thread t copies, for v < kVectorLoadsB, the four slots 4 s .. 4 s + 3 of row k of
   // the step (b_vector_load: mn = 4 s, k), to b_tile[b_row(k)][4 s ..] as they are. A row's N / 4
   // copies are consecutive threads, so a quarter-warp's 8 fill 32 consecutive floats: 32 banks.
   static constexpr int kVectorCopiesPerRowB = N / 4;
