@@ -217,12 +217,14 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
                  row.pass, row.math, winograd_difference, bound);
     }
   }
-  // The TF32 forward of a layer with in_channels % 4 == 0, and backward data with out_channels %
-  // 4 == 0, read channels-last copies (the default, their copy launches in petra_s); the time
-  // reading x or dy itself, as before 2026-12-05, beside it.
-  const bool channels_last =
-      row.setting == k::cuda::Conv2dMath::tf32 && ((std::string(row.pass) == "forward" && shape.in_channels % 4 == 0) ||
-                                                   (std::string(row.pass) == "data" && shape.out_channels % 4 == 0));
+  // The TF32 forward of a layer with in_channels % 4 == 0, backward data with out_channels % 4 ==
+  // 0 and the weight gradient with in_channels % 32 == 0 read channels-last copies (the default,
+  // their copy launches in petra_s); the time reading x or dy itself, as before 2026-12-05, beside it.
+  const std::string pass = row.pass;
+  const bool channels_last = row.setting == k::cuda::Conv2dMath::tf32 &&
+                             ((pass == "forward" && shape.in_channels % 4 == 0) ||
+                              (pass == "data" && shape.out_channels % 4 == 0) ||
+                              (pass == "weight" && shape.in_channels % 32 == 0 && shape.out_h() * shape.out_w() % 4 == 0));
   double nchw_s = 0;
   if (channels_last) {
     k::cuda::set_conv2d_channels_last(false);
@@ -241,10 +243,11 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
     std::string tiles;
     for (const double t : tile_s) tiles += fmt::format(" {:.3f}", t * 1e3);
     const std::string winograd_text =
-        winograd ? fmt::format("  winograd {:.3f} ms ({:.0f}% of cuDNN)", winograd_s * 1e3, 100.0 * cudnn_s / winograd_s)
-        : channels_last ? fmt::format("  without the channels-last copies {:.3f} ms ({:.0f}% of cuDNN)", nchw_s * 1e3,
-                                      100.0 * cudnn_s / nchw_s)
-                        : "";
+        (winograd ? fmt::format("  winograd {:.3f} ms ({:.0f}% of cuDNN)", winograd_s * 1e3, 100.0 * cudnn_s / winograd_s)
+                  : "") +
+        (channels_last ? fmt::format("  without the channels-last copies {:.3f} ms ({:.0f}% of cuDNN)", nchw_s * 1e3,
+                                     100.0 * cudnn_s / nchw_s)
+                       : "");
     fmt::print("{:<28} {:<8} {:<5} {:>9.3f} {:>9.3f} {:>8.1f} {:>8.1f} {:>6.0f}%  algo {}{}{}\n", layer.name, row.pass,
                row.math, petra_s * 1e3, cudnn_s * 1e3, flops / petra_s / 1e12, flops / cudnn_s / 1e12,
                100.0 * cudnn_s / petra_s, algorithm.algorithm, "  tiles ms" + tiles, winograd_text);

@@ -79,13 +79,15 @@ def compile_source(build, base, tree, arch, mode, out):
 
 def kernel_key(name):
     """(path, problem, tile) of a mangled kernel name: path fp32, tf32, or tf32v (the TF32 kernel
-    with 16-byte A copies: its last template argument true, Lb1E); problem forward, data, weight
-    or winograd (WinogradWeightProblem, the opt-in weight gradient's GEMM)."""
+    with 16-byte A copies: its last template argument true, Lb1E); problem forward, data, weight,
+    winograd (WinogradWeightProblem, the opt-in weight gradient's GEMM), or the channels-last
+    problems fwd-cl, data-cl and weight-cl."""
     path = "fp32"
     if "implicit_gemm_tf32" in name:
         path = "tf32v" if re.search(r"TileLayoutE1EEELb1E", name) else "tf32"
-    problem = re.search(r"\d+(Forward|Data|Weight|WinogradWeight|ChannelsLastForward|ChannelsLastData)Problem", name).group(1).lower()
-    problem = {"winogradweight": "winograd", "channelslastforward": "fwd-cl", "channelslastdata": "data-cl"}.get(problem, problem)
+    problem = re.search(r"\d+(Forward|Data|Weight|WinogradWeight|ChannelsLastForward|ChannelsLastData|ChannelsLastWeight)Problem", name).group(1).lower()
+    problem = {"winogradweight": "winograd", "channelslastforward": "fwd-cl", "channelslastdata": "data-cl",
+               "channelslastweight": "weight-cl"}.get(problem, problem)
     tile = "x".join(re.search(r"TileShapeILi(\d+)ELi(\d+)", name).groups())
     return (path, problem, tile)
 

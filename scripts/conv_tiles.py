@@ -56,8 +56,9 @@ def main():
                                  for r in layers)
                 print(f"{math} {pass_:8} {either:7.3f} with Winograd where faster ({len(won)} layers: "
                       f"{', '.join(won) or 'none'}); {either_met} of {len(layers)} layers at >= 70%")
-            # and the TF32 forward and backward data reading x or dy itself where petra reads
-            # channels-last copies (petra_nchw_ms, from 2026-12-05's third session): the sum so.
+            # and the TF32 passes reading x or dy itself where petra reads channels-last copies
+            # (petra_nchw_ms: the forward and backward data from 2026-12-05's third session, the
+            # weight gradient from the fourth): the sum so.
             if any("petra_nchw_ms" in r for r in layers):
                 nchw = sum(r.get("petra_nchw_ms", r["petra_ms"]) for r in layers)
                 count = sum("petra_nchw_ms" in r for r in layers)

@@ -270,7 +270,7 @@ struct ChannelsLastForwardProblem {
     std::uint32_t taps_h, taps_w;  // the tap rows and columns that land inside x (tiling::taps_inside)
   };
   struct Column {
-    Index first;  // the tile's first out-channel (TileGather copies B a tile row at a time)
+    Index first;  // the slot of the thread's 16-byte B copies (TileGather, kVectorB)
   };
   __device__ ChannelsLastForwardProblem in_slice(unsigned /*z*/) const { return *this; }
   __device__ std::int64_t rows() const { return g.batch * g.out_plane(); }
@@ -300,8 +300,10 @@ struct ChannelsLastForwardProblem {
     return tiling::bits_meet(r.taps_h, e.h, r.taps_w, e.w);
   }
   __device__ const float* b_data() const { return wt; }
-  // where B(k, slot first + s) is: row k's start plus the slot
-  __device__ Index b_vector_offset(const Column& c, const KEntry& e, int s) const { return e.b + c.first + s; }
+  // B's 16-byte copies (TileGather, kVectorB): the four slots from the thread's first, c.first, of
+  // row k; wt has no padding term (o past out_channels is zeros), so inside wherever k is.
+  __device__ bool b_inside(const Column& /*c*/, const KEntry& /*e*/, bool k_inside) const { return k_inside; }
+  __device__ Index b_offset(const Column& c, const KEntry& e) const { return e.b + c.first; }
   // y[b, o, pixel] for row m = (b, pixel) and column o (ForwardProblem's, transposed)
   using StoreRow = YPixel;
   using StoreColumn = YChannel;
@@ -442,7 +444,7 @@ struct ChannelsLastDataProblem {
     std::uint32_t taps_h, taps_w;  // the class's taps v with (oh0 - v_i, ow0 - v_j) inside dy
   };
   struct Column {
-    Index first;  // the tile's first in-channel
+    Index first;  // the slot of the thread's 16-byte B copies (TileGather, kVectorB)
   };
   __device__ ChannelsLastDataProblem in_slice(unsigned z) const {
     ChannelsLastDataProblem q = *this;
@@ -480,7 +482,8 @@ struct ChannelsLastDataProblem {
     return tiling::bits_meet(r.taps_h, e.h, r.taps_w, e.w);
   }
   __device__ const float* b_data() const { return wt; }
-  __device__ Index b_vector_offset(const Column& c, const KEntry& e, int s) const { return e.b + c.first + s; }
+  __device__ bool b_inside(const Column& /*c*/, const KEntry& /*e*/, bool k_inside) const { return k_inside; }
+  __device__ Index b_offset(const Column& c, const KEntry& e) const { return e.b + c.first; }
   // dx[b, c, h, w] for row m = the class's pixel (b, h, w) and column c (DataProblem's, transposed)
   using StoreRow = DxPixel;
   using StoreColumn = DxChannel;
@@ -569,6 +572,82 @@ struct WeightProblem {
   // Scalar stores only (store_outputs): the epilogue is a sliver of this pass's long K loop, and
   // the vector read-modify-write of dw made the FP32 64 x 64 kernel spill at its 85 registers.
   static constexpr bool kVectorStores = false;
+};
+
+// The TF32 weight gradient where in_channels % 32 == 0, from a channels-last copy of x
+// (conv2d_backward_weight makes it: to_channels_last<true>): WeightProblem's product (M = the
+// out-channels, K = the output pixels (b, oh, ow), A = dy as it is) with N = (i, j, c), c fastest.
+// B(pixel, (i, j, c)) = xc[b, h0 + i, w0 + j, slot(c)] (xc: x as [batch][in_h][in_w][in_channels],
+// each 32 channels in tf32_b_slot's order and rounded to TF32), so a thread's four slots of a tile
+// row are four channels of one tap, next to each other in xc: one aligned 16-byte copy and one
+// bounds check (kVectorB with a padding term) where WeightProblem gathers four values along an
+// image row, each checked. Every sum is WeightProblem's, term for term and in the same order, so
+// the bits are its bits (the emulated test checks it); only dw's index of a column changes.
+struct ChannelsLastWeightProblem {
+  static constexpr tiling::ConvPass kPass = tiling::ConvPass::weight;
+  ConvGeometry g;
+  const float* xc;  // x channels-last, its channels in tf32_b_slot's order by 32, rounded to TF32
+  const float* dy;
+  float* dw;        // the single-slice destination (+=)
+  float* partials;  // [slice][out_channels][in_channels*kh*kw] (dw's order) when there are several slices
+  tiling::SplitK split;
+
+  using Row = WeightProblem::Row;
+  struct Column {
+    Index x_tap;         // where the copy's channels of tap (i, j) are in xc, from a pixel's corner
+    std::uint32_t i, j;  // the tap, less kCoordinateBias (mod 2^32)
+  };
+  static constexpr std::uint32_t kCoordinateBias = WeightProblem::kCoordinateBias;
+  __device__ ChannelsLastWeightProblem in_slice(unsigned /*z*/) const { return *this; }  // z: the K slice
+  __device__ std::int64_t rows() const { return g.out_channels; }
+  __device__ std::int64_t columns() const { return g.in_channels * g.taps(); }
+  __device__ std::int64_t k_begin(unsigned slice) const { return split.begin(slice); }
+  __device__ std::int64_t k_end(unsigned slice) const { return split.end(slice); }
+  __device__ Row row(Index m) const { return {m * Index(g.out_plane())}; }
+  // n = (tap, slot): the thread's first slot of a 16-byte copy (a multiple of 4, so the four are
+  // inside one group of 32 channels, of one tap)
+  __device__ Column column(std::int64_t n) const {
+    const Index tap = Index(n) / Index(g.in_channels), slot = Index(n) - tap * Index(g.in_channels);
+    const Index i = tap / Index(g.kernel_w), j = tap - i * Index(g.kernel_w);
+    return {(i * Index(g.in_w) + j) * Index(g.in_channels) + slot, std::uint32_t(i) - kCoordinateBias,
+            std::uint32_t(j) - kCoordinateBias};
+  }
+  // k = output pixel (b, oh, ow): a = its offset in dy's channel 0 (WeightProblem's), b = its
+  // tap (0, 0)'s offset in xc, and that tap's coordinates plus kCoordinateBias.
+  __device__ tiling::Radix k_radix() const { return {std::int32_t(g.out_h), std::int32_t(g.out_w)}; }
+  __device__ KEntry k_entry_at(Index /*k*/, const tiling::Digits& d) const {
+    const Index h0 = d.mid * Index(g.stride_h) - Index(g.pad_h), w0 = d.lo * Index(g.stride_w) - Index(g.pad_w);
+    return {d.hi * Index(g.out_channels * g.out_plane()) + d.mid * Index(g.out_w) + d.lo,
+            ((d.hi * Index(g.in_h) + h0) * Index(g.in_w) + w0) * Index(g.in_channels),
+            std::uint32_t(h0) + kCoordinateBias, std::uint32_t(w0) + kCoordinateBias};
+  }
+  __device__ const float* a_data() const { return dy; }
+  __device__ Index a_offset(const Row& r, const KEntry& e) const { return e.a + r.dy_channel; }
+  // (always: conv2d_backward_weight takes this problem where WeightProblem's A rows allow 16-byte
+  // copies, weight_channels_last_applies)
+  static constexpr bool kVectorA = true, kPaddedA = false, kVectorB = true;
+  __device__ const float* b_data() const { return xc; }
+  // the zero entry past k_end is a pixel at -2^31: outside for every tap
+  __device__ bool b_inside(const Column& c, const KEntry& e, bool /*k_inside*/) const {
+    return (e.h + c.i < std::uint32_t(g.in_h)) & (e.w + c.j < std::uint32_t(g.in_w));
+  }
+  __device__ Index b_offset(const Column& c, const KEntry& e) const { return e.b + c.x_tap; }
+  // dw[m, (c, i, j)] (+=), or slice `slice`'s partial of it, for column n = (i, j, c)
+  using StoreRow = WeightProblem::StoreRow;
+  using StoreColumn = WeightProblem::StoreColumn;  // n: dw's index in a row
+  __device__ StoreColumn store_column(std::int64_t n) const {
+    const Index tap = Index(n) / Index(g.in_channels), c = Index(n) - tap * Index(g.in_channels);
+    return {c * Index(g.taps()) + tap};
+  }
+  __device__ StoreRow store_row(std::int64_t m) const { return {Index(m * columns())}; }
+  __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned slice) const {
+    const Index index = r.index + c.n;
+    if (partials == nullptr)
+      dw[index] += value;
+    else
+      partials[Index(slice * rows() * columns()) + index] = value;
+  }
+  static constexpr bool kVectorStores = false;  // (WeightProblem's reason)
 };
 
 // The weight gradient of a 3x3, stride-1, padding-1 convolution in Winograd's F(2x2, 3x3) domain
@@ -770,7 +849,11 @@ PETRA_UNROLL
       rows[q] = p.row(row_valid[q] ? m : 0);
     }
     if constexpr (Problem::kVectorB) {
-      column = p.column(n0);  // B is copied a tile row at a time, from the tile's first column
+      // the first slot of the thread's 16-byte B copies (the same for every v): a slot of a row laid
+      // out in tf32_b_slot's order, whose group of 32 holds columns from its first on (slot 4 g + f
+      // holds column 8 f + g of the group), so the group is past the end when its first column is
+      const std::int64_t slot = n0 + Tile::b_vector_load(t, 0).mn;
+      column = p.column(slot - slot % 32 < p.columns() ? slot : 0);
     } else {
       const std::int64_t n = n0 + Tile::b_load(t, 0).mn;  // the same for every q
       column = p.column(n < p.columns() ? n : 0);
@@ -819,9 +902,9 @@ PETRA_UNROLL
 PETRA_UNROLL
       for (int v = 0; v < Tile::kVectorLoadsB; ++v) {
         const tiling::TileCoordinate at = Tile::b_vector_load(t, v);
-        const bool ok = at.k < k_left;
-        copy_async16(&b_tile[Tile::b_row(at.k)][at.mn],
-                     at_or_base(b_data, p.b_vector_offset(column, entry[at.k], at.mn), ok), ok ? 4 : 0);
+        const KEntry e = entry[at.k];
+        const bool ok = p.b_inside(column, e, at.k < k_left);  // false past k_end
+        copy_async16(&b_tile[Tile::b_row(at.k)][at.mn], at_or_base(b_data, p.b_offset(column, e), ok), ok ? 4 : 0);
       }
     } else {
 PETRA_UNROLL
@@ -1420,7 +1503,10 @@ __global__ void data_weight_transpose(ConvGeometry g, Index k_max, const float* 
 // that both the reads (along a channel's plane) and the writes (along a pixel's channels) are
 // coalesced; block i handles tiles i, i + grid, ... of (sample, channel tile, pixel tile). The
 // tile's rows are 33 floats: a column of it (the writes' reads) is then on 32 banks.
+// kTf32B (the weight gradient's B, ChannelsLastWeightProblem; channels % 32 == 0): each 32
+// channels in tf32_b_slot's order, xc[b][p][tf32_b_slot(c)], and rounded to TF32.
 constexpr int kTransposeTile = 32;
+template <bool kTf32B>
 __global__ void to_channels_last(Index batch, Index channels, Index plane, const float* x, float* xc) {
   __shared__ float tile[kTransposeTile][kTransposeTile + 1];
   const int tx = int(threadIdx.x) % kTransposeTile, ty = int(threadIdx.x) / kTransposeTile;
@@ -1442,20 +1528,25 @@ __global__ void to_channels_last(Index batch, Index channels, Index plane, const
     __syncthreads();
     for (int r = ty; r < kTransposeTile; r += kRowsPerPass) {
       const Index p = p0 + r, c = c0 + tx;
-      if (c < channels && p < plane) sample_c[std::int64_t(p) * channels + c] = tile[tx][r];
+      if constexpr (kTf32B) {  // slot tx holds channel c0 + tf32_b_column_of_slot(tx) (a whole tile of channels)
+        if (p < plane) sample_c[std::int64_t(p) * channels + c] = tiling::tf32_round(tile[tiling::tf32_b_column_of_slot(tx)][r]);
+      } else {
+        if (c < channels && p < plane) sample_c[std::int64_t(p) * channels + c] = tile[tx][r];
+      }
     }
   }
 }
 
 // to_channels_last of `batch` samples of `channels` x `plane` floats, from `from` into `to` (at most
 // 4096 blocks, each looping over its share of the 32 x 32 tiles).
+template <bool kTf32B = false>
 void launch_to_channels_last(const char* name, const StreamHandle& s, std::int64_t batch, std::int64_t channels,
                              std::int64_t plane, const float* from, float* to) {
   const std::int64_t tiles =
       batch * tiling::ceil_div(channels, kTransposeTile) * tiling::ceil_div(plane, kTransposeTile);
   if (tiles <= 0) return;  // nothing to copy (no channel, or an empty plane): an empty grid is an error
-  cuda_detail::launch_blocks(name, s, unsigned(std::min<std::int64_t>(tiles, 4096)), kThreads, to_channels_last,
-                             Index(batch), Index(channels), Index(plane), from, to);
+  cuda_detail::launch_blocks(name, s, unsigned(std::min<std::int64_t>(tiles, 4096)), kThreads,
+                             to_channels_last<kTf32B>, Index(batch), Index(channels), Index(plane), from, to);
 }
 
 // wt[k][tf32_b_slot(o)] = tf32_round(w[o, c, i, j]) for k = (i, j, c), c fastest, and 0 for the
@@ -1599,19 +1690,47 @@ void data_launch(const StreamHandle& s, const Conv2dShape& shape, const float* d
   launch_gemm(s, k, p, shape.in_channels, widest, classes);
 }
 
+// Whether the weight gradient of a batch part takes ChannelsLastWeightProblem: TF32 with
+// set_conv2d_channels_last on (the default), in_channels a multiple of 32 (a 16-byte copy's four
+// slots are then in one group of 32 channels, of one tap), dy's rows in 16-byte copies (the
+// kernel has those only: WeightProblem::vector_a_allowed), a stream with scratch memory, and the
+// copy of x within kChannelsLastMaxBytes.
+bool weight_channels_last_applies(const StreamHandle& s, const Conv2dShape& shape, const WeightProblem& p) {
+  return Conv2dMath(conv_math.load()) == Conv2dMath::tf32 && conv_channels_last.load() &&
+         shape.in_channels % 32 == 0 && p.vector_a_allowed() && s.workspace != nullptr &&
+         channels_last_x_floats(shape) * std::int64_t(sizeof(float)) <= kChannelsLastMaxBytes;
+}
+
 void weight_launch(const StreamHandle& s, const Conv2dShape& shape, const float* x, const float* dy, float* dw,
                    std::int64_t slices) {
   const std::int64_t depth = shape.batch * shape.out_h() * shape.out_w();
   const std::int64_t size = shape.weight_size();
   if (size <= 0 || depth <= 0) return;  // dw += 0
   const tiling::SplitK split = tiling::split_k(depth, slices);
-  float* partials =
-      split.slices > 1 ? static_cast<float*>(s.scratch(std::size_t(split.slices * size) * sizeof(float))) : nullptr;
-  const WeightProblem p{ConvGeometry::of(shape), x, dy, dw, partials, split};
+  const ConvGeometry g = ConvGeometry::of(shape);
   const std::int64_t columns = shape.in_channels * shape.kernel_h * shape.kernel_w;
-  const auto k = choose_kernel(p, "conv2d_backward_weight", "conv2d_backward_weight_tf32", tiling::ConvPass::weight,
-                               shape.out_channels, columns, split.slices);
-  launch_gemm(s, k, p, shape.out_channels, columns, split.slices);
+  WeightProblem p{g, x, dy, dw, nullptr, split};
+  // the scratch: the channels-last copy of x (if taken), then the partials (if several slices)
+  const std::int64_t xc_floats = weight_channels_last_applies(s, shape, p) ? channels_last_x_floats(shape) : 0;
+  const std::int64_t partial_floats = split.slices > 1 ? split.slices * size : 0;
+  float* scratch = xc_floats + partial_floats > 0
+                       ? static_cast<float*>(s.scratch(std::size_t(xc_floats + partial_floats) * sizeof(float)))
+                       : nullptr;
+  float* partials = partial_floats > 0 ? scratch + xc_floats : nullptr;
+  if (xc_floats > 0) {
+    launch_to_channels_last<true>("conv2d_backward_weight_to_channels_last", s, shape.batch, shape.in_channels,
+                                  shape.in_h * shape.in_w, x, scratch);
+    const ChannelsLastWeightProblem q{g, scratch, dy, dw, partials, split};
+    const auto k = kernel_for<ChannelsLastWeightProblem, true>(
+        tile_for(tiling::ConvPass::weight, shape.out_channels, columns, split.slices),
+        "conv2d_backward_weight_tf32_channels_last", true);
+    launch_gemm(s, k, q, shape.out_channels, columns, split.slices);
+  } else {
+    p.partials = partials;
+    const auto k = choose_kernel(p, "conv2d_backward_weight", "conv2d_backward_weight_tf32", tiling::ConvPass::weight,
+                                 shape.out_channels, columns, split.slices);
+    launch_gemm(s, k, p, shape.out_channels, columns, split.slices);
+  }
   if (partials != nullptr)
     cuda_detail::launch_grid_stride("conv2d_backward_weight_sum", s, size, sum_weight_partials, size,
                                     split.slices, partials, dw);

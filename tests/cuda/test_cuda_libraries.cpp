@@ -594,6 +594,16 @@ TEST_CASE("cuda: petra's conv2d gives the same bits with every block tile, FP32 
         CHECK(dx_got == dx_small);
         CHECK(dw_got == dw_small);
       }
+      // The TF32 weight gradient from x's channels-last copy (the third shape: in_channels 64) and
+      // from x itself sum the same terms in the same order: the same bits (tf32_round in the copy,
+      // tf32_operand's add in the tile, the same rounding).
+      if (math == cu::Conv2dMath::tf32) {
+        cu::set_conv2d_channels_last(false);
+        Buffer y(std::vector<float>(ny, 7.0f), cs), dx(std::vector<float>(nx, 7.0f), cs), dw(d.dw0, cs);
+        three_passes(s, k, math, 0, x, w, bias.get(), dy, y, dx, dw);
+        cu::set_conv2d_channels_last(true);
+        CHECK(dw.download(cs) == dw_small);
+      }
     }
   }
 }
@@ -605,8 +615,8 @@ TEST_CASE("cuda: petra's conv2d gives the same bits with every block tile, FP32 
 // in FP32), up to the accumulation's error, bounded by (n + 1) 2^-22 of it (a unit in the last
 // place per addition, twice over: the tensor cores' internal additions need not round to
 // nearest), where one operand truncated would give n r: 2^-10 of it away. Every tile, stride 1
-// and 2, the three passes (the first shape's forward and backward data from channels-last copies,
-// in_channels 8 and out_channels 72: docs/gpu-kernels.md step 16; the second's from x and dy).
+// and 2, the three passes (the first shape's three from channels-last copies, in_channels 32 and
+// out_channels 72: docs/gpu-kernels.md steps 16 and 17; the second's from x and dy).
 TEST_CASE("cuda: petra's TF32 conv2d rounds its inputs to nearest, ties away, on every tile" * doctest::skip(kNoGpu)) {
   namespace ref = petra::kernels::ref;
   namespace cu = petra::kernels::cuda;
@@ -617,7 +627,7 @@ TEST_CASE("cuda: petra's TF32 conv2d rounds its inputs to nearest, ties away, on
   const float above = 1.0f + 3 * 0x1p-12f, tie = 1.0f + 0x1p-11f;
   const double r = 1.0 + 0x1p-10;
   for (const Conv2dShape& k :
-       {Conv2dShape{2, 8, 6, 6, 72, 3, 3, 1, 1, 1, 1}, Conv2dShape{3, 70, 7, 9, 6, 3, 3, 2, 2, 1, 1}}) {
+       {Conv2dShape{2, 32, 6, 6, 72, 3, 3, 1, 1, 1, 1}, Conv2dShape{3, 70, 7, 9, 6, 3, 3, 2, 2, 1, 1}}) {
     INFO("x (", k.batch, ", ", k.in_channels, ", ", k.in_h, ", ", k.in_w, ") out ", k.out_channels, " stride ",
          k.stride_h);
     const auto ny = std::size_t(k.output_size()), nx = std::size_t(k.input_size()), nw = std::size_t(k.weight_size());

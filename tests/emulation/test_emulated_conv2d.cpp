@@ -983,6 +983,85 @@ TEST_CASE("emulated conv2d: TF32 backward data from channels-last copies (out_ch
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
 }
 
+// The TF32 weight gradient where in_channels % 32 == 0, from a channels-last copy of x
+// (ChannelsLastWeightProblem: x transposed, each 32 channels in the B tile's slot order and
+// rounded, one launch before the product, whose B then takes 16-byte copies with one bounds check
+// each): every sum is the NCHW path's, in the same order, so the same bits as the model and as
+// set_conv2d_channels_last(false), on every tile with one K slice, and with three and the public
+// function's slices. Shapes: padding, stride 2 (M and N tails: N = 9 x 64 over 128-column tiles), 1x1, a
+// non-square kernel and stride, the 32-tap kernel, three groups of 32 channels, the batch split
+// into K slices inside a sample. Where in_channels % 32 != 0 or dy's plane is not a multiple of 4
+// (no 16-byte A copies) the NCHW path runs.
+TEST_CASE("emulated conv2d: TF32 weight gradient from a channels-last copy (in_channels % 32 == 0) keeps the bits") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  const MathGuard tf32(cu::Conv2dMath::tf32);
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<Conv2dShape> shapes = {
+      {2, 32, 6, 6, 20, 3, 3, 1, 1, 1, 1},  {1, 64, 5, 7, 3, 3, 3, 2, 2, 1, 1}, {2, 32, 4, 4, 70, 1, 1, 1, 1, 0, 0},
+      {1, 32, 7, 9, 5, 2, 5, 1, 2, 1, 2},   {1, 32, 3, 37, 2, 1, 32, 1, 1, 0, 3}, {3, 96, 4, 4, 8, 3, 3, 1, 1, 1, 1},
+  };
+  std::uint64_t seed = 2900;
+  std::size_t index = 0;
+  for (const Conv2dShape& sh : shapes) {
+    seed += 10;
+    const std::size_t offset = 4 * (index++ % 2);  // (dy's 16-byte copies need it aligned)
+    INFO(describe(sh), ", offset ", offset);
+    const Buffer x(sh.input_size(), seed, offset), dy(sh.output_size(), seed + 1, offset),
+        dw(sh.weight_size(), seed + 2, offset);
+    const std::int64_t depth = sh.batch * sh.out_h() * sh.out_w();
+    const std::int64_t columns = sh.in_channels * sh.kernel_h * sh.kernel_w;
+    for (const std::int64_t asked : {std::int64_t(0), std::int64_t(1), std::int64_t(3)}) {
+      const std::int64_t slices = tiling::split_k(depth, asked == 0 ? tiling::weight_split_slices(sh) : asked).slices;
+      const std::vector<float> model = tf32_weight_model(sh, x.data(), dy.data(), dw.initial(), slices);
+      // every tile with one slice; the tile the rule picks with several
+      for (const int tile : asked == 1 ? std::vector<int>{-1, 0, 1, 2, 3} : std::vector<int>{-1}) {
+        CAPTURE(asked);
+        CAPTURE(slices);
+        CAPTURE(tile);
+        const TileGuard forced(tile);
+        dw.reset();
+        const std::size_t before = emu::launches();
+        if (asked == 0)
+          cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
+        else
+          cu::conv2d_backward_weight_split(s, sh, x.data(), dy.data(), dw.data(), asked);
+        // the copy of x, the product, the partials' sum (several slices)
+        CHECK(emu::launches() - before == (slices > 1 ? 3u : 2u));
+        if (slices == 1) {
+          CHECK(emu::last_launch().kernel == std::string("conv2d_backward_weight_tf32_channels_last"));
+          if (tile >= 0) {
+            CHECK(emu::last_launch().grid.y == unsigned(tiling::ceil_div(sh.out_channels, tile >= 2 ? 128 : 64)));
+            CHECK(emu::last_launch().grid.x == unsigned(tiling::ceil_div(columns, tile % 2 == 1 ? 128 : 64)));
+          }
+        }
+        CHECK(dw.guards_kept());
+        CHECK(bit_differences(dw.values(), model) == "");
+      }
+      // with set_conv2d_channels_last(false): x itself, one launch fewer, the same bits
+      const ChannelsLastGuard off(false);
+      dw.reset();
+      const std::size_t before = emu::launches();
+      cu::conv2d_backward_weight_split(s, sh, x.data(), dy.data(), dw.data(), slices);
+      CHECK(emu::launches() - before == (slices > 1 ? 2u : 1u));
+      if (slices == 1) CHECK(emu::last_launch().kernel == std::string("conv2d_backward_weight_tf32"));
+      CHECK(bit_differences(dw.values(), model) == "");
+    }
+  }
+  // where it does not apply: 48 channels, and a 3 x 3 plane of dy (no 16-byte A copies)
+  for (const Conv2dShape& sh : {Conv2dShape{1, 48, 4, 4, 8, 3, 3, 1, 1, 1, 1}, Conv2dShape{1, 32, 3, 3, 8, 3, 3, 1, 1, 1, 1}}) {
+    INFO(describe(sh));
+    const Buffer x(sh.input_size(), 2990, 0), dy(sh.output_size(), 2991, 0), dw(sh.weight_size(), 2992, 0);
+    const std::size_t before = emu::launches();
+    cu::conv2d_backward_weight_split(s, sh, x.data(), dy.data(), dw.data(), 1);
+    CHECK(emu::launches() - before == 1);
+    CHECK(emu::last_launch().kernel == std::string("conv2d_backward_weight_tf32"));
+    CHECK(bit_differences(dw.values(), tf32_weight_model(sh, x.data(), dy.data(), dw.initial(), 1)) == "");
+  }
+  MESSAGE("TF32 channels-last weight: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+          " s");
+}
+
 namespace {
 
 // Sets the weight gradient's algorithm for a scope (set_conv2d_weight_algorithm), then gives the
