@@ -818,9 +818,11 @@ __device__ inline void copy_wait() {
 // stage of the shared tiles. kVectorA (the TF32 layout, where the problem's A rows allow it:
 // Problem::kVectorA and vector_a_allowed): A in 16-byte copies of four consecutive k
 // (Tile::a_vector_load), a quarter of the copies, from two rows per thread.
-// Problem::kVectorB (TF32, with kVectorA): B in 16-byte copies too, from a dense copy laid out in
-// tf32_b_slot's order and rounded to TF32 by the launch that wrote it (Tile::b_vector_load; B is
-// then not rounded in the tile). Problem::kPaddedA: A has zero padding (Problem::a_inside), checked per 16-byte copy.
+// Problem::kVectorB (TF32, with kVectorA): B in 16-byte copies of four slots of a tile row
+// (Tile::b_vector_load) from a copy laid out in tf32_b_slot's order and rounded to TF32 by the
+// launch that wrote it (B is then not rounded in the tile); each copy's bounds check is
+// Problem::b_inside (the weight gradient's padding; k < k_left for the others).
+// Problem::kPaddedA: A has zero padding (Problem::a_inside), checked per 16-byte copy.
 template <class Problem, class Tile, bool kVectorA = false>
 struct TileGather {
   static_assert(!kVectorA || (Tile::kTf32 && Problem::kVectorA),
