@@ -495,6 +495,16 @@ struct ChannelsLastDataProblem {
   static constexpr bool kVectorStores = false;  // a lane's adjacent columns are planes apart in dx
 };
 
+// Where both weight problems put dw's element `index` of K slice `slice`: added into dw (one
+// slice), or written to the slice's partials (several; at most 64 MiB: weight_split_slices).
+__device__ inline void store_dw(float* dw, float* partials, const ConvGeometry& g, Index index, float value,
+                                unsigned slice) {
+  if (partials == nullptr)
+    dw[index] += value;
+  else
+    partials[Index(slice * g.out_channels * g.in_channels * g.taps()) + index] = value;
+}
+
 // dw += dy . im2col(x)^T over K slice blockIdx.z. A(o, (b,oh,ow)) = dy[b, o, oh, ow].
 struct WeightProblem {
   static constexpr tiling::ConvPass kPass = tiling::ConvPass::weight;
@@ -561,13 +571,8 @@ struct WeightProblem {
   };
   __device__ StoreColumn store_column(std::int64_t n) const { return {Index(n)}; }
   __device__ StoreRow store_row(std::int64_t m) const { return {Index(m * columns())}; }
-  // (The partials hold at most 64 MiB: conv2d_tiling::weight_split_slices.)
   __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned slice) const {
-    const Index index = r.index + c.n;
-    if (partials == nullptr)
-      dw[index] += value;
-    else
-      partials[Index(slice * rows() * columns()) + index] = value;
+    store_dw(dw, partials, g, r.index + c.n, value, slice);
   }
   // Scalar stores only (store_outputs): the epilogue is a sliver of this pass's long K loop, and
   // the vector read-modify-write of dw made the FP32 64 x 64 kernel spill at its 85 registers.
@@ -641,11 +646,7 @@ struct ChannelsLastWeightProblem {
   }
   __device__ StoreRow store_row(std::int64_t m) const { return {Index(m * columns())}; }
   __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned slice) const {
-    const Index index = r.index + c.n;
-    if (partials == nullptr)
-      dw[index] += value;
-    else
-      partials[Index(slice * rows() * columns()) + index] = value;
+    store_dw(dw, partials, g, r.index + c.n, value, slice);
   }
   static constexpr bool kVectorStores = false;  // (WeightProblem's reason)
 };
