@@ -200,35 +200,42 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
   }
   k::cuda::set_conv2d_tile(-1);
   // The weight pass of a 3x3, stride-1, padding-1 layer also in Winograd's F(2x2, 3x3) domain
-  // (set_conv2d_weight_algorithm; not petra's default until it is measured to win): its time and
-  // its difference from cuDNN, checked against the same bound.
+  // and as the direct product (set_conv2d_weight_algorithm; petra's default, automatic, takes
+  // Winograd's where run 12 timed it faster): their times, and Winograd's difference from cuDNN,
+  // checked against the same bound.
   const k::Conv2dShape& shape = layer.shape;
   const bool winograd = std::string(row.pass) == "weight" && shape.kernel_h == 3 && shape.kernel_w == 3 &&
                         shape.stride_h == 1 && shape.stride_w == 1 && shape.pad_h == 1 && shape.pad_w == 1;
-  double winograd_s = 0, winograd_difference = 0;
+  double winograd_s = 0, winograd_difference = 0, direct_s = 0;
   if (winograd) {
     k::cuda::set_conv2d_weight_algorithm(k::cuda::Conv2dWeightAlgorithm::winograd);
     winograd_difference = petra::testing::relative_error(run_once(row.petra), cudnn_out);
     winograd_s = seconds_per_launch([&] { row.petra(s); }, stream, repeats);
     k::cuda::set_conv2d_weight_algorithm(k::cuda::Conv2dWeightAlgorithm::direct);
+    direct_s = seconds_per_launch([&] { row.petra(s); }, stream, repeats);
+    k::cuda::set_conv2d_weight_algorithm(k::cuda::Conv2dWeightAlgorithm::automatic);
     if (winograd_difference > bound) {
       *wrong = true;
       fmt::print("{:<28} {:<8} {:<5} WRONG: petra's Winograd and cuDNN differ by {:.2e} (bound {:.0e})\n", layer.name,
                  row.pass, row.math, winograd_difference, bound);
     }
   }
-  // The TF32 forward of a layer with in_channels % 4 == 0, backward data with out_channels % 4 ==
-  // 0 and the weight gradient with in_channels % 32 == 0 read channels-last copies (the default,
+  // The TF32 forward of a stride-1 layer with in_channels % 4 == 0, backward data with
+  // out_channels % 4 == 0 and the weight gradient with in_channels % 32 == 0 (and dy's plane a
+  // multiple of 4) read channels-last copies (the default,
   // their copy launches in petra_s); the time reading x or dy itself, as before 2026-12-05, beside it.
   const std::string pass = row.pass;
   const bool channels_last = row.setting == k::cuda::Conv2dMath::tf32 &&
-                             ((pass == "forward" && shape.in_channels % 4 == 0) ||
+                             ((pass == "forward" && shape.in_channels % 4 == 0 && shape.stride_h == 1 &&
+                               shape.stride_w == 1) ||
                               (pass == "data" && shape.out_channels % 4 == 0) ||
                               (pass == "weight" && shape.in_channels % 32 == 0 && shape.out_h() * shape.out_w() % 4 == 0));
   double nchw_s = 0;
-  if (channels_last) {
+  if (channels_last) {  // (the weight pass's as the direct product, which the copy is for)
     k::cuda::set_conv2d_channels_last(false);
+    k::cuda::set_conv2d_weight_algorithm(k::cuda::Conv2dWeightAlgorithm::direct);
     nchw_s = seconds_per_launch([&] { row.petra(s); }, stream, repeats);
+    k::cuda::set_conv2d_weight_algorithm(k::cuda::Conv2dWeightAlgorithm::automatic);
     k::cuda::set_conv2d_channels_last(true);
   }
   const int pass_index = std::string(row.pass) == "forward" ? 0 : std::string(row.pass) == "data" ? 1 : 2;
@@ -243,7 +250,8 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
     std::string tiles;
     for (const double t : tile_s) tiles += fmt::format(" {:.3f}", t * 1e3);
     const std::string winograd_text =
-        (winograd ? fmt::format("  winograd {:.3f} ms ({:.0f}% of cuDNN)", winograd_s * 1e3, 100.0 * cudnn_s / winograd_s)
+        (winograd ? fmt::format("  winograd {:.3f} ms ({:.0f}% of cuDNN), direct {:.3f} ms", winograd_s * 1e3,
+                                100.0 * cudnn_s / winograd_s, direct_s * 1e3)
                   : "") +
         (channels_last ? fmt::format("  without the channels-last copies {:.3f} ms ({:.0f}% of cuDNN)", nchw_s * 1e3,
                                      100.0 * cudnn_s / nchw_s)
@@ -277,6 +285,7 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
     result["petra_winograd_ms"] = winograd_s * 1e3;
     result["petra_winograd_share_of_cudnn"] = cudnn_s / winograd_s;
     result["winograd_relative_difference"] = winograd_difference;
+    result["petra_direct_ms"] = direct_s * 1e3;  // (petra_ms: the default, automatic)
   }
   return result;
 }

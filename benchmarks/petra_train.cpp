@@ -289,9 +289,10 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
                 petra::cudnn_algorithms() == petra::CudnnAlgorithms::fastest
                     ? ", cuDNN's fastest algorithms (timed; not bit-reproducible)"
                     : "",
-                petra::conv_weight_algorithm() == petra::ConvWeightAlgorithm::winograd
-                    ? ", Winograd weight gradients on 3x3 stride-1 layers"
-                    : "");
+                petra::conv_weight_algorithm() == petra::ConvWeightAlgorithm::winograd ? ", Winograd weight gradients on 3x3 stride-1 layers"
+                : petra::conv_weight_algorithm() == petra::ConvWeightAlgorithm::direct
+                    ? ", direct weight gradients"
+                    : ", Winograd weight gradients where measured faster (3x3 stride-1 layers of 64+ channels)");
   if (!eval_only) {
     std::printf("stages (--stages %s): %s\n", config.stages.empty() ? "blocks" : config.stages.c_str(),
                 layout_text(trainer.config().stage_sizes, trainer.block_profiles()).c_str());
@@ -539,11 +540,12 @@ int main(int argc, char** argv) {
                  "convolutions' arithmetic on GPUs, petra's kernels and cuDNN's alike: fp32 (FP32 multiply-adds) or "
                  "tf32 (the tensor cores, TF32 inputs, FP32 sums; PyTorch's default for convolutions)")
       ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"fp32", "tf32"}));
-  std::string conv_weight_text = "direct";
+  std::string conv_weight_text = "auto";
   app.add_option("--conv-weight", conv_weight_text,
-                 "the weight gradient of petra's 3x3 stride-1 convolutions on GPUs: direct (the implicit GEMM) or "
-                 "winograd (Winograd's F(2x2, 3x3): 2.25x fewer multiply-adds; not yet timed)")
-      ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"direct", "winograd"}));
+                 "the weight gradient of petra's 3x3 stride-1 convolutions on GPUs: auto (Winograd where a GPU timed "
+                 "it faster: 64+ channels, in TF32 planes up to 16x16), direct (the implicit GEMM) or winograd "
+                 "(Winograd's F(2x2, 3x3) wherever it applies: 2.25x fewer multiply-adds)")
+      ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"auto", "direct", "winograd"}));
   std::string cudnn_algorithms_text = "deterministic";
   app.add_option("--cudnn-algorithms", cudnn_algorithms_text,
                  "with --conv-impl cudnn: deterministic (cuDNN's heuristics, deterministic algorithms only, the same "

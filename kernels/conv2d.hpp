@@ -121,8 +121,8 @@ std::size_t conv2d_workspace_bytes(const Conv2dShape& shape, int num_threads);
 // floating-point atomics, every addition order fixed by the shape (and, for the bias gradient,
 // by whether dy is 16-byte aligned: its float4 path shares the values among threads otherwise).
 // conv2d_backward_weight needs scratch from s.workspace when it splits: at most 64 MiB
-// (kernels/cuda/conv2d_tiling.cuh, weight_split_slices); the bias gradient 512 bytes per
-// channel. Checked under the CUDA emulation (tests/emulation/test_emulated_conv2d.cpp) and on an
+// (kernels/cuda/conv2d_tiling.cuh, weight_split_slices), and in TF32 up to 64 MiB more for its
+// channels-last copy of x (set_conv2d_channels_last); the bias gradient 512 bytes per channel. Checked under the CUDA emulation (tests/emulation/test_emulated_conv2d.cpp) and on an
 // H200 (docs/results-gpu.md). cuDNN's convolution is the run-time alternative
 // (petra::set_conv_impl, kernels/cuda_libraries.hpp).
 namespace cuda {
@@ -155,21 +155,25 @@ Conv2dMath conv2d_math();
 void set_conv2d_tile(int tile);
 
 // The algorithm of the weight gradient (conv2d_backward_weight) of 3x3 convolutions at stride 1 and
-// padding 1, for the whole process: direct (the default), the implicit GEMM of the other passes; or
-// winograd, Winograd's F(2x2, 3x3) (2.25x fewer multiply-adds, the transformed operands in the
-// stream's workspace, at most 128 MiB a batch part and 64 MiB of partial sums; results a few
-// roundings from direct's, still deterministic). Other shapes, and a layer whose one image or
-// whose out x in channels (over 2^20) need more workspace, stay direct.
-// Not yet timed on a GPU (docs/gpu-kernels.md): bench-cuda times both.
-enum class Conv2dWeightAlgorithm { direct, winograd };
+// padding 1, for the whole process: direct, the implicit GEMM of the other passes; winograd,
+// Winograd's F(2x2, 3x3) (2.25x fewer multiply-adds, the transformed operands in the stream's
+// workspace, at most 128 MiB a batch part and 64 MiB of partial sums; results a few roundings from
+// direct's, still deterministic); or automatic (the default), winograd where run 12 timed it
+// faster (docs/results-gpu.md): 64 or more channels in and out, and in TF32 planes of at most
+// 16 x 16. Other shapes, and a layer whose one image or whose out x in channels (over 2^20) need
+// more workspace, stay direct.
+enum class Conv2dWeightAlgorithm { automatic, direct, winograd };
 void set_conv2d_weight_algorithm(Conv2dWeightAlgorithm algorithm);
 Conv2dWeightAlgorithm conv2d_weight_algorithm();
 
-// Whether the TF32 forward of a layer with in_channels % 4 == 0 reads channels-last copies of x
-// and the weights (the default, true: both operands in 16-byte copies, two more launches per call,
-// up to 64 MiB of the stream's workspace; docs/gpu-kernels.md step 16) or x itself, as FP32 does.
-// The results differ in the last places (another order of the sum), each deterministic. For the
-// whole process; benchmarks time both.
+// Whether the TF32 passes read channels-last copies (the default, true; docs/gpu-kernels.md steps
+// 16 and 17): the forward at stride 1 with in_channels % 4 == 0 (copies of x and the weights),
+// backward data with out_channels % 4 == 0 (dy and the weights), the weight gradient with
+// in_channels % 32 == 0 (x): their gathered operands in 16-byte copies, one or two more launches
+// per call and up to 64 MiB of the stream's workspace (128 MiB with the weight gradient's
+// partials); or x and dy themselves, as FP32 does. The forward's and backward data's results
+// differ in the last places (another order of the sum), each deterministic; the weight
+// gradient's are the same bits. For the whole process; benchmarks time both.
 void set_conv2d_channels_last(bool enabled);
 bool conv2d_channels_last();
 

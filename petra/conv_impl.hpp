@@ -49,11 +49,13 @@ CudnnAlgorithms parse_cudnn_algorithms(std::string_view text, std::string_view f
 const char* name_of(CudnnAlgorithms choice);
 
 // The weight gradient of petra's 3x3, stride-1, padding-1 convolutions on GPUs, for the whole
-// process (kernels::cuda::set_conv2d_weight_algorithm; petra-train's --conv-weight): direct (the
-// default: the implicit GEMM of the other passes) or winograd (Winograd's F(2x2, 3x3): 2.25x fewer
-// multiply-adds, the results a few roundings away, deterministic; not yet timed on a GPU). CPU
-// tensors ignore it (the CPU kernels choose their own). A build without CUDA accepts direct only.
-enum class ConvWeightAlgorithm { direct, winograd };
+// process (kernels::cuda::set_conv2d_weight_algorithm; petra-train's --conv-weight): automatic (the
+// default: Winograd where a GPU timed it faster, 64+ channels in and out, in TF32 on planes of at
+// most 16 x 16; else direct), direct (the implicit GEMM of the other passes) or winograd
+// (Winograd's F(2x2, 3x3) wherever it applies: 2.25x fewer multiply-adds, the results a few
+// roundings away, deterministic). CPU tensors ignore it (the CPU kernels choose their own). A build
+// without CUDA accepts automatic and direct.
+enum class ConvWeightAlgorithm { automatic, direct, winograd };
 void set_conv_weight_algorithm(ConvWeightAlgorithm algorithm);  // DeviceError for winograd without CUDA
 ConvWeightAlgorithm conv_weight_algorithm();
 ConvWeightAlgorithm parse_conv_weight_algorithm(std::string_view text, std::string_view flag = "--conv-weight");

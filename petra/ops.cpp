@@ -187,13 +187,17 @@ ConvImpl conv_impl() { return ConvImpl(ops::conv_impl_setting.load()); }
 const char* name_of(ConvImpl impl) { return impl == ConvImpl::cudnn ? "cudnn" : "petra"; }
 
 namespace {
-// `text` as one of two named choices, or a ValueError naming `flag` and both names.
-template <class E>
-E parse_choice(std::string_view text, std::string_view flag, std::pair<const char*, E> first,
-               std::pair<const char*, E> second) {
-  if (text == first.first) return first.second;
-  if (text == second.first) return second.second;
-  throw ValueError(detail::concat(flag, " ", std::string(text), ": expected ", first.first, " or ", second.first));
+// `text` as one of the named choices, or a ValueError naming `flag` and every name ("expected a,
+// b or c").
+template <class E, class... More>
+E parse_choice(std::string_view text, std::string_view flag, std::pair<const char*, E> first, More... more) {
+  const std::pair<const char*, E> choices[] = {first, more...};
+  std::string names;
+  for (std::size_t i = 0; i < std::size(choices); ++i) {
+    if (text == choices[i].first) return choices[i].second;
+    names += (i == 0 ? "" : i + 1 == std::size(choices) ? " or " : ", ") + std::string(choices[i].first);
+  }
+  throw ValueError(detail::concat(flag, " ", std::string(text), ": expected ", names));
 }
 }  // namespace
 
@@ -249,34 +253,53 @@ const char* name_of(CudnnAlgorithms choice) {
   return choice == CudnnAlgorithms::fastest ? "fastest" : "deterministic";
 }
 
+#if PETRA_HAVE_CUDA
+namespace {
+// The two enums name the same three choices, in the same order.
+kernels::cuda::Conv2dWeightAlgorithm to_kernels(ConvWeightAlgorithm algorithm) {
+  switch (algorithm) {
+    case ConvWeightAlgorithm::direct: return kernels::cuda::Conv2dWeightAlgorithm::direct;
+    case ConvWeightAlgorithm::winograd: return kernels::cuda::Conv2dWeightAlgorithm::winograd;
+    case ConvWeightAlgorithm::automatic: break;
+  }
+  return kernels::cuda::Conv2dWeightAlgorithm::automatic;
+}
+}  // namespace
+#endif
+
 void set_conv_weight_algorithm(ConvWeightAlgorithm algorithm) {
 #if PETRA_HAVE_CUDA
-  kernels::cuda::set_conv2d_weight_algorithm(algorithm == ConvWeightAlgorithm::winograd
-                                                 ? kernels::cuda::Conv2dWeightAlgorithm::winograd
-                                                 : kernels::cuda::Conv2dWeightAlgorithm::direct);
+  kernels::cuda::set_conv2d_weight_algorithm(to_kernels(algorithm));
 #else
-  PETRA_CHECK(algorithm == ConvWeightAlgorithm::direct, DeviceError,
+  PETRA_CHECK(algorithm != ConvWeightAlgorithm::winograd, DeviceError,
               "set_conv_weight_algorithm(winograd): this petra was built without CUDA");
 #endif
 }
 
 ConvWeightAlgorithm conv_weight_algorithm() {
 #if PETRA_HAVE_CUDA
-  return kernels::cuda::conv2d_weight_algorithm() == kernels::cuda::Conv2dWeightAlgorithm::winograd
-             ? ConvWeightAlgorithm::winograd
-             : ConvWeightAlgorithm::direct;
-#else
-  return ConvWeightAlgorithm::direct;
+  switch (kernels::cuda::conv2d_weight_algorithm()) {
+    case kernels::cuda::Conv2dWeightAlgorithm::direct: return ConvWeightAlgorithm::direct;
+    case kernels::cuda::Conv2dWeightAlgorithm::winograd: return ConvWeightAlgorithm::winograd;
+    case kernels::cuda::Conv2dWeightAlgorithm::automatic: break;
+  }
 #endif
+  return ConvWeightAlgorithm::automatic;
 }
 
 ConvWeightAlgorithm parse_conv_weight_algorithm(std::string_view text, std::string_view flag) {
-  return parse_choice(text, flag, std::pair{"direct", ConvWeightAlgorithm::direct},
+  return parse_choice(text, flag, std::pair{"auto", ConvWeightAlgorithm::automatic},
+                      std::pair{"direct", ConvWeightAlgorithm::direct},
                       std::pair{"winograd", ConvWeightAlgorithm::winograd});
 }
 
 const char* name_of(ConvWeightAlgorithm algorithm) {
-  return algorithm == ConvWeightAlgorithm::winograd ? "winograd" : "direct";
+  switch (algorithm) {
+    case ConvWeightAlgorithm::direct: return "direct";
+    case ConvWeightAlgorithm::winograd: return "winograd";
+    case ConvWeightAlgorithm::automatic: break;
+  }
+  return "auto";
 }
 
 }  // namespace petra

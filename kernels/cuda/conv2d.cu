@@ -56,7 +56,8 @@
 // (conv2d_tiling::weight_split_slices, a function of the shape only), grid.z = slice; block z
 // writes its tile's partial sums to scratch (s.scratch(), S * weight_size floats, at most 64 MiB),
 // then sum_weight_partials adds, for each dw element, dw and its S partials in slice order in
-// double and rounds once. With S = 1 the tile adds into dw directly.
+// double and rounds once. With S = 1 the tile adds into dw directly. (The TF32 path's copy of x,
+// ChannelsLastWeightProblem, takes up to 64 MiB more scratch, before the partials.)
 //
 // The TF32 path (all three passes, when set_conv2d_math(Conv2dMath::tf32)): implicit_gemm_tf32, the
 // same gather into shared tiles of the same sizes (choose_tile's) but laid out for the tensor cores
@@ -1368,7 +1369,7 @@ std::atomic<int> conv_tile{-1};
 // Whether the TF32 forward may read channels-last copies (set_conv2d_channels_last).
 std::atomic<bool> conv_channels_last{true};
 // The weight gradient's algorithm on 3x3, stride-1, padding-1 layers (set_conv2d_weight_algorithm).
-std::atomic<int> conv_weight_algorithm{int(Conv2dWeightAlgorithm::direct)};
+std::atomic<int> conv_weight_algorithm{int(Conv2dWeightAlgorithm::automatic)};
 // The most elements a tensor of one launch may have (set_conv2d_launch_elements): the kernels
 // index in 32 bits.
 constexpr std::int64_t kIndexLimit = std::numeric_limits<Index>::max();
@@ -1545,6 +1546,9 @@ __global__ void to_channels_last(Index batch, Index channels, Index plane, const
 template <bool kTf32B = false>
 void launch_to_channels_last(const char* name, const StreamHandle& s, std::int64_t batch, std::int64_t channels,
                              std::int64_t plane, const float* from, float* to) {
+  // (kTf32B writes whole tiles of 32 channels: a partial one would write past `to`)
+  PETRA_CHECK(!kTf32B || channels % kTransposeTile == 0, ShapeError, name, ": ", channels,
+              " channels, not a multiple of ", kTransposeTile);
   const std::int64_t tiles =
       batch * tiling::ceil_div(channels, kTransposeTile) * tiling::ceil_div(plane, kTransposeTile);
   if (tiles <= 0) return;  // nothing to copy (no channel, or an empty plane): an empty grid is an error
@@ -1576,11 +1580,16 @@ std::int64_t channels_last_floats(const Conv2dShape& s) {
 }
 
 // Whether conv2d_forward takes the channels-last path for a batch part: TF32 with
-// set_conv2d_channels_last on (the default), in_channels a multiple of 4 (four k of a tap in one
-// aligned 16-byte copy), a stream with scratch memory, the copies within kChannelsLastMaxBytes,
-// and the pixels' row tiles within a grid's y (65535).
+// set_conv2d_channels_last on (the default), stride 1, in_channels a multiple of 4 (four k of a
+// tap in one aligned 16-byte copy), a stream with scratch memory, the copies within
+// kChannelsLastMaxBytes, and the pixels' row tiles within a grid's y (65535). Stride 1: at stride
+// 2 the product reads a quarter of x's pixels (1x1) or about as many as x has (3x3) but the copy
+// moves all of it, and run 12 (H100) timed the NCHW path faster there: the ResNet shortcuts
+// 0.025 / 0.019 / 0.020 ms against 0.058 / 0.037 / 0.029, the first 3x3 stride-2 layer 0.099
+// against 0.114 (the other two within 6%).
 bool channels_last_applies(const StreamHandle& s, const Conv2dShape& shape) {
-  return Conv2dMath(conv_math.load()) == Conv2dMath::tf32 && conv_channels_last.load() && shape.in_channels % 4 == 0 &&
+  return Conv2dMath(conv_math.load()) == Conv2dMath::tf32 && conv_channels_last.load() &&
+         shape.stride_h == 1 && shape.stride_w == 1 && shape.in_channels % 4 == 0 &&
          s.workspace != nullptr &&
          channels_last_floats(shape) * std::int64_t(sizeof(float)) <= kChannelsLastMaxBytes &&
          tiling::ceil_div(shape.batch * shape.out_h() * shape.out_w(), 64) <= 65535;
@@ -1906,10 +1915,24 @@ void winograd_weight_launch(const StreamHandle& s, const Conv2dShape& shape, con
   }
 }
 
-// Whether the weight gradient of `shape` goes to winograd_weight_launch: asked for, a 3x3 kernel at
-// stride 1 and padding 1, and one image's transformed operands within the workspace's share.
+// Where Conv2dWeightAlgorithm::automatic takes Winograd: where run 12 (H100, bench-cuda, batch 128)
+// timed it faster than the direct product. FP32: on all four ResNet-18 stride-1 3x3 layers after
+// the stem (64-512 channels; 0.521 -> 0.429 ms at 64 channels on 32 x 32, 0.416 -> 0.172 at 512 on
+// 4 x 4), not on the 3-channel stem (0.157 -> 0.547: its transforms are the work). TF32, whose
+// direct product is faster: at 16 x 16 and smaller planes (0.210 -> 0.194, 0.208 -> 0.146, 0.298 ->
+// 0.144), not at 32 x 32 (0.258 -> 0.375).
+bool winograd_measured_faster(const Conv2dShape& shape) {
+  const bool tf32 = Conv2dMath(conv_math.load()) == Conv2dMath::tf32;
+  return std::min(shape.in_channels, shape.out_channels) >= 64 && (!tf32 || shape.out_h() * shape.out_w() <= 256);
+}
+
+// Whether the weight gradient of `shape` goes to winograd_weight_launch: asked for (or automatic
+// and measured faster), a 3x3 kernel at stride 1 and padding 1, and one image's transformed
+// operands within the workspace's share.
 bool winograd_weight_applies(const Conv2dShape& shape) {
-  return Conv2dWeightAlgorithm(conv_weight_algorithm.load()) == Conv2dWeightAlgorithm::winograd &&
+  const auto algorithm = Conv2dWeightAlgorithm(conv_weight_algorithm.load());
+  return (algorithm == Conv2dWeightAlgorithm::winograd ||
+          (algorithm == Conv2dWeightAlgorithm::automatic && winograd_measured_faster(shape))) &&
          shape.kernel_h == 3 && shape.kernel_w == 3 && shape.stride_h == 1 && shape.stride_w == 1 &&
          shape.pad_h == 1 && shape.pad_w == 1 && winograd_image_bytes(shape) <= kWinogradOperandBytes &&
          16 * shape.out_channels * shape.in_channels * std::int64_t(sizeof(float)) <= tiling::kWeightMaxPartialBytes &&

@@ -25,7 +25,7 @@ cat > "$dir/winograd.json" <<'JSON'
 {"conv2d": [
  {"math": "fp32", "pass": "weight", "layer": "layer3 256->256 3x3 8x8", "petra_ms": 2.0, "cudnn_ms": 1.0,
   "petra_share_of_cudnn": 0.5, "petra_ms_by_tile": [2.0, 2.0, 2.0, 2.0], "petra_winograd_ms": 0.5,
-  "petra_winograd_share_of_cudnn": 2.0},
+  "petra_winograd_share_of_cudnn": 2.0, "petra_direct_ms": 2.5},
  {"math": "fp32", "pass": "weight", "layer": "layer3 shortcut 1x1 s2", "petra_ms": 1.0, "cudnn_ms": 1.2,
   "petra_share_of_cudnn": 1.2, "petra_ms_by_tile": [1.0, 1.0, 1.0, 1.0]}
 ]}
@@ -59,7 +59,8 @@ expect() {  # expect FILE PATTERN...: every pattern is a line of the output
 }
 expect "$dir/small.json" "fp32 forward    3.000 /   2.000 /   3.600   1 of 2 layers, 1 of 1 3x3 after the stem"
 expect "$dir/winograd.json" "fp32 weight     3.000 /   3.000 /   2.200   1 of 2 layers, 0 of 1 3x3 after the stem" \
-  "fp32 weight     1.500 with Winograd where faster (1 layers: layer3 256->256 3x3 8x8); 2 of 2 layers at >= 70%"
+  "fp32 weight     1.500 with Winograd where faster (1 layers: layer3 256->256 3x3 8x8); 2 of 2 layers at >= 70%" \
+  "fp32 weight     3.500 with the direct product everywhere"
 expect "$dir/channels-last.json" "tf32 forward    4.000 without the channels-last copies (1 layers)"
 expect "$run11" \
   "fp32 forward    2.202 /   2.102 /   2.067   11 of 11 layers, 7 of 7 3x3 after the stem" \

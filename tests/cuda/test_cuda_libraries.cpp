@@ -81,22 +81,31 @@ TEST_CASE("conv math: fp32 by default, tf32 where CUDA is built, the choice pars
   CHECK(petra::conv_math() == petra::ConvMath::fp32);
 }
 
-TEST_CASE("conv weight algorithm: direct by default, winograd where CUDA is built, the choice parsed and named") {
-  CHECK(petra::conv_weight_algorithm() == petra::ConvWeightAlgorithm::direct);
-  CHECK(petra::parse_conv_weight_algorithm("direct") == petra::ConvWeightAlgorithm::direct);
-  CHECK(petra::parse_conv_weight_algorithm("winograd") == petra::ConvWeightAlgorithm::winograd);
+TEST_CASE("conv weight algorithm: auto by default, winograd where CUDA is built, the choice parsed and named") {
+  using petra::ConvWeightAlgorithm;
+  CHECK(petra::conv_weight_algorithm() == ConvWeightAlgorithm::automatic);
+  CHECK(petra::parse_conv_weight_algorithm("auto") == ConvWeightAlgorithm::automatic);
+  CHECK(petra::parse_conv_weight_algorithm("direct") == ConvWeightAlgorithm::direct);
+  CHECK(petra::parse_conv_weight_algorithm("winograd") == ConvWeightAlgorithm::winograd);
   CHECK_THROWS_WITH_AS(petra::parse_conv_weight_algorithm("fft"),
-                       doctest::Contains("--conv-weight fft: expected direct or winograd"), petra::ValueError);
-  CHECK(std::string(petra::name_of(petra::ConvWeightAlgorithm::winograd)) == "winograd");
+                       doctest::Contains("--conv-weight fft: expected auto, direct or winograd"), petra::ValueError);
+  CHECK(std::string(petra::name_of(ConvWeightAlgorithm::automatic)) == "auto");
+  CHECK(std::string(petra::name_of(ConvWeightAlgorithm::direct)) == "direct");
+  CHECK(std::string(petra::name_of(ConvWeightAlgorithm::winograd)) == "winograd");
 #if PETRA_HAVE_CUDA
-  petra::set_conv_weight_algorithm(petra::ConvWeightAlgorithm::winograd);
-  CHECK(petra::conv_weight_algorithm() == petra::ConvWeightAlgorithm::winograd);
-  CHECK(petra::kernels::cuda::conv2d_weight_algorithm() ==
-        petra::kernels::cuda::Conv2dWeightAlgorithm::winograd);  // what the kernels read
-  petra::set_conv_weight_algorithm(petra::ConvWeightAlgorithm::direct);
-  CHECK(petra::kernels::cuda::conv2d_weight_algorithm() == petra::kernels::cuda::Conv2dWeightAlgorithm::direct);
+  namespace cu = petra::kernels::cuda;
+  // what the kernels read, for each choice
+  for (const auto& [choice, kernels] : {std::pair{ConvWeightAlgorithm::winograd, cu::Conv2dWeightAlgorithm::winograd},
+                                        std::pair{ConvWeightAlgorithm::direct, cu::Conv2dWeightAlgorithm::direct},
+                                        std::pair{ConvWeightAlgorithm::automatic, cu::Conv2dWeightAlgorithm::automatic}}) {
+    petra::set_conv_weight_algorithm(choice);
+    CHECK(petra::conv_weight_algorithm() == choice);
+    CHECK(cu::conv2d_weight_algorithm() == kernels);
+  }
 #else
-  CHECK_THROWS_AS(petra::set_conv_weight_algorithm(petra::ConvWeightAlgorithm::winograd), petra::DeviceError);
+  CHECK_THROWS_AS(petra::set_conv_weight_algorithm(ConvWeightAlgorithm::winograd), petra::DeviceError);
+  petra::set_conv_weight_algorithm(ConvWeightAlgorithm::direct);  // accepted, and nothing to change
+  CHECK(petra::conv_weight_algorithm() == ConvWeightAlgorithm::automatic);
 #endif
 }
 
@@ -519,11 +528,15 @@ namespace {
 // Forces the math and the tile for a scope; gives the defaults back even when a check throws.
 class ConvSettings {
  public:
+  // (the direct weight gradient: the tile and rounding tests are about the implicit GEMM's
+  // kernels, which automatic would replace by Winograd's on their 64-channel shape)
   ConvSettings(petra::kernels::cuda::Conv2dMath math, int tile) {
     petra::kernels::cuda::set_conv2d_math(math);
     petra::kernels::cuda::set_conv2d_tile(tile);
+    petra::kernels::cuda::set_conv2d_weight_algorithm(petra::kernels::cuda::Conv2dWeightAlgorithm::direct);
   }
   ~ConvSettings() {
+    petra::kernels::cuda::set_conv2d_weight_algorithm(petra::kernels::cuda::Conv2dWeightAlgorithm::automatic);
     petra::kernels::cuda::set_conv2d_tile(-1);
     petra::kernels::cuda::set_conv2d_math(petra::kernels::cuda::Conv2dMath::fp32);
   }
@@ -676,9 +689,8 @@ TEST_CASE("cuda: petra's Winograd weight gradient matches ref, FP32 and TF32, th
   void* cs = s.cuda_stream;
   const StreamHandle host{};
   struct Restore {
-    ~Restore() { cu::set_conv2d_weight_algorithm(cu::Conv2dWeightAlgorithm::direct); }
+    ~Restore() { cu::set_conv2d_weight_algorithm(cu::Conv2dWeightAlgorithm::automatic); }
   } restore;
-  cu::set_conv2d_weight_algorithm(cu::Conv2dWeightAlgorithm::winograd);
   // tails of 64 channels, odd planes, a ResNet layer's channels at batch 8, and 2048 tiles (two K
   // slices)
   for (const Conv2dShape& k : {Conv2dShape{3, 17, 9, 9, 5, 3, 3, 1, 1, 1, 1}, Conv2dShape{2, 65, 5, 7, 66, 3, 3, 1, 1, 1, 1},
@@ -694,6 +706,7 @@ TEST_CASE("cuda: petra's Winograd weight gradient matches ref, FP32 and TF32, th
     for (const cu::Conv2dMath math : {cu::Conv2dMath::fp32, cu::Conv2dMath::tf32}) {
       CAPTURE(int(math));
       const ConvSettings chosen(math, -1);
+      cu::set_conv2d_weight_algorithm(cu::Conv2dWeightAlgorithm::winograd);  // (ConvSettings pins direct)
       Buffer dw(d.dw0, cs), again(d.dw0, cs);
       cu::conv2d_backward_weight(s, k, x.get(), dy.get(), dw.get());
       cu::conv2d_backward_weight(s, k, x.get(), dy.get(), again.get());

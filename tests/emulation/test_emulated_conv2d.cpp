@@ -819,16 +819,17 @@ TEST_CASE("emulated conv2d: TF32's 16-byte A copies give the scalar copies' bits
 // x transposed and the weights laid out by tap, two launches before the product, whose A and B
 // then take 16-byte copies): the model's bits with k in (i, j, c) order, on every tile (M the
 // pixels, N the out-channels), ref::'s within TF32, and other bits than the (c, i, j) order's.
-// Shapes: padding, stride 2, a non-square kernel and stride, 1x1, a channel count over one
-// transpose tile with a K tail (K = 324), the 32-tap kernel, M and N tails.
+// Shapes (stride 1 only: strided layers keep the NCHW path, checked at the end): padding, a
+// non-square kernel and padding, 1x1, a channel count over one transpose tile with a K tail
+// (K = 324), the 32-tap kernel, M and N tails.
 TEST_CASE("emulated conv2d: TF32 forward from channels-last copies (in_channels % 4 == 0) gives its model's bits") {
   Stream stream;
   const StreamHandle& s = stream.s;
   const MathGuard tf32(cu::Conv2dMath::tf32);
   const auto start = std::chrono::steady_clock::now();
   const std::vector<Conv2dShape> shapes = {
-      {3, 16, 9, 9, 33, 3, 3, 1, 1, 1, 1},  {1, 4, 5, 5, 65, 3, 3, 1, 1, 1, 1},  {2, 8, 9, 7, 17, 3, 3, 2, 2, 1, 1},
-      {1, 4, 7, 11, 3, 2, 5, 1, 2, 1, 2},   {2, 8, 8, 8, 7, 1, 1, 2, 2, 0, 0},   {1, 36, 7, 5, 3, 3, 3, 1, 1, 0, 0},
+      {3, 16, 9, 9, 33, 3, 3, 1, 1, 1, 1},  {1, 4, 5, 5, 65, 3, 3, 1, 1, 1, 1},  {2, 8, 9, 7, 17, 3, 3, 1, 1, 1, 1},
+      {1, 4, 7, 11, 3, 2, 5, 1, 1, 1, 2},   {2, 8, 8, 8, 7, 1, 1, 1, 1, 0, 0},   {1, 36, 7, 5, 3, 3, 3, 1, 1, 0, 0},
       {1, 4, 3, 37, 2, 1, 32, 1, 1, 0, 3},  {1, 0, 3, 3, 5, 3, 3, 1, 1, 1, 1},  // no channel: y = the bias
   };
   std::uint64_t seed = 2700;
@@ -874,6 +875,17 @@ TEST_CASE("emulated conv2d: TF32 forward from channels-last copies (in_channels 
       CHECK(bit_differences(y.values(), tf32_model(sh, x.data(), w.data(), b)) == "");
     }
     CHECK(cu::conv2d_channels_last());
+  }
+  // at a stride over 1 (either axis) the forward reads x itself (run 12 timed it faster there)
+  for (const Conv2dShape& sh : {Conv2dShape{2, 8, 9, 7, 17, 3, 3, 2, 2, 1, 1}, Conv2dShape{2, 8, 8, 8, 7, 1, 1, 2, 2, 0, 0},
+                                Conv2dShape{1, 4, 7, 11, 3, 2, 5, 1, 2, 1, 2}}) {
+    INFO(describe(sh));
+    const Buffer x(sh.input_size(), 2790, 0), w(sh.weight_size(), 2791, 0), y(sh.output_size(), 2792, 0, 5, 6);
+    const std::size_t before = emu::launches();
+    cu::conv2d_forward(s, sh, x.data(), w.data(), nullptr, y.data());
+    CHECK(emu::launches() - before == 1);
+    CHECK(emu::last_launch().kernel == std::string("conv2d_forward_tf32"));
+    CHECK(bit_differences(y.values(), tf32_model(sh, x.data(), w.data(), nullptr)) == "");
   }
   MESSAGE("TF32 channels-last forward: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
           " s");
@@ -1069,7 +1081,7 @@ namespace {
 class WeightAlgorithmGuard {
  public:
   explicit WeightAlgorithmGuard(cu::Conv2dWeightAlgorithm algorithm) { cu::set_conv2d_weight_algorithm(algorithm); }
-  ~WeightAlgorithmGuard() { cu::set_conv2d_weight_algorithm(cu::Conv2dWeightAlgorithm::direct); }
+  ~WeightAlgorithmGuard() { cu::set_conv2d_weight_algorithm(cu::Conv2dWeightAlgorithm::automatic); }
   WeightAlgorithmGuard(const WeightAlgorithmGuard&) = delete;
   WeightAlgorithmGuard& operator=(const WeightAlgorithmGuard&) = delete;
 };
@@ -1081,10 +1093,10 @@ class WeightAlgorithmGuard {
 // of 64, one and several K slices (a part of 2048 tiles), and the batch in parts (the launch limit
 // lowered), against ref:: within 32 times the direct product's bound (the transforms add up to 4
 // values on each side and G^T M G up to 9: a wrong sign or element is off by the values
-// themselves); the same bits twice; other shapes keep the direct product; direct by default.
+// themselves); the same bits twice; other shapes keep the direct product; automatic by default.
 TEST_CASE("emulated conv2d: the Winograd weight gradient matches ref::, deterministically, and only where it applies") {
   const auto start = std::chrono::steady_clock::now();
-  CHECK(cu::conv2d_weight_algorithm() == cu::Conv2dWeightAlgorithm::direct);
+  CHECK(cu::conv2d_weight_algorithm() == cu::Conv2dWeightAlgorithm::automatic);
   const WeightAlgorithmGuard winograd(cu::Conv2dWeightAlgorithm::winograd);
   struct Case {
     Conv2dShape shape;
@@ -1165,6 +1177,44 @@ TEST_CASE("emulated conv2d: the Winograd weight gradient matches ref::, determin
   }
   MESSAGE("Winograd weight: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
           " s; the largest error, in units of the direct product's bound: ", worst);
+}
+
+// Conv2dWeightAlgorithm::automatic (the default) takes Winograd's weight gradient where run 12
+// timed it faster: 3x3 stride-1 padding-1 layers with 64 or more channels in and out, in TF32 only
+// on planes of at most 16 x 16 (256 outputs); the direct product elsewhere, and everywhere under
+// direct. The launch names say which ran.
+TEST_CASE("emulated conv2d: the automatic weight algorithm takes Winograd where it was measured faster") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  CHECK(cu::conv2d_weight_algorithm() == cu::Conv2dWeightAlgorithm::automatic);
+  const std::string winograd = "conv2d_backward_weight_winograd_output";
+  struct Case {
+    Conv2dShape shape;
+    cu::Conv2dMath math;
+    std::string kernel;  // the last launch of the automatic choice
+  };
+  const Case cases[] = {
+      {{1, 64, 4, 4, 64, 3, 3, 1, 1, 1, 1}, cu::Conv2dMath::fp32, winograd},
+      {{1, 64, 4, 4, 64, 3, 3, 1, 1, 1, 1}, cu::Conv2dMath::tf32, winograd},
+      {{1, 64, 16, 16, 64, 3, 3, 1, 1, 1, 1}, cu::Conv2dMath::tf32, winograd},   // 256 outputs
+      {{1, 64, 17, 16, 64, 3, 3, 1, 1, 1, 1}, cu::Conv2dMath::tf32, "conv2d_backward_weight_tf32_channels_last"},
+      {{1, 64, 17, 16, 64, 3, 3, 1, 1, 1, 1}, cu::Conv2dMath::fp32, winograd},
+      {{1, 32, 4, 4, 64, 3, 3, 1, 1, 1, 1}, cu::Conv2dMath::fp32, "conv2d_backward_weight"},   // 32 in
+      {{1, 64, 4, 4, 63, 3, 3, 1, 1, 1, 1}, cu::Conv2dMath::fp32, "conv2d_backward_weight"},   // 63 out
+      {{1, 64, 8, 8, 64, 3, 3, 2, 2, 1, 1}, cu::Conv2dMath::fp32, "conv2d_backward_weight"},   // stride 2
+      {{1, 64, 4, 4, 64, 1, 1, 1, 1, 0, 0}, cu::Conv2dMath::fp32, "conv2d_backward_weight"},   // 1x1
+  };
+  for (const Case& c : cases) {
+    const Conv2dShape& sh = c.shape;
+    INFO(describe(sh), ", tf32 ", c.math == cu::Conv2dMath::tf32);
+    const MathGuard math(c.math);
+    const Buffer x(sh.input_size(), 51, 0), dy(sh.output_size(), 52, 0), dw(sh.weight_size(), 53, 0);
+    cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
+    CHECK(emu::last_launch().kernel == c.kernel);
+    const WeightAlgorithmGuard direct(cu::Conv2dWeightAlgorithm::direct);
+    cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw.data());
+    CHECK(emu::last_launch().kernel != winograd);
+  }
 }
 
 // On small integers (x, dy and dw in -2..2) every step of the Winograd path is exact: U's and V's
