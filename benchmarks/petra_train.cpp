@@ -265,6 +265,16 @@ int train_quietly(petra::pipeline::Trainer& trainer) {
   return kOk;
 }
 
+// How the banner names --conv-weight's choice.
+const char* weight_algorithm_text(petra::ConvWeightAlgorithm algorithm) {
+  switch (algorithm) {
+    case petra::ConvWeightAlgorithm::winograd: return ", Winograd weight gradients on 3x3 stride-1 layers";
+    case petra::ConvWeightAlgorithm::direct: return ", direct weight gradients";
+    case petra::ConvWeightAlgorithm::automatic: break;
+  }
+  return ", Winograd weight gradients where measured faster (3x3 stride-1 layers of 64+ channels)";
+}
+
 int train(const TrainConfig& config, bool eval_only, const std::filesystem::path& save_params,
           const std::filesystem::path& log_json, const std::filesystem::path& plot) {
   const auto start = Clock::now();
@@ -289,10 +299,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
                 petra::cudnn_algorithms() == petra::CudnnAlgorithms::fastest
                     ? ", cuDNN's fastest algorithms (timed; not bit-reproducible)"
                     : "",
-                petra::conv_weight_algorithm() == petra::ConvWeightAlgorithm::winograd ? ", Winograd weight gradients on 3x3 stride-1 layers"
-                : petra::conv_weight_algorithm() == petra::ConvWeightAlgorithm::direct
-                    ? ", direct weight gradients"
-                    : ", Winograd weight gradients where measured faster (3x3 stride-1 layers of 64+ channels)");
+                weight_algorithm_text(petra::conv_weight_algorithm()));
   if (!eval_only) {
     std::printf("stages (--stages %s): %s\n", config.stages.empty() ? "blocks" : config.stages.c_str(),
                 layout_text(trainer.config().stage_sizes, trainer.block_profiles()).c_str());
