@@ -17,6 +17,12 @@
 //   block_stride_blocks(n)            launch size of a kernel with a block per item (blocks loop)
 //   launch_blocks(name, s, blocks, threads, kernel, args...)   launch + check, explicit grid
 //   launch_grid_stride(name, s, n, kernel, args...)            launch + check of a grid-stride kernel
+//   launch_clusters(name, s, blocks, threads, cluster, shared_bytes, kernel, args...)
+//                                     launch + check in thread-block clusters of `cluster` blocks
+//                                     along x (sm_90; 1: an ordinary launch, any GPU), with
+//                                     shared_bytes of dynamic shared memory per block (the kernel
+//                                     opted in above 48 KB); kernels/cuda/cluster.cuh has the
+//                                     cluster's rank, barrier and shared memory inside the kernel
 //
 // Every kernel file (kernels/cuda/*.cu) launches through these and writes no <<< itself: that is
 // what lets the same file compile with the host compiler, with PETRA_CUDA_EMULATION defined and
@@ -119,6 +125,38 @@ void launch_blocks(const char* name, const kernels::StreamHandle& s, unsigned bl
   const ::petra::cuda_emulation::LaunchName launch_name(name);  // for the emulator's messages
 #endif
   PETRA_LAUNCH(kernel, blocks, threads, 0, stream_of(s))(static_cast<Params>(args)...);
+  check_launch(name, __FILE__, __LINE__);
+}
+
+// Launches `kernel` as `blocks` blocks of `threads` threads in clusters of `cluster` blocks along
+// x (`blocks` a multiple of it), with `shared_bytes` of dynamic shared memory per block, raising the
+// kernel's limit first where it passes the default 48 KB. A cluster of 1 is an ordinary launch (a
+// GPU without clusters, below sm_90, runs it); a larger one needs sm_90.
+template <class... Params, class... Args>
+void launch_clusters(const char* name, const kernels::StreamHandle& s, unsigned blocks, unsigned threads,
+                     unsigned cluster, std::size_t shared_bytes, void (*kernel)(Params...), Args... args) {
+  DeviceGuard guard(s.device_index);
+  if (shared_bytes > 48 * 1024)
+    PETRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+#ifdef PETRA_CUDA_EMULATION
+  const ::petra::cuda_emulation::LaunchName launch_name(name);
+  ::petra::cuda_emulation::launch(name, kernel, dim3(blocks), dim3(threads), shared_bytes, stream_of(s),
+                                  cluster)(static_cast<Params>(args)...);
+#else
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream_of(s);
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = cluster > 1 ? 1 : 0;
+  PETRA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
+#endif
   check_launch(name, __FILE__, __LINE__);
 }
 

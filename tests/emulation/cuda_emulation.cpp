@@ -78,6 +78,7 @@ const char* op_name(detail::WarpOp op) {
 }
 
 constexpr char kSyncthreads[] = "__syncthreads";
+constexpr char kClusterSync[] = "cluster_sync";
 
 // What a thread waits at, for the messages ("what" is null while it runs).
 struct Wait {
@@ -86,6 +87,7 @@ struct Wait {
   unsigned mask = 0;
 
   bool at_barrier() const { return what == kSyncthreads; }
+  bool at_cluster_barrier() const { return what == kClusterSync; }
   bool same_as(const Wait& other) const {
     return what != nullptr && other.what != nullptr && std::strcmp(what, other.what) == 0 &&
            mask == other.mask && same_site(where, other.where);
@@ -110,10 +112,32 @@ struct Warp {
   std::list<WarpMeeting> meetings;
 };
 
-// The synchronisation state of the block that is running. Everything is guarded by `mutex`.
-struct Block {
+struct Block;
+
+// What the blocks of a cluster share (a launch without clusters: a cluster of one block): one
+// mutex and condition variable for all their synchronisation, the first failure, and the cluster
+// barrier (cluster_sync).
+struct ClusterState {
   std::mutex mutex;
   std::condition_variable changed;
+  bool failed = false;
+  std::string error;
+  std::vector<Block*> blocks;  // by rank
+  int live = 0;                // threads of the cluster still running
+  int arrived = 0;             // of them, waiting at cluster_sync
+  std::uint64_t phase = 0;     // cluster_sync completed so far
+};
+
+// The synchronisation state of a block that is running. Everything is guarded by `mutex`, its
+// cluster's.
+struct Block {
+  explicit Block(ClusterState& c)
+      : cluster(c), mutex(c.mutex), changed(c.changed), failed(c.failed), error(c.error) {}
+  ClusterState& cluster;
+  std::mutex& mutex;
+  std::condition_variable& changed;
+  bool& failed;
+  std::string& error;
   dim3 index, shape;
   int size = 0;
   int live = 0;      // threads still running the kernel
@@ -123,8 +147,6 @@ struct Block {
   int first_returned = -1;
   std::vector<Wait> waits;
   std::vector<Warp> warps;
-  bool failed = false;
-  std::string error;
 
   void reset(const dim3& block_index, const dim3& block_shape) {
     index = block_index;
@@ -159,9 +181,13 @@ struct Block {
     changed.notify_all();
   }
 
-  // Every running thread waits and none can go on: on a GPU the block hangs.
+  // Every running thread waits and none can go on: on a GPU the block hangs. (Threads that all
+  // wait at cluster_sync wait for the other blocks of the cluster: the barrier decides.)
   void check_deadlock() {
     if (failed || live == 0 || blocked < live) return;
+    if (std::all_of(waits.begin(), waits.end(),
+                    [](const Wait& w) { return w.what == nullptr || w.at_cluster_barrier(); }))
+      return;
     std::ostringstream out;
     out << "deadlock: every running thread of the block waits and none can go on (on a GPU the "
            "block hangs). Waiting:";
@@ -209,6 +235,7 @@ struct Block {
 struct Current {
   Block* block = nullptr;
   int tid = 0;
+  unsigned rank = 0;  // the block's rank in its cluster
 };
 thread_local Current current;
 
@@ -469,7 +496,10 @@ std::map<const void*, int> opt_in;  // kernel -> cudaFuncAttributeMaxDynamicShar
 struct SharedDeleter {
   void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t(256)); }
 };
-std::unique_ptr<std::byte[], SharedDeleter> dynamic_shared_buffer;
+std::unique_ptr<std::byte[], SharedDeleter> dynamic_shared_buffer;  // a block's, or a cluster's
+std::size_t shared_stride = 0;   // from one block's dynamic shared memory to the next rank's
+std::size_t shared_bytes = 0;    // the launch's, per block
+unsigned running_cluster = 1;    // blocks per cluster of the running launch
 
 thread_local cudaError_t last_error = cudaSuccess;
 thread_local int current_device = 0;
@@ -503,6 +533,9 @@ std::string configuration_error(const detail::LaunchConfig& c) {
       opted_in = true;
     }
   }
+  if (c.cluster == 0 || c.cluster > 8 || g.x % c.cluster != 0)
+    return "a cluster of " + std::to_string(c.cluster) + " blocks in grid " + dims(g) +
+           ": a cluster holds 1 to 8 blocks (portably) and divides grid.x" + refused;
   if (c.shared_bytes > std::size_t(limit)) {
     if (!opted_in)
       return "asks for " + std::to_string(c.shared_bytes) +
@@ -556,7 +589,7 @@ void run_grid(const LaunchConfig& c, std::function<void()> body) {
     ++launch_count;
     std::lock_guard lock(record_mutex);
     last_record = LaunchRecord{launch_name != nullptr ? launch_name : c.kernel_text, c.grid,
-                               c.block, c.shared_bytes, c.kernel};
+                               c.block, c.shared_bytes, c.kernel, c.cluster};
   }
   std::function<void()> grid = [c, what = std::move(what), body = std::move(body)] { execute_grid(c, what, body); };
   if (settings().submit != nullptr)
@@ -567,25 +600,43 @@ void run_grid(const LaunchConfig& c, std::function<void()> body) {
 
 namespace {
 
-// Runs the grid of a checked launch: its blocks one after another, a block's threads together.
+// Runs the grid of a checked launch: its blocks one after another (a cluster's blocks together),
+// a block's threads together.
 void execute_grid(const LaunchConfig& c, const std::string& what, const std::function<void()>& body) {
   std::lock_guard launch_lock(launch_mutex);
+  const unsigned cluster = c.cluster;
+  shared_stride = (std::max<std::size_t>(c.shared_bytes, 1) + 255) / 256 * 256;
+  shared_bytes = c.shared_bytes;
+  running_cluster = cluster;
   dynamic_shared_buffer.reset(static_cast<std::byte*>(
-      ::operator new[](std::max<std::size_t>(c.shared_bytes, 1), std::align_val_t(256))));
+      ::operator new[](shared_stride * cluster, std::align_val_t(256))));
 
   static Pool pool;
   static Fibers fibers;
-  static Block block;
+  static ClusterState state;
+  static std::list<Block> blocks;  // by rank; grows to the largest cluster
+  while (blocks.size() < cluster) blocks.emplace_back(state);
+  state.blocks.clear();
+  for (Block& b : blocks)
+    if (state.blocks.size() < cluster) state.blocks.push_back(&b);
   const int threads = int(c.block.x * c.block.y * c.block.z);
+  const int cluster_threads = threads * int(cluster);
   const bool cooperative = settings().cooperative && PETRA_EMULATION_FIBERS;
-  if (!cooperative) pool.reserve(threads);
-  const std::function<void(int)> job = [&](int tid) {
-    const unsigned t = unsigned(tid);
+  if (!cooperative) pool.reserve(cluster_threads);
+  // Job i is thread i % threads of the cluster's block i / threads.
+  const auto enter = [&](int i) {
+    const unsigned rank = unsigned(i / threads), t = unsigned(i % threads);
+    Block& block = *state.blocks[rank];
     threadIdx = uint3{t % c.block.x, t / c.block.x % c.block.y, t / (c.block.x * c.block.y)};
     blockIdx = uint3{block.index.x, block.index.y, block.index.z};
+    current = Current{&block, int(t), rank};
+  };
+  const std::function<void(int)> job = [&](int i) {
+    enter(i);
     blockDim = c.block;
     gridDim = c.grid;
-    current = Current{&block, tid};
+    Block& block = *current.block;
+    const int tid = current.tid;
     try {
       body();
     } catch (const Abort&) {
@@ -601,6 +652,7 @@ void execute_grid(const LaunchConfig& c, const std::string& what, const std::fun
     // warp no longer wait for it.
     std::lock_guard lock(block.mutex);
     --block.live;
+    --state.live;
     if (block.first_returned < 0) block.first_returned = tid;
     const int w = tid / 32, lane = tid % 32;
     Warp& warp = block.warps[std::size_t(w)];
@@ -613,6 +665,11 @@ void execute_grid(const LaunchConfig& c, const std::string& what, const std::fun
                  "): on a GPU that barrier never completes, or lets the block through "
                  "unsynchronised; every thread of a block must reach every __syncthreads");
     }
+    if (state.arrived > 0)
+      block.fail(block.thread_name(tid) + " of block " + dims(block.index) + " returned while " +
+                 std::to_string(state.arrived) +
+                 " threads of its cluster wait at cluster_sync: on a GPU that barrier never "
+                 "completes; every thread of a cluster must reach every cluster_sync");
     for (WarpMeeting& m : warp.meetings)
       if (m.mask >> lane & 1u) block.try_complete(warp, m, w);
     block.check_deadlock();
@@ -620,28 +677,29 @@ void execute_grid(const LaunchConfig& c, const std::string& what, const std::fun
 
   for (unsigned z = 0; z < c.grid.z; ++z)
     for (unsigned y = 0; y < c.grid.y; ++y)
-      for (unsigned x = 0; x < c.grid.x; ++x) {
-        block.reset(dim3(x, y, z), c.block);
-        std::memset(dynamic_shared_buffer.get(), 0xff, c.shared_bytes);  // uninitialised: NaN
+      for (unsigned x = 0; x < c.grid.x; x += cluster) {
+        for (unsigned rank = 0; rank < cluster; ++rank) {
+          state.blocks[rank]->reset(dim3(x + rank, y, z), c.block);
+          std::memset(dynamic_shared_buffer.get() + rank * shared_stride, 0xff, c.shared_bytes);  // NaN
+        }
+        state.live = cluster_threads;
+        state.arrived = 0;
+        const std::string where = what + (cluster == 1 ? ", block " + dims(dim3(x, y, z))
+                                                       : ", the cluster of blocks " + dims(dim3(x, y, z)) +
+                                                             " to " + dims(dim3(x + cluster - 1, y, z)));
         if (cooperative) {
           Fibers::set_running(&fibers);
           try {
-            fibers.run(job, threads, [&](int tid) {
-              const unsigned t = unsigned(tid);
-              threadIdx = uint3{t % c.block.x, t / c.block.x % c.block.y, t / (c.block.x * c.block.y)};
-              current = Current{&block, tid};
-            });
+            fibers.run(job, cluster_threads, enter);
           } catch (...) {
             Fibers::set_running(nullptr);
             throw;
           }
           Fibers::set_running(nullptr);
         } else {
-          pool.run(job, threads, settings().block_timeout_seconds,
-                   what + ", block " + dims(dim3(x, y, z)));
+          pool.run(job, cluster_threads, settings().block_timeout_seconds, where);
         }
-        if (block.failed)
-          throw KernelError(what + ", block " + dims(dim3(x, y, z)) + ": " + block.error);
+        if (state.failed) throw KernelError(where + ": " + state.error);
       }
 }
 
@@ -650,7 +708,81 @@ void execute_grid(const LaunchConfig& c, const std::string& what, const std::fun
 void* dynamic_shared_memory() {
   if (current.block == nullptr)
     throw KernelError("PETRA_DYNAMIC_SHARED used outside a kernel launched through PETRA_LAUNCH");
-  return dynamic_shared_buffer.get();
+  return dynamic_shared_buffer.get() + current.rank * shared_stride;
+}
+
+unsigned cluster_block_rank() {
+  return current_thread("cluster_block_rank", std::source_location::current()).rank;
+}
+
+unsigned cluster_block_count() {
+  (void)current_thread("cluster_block_count", std::source_location::current());
+  return running_cluster;
+}
+
+void* cluster_map_shared(void* p, unsigned rank, std::source_location where) {
+  Current& t = current_thread("cluster_map_shared", where);
+  Block& b = *t.block;
+  std::byte* const mine = dynamic_shared_buffer.get() + t.rank * shared_stride;
+  const auto* q = static_cast<std::byte*>(p);
+  std::string error;
+  if (rank >= running_cluster)
+    error = "asks for the shared memory of rank " + std::to_string(rank) + " in a cluster of " +
+            std::to_string(running_cluster) + " blocks";
+  else if (q < mine || q >= mine + std::max<std::size_t>(shared_bytes, 1))
+    error = "maps a pointer that is not in its block's dynamic shared memory (the emulation maps "
+            "only PETRA_DYNAMIC_SHARED; a static __shared__ array is one array for the whole cluster here)";
+  if (!error.empty()) {
+    std::lock_guard lock(b.mutex);
+    b.fail(b.thread_name(t.tid) + " of block " + dims(b.index) + " " + error + ", at " + site(where));
+    throw Abort{};
+  }
+  return dynamic_shared_buffer.get() + rank * shared_stride + std::size_t(q - mine);
+}
+
+void cluster_sync(std::source_location where) {
+  Current& t = current_thread("cluster_sync", where);
+  Block& b = *t.block;
+  ClusterState& c = b.cluster;
+  std::unique_lock lock(b.mutex);
+  if (b.failed) throw Abort{};
+  for (const Block* other : c.blocks)
+    if (other->first_returned >= 0) {
+      b.fail(b.thread_name(t.tid) + " of block " + dims(b.index) + " reaches cluster_sync at " +
+             site(where) + " after " + other->thread_name(other->first_returned) + " of block " +
+             dims(other->index) +
+             " returned: on a GPU that barrier never completes; every thread of a cluster must "
+             "reach every cluster_sync");
+      throw Abort{};
+    }
+  b.waits[std::size_t(t.tid)] = Wait{kClusterSync, where, 0};
+  ++b.blocked;
+  ++c.arrived;
+  if (c.arrived == c.live) {
+    // Every thread of the cluster is here. On a GPU they must be at the same cluster_sync.
+    for (Block* other : c.blocks)
+      for (int tid = 0; tid < other->size; ++tid) {
+        Wait& w = other->waits[std::size_t(tid)];
+        if (!w.at_cluster_barrier()) continue;
+        if (!same_site(w.where, where)) {
+          b.fail("threads of a cluster wait at different cluster_sync: " + other->thread_name(tid) +
+                 " of block " + dims(other->index) + " at " + site(w.where) + ", " +
+                 b.thread_name(t.tid) + " of block " + dims(b.index) + " at " + site(where) +
+                 " (undefined on a GPU)");
+          throw Abort{};
+        }
+        w = Wait{};
+        --other->blocked;
+      }
+    c.arrived = 0;
+    ++c.phase;
+    c.changed.notify_all();
+    return;
+  }
+  b.check_deadlock();
+  const std::uint64_t phase = c.phase;
+  wait_until(b, lock, [&] { return c.phase != phase || b.failed; });
+  if (c.phase == phase) throw Abort{};
 }
 
 void check_width(const char* intrinsic, int width, std::source_location where) {

@@ -7,8 +7,9 @@
 // (tests/emulation/emulated_<family>.cpp). Kernels launch through PETRA_LAUNCH
 // (kernels/cuda/launch.cuh), which here calls cuda_emulation::launch.
 //
-// How a launch runs: the grid's blocks run one after another; the threads of a block run
-// concurrently, one std::thread each (a pool sized to the block, kept between launches). Launches
+// How a launch runs: the grid's blocks run one after another (the blocks of a thread-block
+// cluster together); the threads of a block run concurrently, one std::thread each (a pool sized
+// to the block, or the cluster, kept between launches). Launches
 // are serialised (one at a time in the process). A launch is checked when it is made (its
 // configuration, and its stream by settings().check_stream when set); its grid runs at once, or,
 // when settings().submit is set (the emulated device of tests/emulation/emulated_backend.cpp), when
@@ -45,6 +46,10 @@
 //     or a barrier that lets the block through unsynchronised);
 //   - a deadlock: every running thread of the block waits (for example lane 0 at __syncthreads and
 //     lane 1 at a __shfl_sync that names lane 0);
+//   - in a thread-block cluster (PETRA_LAUNCH_CLUSTER, kernels/cuda/cluster.cuh): a cluster_sync
+//     that not every thread of the cluster reaches, or reaches at different sites; a cluster that
+//     does not divide grid.x or has more than 8 blocks; a peer's shared memory asked for with a
+//     pointer outside the block's dynamic shared memory or a rank outside the cluster;
 //   - a warp intrinsic whose mask leaves out the calling lane, a shuffle width that is not a power
 //     of two up to 32, lanes meeting with the same mask in different intrinsics;
 //   - an exception thrown by the kernel body.
@@ -180,6 +185,7 @@ struct LaunchRecord {
   dim3 grid, block;
   std::size_t shared_bytes = 0;
   const void* function = nullptr;  // the kernel itself: two instantiations under one name differ here
+  unsigned cluster = 1;            // blocks per thread-block cluster (PETRA_LAUNCH_CLUSTER)
 };
 LaunchRecord last_launch();
 
@@ -191,6 +197,7 @@ struct LaunchConfig {
   dim3 grid, block;
   std::size_t shared_bytes;
   cudaStream_t stream;      // checked by settings().check_stream, else ignored (synchronous)
+  unsigned cluster = 1;     // blocks per cluster along x: a cluster's blocks run together
 };
 
 // Checks the configuration, then runs `body` once per thread of every block, at once or when
@@ -199,6 +206,13 @@ void run_grid(const LaunchConfig& config, std::function<void()> body);
 
 void* dynamic_shared_memory();
 void set_max_dynamic_shared(const void* kernel, int bytes);
+
+// Thread-block clusters (sm_90): the calling block's rank in its cluster, the cluster's barrier,
+// and the address of `p` (in the calling block's dynamic shared memory) in block `rank`'s.
+unsigned cluster_block_rank();
+unsigned cluster_block_count();
+void cluster_sync(std::source_location where);
+void* cluster_map_shared(void* p, unsigned rank, std::source_location where);
 
 // Warp intrinsics: the calling lane offers `value` (8 bytes, padded) and waits for every lane of
 // `mask` that has not returned; `values` receives what each lane offered and `present` which lanes
@@ -241,9 +255,10 @@ template <class... Params>
 class Launch {
  public:
   Launch(const char* kernel_text, void (*kernel)(Params...), dim3 grid, dim3 block,
-         std::size_t shared_bytes, cudaStream_t stream /*checked, then ignored: launches are synchronous*/)
+         std::size_t shared_bytes, cudaStream_t stream /*checked, then ignored: launches are synchronous*/,
+         unsigned cluster = 1)
       : kernel_(kernel),
-        config_{kernel_text, reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, stream} {}
+        config_{kernel_text, reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, stream, cluster} {}
 
   template <class... Args>
   void operator()(Args&&... args) const {
@@ -260,14 +275,28 @@ class Launch {
 
 template <class... Params>
 Launch<Params...> launch(const char* kernel_text, void (*kernel)(Params...), dim3 grid, dim3 block,
-                         std::size_t shared_bytes, cudaStream_t stream) {
-  return Launch<Params...>(kernel_text, kernel, grid, block, shared_bytes, stream);
+                         std::size_t shared_bytes, cudaStream_t stream, unsigned cluster = 1) {
+  return Launch<Params...>(kernel_text, kernel, grid, block, shared_bytes, stream, cluster);
 }
 
 // PETRA_DYNAMIC_SHARED under the emulation.
 template <class T>
 T* dynamic_shared() {
   return static_cast<T*>(detail::dynamic_shared_memory());
+}
+
+// Thread-block clusters under the emulation (kernels/cuda/cluster.cuh's twins): the blocks of a
+// cluster run together, their threads all at once, and cluster_sync is a barrier over all of them.
+// A cluster kernel keeps its shared data in dynamic shared memory: `static` __shared__ arrays (the
+// emulation's __shared__) would be one array for every block of the cluster.
+inline unsigned cluster_block_rank() { return detail::cluster_block_rank(); }
+inline unsigned cluster_block_count() { return detail::cluster_block_count(); }
+inline void cluster_sync(std::source_location where = std::source_location::current()) {
+  detail::cluster_sync(where);
+}
+template <class T>
+T* cluster_map_shared(T* p, unsigned rank, std::source_location where = std::source_location::current()) {
+  return static_cast<T*>(detail::cluster_map_shared(const_cast<void*>(static_cast<const void*>(p)), rank, where));
 }
 
 // The runtime calls a .cu file makes, emulated (the macros after this namespace redirect them).

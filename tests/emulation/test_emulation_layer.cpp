@@ -10,6 +10,7 @@
 #include <numeric>
 #include <vector>
 
+#include "petra/kernels/cuda/cluster.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 
 namespace emu = petra::cuda_emulation;
@@ -191,6 +192,51 @@ __global__ void big_shared(float* y) {
   tile[threadIdx.x] = 1.0f;
   __syncthreads();
   y[threadIdx.x] = tile[(threadIdx.x + 1) % blockDim.x];
+}
+
+// ---- thread-block clusters (kernels/cuda/cluster.cuh)
+
+// Each block puts its index in its shared memory; after the cluster's barrier every thread reads
+// the next rank's, then the barrier again so that no block leaves while another reads its memory.
+__global__ void cluster_neighbour(float* y) {
+  using namespace petra::cuda_detail;
+  PETRA_DYNAMIC_SHARED(float, own);
+  const unsigned rank = cluster_rank(), size = ::petra::cuda_emulation::cluster_block_count();
+  if (threadIdx.x == 0) own[0] = float(blockIdx.x);
+  cluster_barrier();
+  const float next = *cluster_peer(own, (rank + 1) % size);
+  cluster_barrier();
+  y[blockIdx.x * blockDim.x + threadIdx.x] = next + 1000.0f * float(rank);
+}
+
+// Block 1 of each cluster returns before the barrier the others wait at.
+__global__ void cluster_rank_one_returns(float* y) {
+  if (petra::cuda_detail::cluster_rank() == 1) return;
+  petra::cuda_detail::cluster_barrier();
+  y[threadIdx.x] = 1.0f;
+}
+
+__global__ void cluster_barriers_differ(float* y) {
+  if (petra::cuda_detail::cluster_rank() == 0) petra::cuda_detail::cluster_barrier();
+  else petra::cuda_detail::cluster_barrier();
+  y[threadIdx.x] = 1.0f;
+}
+
+__global__ void cluster_peer_out_of_range(float* y) {
+  PETRA_DYNAMIC_SHARED(float, own);
+  y[threadIdx.x] = *petra::cuda_detail::cluster_peer(own, 2);
+}
+
+__global__ void cluster_peer_of_static(float* y) {
+  __shared__ float cache[32];
+  y[threadIdx.x] = *petra::cuda_detail::cluster_peer(cache, 0);
+}
+
+// Half of block 0 waits at __syncthreads, the other half at the cluster barrier: a GPU hangs.
+__global__ void cluster_against_block_barrier(float* y) {
+  if (petra::cuda_detail::cluster_rank() == 0 && threadIdx.x < 16) __syncthreads();
+  else petra::cuda_detail::cluster_barrier();
+  y[threadIdx.x] = 1.0f;
 }
 
 // Small integers: every partial sum is exact in float, in any order.
@@ -416,4 +462,47 @@ TEST_CASE("emulation: the runtime calls of a .cu file") {
   CHECK(cudaGetLastError() == cudaSuccess);
   // Outside a launch the intrinsics say so.
   CHECK_THROWS_WITH_AS(__syncthreads(), doctest::Contains("outside a kernel"), KernelError);
+}
+
+TEST_CASE("emulation: the blocks of a cluster run together, wait at its barrier and read each other's shared memory") {
+  for (const bool cooperative : {false, true}) {
+    CAPTURE(cooperative);
+    const bool saved = emu::settings().cooperative;
+    emu::settings().cooperative = cooperative;
+    for (const unsigned cluster : {1u, 2u, 4u}) {
+      CAPTURE(cluster);
+      const unsigned blocks = 8, threads = 48;
+      std::vector<float> y(blocks * threads, -1.0f);
+      emu::launch("cluster_neighbour", cluster_neighbour, blocks, threads, 64, nullptr, cluster)(y.data());
+      CHECK(emu::last_launch().cluster == cluster);
+      for (unsigned b = 0; b < blocks; ++b) {
+        const unsigned rank = b % cluster, next = b - rank + (rank + 1) % cluster;
+        for (unsigned t = 0; t < threads; ++t) CHECK(y[b * threads + t] == float(next) + 1000.0f * float(rank));
+      }
+    }
+    emu::settings().cooperative = saved;
+  }
+}
+
+TEST_CASE("emulation: misused clusters are errors: a barrier not every block reaches, bad ranks, bad shapes") {
+  std::vector<float> y(64);
+  CHECK_THROWS_WITH_AS(emu::launch("cluster_rank_one_returns", cluster_rank_one_returns, 4, 32, 16, nullptr, 2)(y.data()),
+                       doctest::Contains("every thread of a cluster must reach every cluster_sync"), KernelError);
+  CHECK_THROWS_WITH_AS(emu::launch("cluster_barriers_differ", cluster_barriers_differ, 2, 32, 16, nullptr, 2)(y.data()),
+                       doctest::Contains("different cluster_sync"), KernelError);
+  CHECK_THROWS_WITH_AS(emu::launch("cluster_peer_out_of_range", cluster_peer_out_of_range, 2, 32, 16, nullptr, 2)(y.data()),
+                       doctest::Contains("rank 2 in a cluster of 2"), KernelError);
+  CHECK_THROWS_WITH_AS(emu::launch("cluster_peer_of_static", cluster_peer_of_static, 2, 32, 16, nullptr, 2)(y.data()),
+                       doctest::Contains("not in its block's dynamic shared memory"), KernelError);
+  CHECK_THROWS_WITH_AS(emu::launch("cluster_against_block_barrier", cluster_against_block_barrier, 2, 32, 16, nullptr, 2)(y.data()),
+                       doctest::Contains("deadlock"), KernelError);
+  CHECK_THROWS_WITH_AS(emu::launch("cluster_neighbour", cluster_neighbour, 6, 32, 16, nullptr, 4)(y.data()),
+                       doctest::Contains("divides grid.x"), KernelError);
+  CHECK_THROWS_WITH_AS(emu::launch("cluster_neighbour", cluster_neighbour, 16, 32, 16, nullptr, 16)(y.data()),
+                       doctest::Contains("1 to 8 blocks"), KernelError);
+  // The emulator is usable after the failures.
+  std::vector<float> z(2 * 32);
+  emu::launch("cluster_neighbour", cluster_neighbour, 2, 32, 16, nullptr, 2)(z.data());
+  CHECK(z[0] == 1.0f);
+  CHECK(z[32] == 1000.0f);
 }
