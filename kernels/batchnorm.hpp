@@ -304,6 +304,13 @@ void batchnorm_relu_coupling_eval(const StreamHandle& s, const BatchNormShape& s
 // results are the same bits either way.
 void set_batchnorm_l2_hints(bool on);
 
+// Whether the training forward and the backward take the one-pass kernels where a channel fits in
+// the shared memory of a thread-block cluster (kernels/cuda/batchnorm.cu, "One pass"): one read of
+// x (and dy) instead of two. Off by default until a GPU has timed it; benchmarks time both. The
+// statistics are summed in another order than the two passes', so the bits may differ in the last
+// place (each path is deterministic).
+void set_batchnorm_one_pass(bool on);
+
 }  // namespace cuda
 #endif
 

@@ -61,6 +61,7 @@
 #include "petra/kernels/conv2d.hpp"
 #include "petra/kernels/cuda/block_reduce.cuh"
 #include "petra/kernels/cuda/check.cuh"
+#include "petra/kernels/cuda/cluster.cuh"
 #include "petra/kernels/cuda/fast_divide.cuh"
 #include "petra/kernels/cuda/l2_policy.cuh"
 #include "petra/kernels/cuda/lanes.cuh"
@@ -70,6 +71,9 @@ namespace petra::kernels::cuda {
 namespace {
 
 using cuda_detail::block_tree_sum;
+using cuda_detail::cluster_barrier;
+using cuda_detail::cluster_peer;
+using cuda_detail::cluster_rank;
 using cuda_detail::lane;
 using cuda_detail::grid_threads;
 using cuda_detail::kBlockThreads;
@@ -166,10 +170,62 @@ __device__ inline void channel_sums(const double* partials, std::int64_t c, std:
   s2 = warp_strided_sum(partials + 2 * c * slices + 1, slices, 2);
 }
 
-// One warp per channel: mean, invstd and the running statistics, as ref:: computes them, and
-// the channel's map y = (x - mean_f) * scale + bias in maps[3c..3c+2]. When |mean| >> std,
-// float(mean) alone would lose digits of x - mean: the map subtracts mean_f = float(mean) (nearly
-// exactly) and folds mean - mean_f into the bias, as cpu:: does.
+// ---- A channel's results from its two sums, as ref:: computes them (the two-pass kernels and the
+// one-pass kernels below share them).
+
+struct ChannelStatistics {
+  double mean, var, invstd;
+};
+// From s1 = sum(x - pivot) and s2 = sum((x - pivot)^2) over the channel's n values.
+__device__ inline ChannelStatistics statistics_of(double n, double pivot, double s1, double s2, double eps) {
+  const double shifted_mean = s1 / n;
+  const double var = fmax(s2 / n - shifted_mean * shifted_mean, 0.0);
+  return {pivot + shifted_mean, var, 1.0 / sqrt(var + eps)};
+}
+
+// The saved statistics and the running ones (unbiased variance) of channel c.
+__device__ inline void record_statistics(std::int64_t c, double n, double momentum, const ChannelStatistics& st,
+                                         float* saved_mean, float* saved_invstd, float* running_mean,
+                                         float* running_var) {
+  saved_mean[c] = float(st.mean);
+  saved_invstd[c] = float(st.invstd);
+  const double unbiased_var = n > 1 ? st.var * n / (n - 1) : st.var;
+  if (running_mean) running_mean[c] = float((1 - momentum) * double(running_mean[c]) + momentum * st.mean);
+  if (running_var) running_var[c] = float((1 - momentum) * double(running_var[c]) + momentum * unbiased_var);
+}
+
+// The channel's map y = (x - mean_f) * scale + bias. When |mean| >> std, float(mean) alone would
+// lose digits of x - mean: the map subtracts mean_f = float(mean) (nearly exactly) and folds
+// mean - mean_f into the bias, as cpu:: does.
+struct ChannelMap {
+  float mean, scale, bias;
+};
+__device__ inline ChannelMap map_of(const ChannelStatistics& st, float gamma, float beta) {
+  const float mean_f = float(st.mean);
+  const double scale = double(gamma) * st.invstd;
+  return {mean_f, float(scale), float(double(beta) - (st.mean - double(mean_f)) * scale)};
+}
+
+// dx = gamma * invstd * (dy - sum(dy)/n - xhat * sum(dy * xhat)/n), xhat = (x - mean) * invstd,
+// that is dx = a * dy + b * (x - mean) + k per channel; sum(dy * xhat) = sum(dy * (x - mean)) * invstd.
+struct GradientCoefficients {
+  float a, b, k;
+};
+__device__ inline GradientCoefficients coefficients_of(double n, double sum_dy, double sum_dy_xhat, float gamma,
+                                                       double invstd) {
+  const double scale = double(gamma) * invstd;
+  return {float(scale), float(-scale * invstd * sum_dy_xhat / n), float(-scale * sum_dy / n)};
+}
+
+// dgamma += sum(dy * xhat), dbeta += sum(dy), in double and rounded once.
+__device__ inline void accumulate_parameter_gradients(std::int64_t c, double sum_dy, double sum_dy_xhat,
+                                                      float* dgamma, float* dbeta) {
+  dgamma[c] = float(double(dgamma[c]) + sum_dy_xhat);
+  dbeta[c] = float(double(dbeta[c]) + sum_dy);
+}
+
+// One warp per channel: the statistics from the slices' partials (the pivot is the channel's first
+// value), and the channel's map in maps[3c..3c+2].
 __global__ void statistics(std::int64_t channels, std::int64_t plane, std::int64_t count,
                            std::int64_t slices, double eps, double momentum, const float* x,
                            const float* gamma, const float* beta, const double* partials,
@@ -180,22 +236,12 @@ __global__ void statistics(std::int64_t channels, std::int64_t plane, std::int64
     channel_sums(partials, c, slices, s1, s2);
     if (threadIdx.x % 32 != 0) continue;
     const double n = double(count);
-    const double shifted_mean = s1 / n;
-    const double mean = double(x[c * plane]) + shifted_mean;
-    const double var = fmax(s2 / n - shifted_mean * shifted_mean, 0.0);
-    const double invstd = 1.0 / sqrt(var + eps);
-    saved_mean[c] = float(mean);
-    saved_invstd[c] = float(invstd);
-    const float mean_f = float(mean);
-    const double scale = double(gamma[c]) * invstd;
-    maps[3 * c] = mean_f;
-    maps[3 * c + 1] = float(scale);
-    maps[3 * c + 2] = float(double(beta[c]) - (mean - double(mean_f)) * scale);
-    const double unbiased_var = n > 1 ? var * n / (n - 1) : var;
-    if (running_mean)
-      running_mean[c] = float((1 - momentum) * double(running_mean[c]) + momentum * mean);
-    if (running_var)
-      running_var[c] = float((1 - momentum) * double(running_var[c]) + momentum * unbiased_var);
+    const ChannelStatistics st = statistics_of(n, double(x[c * plane]), s1, s2, eps);
+    record_statistics(c, n, momentum, st, saved_mean, saved_invstd, running_mean, running_var);
+    const ChannelMap map = map_of(st, gamma[c], beta[c]);
+    maps[3 * c] = map.mean;
+    maps[3 * c + 1] = map.scale;
+    maps[3 * c + 2] = map.bias;
   }
 }
 
@@ -329,8 +375,8 @@ __global__ void normalise_eval(std::int64_t vectors, ChannelOf channel_of, float
   }
 }
 
-// dx = gamma * invstd * (dy - sum(dy)/n - xhat * sum(dy * xhat)/n), xhat = (x - mean) * invstd,
-// that is dx = a * dy + b * (x - mean) + k: per channel coefficients[3c..3c+2] = (a, b, k).
+// One warp per channel: dx's coefficients[3c..3c+2] = (a, b, k) from the slices' partials, and
+// dgamma, dbeta accumulated.
 __global__ void gradient_coefficients(std::int64_t channels, std::int64_t count,
                                       std::int64_t slices, const double* partials,
                                       const float* gamma, const float* saved_invstd,
@@ -341,13 +387,11 @@ __global__ void gradient_coefficients(std::int64_t channels, std::int64_t count,
     if (threadIdx.x % 32 != 0) continue;
     const double invstd = saved_invstd[c];
     const double sum_dy_xhat = sum_dy_centred * invstd;
-    const double n = double(count);
-    const double scale = double(gamma[c]) * invstd;
-    coefficients[3 * c] = float(scale);
-    coefficients[3 * c + 1] = float(-scale * invstd * sum_dy_xhat / n);
-    coefficients[3 * c + 2] = float(-scale * sum_dy / n);
-    dgamma[c] = float(double(dgamma[c]) + sum_dy_xhat);
-    dbeta[c] = float(double(dbeta[c]) + sum_dy);
+    const GradientCoefficients g = coefficients_of(double(count), sum_dy, sum_dy_xhat, gamma[c], invstd);
+    coefficients[3 * c] = g.a;
+    coefficients[3 * c + 1] = g.b;
+    coefficients[3 * c + 2] = g.k;
+    accumulate_parameter_gradients(c, sum_dy, sum_dy_xhat, dgamma, dbeta);
   }
 }
 
@@ -371,6 +415,151 @@ __global__ void input_gradient(std::int64_t vectors, ChannelOf channel_of, Secon
   }
 }
 
+// ---- One pass: the channel's values stay on chip between the sums and the element-wise pass.
+//
+// The two-pass kernels above read x (and dy) twice, a ceiling of 67% (forward) and 60% (backward)
+// of the copy bandwidth by the strict measure; run 12 measured 57% and 61%. Here a cluster of
+// blocks owns one channel (kernels/cuda/cluster.cuh; one block where a channel fits in one block's
+// shared memory, and on GPUs without clusters): each block reads its share of the channel once,
+// into its shared memory, adding the two sums as the values land; the blocks' pairs meet through
+// the cluster's shared memory; then each block writes its share of y (or dx) from shared memory.
+// One read and one write per value, like a copy, and one launch instead of three.
+// A block's share: the channel's values j in [begin, end), in V units, j = n * plane + i at
+// tensor offset (n * channels + c) * plane + i.
+struct ChannelShare {
+  FastDivide plane;
+  std::int64_t channels, c, begin, end;
+  __device__ std::int64_t size() const { return end > begin ? end - begin : 0; }
+  // The tensor offset (in V units) of the share's value i.
+  __device__ std::int64_t offset(std::int64_t i) const {
+    const std::int64_t j = begin + i, n = plane.quotient(j);
+    return (n * channels + c) * plane.divisor() + (j - n * plane.divisor());
+  }
+};
+
+// Shared memory of a one-pass block: the two sums' trees (kBlockThreads doubles each), the
+// block's pair as its cluster reads it, then its share of the channel (one array of V in the
+// forward: x; two in the backward: x and the masked dy).
+inline constexpr std::size_t kResidentHeaderBytes = (2 * kBlockThreads + 2) * sizeof(double);
+
+// The channel's two sums, in every thread of the cluster: the block's threads' (s1, s2) by the
+// fixed tree, then the cluster's blocks' pairs added in rank order (the same order in every block,
+// so every block gets the same bits). Every thread of the cluster must call it.
+__device__ inline void cluster_sums(double* first, double* second, double* published, unsigned cluster, double& s1,
+                                    double& s2) {
+  first[threadIdx.x] = s1;
+  second[threadIdx.x] = s2;
+  block_tree_sum(first, second);
+  if (threadIdx.x == 0) {
+    published[0] = first[0];
+    published[1] = second[0];
+  }
+  cluster_barrier();  // every block's pair is written
+  s1 = 0;
+  s2 = 0;
+  for (unsigned rank = 0; rank < cluster; ++rank) {
+    const double* pair = cluster_peer(published, rank);
+    s1 += pair[0];
+    s2 += pair[1];
+  }
+  cluster_barrier();  // and read: a block may now leave without pulling shared memory from under a peer
+}
+
+// The training forward of channel blockIdx.x / cluster, in one read of x and one write of the output.
+template <class Output, class V>
+__global__ void __launch_bounds__(kBlockThreads)
+    resident_forward(std::int64_t channels, FastDivide plane, std::int64_t count, unsigned cluster, std::int64_t share,
+                     double eps, double momentum, const float* x, const float* gamma, const float* beta,
+                     float* saved_mean, float* saved_invstd, float* running_mean, float* running_var, Output output) {
+  PETRA_DYNAMIC_SHARED(unsigned char, shared);
+  auto* const first = reinterpret_cast<double*>(shared);
+  auto* const second = first + kBlockThreads;
+  auto* const published = second + kBlockThreads;
+  auto* const values = reinterpret_cast<V*>(shared + kResidentHeaderBytes);
+  const std::int64_t c = blockIdx.x / cluster;
+  const unsigned rank = cluster_rank();
+  const ChannelShare mine{plane, channels, c, rank * share, min(count, (rank + 1) * share)};
+  const std::int64_t size = mine.size();
+  const double pivot = double(x[c * plane.divisor() * kWidth<V>]);  // the channel's first value, as the two passes
+  const auto* xv = reinterpret_cast<const V*>(x);
+  double s1 = 0, s2 = 0;
+  // kLoadBatch loads in flight per thread, then their values into shared memory and the sums.
+  for (std::int64_t i0 = threadIdx.x; i0 < size; i0 += kLoadBatch * kBlockThreads) {
+    V loaded[kLoadBatch];
+    for (int b = 0; b < kLoadBatch; ++b)
+      if (const std::int64_t i = i0 + b * kBlockThreads; i < size) loaded[b] = xv[mine.offset(i)];
+    for (int b = 0; b < kLoadBatch; ++b) {
+      const std::int64_t i = i0 + b * kBlockThreads;
+      if (i >= size) break;
+      values[i] = loaded[b];
+      for (int l = 0; l < kWidth<V>; ++l) {
+        const double d = double(lane(loaded[b], l)) - pivot;
+        s1 += d;
+        s2 += d * d;
+      }
+    }
+  }
+  cluster_sums(first, second, published, cluster, s1, s2);
+  const double n = double(count * kWidth<V>);
+  const ChannelStatistics st = statistics_of(n, pivot, s1, s2, eps);
+  if (rank == 0 && threadIdx.x == 0)
+    record_statistics(c, n, momentum, st, saved_mean, saved_invstd, running_mean, running_var);
+  const ChannelMap map = map_of(st, gamma[c], beta[c]);
+  for (std::int64_t i = threadIdx.x; i < size; i += kBlockThreads)
+    output.store(mine.offset(i), lanes([=](float v) { return (v - map.mean) * map.scale + map.bias; }, values[i]));
+}
+
+// The backward of channel blockIdx.x / cluster: x, dy (and y, for the mask) read once; x and the
+// masked dy kept in shared memory; dx written once.
+template <bool relu, class V>
+__global__ void __launch_bounds__(kBlockThreads)
+    resident_backward(std::int64_t channels, FastDivide plane, std::int64_t count, unsigned cluster,
+                      std::int64_t share, const float* x, const float* y, const float* dy, const float* gamma,
+                      const float* saved_mean, const float* saved_invstd, float* dx, float* dgamma, float* dbeta) {
+  PETRA_DYNAMIC_SHARED(unsigned char, shared);
+  auto* const first = reinterpret_cast<double*>(shared);
+  auto* const second = first + kBlockThreads;
+  auto* const published = second + kBlockThreads;
+  auto* const xs = reinterpret_cast<V*>(shared + kResidentHeaderBytes);
+  auto* const gs = xs + share;
+  const std::int64_t c = blockIdx.x / cluster;
+  const unsigned rank = cluster_rank();
+  const ChannelShare mine{plane, channels, c, rank * share, min(count, (rank + 1) * share)};
+  const std::int64_t size = mine.size();
+  const float mean = saved_mean[c];
+  const double pivot = mean;
+  const auto *xv = reinterpret_cast<const V*>(x), *yv = reinterpret_cast<const V*>(y),
+             *gv = reinterpret_cast<const V*>(dy);
+  double s1 = 0, s2 = 0;
+  for (std::int64_t i0 = threadIdx.x; i0 < size; i0 += kLoadBatch * kBlockThreads) {
+    GradientItem<V> loaded[kLoadBatch];
+    for (int b = 0; b < kLoadBatch; ++b)
+      if (const std::int64_t i = i0 + b * kBlockThreads; i < size) {
+        const std::int64_t at = mine.offset(i);
+        loaded[b] = GradientItem<V>{xv[at], relu ? yv[at] : V{}, gv[at]};
+      }
+    for (int b = 0; b < kLoadBatch; ++b) {
+      const std::int64_t i = i0 + b * kBlockThreads;
+      if (i >= size) break;
+      const V g = relu ? lanes([](float yl, float d) { return relu_masked(yl, d); }, loaded[b].y, loaded[b].dy)
+                       : loaded[b].dy;
+      xs[i] = loaded[b].x;
+      gs[i] = g;
+      for (int l = 0; l < kWidth<V>; ++l) {
+        s1 += lane(g, l);
+        s2 += lane(g, l) * (double(lane(loaded[b].x, l)) - pivot);
+      }
+    }
+  }
+  cluster_sums(first, second, published, cluster, s1, s2);
+  const double invstd = saved_invstd[c], sum_dy_xhat = s2 * invstd;
+  if (rank == 0 && threadIdx.x == 0) accumulate_parameter_gradients(c, s1, sum_dy_xhat, dgamma, dbeta);
+  const GradientCoefficients k = coefficients_of(double(count * kWidth<V>), s1, sum_dy_xhat, gamma[c], invstd);
+  for (std::int64_t i = threadIdx.x; i < size; i += kBlockThreads)
+    reinterpret_cast<V*>(dx)[mine.offset(i)] =
+        lanes([=](float d, float xl) { return k.a * d + k.b * (xl - mean) + k.k; }, gs[i], xs[i]);
+}
+
 // Whether the element-wise passes of `shape` may move float4s: groups of 4 inside a plane, and
 // every pointer they touch 16-byte aligned (null pointers, unused, pass).
 inline bool vector_path(const BatchNormShape& shape, std::initializer_list<const void*> pointers) {
@@ -378,6 +567,64 @@ inline bool vector_path(const BatchNormShape& shape, std::initializer_list<const
   for (const void* p : pointers)
     if (p != nullptr && !cuda_detail::aligned_16(p)) return false;
   return true;
+}
+
+// ---- Which path: the one pass where a channel fits in a cluster's shared memory.
+//
+// The one pass is off by default until a GPU has timed it against the two passes
+// (set_batchnorm_one_pass; bench-cuda times both). A channel takes the smallest cluster whose
+// blocks each hold at most kResidentTargetBytes (three blocks per multiprocessor then fit in an
+// H100's 228 KB, so one block's reading overlaps another's sums), else the largest cluster if its
+// blocks hold at most kResidentMaxBytes (one block per multiprocessor; an A100 opts in to 163 KB),
+// else the two passes. Clusters of more than one block need sm_90 (cudaDevAttrClusterLaunch); at
+// most 8, the portable size. Under the emulation the bounds are small, so that the tests' small
+// shapes take clusters of 1 to 8 blocks and the two passes.
+#ifdef PETRA_CUDA_EMULATION
+inline constexpr std::size_t kResidentTargetBytes = kResidentHeaderBytes + 256;
+inline constexpr std::size_t kResidentMaxBytes = kResidentHeaderBytes + 2048;
+#else
+inline constexpr std::size_t kResidentTargetBytes = 72 << 10;
+inline constexpr std::size_t kResidentMaxBytes = 160 << 10;
+#endif
+inline constexpr unsigned kMaxCluster = 8;
+std::atomic<bool> one_pass_on{false};
+
+// The widest cluster `device` launches: kMaxCluster with clusters (sm_90), else 1.
+unsigned widest_cluster(int device) {
+#ifdef PETRA_CUDA_EMULATION
+  (void)device;
+  return kMaxCluster;
+#else
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices]{};  // 0: not asked yet, else the answer + 1
+  if (device < 0 || device >= kDevices) return 1;
+  int answer = known[device].load(std::memory_order_relaxed) - 1;
+  if (answer < 0) {
+    int value = 0;
+    PETRA_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrClusterLaunch, device));
+    answer = value != 0 ? int(kMaxCluster) : 1;
+    known[device].store(answer + 1, std::memory_order_relaxed);
+  }
+  return unsigned(answer);
+#endif
+}
+
+struct OnePassPlan {
+  unsigned cluster = 0;  // 0: the two passes
+  std::int64_t share = 0;  // V per block
+  std::size_t shared_bytes = 0;
+};
+// `count`: the channel's values in V units; `arrays`: the arrays of V a block keeps.
+OnePassPlan one_pass_plan(const StreamHandle& s, std::int64_t count, std::size_t vector_bytes, int arrays) {
+  if (!one_pass_on.load(std::memory_order_relaxed) || count <= 0) return {};
+  const unsigned widest = widest_cluster(s.device_index);
+  for (unsigned cluster = 1; cluster <= widest; cluster *= 2) {
+    const std::int64_t share = (count + cluster - 1) / cluster;
+    const std::size_t bytes = kResidentHeaderBytes + std::size_t(arrays) * std::size_t(share) * vector_bytes;
+    if (bytes <= kResidentTargetBytes || (cluster == widest && bytes <= kResidentMaxBytes))
+      return {cluster, share, bytes};
+  }
+  return {};
 }
 
 // The first pass: one block per (channel, slice), on float4s where vector_path allows.
@@ -403,16 +650,24 @@ struct LaunchNames {
   const char* forward_eval;
   const char* gradient_sums;
   const char* backward;
+  const char* forward_one_pass;
+  const char* backward_one_pass;
 };
-constexpr LaunchNames kPlainNames{"batchnorm_statistics", "batchnorm_forward_train",
-                                  "batchnorm_forward_eval", "batchnorm_gradient_sums",
-                                  "batchnorm_backward"};
-constexpr LaunchNames kReluNames{"batchnorm_relu_statistics", "batchnorm_relu_forward_train",
+constexpr LaunchNames kPlainNames{"batchnorm_statistics",        "batchnorm_forward_train",
+                                  "batchnorm_forward_eval",      "batchnorm_gradient_sums",
+                                  "batchnorm_backward",          "batchnorm_forward_train_one_pass",
+                                  "batchnorm_backward_one_pass"};
+constexpr LaunchNames kReluNames{"batchnorm_relu_statistics",   "batchnorm_relu_forward_train",
                                  "batchnorm_relu_forward_eval", "batchnorm_relu_gradient_sums",
-                                 "batchnorm_relu_backward"};
+                                 "batchnorm_relu_backward",     "batchnorm_relu_forward_train_one_pass",
+                                 "batchnorm_relu_backward_one_pass"};
 constexpr LaunchNames kCouplingNames{"batchnorm_relu_coupling_statistics",
                                      "batchnorm_relu_coupling_train",
-                                     "batchnorm_relu_coupling_eval", nullptr, nullptr};
+                                     "batchnorm_relu_coupling_eval",
+                                     nullptr,
+                                     nullptr,
+                                     "batchnorm_relu_coupling_train_one_pass",
+                                     nullptr};
 template <bool relu>
 constexpr const LaunchNames& names() {
   return relu ? kReluNames : kPlainNames;
@@ -424,6 +679,22 @@ void forward_train(const LaunchNames& names, const StreamHandle& s, const BatchN
                    const float* beta, const Output& output, float* saved_mean,
                    float* saved_invstd, float* running_mean, float* running_var) {
   if (shape.size() <= 0) return;
+  const bool vector = vector_path(shape, {x}) && output.aligned();
+  const std::int64_t width = vector ? 4 : 1, count = shape.values_per_channel() / width;
+  if (const OnePassPlan plan = one_pass_plan(s, count, std::size_t(width) * sizeof(float), 1); plan.cluster > 0) {
+    const unsigned blocks = unsigned(shape.channels) * plan.cluster;
+    if (vector)
+      cuda_detail::launch_clusters(names.forward_one_pass, s, blocks, kBlockThreads, plan.cluster, plan.shared_bytes,
+                                   resident_forward<Output, float4>, shape.channels, FastDivide(shape.plane() / 4),
+                                   count, plan.cluster, plan.share, eps, momentum, x, gamma, beta, saved_mean,
+                                   saved_invstd, running_mean, running_var, output);
+    else
+      cuda_detail::launch_clusters(names.forward_one_pass, s, blocks, kBlockThreads, plan.cluster, plan.shared_bytes,
+                                   resident_forward<Output, float>, shape.channels, FastDivide(shape.plane()), count,
+                                   plan.cluster, plan.share, eps, momentum, x, gamma, beta, saved_mean, saved_invstd,
+                                   running_mean, running_var, output);
+    return;
+  }
   const std::int64_t slices = slices_of(shape);
   // Scratch: the partial pairs, then three floats per channel (the maps).
   const std::size_t partial_bytes = 2 * std::size_t(shape.channels * slices) * sizeof(double);
@@ -439,7 +710,7 @@ void forward_train(const LaunchNames& names, const StreamHandle& s, const BatchN
                      gamma, beta, partials, saved_mean, saved_invstd, running_mean, running_var,
                      maps);
   const ChannelOf channel_of(shape.plane(), shape.channels);
-  if (vector_path(shape, {x}) && output.aligned())
+  if (vector)
     launch_grid_stride(names.forward_train, s, shape.size() / 4, normalise<Output, float4>, shape.size() / 4, channel_of,
                        second_walk(shape), x, maps, hints.second, output);
   else
@@ -466,6 +737,22 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
               const float* dy, const float* gamma, const float* saved_mean,
               const float* saved_invstd, float* dx, float* dgamma, float* dbeta) {
   if (shape.size() <= 0) return;
+  const bool vector = vector_path(shape, {x, y, dy, dx});
+  const std::int64_t width = vector ? 4 : 1, count = shape.values_per_channel() / width;
+  if (const OnePassPlan plan = one_pass_plan(s, count, std::size_t(width) * sizeof(float), 2); plan.cluster > 0) {
+    const unsigned blocks = unsigned(shape.channels) * plan.cluster;
+    if (vector)
+      cuda_detail::launch_clusters(names<relu>().backward_one_pass, s, blocks, kBlockThreads, plan.cluster,
+                                   plan.shared_bytes, resident_backward<relu, float4>, shape.channels,
+                                   FastDivide(shape.plane() / 4), count, plan.cluster, plan.share, x, y, dy, gamma,
+                                   saved_mean, saved_invstd, dx, dgamma, dbeta);
+    else
+      cuda_detail::launch_clusters(names<relu>().backward_one_pass, s, blocks, kBlockThreads, plan.cluster,
+                                   plan.shared_bytes, resident_backward<relu, float>, shape.channels,
+                                   FastDivide(shape.plane()), count, plan.cluster, plan.share, x, y, dy, gamma,
+                                   saved_mean, saved_invstd, dx, dgamma, dbeta);
+    return;
+  }
   const std::int64_t slices = slices_of(shape);
   // Scratch: the partial pairs, then three floats per channel.
   const std::size_t partial_bytes = 2 * std::size_t(shape.channels * slices) * sizeof(double);
@@ -480,7 +767,7 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
                      shape.channels, shape.values_per_channel(), slices, partials, gamma,
                      saved_invstd, coefficients, dgamma, dbeta);
   const ChannelOf channel_of(shape.plane(), shape.channels);
-  if (vector_path(shape, {x, y, dy, dx}))
+  if (vector)
     launch_grid_stride(names<relu>().backward, s, shape.size() / 4, input_gradient<relu, float4>, shape.size() / 4,
                        channel_of, second_walk(shape), x, y, dy, saved_mean, coefficients, hints.second, dx);
   else
@@ -491,6 +778,7 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
 }  // namespace
 
 void set_batchnorm_l2_hints(bool on) { l2_hints_on.store(on, std::memory_order_relaxed); }
+void set_batchnorm_one_pass(bool on) { one_pass_on.store(on, std::memory_order_relaxed); }
 
 void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
                              double momentum, const float* x, const float* gamma,

@@ -723,7 +723,8 @@ TEST_CASE("cuda: petra's Winograd weight gradient matches ref, FP32 and TF32, th
 // The L2 eviction hints of batch norm's training passes (kernels/cuda/l2_policy.cuh) are inline
 // PTX loads: they must read what a plain load reads, in every variant (float and float4 walks,
 // ReLU's mask, the coupling's output), and change no bit.
-TEST_CASE("cuda: petra's batch norm gives the same bits with and without L2 hints, and matches ref" *
+TEST_CASE("cuda: petra's batch norm gives the same bits with and without L2 hints, and matches ref; the one pass "
+          "agrees and repeats its bits" *
           doctest::skip(kNoGpu)) {
   namespace ref = petra::kernels::ref;
   namespace cu = petra::kernels::cuda;
@@ -734,10 +735,15 @@ TEST_CASE("cuda: petra's batch norm gives the same bits with and without L2 hint
   const StreamHandle host{};
   const double eps = 1e-5, momentum = 0.1;
   struct Restore {
-    ~Restore() { cu::set_batchnorm_l2_hints(true); }
+    ~Restore() {
+      cu::set_batchnorm_l2_hints(true);
+      cu::set_batchnorm_one_pass(false);
+    }
   } restore;
-  // float4 walks (plane % 4 == 0), float walks, and one tensor of 4 MiB
-  for (const BatchNormShape k : {BatchNormShape{3, 5, 7, 7}, {8, 16, 8, 8}, {64, 64, 16, 16}}) {
+  // float4 walks (plane % 4 == 0), float walks, one tensor of 4 MiB and one of 32 MiB. The one pass
+  // (set_batchnorm_one_pass) keeps a channel in clusters of 1 block (the first three forwards),
+  // 2 (the 4 MiB backward) and 8 (the 32 MiB tensor, as RevNet18's first stage).
+  for (const BatchNormShape k : {BatchNormShape{3, 5, 7, 7}, {8, 16, 8, 8}, {64, 64, 16, 16}, {128, 64, 32, 32}}) {
     INFO("x (", k.batch, ", ", k.channels, ", ", k.height, ", ", k.width, ")");
     const auto n = std::size_t(k.size()), c = std::size_t(k.channels);
     const auto x = random_values<float>(n, 31, 1.0, 4.0), dy = random_values<float>(n, 32);
@@ -748,8 +754,9 @@ TEST_CASE("cuda: petra's batch norm gives the same bits with and without L2 hint
                                         mean_ref.data(), invstd_ref.data(), rm_ref.data(), rv_ref.data());
     Buffer xb(x, cs), dyb(dy, cs), g(gamma, cs), b(beta, cs), a(streams, cs);
     // Every output of the five passes, in one vector per setting.
-    auto run_all = [&](bool hints) {
+    auto run_all = [&](bool hints, bool one_pass) {
       cu::set_batchnorm_l2_hints(hints);
+      cu::set_batchnorm_one_pass(one_pass);
       Buffer y(std::vector<float>(n, 7.0f), cs), y_relu(std::vector<float>(n, 7.0f), cs),
           mean(std::vector<float>(c, 7.0f), cs), invstd(std::vector<float>(c, 7.0f), cs),
           rm(std::vector<float>(c, 0.0f), cs), rv(std::vector<float>(c, 1.0f), cs),
@@ -773,12 +780,17 @@ TEST_CASE("cuda: petra's batch norm gives the same bits with and without L2 hint
                                               dbeta.download(cs), out.download(cs)};
       return outputs;
     };
-    const auto with_hints = run_all(true), without = run_all(false);
+    const auto with_hints = run_all(true, false), without = run_all(false, false);
+    const auto one_pass = run_all(true, true), one_pass_again = run_all(true, true);
     CHECK(relative_error(with_hints[0], y_ref) <= 1e-5);
     CHECK(relative_error(with_hints[2], mean_ref) <= 1e-5);
+    CHECK(relative_error(one_pass[0], y_ref) <= 1e-5);
+    CHECK(relative_error(one_pass[2], mean_ref) <= 1e-5);
     for (std::size_t i = 0; i < with_hints.size(); ++i) {
       CAPTURE(i);
       CHECK(with_hints[i] == without[i]);
+      CHECK(relative_error(one_pass[i], with_hints[i]) <= 1e-5);
+      CHECK(one_pass[i] == one_pass_again[i]);
     }
   }
 }

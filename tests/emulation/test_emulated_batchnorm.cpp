@@ -513,3 +513,171 @@ TEST_CASE("emulated cuda::batchnorm_relu_backward_summed: dx as the plain backwa
     }
   }
 }
+
+namespace {
+
+// The one pass (kernels/cuda/batchnorm.cu, "One pass"), turned on for a scope.
+struct OnePass {
+  OnePass() { cu::set_batchnorm_one_pass(true); }
+  ~OnePass() { cu::set_batchnorm_one_pass(false); }
+  OnePass(const OnePass&) = delete;
+  OnePass& operator=(const OnePass&) = delete;
+};
+
+// Shapes and the clusters the one pass gives them under the emulation's bounds (a block holds at
+// most 256 bytes of a channel where a smaller cluster allows, at most 2048 in a cluster of 8):
+// the forward keeps x, the backward x and dy (twice the bytes); 0 is the two passes.
+struct OnePassCase {
+  BatchNormShape shape;
+  unsigned forward_cluster, backward_cluster;
+};
+const std::vector<OnePassCase> kOnePassCases = {
+    {{2, 1, 1, 1}, 1, 1},     // n = 2
+    {{2, 3, 4, 6}, 1, 2},     // n = 48, float4s
+    {{3, 2, 1, 33}, 2, 4},    // n = 99, single values, shares of 50 and 49
+    {{5, 3, 7, 7}, 4, 8},     // n = 245: shares of 62, the last 59
+    {{4, 2, 8, 16}, 8, 8},    // n = 512 float4s: 16 per block (32 in the backward)
+    {{5, 2, 33, 17}, 8, 0},   // n = 2805: 351 per block in the forward; the backward's 2 x 1404 bytes: two passes
+    {{1, 3, 1, 7}, 1, 1},     // n = 7 < the 256 threads of a block
+    {{3, 1, 80, 75}, 0, 0}};  // n = 18000: the two passes
+
+std::string describe(const OnePassCase& c) {
+  return describe(c.shape) + " forward cluster " + std::to_string(c.forward_cluster) + " backward cluster " +
+         std::to_string(c.backward_cluster);
+}
+
+// The launch a one-pass call made: its name and cluster, or the two passes' last launch.
+void check_path(const char* one_pass, const char* two_pass, unsigned cluster, std::int64_t channels) {
+  const emu::LaunchRecord last = emu::last_launch();
+  if (cluster == 0) {
+    CHECK(last.kernel == std::string(two_pass));
+    return;
+  }
+  CHECK(last.kernel == std::string(one_pass));
+  CHECK(last.cluster == cluster);
+  CHECK(last.grid.x == unsigned(channels) * cluster);
+}
+
+}  // namespace
+
+TEST_CASE("emulated batchnorm one pass: a channel in a cluster's shared memory; training forwards and backwards match ref") {
+  HeapWorkspace workspace;
+  StreamHandle s;
+  s.workspace = &workspace;
+  const OnePass on;
+  std::uint64_t seed = 7000;
+  for (const OnePassCase& one : kOnePassCases)
+    for (const double offset : {0.0, 1000.0}) {
+      const BatchNormShape& sh = one.shape;
+      seed += 20;
+      const std::int64_t size = sh.size(), C = sh.channels;
+      INFO(describe(one), " offset=", offset);
+      const AlignedFloats x(values(size, seed, offset - 1, offset + 1));
+      const AlignedFloats gamma(values(C, seed + 1, 0.5, 1.5)), beta(values(C, seed + 2));
+      const std::vector<float> y0 = values(size, seed + 3, 5, 6), stat0 = values(C, seed + 4, 5, 6),
+                               rm0 = values(C, seed + 6), rv0 = values(C, seed + 7, 0.5, 2);
+
+      for (const bool relu : {false, true}) {
+        CAPTURE(relu);
+        std::vector<float> y_ref = y0, mean_ref = stat0, invstd_ref = stat0, rm_ref = rm0, rv_ref = rv0;
+        const AlignedFloats y(y0), mean(stat0), invstd(stat0), rm(rm0), rv(rv0);
+        if (relu) {
+          ref::batchnorm_relu_forward_train<float>(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(),
+                                                   y_ref.data(), mean_ref.data(), invstd_ref.data(), rm_ref.data(),
+                                                   rv_ref.data());
+          cu::batchnorm_relu_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(), y.data(),
+                                           mean.data(), invstd.data(), rm.data(), rv.data());
+          check_path("batchnorm_relu_forward_train_one_pass", "batchnorm_relu_forward_train", one.forward_cluster, C);
+        } else {
+          ref::batchnorm_forward_train<float>(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(),
+                                              y_ref.data(), mean_ref.data(), invstd_ref.data(), rm_ref.data(),
+                                              rv_ref.data());
+          cu::batchnorm_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(), y.data(),
+                                      mean.data(), invstd.data(), rm.data(), rv.data());
+          check_path("batchnorm_forward_train_one_pass", "batchnorm_forward_train", one.forward_cluster, C);
+        }
+        CHECK(relative_error(head(y.values(), size), head(y_ref, size)) < 1e-5);
+        CHECK(relative_error(head(mean.values(), C), head(mean_ref, C)) < 1e-6);
+        CHECK(relative_error(head(invstd.values(), C), head(invstd_ref, C)) < 1e-5);
+        CHECK(relative_error(head(rm.values(), C), head(rm_ref, C)) < 1e-6);
+        CHECK(relative_error(head(rv.values(), C), head(rv_ref, C)) < 1e-5);
+        CHECK(guards_kept(y.values(), y0, size));
+        CHECK(guards_kept(mean.values(), stat0, C));
+        CHECK(guards_kept(rm.values(), rm0, C));
+        CHECK(guards_kept(rv.values(), rv0, C));
+
+        // Twice, without running statistics: the same bits.
+        const AlignedFloats y2(y0), mean2(stat0), invstd2(stat0);
+        if (relu)
+          cu::batchnorm_relu_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(), y2.data(),
+                                           mean2.data(), invstd2.data(), nullptr, nullptr);
+        else
+          cu::batchnorm_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(), y2.data(),
+                                      mean2.data(), invstd2.data(), nullptr, nullptr);
+        CHECK(y2.values() == y.values());
+        CHECK(mean2.values() == mean.values());
+        CHECK(invstd2.values() == invstd.values());
+
+        // The backward, from ref's statistics and (with relu) its y as the mask.
+        const AlignedFloats dy(values(size, seed + 8)), y_mask(y_ref), mean_r(mean_ref), invstd_r(invstd_ref);
+        const std::vector<float> dx0 = values(size, seed + 9, 5, 6), dgamma0 = values(C, seed + 10),
+                                 dbeta0 = values(C, seed + 11);
+        std::vector<float> dx_ref = dx0, dgamma_ref(std::size_t(C), 0.f), dbeta_ref(std::size_t(C), 0.f);
+        const AlignedFloats dx(dx0), dgamma(dgamma0), dbeta(dbeta0);
+        if (relu) {
+          ref::batchnorm_relu_backward<float>(s, sh, x.data(), y_mask.data(), dy.data(), gamma.data(), mean_r.data(),
+                                              invstd_r.data(), dx_ref.data(), dgamma_ref.data(), dbeta_ref.data());
+          cu::batchnorm_relu_backward(s, sh, x.data(), y_mask.data(), dy.data(), gamma.data(), mean_r.data(),
+                                      invstd_r.data(), dx.data(), dgamma.data(), dbeta.data());
+          check_path("batchnorm_relu_backward_one_pass", "batchnorm_relu_backward", one.backward_cluster, C);
+        } else {
+          ref::batchnorm_backward<float>(s, sh, x.data(), dy.data(), gamma.data(), mean_r.data(), invstd_r.data(),
+                                         dx_ref.data(), dgamma_ref.data(), dbeta_ref.data());
+          cu::batchnorm_backward(s, sh, x.data(), dy.data(), gamma.data(), mean_r.data(), invstd_r.data(), dx.data(),
+                                 dgamma.data(), dbeta.data());
+          check_path("batchnorm_backward_one_pass", "batchnorm_backward", one.backward_cluster, C);
+        }
+        if (sh.values_per_channel() > 2) {
+          CHECK(relative_error(head(dx.values(), size), head(dx_ref, size)) < 1e-5);
+        } else {  // n = 2: cancellation noise (the plain backward's test), against the terms' size
+          double scale = 0;
+          for (std::int64_t k = 0; k < size; ++k) {
+            const std::size_t c = std::size_t((k / sh.plane()) % C);
+            scale = std::max(scale, std::abs(double(gamma.data()[c]) * invstd_ref[c] * dy.data()[k]));
+          }
+          CHECK(max_abs_diff(head(dx.values(), size), head(dx_ref, size)) <= 1e-5 * scale);
+        }
+        const std::vector<float> dgamma_got = dgamma.values(), dbeta_got = dbeta.values();
+        for (std::int64_t c = 0; c < C; ++c) {
+          CHECK(dgamma_got[std::size_t(c)] - dgamma0[std::size_t(c)] ==
+                doctest::Approx(dgamma_ref[std::size_t(c)]).epsilon(1e-4).scale(1));
+          CHECK(dbeta_got[std::size_t(c)] - dbeta0[std::size_t(c)] ==
+                doctest::Approx(dbeta_ref[std::size_t(c)]).epsilon(1e-4).scale(1));
+        }
+        CHECK(guards_kept(dx.values(), dx0, size));
+        CHECK(guards_kept(dgamma_got, dgamma0, C));
+        CHECK(guards_kept(dbeta_got, dbeta0, C));
+      }
+
+      // Fused into the coupling: the one-pass relu forward's f, coupled, bit for bit.
+      for (const auto direction : {petra::kernels::CouplingDirection::forward, petra::kernels::CouplingDirection::inverse}) {
+        const petra::kernels::CouplingShape coupling{sh.batch, sh.channels, sh.height, sh.width};
+        const AlignedFloats a(values(2 * size, seed + 12));
+        const std::vector<float> out0 = values(2 * size, seed + 13, 5, 6);
+        const AlignedFloats out(out0), mean(stat0), invstd(stat0), rm(rm0), rv(rv0);
+        cu::batchnorm_relu_coupling_train(s, sh, kEps, kMomentum, direction, x.data(), gamma.data(), beta.data(),
+                                          a.data(), out.data(), mean.data(), invstd.data(), rm.data(), rv.data());
+        check_path("batchnorm_relu_coupling_train_one_pass", "batchnorm_relu_coupling_train", one.forward_cluster, C);
+        const AlignedFloats f(y0), expected(out0), mean_u(stat0), invstd_u(stat0), rm_u(rm0), rv_u(rv0);
+        cu::batchnorm_relu_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(), f.data(),
+                                         mean_u.data(), invstd_u.data(), rm_u.data(), rv_u.data());
+        if (direction == petra::kernels::CouplingDirection::forward)
+          cu::coupling_forward(s, coupling, a.data(), f.data(), expected.data());
+        else
+          cu::coupling_inverse(s, coupling, a.data(), f.data(), expected.data());
+        CHECK(out.values() == expected.values());
+        CHECK(rm.values() == rm_u.values());
+        CHECK(rv.values() == rv_u.values());
+      }
+    }
+}
