@@ -310,6 +310,7 @@ void set_batchnorm_l2_hints(bool on);
 // statistics are summed in another order than the two passes', so the bits may differ in the last
 // place (each path is deterministic).
 void set_batchnorm_one_pass(bool on);
+bool batchnorm_one_pass();
 
 }  // namespace cuda
 #endif

@@ -61,4 +61,12 @@ ConvWeightAlgorithm conv_weight_algorithm();
 ConvWeightAlgorithm parse_conv_weight_algorithm(std::string_view text, std::string_view flag = "--conv-weight");
 const char* name_of(ConvWeightAlgorithm algorithm);
 
+// Whether petra's batch norm kernels on GPUs (the training forward, the backward, and their fused
+// ReLU and coupling variants) take their one-pass form where a channel fits in the shared memory
+// of a thread-block cluster (kernels::cuda::set_batchnorm_one_pass; petra-train's
+// --batchnorm-one-pass): one read of x (and dy) instead of two. Off by default until a GPU has
+// timed it. CPU tensors and cuDNN's batch norm ignore it. A build without CUDA accepts false only.
+void set_batchnorm_one_pass(bool on);  // DeviceError for true without CUDA
+bool batchnorm_one_pass();
+
 }  // namespace petra

@@ -287,6 +287,22 @@ ConvWeightAlgorithm conv_weight_algorithm() {
   return ConvWeightAlgorithm::automatic;
 }
 
+void set_batchnorm_one_pass(bool on) {
+#if PETRA_HAVE_CUDA
+  kernels::cuda::set_batchnorm_one_pass(on);
+#else
+  PETRA_CHECK(!on, DeviceError, "set_batchnorm_one_pass(true): this petra was built without CUDA");
+#endif
+}
+
+bool batchnorm_one_pass() {
+#if PETRA_HAVE_CUDA
+  return kernels::cuda::batchnorm_one_pass();
+#else
+  return false;
+#endif
+}
+
 ConvWeightAlgorithm parse_conv_weight_algorithm(std::string_view text, std::string_view flag) {
   return parse_choice(text, flag, std::pair{"auto", ConvWeightAlgorithm::automatic},
                       std::pair{"direct", ConvWeightAlgorithm::direct},

@@ -9,6 +9,7 @@
 #             (--conv-math tf32), backprop on cuDNN with its deterministic and its fastest
 #             algorithms, backprop with the direct weight gradient everywhere (--conv-weight
 #             direct; the default, auto, takes Winograd's where run 12 timed it faster),
+#             revbackprop and TF32 backprop with batch norm in one pass (--batchnorm-one-pass),
 #             PETRA, and PETRA on two streams of the one GPU (the concurrent
 #             executor), twice: bit-identical to PETRA on one stream and from run to run;
 #   bench     the kernels against cuDNN and the copy bandwidth (bench-cuda: ResNet-18 CIFAR
@@ -185,6 +186,14 @@ group_training() {
   train backprop-direct --method backprop --devices cuda:0 --conv-weight direct
   images_per_second "backprop, FP32" "$out/train-backprop.jsonl" "$out/train-backprop-direct.jsonl" \
     "$out/train-backprop-cudnn.jsonl" "$out/train-backprop-cudnn-fastest.jsonl"
+  # Batch norm in one pass (--batchnorm-one-pass: each channel kept in a thread-block cluster's shared
+  # memory, one read of x and dy instead of two; off by default until timed here).
+  train revbackprop-bn-one-pass --method revbackprop --devices cuda:0 --batchnorm-one-pass
+  images_per_second "revbackprop, batch norm in two passes and in one" "$out/train-revbackprop.jsonl" \
+    "$out/train-revbackprop-bn-one-pass.jsonl"
+  train backprop-tf32-bn-one-pass --method backprop --devices cuda:0 --conv-math tf32 --batchnorm-one-pass
+  images_per_second "backprop TF32, batch norm in two passes and in one" "$out/train-backprop-tf32.jsonl" \
+    "$out/train-backprop-tf32-bn-one-pass.jsonl"
   train petra --method petra --devices cuda:0
   # PETRA's stages on two streams of the one GPU (two workers, the concurrent executor): the same
   # numbers as the sequential executor's on the same GPU, bit for bit, and from run to run.

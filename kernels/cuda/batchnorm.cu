@@ -779,6 +779,7 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
 
 void set_batchnorm_l2_hints(bool on) { l2_hints_on.store(on, std::memory_order_relaxed); }
 void set_batchnorm_one_pass(bool on) { one_pass_on.store(on, std::memory_order_relaxed); }
+bool batchnorm_one_pass() { return one_pass_on.load(std::memory_order_relaxed); }
 
 void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape, double eps,
                              double momentum, const float* x, const float* gamma,

@@ -58,6 +58,10 @@ expect_exit 2 "--conv-weight" --method backprop --conv-weight fft
 expect_exit 2 "--conv-weight winograd: petra's convolution kernels only\|--conv-impl cudnn: this petra was built without cuDNN" \
   --method backprop --devices cuda:0 --conv-impl cudnn --conv-weight winograd
 expect_exit 0 "^final" --method backprop --conv-weight direct
+# --batchnorm-one-pass is petra's CUDA batch norm: GPUs and petra's kernels only.
+expect_exit 2 "--batchnorm-one-pass runs on CUDA devices only" --method backprop --batchnorm-one-pass
+expect_exit 2 "--batchnorm-one-pass: petra's batch norm kernels only\|--conv-impl cudnn: this petra was built without cuDNN" \
+  --method backprop --devices cuda:0 --conv-impl cudnn --batchnorm-one-pass
 # --cudnn-algorithms fastest times cuDNN's algorithms: it needs --conv-impl cudnn (with petra's
 # kernels it would change nothing); deterministic (the default) passes anywhere.
 expect_exit 2 "needs --conv-impl cudnn" --method backprop --cudnn-algorithms fastest

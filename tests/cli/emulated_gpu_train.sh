@@ -31,6 +31,17 @@ run petra --method petra --devices cuda:0
 run petra-2-streams --method petra --devices cuda:0,cuda:0
 run petra-2-gpus --method petra --devices cuda:0,cuda:1 --placement 0,0,0,0,0,1,1,1,1,1
 grep -q "peak memory on cuda:0 + cuda:1" petra-2-gpus.log || { echo "FAIL: petra-2-gpus: memory not of both GPUs"; exit 1; }
+# Batch norm in one pass (--batchnorm-one-pass: each channel in a thread-block cluster's shared memory
+# under the emulation's small bounds): the banner says so, and the epoch's loss is revbackprop's up
+# to the rounding of the statistics' other order of additions.
+run revbackprop-one-pass --method revbackprop --devices cuda:0 --batchnorm-one-pass
+grep -q "one-pass batch norm" revbackprop-one-pass.log || { echo "FAIL: the banner does not name the one pass"; exit 1; }
+python3 - revbackprop.jsonl revbackprop-one-pass.jsonl <<'PY'
+import json, sys
+two, one = (json.loads(open(path).readline()) for path in sys.argv[1:])
+assert abs(one["train_loss"] - two["train_loss"]) <= 1e-3 * abs(two["train_loss"]), (one["train_loss"], two["train_loss"])
+print(f"ok: one-pass batch norm: train loss {one['train_loss']:.6f} against {two['train_loss']:.6f}")
+PY
 # No such GPU: exit 6 as on any machine.
 set +e
 "$train" "${common[@]}" --method petra --devices cuda:2 > no-such-gpu.log 2>&1
