@@ -14,7 +14,8 @@
 //      of each and petra's throughput as a share of cuDNN's.
 //      petra's kernel is also timed with each of its block tiles forced (set_conv2d_tile: 64x64,
 //      64x128, 128x64, 128x128 ms, printed after cuDNN's algorithm; "petra ms" is the tile
-//      conv2d_tiling::choose_tile picks), so that the rule can be checked against the GPU.
+//      conv2d_tiling::choose_tile picks; the weight pass's tiles as the direct product, also where
+//      the automatic rule takes Winograd's), so that the rule can be checked against the GPU.
 //      Before timing, petra's output is compared with cuDNN's (relative error above 1e-4 in FP32,
 //      1e-2 in TF32: WRONG, exit code 1).
 //   3. Batch norm (training forward, evaluation, backward), petra's and cuDNN's, on two ResNet-18
@@ -192,13 +193,17 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
   const double petra_s = seconds_per_launch([&] { row.petra(s); }, stream, repeats);
   const double cudnn_s = seconds_per_launch([&] { row.cudnn(s); }, stream, repeats);
   // petra's kernel with each block tile forced (64x64, 64x128, 128x64, 128x128; the same bits,
-  // checked by test-cuda), beside the tile choose_tile picks (petra_s).
+  // checked by test-cuda), beside the tile choose_tile picks (petra_s). The implicit GEMM's tiles:
+  // a weight pass that the automatic rule gives Winograd's is timed as the direct product here
+  // (Winograd's GEMM has tiles too; they are not what choose_tile's rule for this pass is about).
   std::vector<double> tile_s;
+  k::cuda::set_conv2d_weight_algorithm(k::cuda::Conv2dWeightAlgorithm::direct);
   for (int tile = 0; tile < 4; ++tile) {
     k::cuda::set_conv2d_tile(tile);
     tile_s.push_back(seconds_per_launch([&] { row.petra(s); }, stream, repeats));
   }
   k::cuda::set_conv2d_tile(-1);
+  k::cuda::set_conv2d_weight_algorithm(k::cuda::Conv2dWeightAlgorithm::automatic);
   // The weight pass of a 3x3, stride-1, padding-1 layer also in Winograd's F(2x2, 3x3) domain
   // and as the direct product (set_conv2d_weight_algorithm; petra's default, automatic, takes
   // Winograd's where run 12 timed it faster): their times, and Winograd's difference from cuDNN,

@@ -58,10 +58,12 @@ def main():
                       f"{', '.join(won) or 'none'}); {either_met} of {len(layers)} layers at >= 70%")
             # and the weight pass as the direct product everywhere (petra_direct_ms, from run 13:
             # petra_ms is then the default, automatic, which takes Winograd's where run 12 timed it
-            # faster): what the rule gains.
+            # faster): what the rule gains. From run 13 the forced tiles of such a pass are the direct
+            # product's too, so the fastest tile per layer is compared with this sum.
             if any("petra_direct_ms" in r for r in layers):
                 direct = sum(r.get("petra_direct_ms", r["petra_ms"]) for r in layers)
-                print(f"{math} {pass_:8} {direct:7.3f} with the direct product everywhere")
+                print(f"{math} {pass_:8} {direct:7.3f} with the direct product everywhere "
+                      f"(the fastest tile per layer: {best:7.3f})")
             # and the TF32 passes reading x or dy itself where petra reads channels-last copies
             # (petra_nchw_ms: the forward and backward data from 2026-12-05's third session, the
             # weight gradient from the fourth): the sum so.

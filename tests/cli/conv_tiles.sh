@@ -60,7 +60,7 @@ expect() {  # expect FILE PATTERN...: every pattern is a line of the output
 expect "$dir/small.json" "fp32 forward    3.000 /   2.000 /   3.600   1 of 2 layers, 1 of 1 3x3 after the stem"
 expect "$dir/winograd.json" "fp32 weight     3.000 /   3.000 /   2.200   1 of 2 layers, 0 of 1 3x3 after the stem" \
   "fp32 weight     1.500 with Winograd where faster (1 layers: layer3 256->256 3x3 8x8); 2 of 2 layers at >= 70%" \
-  "fp32 weight     3.500 with the direct product everywhere"
+  "fp32 weight     3.500 with the direct product everywhere (the fastest tile per layer:   3.000)"
 expect "$dir/channels-last.json" "tf32 forward    4.000 without the channels-last copies (1 layers)"
 expect "$run11" \
   "fp32 forward    2.202 /   2.102 /   2.067   11 of 11 layers, 7 of 7 3x3 after the stem" \
