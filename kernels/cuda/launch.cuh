@@ -34,6 +34,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "petra/kernels/common.hpp"
 #include "petra/kernels/cuda/check.cuh"
@@ -128,6 +131,19 @@ void launch_blocks(const char* name, const kernels::StreamHandle& s, unsigned bl
   check_launch(name, __FILE__, __LINE__);
 }
 
+// Raises `kernel`'s limit of dynamic shared memory on `device` (the current one) to at least `bytes`
+// (cudaFuncAttributeMaxDynamicSharedMemorySize), once per kernel, device and size: the runtime
+// call is not made again on every launch of a hot kernel.
+inline void allow_dynamic_shared(const void* kernel, int device, std::size_t bytes) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, std::size_t> allowed;
+  const std::lock_guard lock(mutex);
+  std::size_t& limit = allowed[{kernel, device}];
+  if (limit >= bytes) return;
+  PETRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  limit = bytes;
+}
+
 // Launches `kernel` as `blocks` blocks of `threads` threads in clusters of `cluster` blocks along
 // x (`blocks` a multiple of it), with `shared_bytes` of dynamic shared memory per block, raising the
 // kernel's limit first where it passes the default 48 KB. A cluster of 1 is an ordinary launch (a
@@ -136,8 +152,7 @@ template <class... Params, class... Args>
 void launch_clusters(const char* name, const kernels::StreamHandle& s, unsigned blocks, unsigned threads,
                      unsigned cluster, std::size_t shared_bytes, void (*kernel)(Params...), Args... args) {
   DeviceGuard guard(s.device_index);
-  if (shared_bytes > 48 * 1024)
-    PETRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+  if (shared_bytes > 48 * 1024) allow_dynamic_shared(reinterpret_cast<const void*>(kernel), s.device_index, shared_bytes);
 #ifdef PETRA_CUDA_EMULATION
   const ::petra::cuda_emulation::LaunchName launch_name(name);
   ::petra::cuda_emulation::launch(name, kernel, dim3(blocks), dim3(threads), shared_bytes, stream_of(s),
