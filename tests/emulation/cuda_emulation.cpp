@@ -115,11 +115,11 @@ struct Warp {
 struct Block;
 
 // What the blocks of a cluster share (a launch without clusters: a cluster of one block): one
-// mutex and condition variable for all their synchronisation, the first failure, and the cluster
-// barrier (cluster_sync).
+// mutex for all their synchronisation, the first failure, and the cluster barrier (cluster_sync).
+// Each block has its own condition variable, so that a __syncthreads or a warp meeting wakes its
+// block's threads only; a failure or the cluster barrier wakes every block's (wake_cluster).
 struct ClusterState {
   std::mutex mutex;
-  std::condition_variable changed;
   bool failed = false;
   std::string error;
   std::vector<Block*> blocks;  // by rank
@@ -132,10 +132,10 @@ struct ClusterState {
 // cluster's.
 struct Block {
   explicit Block(ClusterState& c)
-      : cluster(c), mutex(c.mutex), changed(c.changed), failed(c.failed), error(c.error) {}
+      : cluster(c), mutex(c.mutex), failed(c.failed), error(c.error) {}
   ClusterState& cluster;
   std::mutex& mutex;
-  std::condition_variable& changed;
+  std::condition_variable changed;
   bool& failed;
   std::string& error;
   dim3 index, shape;
@@ -172,13 +172,18 @@ struct Block {
     return "thread " + dims(dim3(t % shape.x, t / shape.x % shape.y, t / (shape.x * shape.y)));
   }
 
-  // Records the first failure and wakes every waiting thread, which then unwinds (Abort).
+  // Records the first failure and wakes every waiting thread of the cluster, which then unwinds
+  // (Abort).
   void fail(const std::string& message) {
     if (!failed) {
       failed = true;
       error = message;
     }
-    changed.notify_all();
+    wake_cluster();
+  }
+
+  void wake_cluster() {
+    for (Block* b : cluster.blocks) b->changed.notify_all();
   }
 
   // Every running thread waits and none can go on: on a GPU the block hangs. (Threads that all
@@ -556,6 +561,8 @@ Settings& settings() {
   return s;
 }
 
+bool cooperative_available() { return PETRA_EMULATION_FIBERS != 0; }
+
 LaunchName::LaunchName(const char* name) : saved_(launch_name) { launch_name = name; }
 LaunchName::~LaunchName() { launch_name = saved_; }
 
@@ -725,6 +732,7 @@ void* cluster_map_shared(void* p, unsigned rank, std::source_location where) {
   Block& b = *t.block;
   std::byte* const mine = dynamic_shared_buffer.get() + t.rank * shared_stride;
   const auto* q = static_cast<std::byte*>(p);
+  std::lock_guard lock(b.mutex);
   std::string error;
   if (rank >= running_cluster)
     error = "asks for the shared memory of rank " + std::to_string(rank) + " in a cluster of " +
@@ -732,8 +740,11 @@ void* cluster_map_shared(void* p, unsigned rank, std::source_location where) {
   else if (q < mine || q >= mine + std::max<std::size_t>(shared_bytes, 1))
     error = "maps a pointer that is not in its block's dynamic shared memory (the emulation maps "
             "only PETRA_DYNAMIC_SHARED; a static __shared__ array is one array for the whole cluster here)";
+  else if (b.cluster.blocks[rank]->live == 0)
+    error = "maps the shared memory of block " + dims(b.cluster.blocks[rank]->index) +
+            ", whose threads have all returned: on a GPU a block's shared memory is gone when it exits (a "
+            "kernel that reads its peers' shared memory ends with a cluster barrier after the last read)";
   if (!error.empty()) {
-    std::lock_guard lock(b.mutex);
     b.fail(b.thread_name(t.tid) + " of block " + dims(b.index) + " " + error + ", at " + site(where));
     throw Abort{};
   }
@@ -776,7 +787,7 @@ void cluster_sync(std::source_location where) {
       }
     c.arrived = 0;
     ++c.phase;
-    c.changed.notify_all();
+    b.wake_cluster();
     return;
   }
   b.check_deadlock();

@@ -49,7 +49,8 @@
 //   - in a thread-block cluster (PETRA_LAUNCH_CLUSTER, kernels/cuda/cluster.cuh): a cluster_sync
 //     that not every thread of the cluster reaches, or reaches at different sites; a cluster that
 //     does not divide grid.x or has more than 8 blocks; a peer's shared memory asked for with a
-//     pointer outside the block's dynamic shared memory or a rank outside the cluster;
+//     pointer outside the block's dynamic shared memory, a rank outside the cluster, or after all
+//     of that block's threads returned (on a GPU its shared memory is gone);
 //   - a warp intrinsic whose mask leaves out the calling lane, a shuffle width that is not a power
 //     of two up to 32, lanes meeting with the same mask in different intrinsics;
 //   - an exception thrown by the kernel body.
@@ -149,6 +150,10 @@ struct Settings {
   void (*synchronize)(cudaStream_t stream) = nullptr;
 };
 Settings& settings();
+
+// Whether Settings::cooperative takes effect here (x86-64, not under AddressSanitizer); elsewhere
+// blocks always run on threads.
+bool cooperative_available();
 
 // Sets settings().grid_stride_block_cap for a scope.
 class GridStrideCap {

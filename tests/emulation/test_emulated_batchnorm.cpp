@@ -558,126 +558,139 @@ void check_path(const char* one_pass, const char* two_pass, unsigned cluster, st
   CHECK(last.grid.x == unsigned(channels) * cluster);
 }
 
+// The one pass's training forwards (plain, ReLU, into the coupling) and backwards (plain, ReLU) on
+// `one`'s shape, inputs centred at `offset`, against ref:: and the paths' launches.
+void check_one_pass(const StreamHandle& s, const OnePassCase& one, double offset, std::uint64_t seed) {
+  const BatchNormShape& sh = one.shape;
+  const std::int64_t size = sh.size(), C = sh.channels;
+  INFO(describe(one), " offset=", offset, " cooperative=", emu::settings().cooperative);
+  const AlignedFloats x(values(size, seed, offset - 1, offset + 1));
+  const AlignedFloats gamma(values(C, seed + 1, 0.5, 1.5)), beta(values(C, seed + 2));
+  const std::vector<float> y0 = values(size, seed + 3, 5, 6), stat0 = values(C, seed + 4, 5, 6),
+                           rm0 = values(C, seed + 6), rv0 = values(C, seed + 7, 0.5, 2);
+
+  for (const bool relu : {false, true}) {
+    CAPTURE(relu);
+    std::vector<float> y_ref = y0, mean_ref = stat0, invstd_ref = stat0, rm_ref = rm0, rv_ref = rv0;
+    const AlignedFloats y(y0), mean(stat0), invstd(stat0), rm(rm0), rv(rv0);
+    if (relu) {
+      ref::batchnorm_relu_forward_train<float>(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(),
+                                               y_ref.data(), mean_ref.data(), invstd_ref.data(), rm_ref.data(),
+                                               rv_ref.data());
+      cu::batchnorm_relu_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(), y.data(),
+                                       mean.data(), invstd.data(), rm.data(), rv.data());
+      check_path("batchnorm_relu_forward_train_one_pass", "batchnorm_relu_forward_train", one.forward_cluster, C);
+    } else {
+      ref::batchnorm_forward_train<float>(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(),
+                                          y_ref.data(), mean_ref.data(), invstd_ref.data(), rm_ref.data(),
+                                          rv_ref.data());
+      cu::batchnorm_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(), y.data(),
+                                  mean.data(), invstd.data(), rm.data(), rv.data());
+      check_path("batchnorm_forward_train_one_pass", "batchnorm_forward_train", one.forward_cluster, C);
+    }
+    CHECK(relative_error(head(y.values(), size), head(y_ref, size)) < 1e-5);
+    CHECK(relative_error(head(mean.values(), C), head(mean_ref, C)) < 1e-6);
+    CHECK(relative_error(head(invstd.values(), C), head(invstd_ref, C)) < 1e-5);
+    CHECK(relative_error(head(rm.values(), C), head(rm_ref, C)) < 1e-6);
+    CHECK(relative_error(head(rv.values(), C), head(rv_ref, C)) < 1e-5);
+    CHECK(guards_kept(y.values(), y0, size));
+    CHECK(guards_kept(mean.values(), stat0, C));
+    CHECK(guards_kept(rm.values(), rm0, C));
+    CHECK(guards_kept(rv.values(), rv0, C));
+
+    // Twice, without running statistics: the same bits.
+    const AlignedFloats y2(y0), mean2(stat0), invstd2(stat0);
+    if (relu)
+      cu::batchnorm_relu_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(), y2.data(),
+                                       mean2.data(), invstd2.data(), nullptr, nullptr);
+    else
+      cu::batchnorm_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(), y2.data(),
+                                  mean2.data(), invstd2.data(), nullptr, nullptr);
+    CHECK(y2.values() == y.values());
+    CHECK(mean2.values() == mean.values());
+    CHECK(invstd2.values() == invstd.values());
+
+    // The backward, from ref's statistics and (with relu) its y as the mask.
+    const AlignedFloats dy(values(size, seed + 8)), y_mask(y_ref), mean_r(mean_ref), invstd_r(invstd_ref);
+    const std::vector<float> dx0 = values(size, seed + 9, 5, 6), dgamma0 = values(C, seed + 10),
+                             dbeta0 = values(C, seed + 11);
+    std::vector<float> dx_ref = dx0, dgamma_ref(std::size_t(C), 0.f), dbeta_ref(std::size_t(C), 0.f);
+    const AlignedFloats dx(dx0), dgamma(dgamma0), dbeta(dbeta0);
+    if (relu) {
+      ref::batchnorm_relu_backward<float>(s, sh, x.data(), y_mask.data(), dy.data(), gamma.data(), mean_r.data(),
+                                          invstd_r.data(), dx_ref.data(), dgamma_ref.data(), dbeta_ref.data());
+      cu::batchnorm_relu_backward(s, sh, x.data(), y_mask.data(), dy.data(), gamma.data(), mean_r.data(),
+                                  invstd_r.data(), dx.data(), dgamma.data(), dbeta.data());
+      check_path("batchnorm_relu_backward_one_pass", "batchnorm_relu_backward", one.backward_cluster, C);
+    } else {
+      ref::batchnorm_backward<float>(s, sh, x.data(), dy.data(), gamma.data(), mean_r.data(), invstd_r.data(),
+                                     dx_ref.data(), dgamma_ref.data(), dbeta_ref.data());
+      cu::batchnorm_backward(s, sh, x.data(), dy.data(), gamma.data(), mean_r.data(), invstd_r.data(), dx.data(),
+                             dgamma.data(), dbeta.data());
+      check_path("batchnorm_backward_one_pass", "batchnorm_backward", one.backward_cluster, C);
+    }
+    if (sh.values_per_channel() > 2) {
+      CHECK(relative_error(head(dx.values(), size), head(dx_ref, size)) < 1e-5);
+    } else {  // n = 2: cancellation noise (the plain backward's test), against the terms' size
+      double scale = 0;
+      for (std::int64_t k = 0; k < size; ++k) {
+        const std::size_t c = std::size_t((k / sh.plane()) % C);
+        scale = std::max(scale, std::abs(double(gamma.data()[c]) * invstd_ref[c] * dy.data()[k]));
+      }
+      CHECK(max_abs_diff(head(dx.values(), size), head(dx_ref, size)) <= 1e-5 * scale);
+    }
+    const std::vector<float> dgamma_got = dgamma.values(), dbeta_got = dbeta.values();
+    for (std::int64_t c = 0; c < C; ++c) {
+      CHECK(dgamma_got[std::size_t(c)] - dgamma0[std::size_t(c)] ==
+            doctest::Approx(dgamma_ref[std::size_t(c)]).epsilon(1e-4).scale(1));
+      CHECK(dbeta_got[std::size_t(c)] - dbeta0[std::size_t(c)] ==
+            doctest::Approx(dbeta_ref[std::size_t(c)]).epsilon(1e-4).scale(1));
+    }
+    CHECK(guards_kept(dx.values(), dx0, size));
+    CHECK(guards_kept(dgamma_got, dgamma0, C));
+    CHECK(guards_kept(dbeta_got, dbeta0, C));
+  }
+
+  // Fused into the coupling: the one-pass relu forward's f, coupled, bit for bit.
+  for (const auto direction : {petra::kernels::CouplingDirection::forward, petra::kernels::CouplingDirection::inverse}) {
+    const petra::kernels::CouplingShape coupling{sh.batch, sh.channels, sh.height, sh.width};
+    const AlignedFloats a(values(2 * size, seed + 12));
+    const std::vector<float> out0 = values(2 * size, seed + 13, 5, 6);
+    const AlignedFloats out(out0), mean(stat0), invstd(stat0), rm(rm0), rv(rv0);
+    cu::batchnorm_relu_coupling_train(s, sh, kEps, kMomentum, direction, x.data(), gamma.data(), beta.data(),
+                                      a.data(), out.data(), mean.data(), invstd.data(), rm.data(), rv.data());
+    check_path("batchnorm_relu_coupling_train_one_pass", "batchnorm_relu_coupling_train", one.forward_cluster, C);
+    const AlignedFloats f(y0), expected(out0), mean_u(stat0), invstd_u(stat0), rm_u(rm0), rv_u(rv0);
+    cu::batchnorm_relu_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(), f.data(),
+                                     mean_u.data(), invstd_u.data(), rm_u.data(), rv_u.data());
+    if (direction == petra::kernels::CouplingDirection::forward)
+      cu::coupling_forward(s, coupling, a.data(), f.data(), expected.data());
+    else
+      cu::coupling_inverse(s, coupling, a.data(), f.data(), expected.data());
+    CHECK(out.values() == expected.values());
+    CHECK(rm.values() == rm_u.values());
+    CHECK(rv.values() == rv_u.values());
+  }
+}
+
 }  // namespace
 
+// Every case as fibers (Settings::cooperative: clusters of 8 blocks are 2048 threads, which as
+// std::threads take minutes on two cores), where a block whose peers read its shared memory after
+// it returned is caught; then the cases of clusters of 2 and 4 blocks as threads, truly concurrent,
+// where a missing barrier may also show as a race.
 TEST_CASE("emulated batchnorm one pass: a channel in a cluster's shared memory; training forwards and backwards match ref") {
   HeapWorkspace workspace;
   StreamHandle s;
   s.workspace = &workspace;
   const OnePass on;
+  const bool saved = emu::settings().cooperative;
+  emu::settings().cooperative = true;
   std::uint64_t seed = 7000;
   for (const OnePassCase& one : kOnePassCases)
-    for (const double offset : {0.0, 1000.0}) {
-      const BatchNormShape& sh = one.shape;
-      seed += 20;
-      const std::int64_t size = sh.size(), C = sh.channels;
-      INFO(describe(one), " offset=", offset);
-      const AlignedFloats x(values(size, seed, offset - 1, offset + 1));
-      const AlignedFloats gamma(values(C, seed + 1, 0.5, 1.5)), beta(values(C, seed + 2));
-      const std::vector<float> y0 = values(size, seed + 3, 5, 6), stat0 = values(C, seed + 4, 5, 6),
-                               rm0 = values(C, seed + 6), rv0 = values(C, seed + 7, 0.5, 2);
-
-      for (const bool relu : {false, true}) {
-        CAPTURE(relu);
-        std::vector<float> y_ref = y0, mean_ref = stat0, invstd_ref = stat0, rm_ref = rm0, rv_ref = rv0;
-        const AlignedFloats y(y0), mean(stat0), invstd(stat0), rm(rm0), rv(rv0);
-        if (relu) {
-          ref::batchnorm_relu_forward_train<float>(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(),
-                                                   y_ref.data(), mean_ref.data(), invstd_ref.data(), rm_ref.data(),
-                                                   rv_ref.data());
-          cu::batchnorm_relu_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(), y.data(),
-                                           mean.data(), invstd.data(), rm.data(), rv.data());
-          check_path("batchnorm_relu_forward_train_one_pass", "batchnorm_relu_forward_train", one.forward_cluster, C);
-        } else {
-          ref::batchnorm_forward_train<float>(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(),
-                                              y_ref.data(), mean_ref.data(), invstd_ref.data(), rm_ref.data(),
-                                              rv_ref.data());
-          cu::batchnorm_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(), y.data(),
-                                      mean.data(), invstd.data(), rm.data(), rv.data());
-          check_path("batchnorm_forward_train_one_pass", "batchnorm_forward_train", one.forward_cluster, C);
-        }
-        CHECK(relative_error(head(y.values(), size), head(y_ref, size)) < 1e-5);
-        CHECK(relative_error(head(mean.values(), C), head(mean_ref, C)) < 1e-6);
-        CHECK(relative_error(head(invstd.values(), C), head(invstd_ref, C)) < 1e-5);
-        CHECK(relative_error(head(rm.values(), C), head(rm_ref, C)) < 1e-6);
-        CHECK(relative_error(head(rv.values(), C), head(rv_ref, C)) < 1e-5);
-        CHECK(guards_kept(y.values(), y0, size));
-        CHECK(guards_kept(mean.values(), stat0, C));
-        CHECK(guards_kept(rm.values(), rm0, C));
-        CHECK(guards_kept(rv.values(), rv0, C));
-
-        // Twice, without running statistics: the same bits.
-        const AlignedFloats y2(y0), mean2(stat0), invstd2(stat0);
-        if (relu)
-          cu::batchnorm_relu_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(), y2.data(),
-                                           mean2.data(), invstd2.data(), nullptr, nullptr);
-        else
-          cu::batchnorm_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(), y2.data(),
-                                      mean2.data(), invstd2.data(), nullptr, nullptr);
-        CHECK(y2.values() == y.values());
-        CHECK(mean2.values() == mean.values());
-        CHECK(invstd2.values() == invstd.values());
-
-        // The backward, from ref's statistics and (with relu) its y as the mask.
-        const AlignedFloats dy(values(size, seed + 8)), y_mask(y_ref), mean_r(mean_ref), invstd_r(invstd_ref);
-        const std::vector<float> dx0 = values(size, seed + 9, 5, 6), dgamma0 = values(C, seed + 10),
-                                 dbeta0 = values(C, seed + 11);
-        std::vector<float> dx_ref = dx0, dgamma_ref(std::size_t(C), 0.f), dbeta_ref(std::size_t(C), 0.f);
-        const AlignedFloats dx(dx0), dgamma(dgamma0), dbeta(dbeta0);
-        if (relu) {
-          ref::batchnorm_relu_backward<float>(s, sh, x.data(), y_mask.data(), dy.data(), gamma.data(), mean_r.data(),
-                                              invstd_r.data(), dx_ref.data(), dgamma_ref.data(), dbeta_ref.data());
-          cu::batchnorm_relu_backward(s, sh, x.data(), y_mask.data(), dy.data(), gamma.data(), mean_r.data(),
-                                      invstd_r.data(), dx.data(), dgamma.data(), dbeta.data());
-          check_path("batchnorm_relu_backward_one_pass", "batchnorm_relu_backward", one.backward_cluster, C);
-        } else {
-          ref::batchnorm_backward<float>(s, sh, x.data(), dy.data(), gamma.data(), mean_r.data(), invstd_r.data(),
-                                         dx_ref.data(), dgamma_ref.data(), dbeta_ref.data());
-          cu::batchnorm_backward(s, sh, x.data(), dy.data(), gamma.data(), mean_r.data(), invstd_r.data(), dx.data(),
-                                 dgamma.data(), dbeta.data());
-          check_path("batchnorm_backward_one_pass", "batchnorm_backward", one.backward_cluster, C);
-        }
-        if (sh.values_per_channel() > 2) {
-          CHECK(relative_error(head(dx.values(), size), head(dx_ref, size)) < 1e-5);
-        } else {  // n = 2: cancellation noise (the plain backward's test), against the terms' size
-          double scale = 0;
-          for (std::int64_t k = 0; k < size; ++k) {
-            const std::size_t c = std::size_t((k / sh.plane()) % C);
-            scale = std::max(scale, std::abs(double(gamma.data()[c]) * invstd_ref[c] * dy.data()[k]));
-          }
-          CHECK(max_abs_diff(head(dx.values(), size), head(dx_ref, size)) <= 1e-5 * scale);
-        }
-        const std::vector<float> dgamma_got = dgamma.values(), dbeta_got = dbeta.values();
-        for (std::int64_t c = 0; c < C; ++c) {
-          CHECK(dgamma_got[std::size_t(c)] - dgamma0[std::size_t(c)] ==
-                doctest::Approx(dgamma_ref[std::size_t(c)]).epsilon(1e-4).scale(1));
-          CHECK(dbeta_got[std::size_t(c)] - dbeta0[std::size_t(c)] ==
-                doctest::Approx(dbeta_ref[std::size_t(c)]).epsilon(1e-4).scale(1));
-        }
-        CHECK(guards_kept(dx.values(), dx0, size));
-        CHECK(guards_kept(dgamma_got, dgamma0, C));
-        CHECK(guards_kept(dbeta_got, dbeta0, C));
-      }
-
-      // Fused into the coupling: the one-pass relu forward's f, coupled, bit for bit.
-      for (const auto direction : {petra::kernels::CouplingDirection::forward, petra::kernels::CouplingDirection::inverse}) {
-        const petra::kernels::CouplingShape coupling{sh.batch, sh.channels, sh.height, sh.width};
-        const AlignedFloats a(values(2 * size, seed + 12));
-        const std::vector<float> out0 = values(2 * size, seed + 13, 5, 6);
-        const AlignedFloats out(out0), mean(stat0), invstd(stat0), rm(rm0), rv(rv0);
-        cu::batchnorm_relu_coupling_train(s, sh, kEps, kMomentum, direction, x.data(), gamma.data(), beta.data(),
-                                          a.data(), out.data(), mean.data(), invstd.data(), rm.data(), rv.data());
-        check_path("batchnorm_relu_coupling_train_one_pass", "batchnorm_relu_coupling_train", one.forward_cluster, C);
-        const AlignedFloats f(y0), expected(out0), mean_u(stat0), invstd_u(stat0), rm_u(rm0), rv_u(rv0);
-        cu::batchnorm_relu_forward_train(s, sh, kEps, kMomentum, x.data(), gamma.data(), beta.data(), f.data(),
-                                         mean_u.data(), invstd_u.data(), rm_u.data(), rv_u.data());
-        if (direction == petra::kernels::CouplingDirection::forward)
-          cu::coupling_forward(s, coupling, a.data(), f.data(), expected.data());
-        else
-          cu::coupling_inverse(s, coupling, a.data(), f.data(), expected.data());
-        CHECK(out.values() == expected.values());
-        CHECK(rm.values() == rm_u.values());
-        CHECK(rv.values() == rv_u.values());
-      }
-    }
+    for (const double offset : {0.0, 1000.0}) check_one_pass(s, one, offset, seed += 20);
+  emu::settings().cooperative = false;
+  for (const OnePassCase& one : kOnePassCases)
+    if (one.forward_cluster == 2 || one.forward_cluster == 4) check_one_pass(s, one, 1000.0, seed += 20);
+  emu::settings().cooperative = saved;
 }

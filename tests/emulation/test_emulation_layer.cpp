@@ -222,6 +222,15 @@ __global__ void cluster_barriers_differ(float* y) {
   y[threadIdx.x] = 1.0f;
 }
 
+// Reads the next rank's shared memory with no barrier before leaving: a block may have exited.
+__global__ void cluster_peer_without_final_barrier(float* y) {
+  using namespace petra::cuda_detail;
+  PETRA_DYNAMIC_SHARED(float, own);
+  own[threadIdx.x] = 1.0f;
+  cluster_barrier();
+  y[blockIdx.x * blockDim.x + threadIdx.x] = cluster_peer(own, (cluster_rank() + 1) % 2)[threadIdx.x];
+}
+
 __global__ void cluster_peer_out_of_range(float* y) {
   PETRA_DYNAMIC_SHARED(float, own);
   y[threadIdx.x] = *petra::cuda_detail::cluster_peer(own, 2);
@@ -494,6 +503,14 @@ TEST_CASE("emulation: misused clusters are errors: a barrier not every block rea
                        doctest::Contains("rank 2 in a cluster of 2"), KernelError);
   CHECK_THROWS_WITH_AS(emu::launch("cluster_peer_of_static", cluster_peer_of_static, 2, 32, 16, nullptr, 2)(y.data()),
                        doctest::Contains("not in its block's dynamic shared memory"), KernelError);
+  if (emu::cooperative_available()) {  // (found when the other block has finished first: the fibers' order)
+    const bool saved = emu::settings().cooperative;
+    emu::settings().cooperative = true;
+    CHECK_THROWS_WITH_AS(emu::launch("cluster_peer_without_final_barrier", cluster_peer_without_final_barrier, 2, 32,
+                                     128, nullptr, 2)(y.data()),
+                         doctest::Contains("whose threads have all returned"), KernelError);
+    emu::settings().cooperative = saved;
+  }
   CHECK_THROWS_WITH_AS(emu::launch("cluster_against_block_barrier", cluster_against_block_barrier, 2, 32, 16, nullptr, 2)(y.data()),
                        doctest::Contains("deadlock"), KernelError);
   CHECK_THROWS_WITH_AS(emu::launch("cluster_neighbour", cluster_neighbour, 6, 32, 16, nullptr, 4)(y.data()),
