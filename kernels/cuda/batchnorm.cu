@@ -56,6 +56,9 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "petra/kernels/batchnorm.hpp"
 #include "petra/kernels/conv2d.hpp"
@@ -575,37 +578,50 @@ inline bool vector_path(const BatchNormShape& shape, std::initializer_list<const
 // (set_batchnorm_one_pass; bench-cuda times both). A channel takes the smallest cluster whose
 // blocks each hold at most kResidentTargetBytes (three blocks per multiprocessor then fit in an
 // H100's 228 KB, so one block's reading overlaps another's sums), else the largest cluster if its
-// blocks hold at most kResidentMaxBytes (one block per multiprocessor; an A100 opts in to 163 KB),
-// else the two passes. Clusters of more than one block need sm_90 (cudaDevAttrClusterLaunch); at
-// most 8, the portable size. Under the emulation the bounds are small, so that the tests' small
-// shapes take clusters of 1 to 8 blocks and the two passes.
+// blocks hold at most kResidentMaxBytes (one block per multiprocessor; an A100 opts in to 163 KB)
+// and the device's opt-in allows, else the two passes. Then, while the grid has fewer blocks than
+// the device has multiprocessors, the cluster doubles as long as each block keeps kMinShare values
+// (a few channels of many values would otherwise leave most of the GPU idle). Clusters of more
+// than one block need a device with clusters (cudaDevAttrClusterLaunch) running the kernel's sm_90
+// code (a build without it runs the sm_80 PTX, whose cluster helpers are one block's); at most 8,
+// the portable size; and the runtime must say that such a cluster fits
+// (cudaOccupancyMaxActiveClusters: a MIG slice or a smaller GPU may not hold 8 multiprocessors'
+// worth), else the two passes. Under the emulation the bounds are small and the device has 4
+// multiprocessors, so that the tests' small shapes take every branch.
 #ifdef PETRA_CUDA_EMULATION
 inline constexpr std::size_t kResidentTargetBytes = kResidentHeaderBytes + 256;
 inline constexpr std::size_t kResidentMaxBytes = kResidentHeaderBytes + 2048;
+inline constexpr std::int64_t kMinShare = 8;
 #else
 inline constexpr std::size_t kResidentTargetBytes = 72 << 10;
 inline constexpr std::size_t kResidentMaxBytes = 160 << 10;
+inline constexpr std::int64_t kMinShare = 4 * kBlockThreads;
 #endif
 inline constexpr unsigned kMaxCluster = 8;
 std::atomic<bool> one_pass_on{false};
 
-// The widest cluster `device` launches: kMaxCluster with clusters (sm_90), else 1.
-unsigned widest_cluster(int device) {
+// What a device allows the one pass, asked once per device.
+struct OnePassLimits {
+  unsigned widest_cluster = 1;  // kMaxCluster with clusters (sm_90 and later), else 1
+  std::size_t max_shared = 0;   // dynamic shared memory per block, with the opt-in
+  std::int64_t multiprocessors = 1;
+};
+OnePassLimits one_pass_limits(int device) {
 #ifdef PETRA_CUDA_EMULATION
   (void)device;
-  return kMaxCluster;
+  return {kMaxCluster, kResidentMaxBytes, 4};
 #else
-  constexpr int kDevices = 64;
-  static std::atomic<int> known[kDevices]{};  // 0: not asked yet, else the answer + 1
-  if (device < 0 || device >= kDevices) return 1;
-  int answer = known[device].load(std::memory_order_relaxed) - 1;
-  if (answer < 0) {
-    int value = 0;
-    PETRA_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrClusterLaunch, device));
-    answer = value != 0 ? int(kMaxCluster) : 1;
-    known[device].store(answer + 1, std::memory_order_relaxed);
-  }
-  return unsigned(answer);
+  static std::mutex mutex;
+  static std::map<int, OnePassLimits> known;
+  const std::lock_guard lock(mutex);
+  if (auto it = known.find(device); it != known.end()) return it->second;
+  int clusters = 0, optin = 0, multiprocessors = 0;
+  PETRA_CUDA_CHECK(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
+  PETRA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  PETRA_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
+  const OnePassLimits limits{clusters != 0 ? kMaxCluster : 1, std::size_t(optin), std::max(multiprocessors, 1)};
+  known.emplace(device, limits);
+  return limits;
 #endif
 }
 
@@ -614,17 +630,80 @@ struct OnePassPlan {
   std::int64_t share = 0;  // V per block
   std::size_t shared_bytes = 0;
 };
-// `count`: the channel's values in V units; `arrays`: the arrays of V a block keeps.
-OnePassPlan one_pass_plan(const StreamHandle& s, std::int64_t count, std::size_t vector_bytes, int arrays) {
-  if (!one_pass_on.load(std::memory_order_relaxed) || count <= 0) return {};
-  const unsigned widest = widest_cluster(s.device_index);
-  for (unsigned cluster = 1; cluster <= widest; cluster *= 2) {
+
+// The cluster by the rule above, from the shape alone; `count`: the channel's values in V units,
+// `arrays`: the arrays of V a block keeps.
+OnePassPlan size_one_pass(const OnePassLimits& limits, std::int64_t channels, std::int64_t count,
+                          std::size_t vector_bytes, int arrays) {
+  const auto plan_of = [&](unsigned cluster) {
     const std::int64_t share = (count + cluster - 1) / cluster;
-    const std::size_t bytes = kResidentHeaderBytes + std::size_t(arrays) * std::size_t(share) * vector_bytes;
-    if (bytes <= kResidentTargetBytes || (cluster == widest && bytes <= kResidentMaxBytes))
-      return {cluster, share, bytes};
+    return OnePassPlan{cluster, share, kResidentHeaderBytes + std::size_t(arrays) * std::size_t(share) * vector_bytes};
+  };
+  const std::size_t most = std::min(kResidentMaxBytes, limits.max_shared);
+  OnePassPlan plan;
+  for (unsigned cluster = 1; cluster <= limits.widest_cluster && plan.cluster == 0; cluster *= 2) {
+    const OnePassPlan candidate = plan_of(cluster);
+    if (candidate.shared_bytes <= std::min(kResidentTargetBytes, most) ||
+        (cluster == limits.widest_cluster && candidate.shared_bytes <= most))
+      plan = candidate;
   }
-  return {};
+  while (plan.cluster > 0 && plan.cluster < limits.widest_cluster &&
+         channels * plan.cluster < limits.multiprocessors && plan_of(2 * plan.cluster).share >= kMinShare)
+    plan = plan_of(2 * plan.cluster);
+  return plan;
+}
+
+// Whether `kernel` can run `plan` on `device`: its sm_90 code (not the sm_80 PTX compiled for a
+// newer GPU) where the cluster has more than one block, and room for at least one such cluster.
+// Asked once per kernel, device, cluster and size.
+bool one_pass_fits(const void* kernel, int device, unsigned blocks, const OnePassPlan& plan) {
+#ifdef PETRA_CUDA_EMULATION
+  (void)kernel, (void)device, (void)blocks, (void)plan;
+  return true;
+#else
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, unsigned, std::size_t>, bool> known;
+  {
+    const std::lock_guard lock(mutex);
+    if (auto it = known.find({kernel, device, plan.cluster, plan.shared_bytes}); it != known.end()) return it->second;
+  }
+  cuda_detail::DeviceGuard guard(device);
+  cudaFuncAttributes attributes{};
+  PETRA_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  bool fits = plan.cluster == 1 || attributes.binaryVersion >= 90;
+  if (fits && plan.shared_bytes > 48 * 1024) cuda_detail::allow_dynamic_shared(kernel, device, plan.shared_bytes);
+  if (fits && plan.cluster > 1) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(blocks);
+    config.blockDim = dim3(kBlockThreads);
+    config.dynamicSmemBytes = plan.shared_bytes;
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = plan.cluster;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int clusters = 0;
+    fits = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0;
+    (void)cudaGetLastError();  // a refusal is an answer here, not an error for the next check
+  }
+  const std::lock_guard lock(mutex);
+  known.emplace(std::tuple{kernel, device, plan.cluster, plan.shared_bytes}, fits);
+  return fits;
+#endif
+}
+
+// The one pass's plan for `kernel` on s's device, or {} (the two passes).
+template <class Kernel>
+OnePassPlan one_pass_plan(const StreamHandle& s, Kernel* kernel, std::int64_t channels, std::int64_t count,
+                          std::size_t vector_bytes, int arrays) {
+  if (!one_pass_on.load(std::memory_order_relaxed) || count <= 0) return {};
+  const OnePassPlan plan = size_one_pass(one_pass_limits(s.device_index), channels, count, vector_bytes, arrays);
+  if (plan.cluster == 0 ||
+      !one_pass_fits(reinterpret_cast<const void*>(kernel), s.device_index, unsigned(channels) * plan.cluster, plan))
+    return {};
+  return plan;
 }
 
 // The first pass: one block per (channel, slice), on float4s where vector_path allows.
@@ -681,18 +760,13 @@ void forward_train(const LaunchNames& names, const StreamHandle& s, const BatchN
   if (shape.size() <= 0) return;
   const bool vector = vector_path(shape, {x}) && output.aligned();
   const std::int64_t width = vector ? 4 : 1, count = shape.values_per_channel() / width;
-  if (const OnePassPlan plan = one_pass_plan(s, count, std::size_t(width) * sizeof(float), 1); plan.cluster > 0) {
-    const unsigned blocks = unsigned(shape.channels) * plan.cluster;
-    if (vector)
-      cuda_detail::launch_clusters(names.forward_one_pass, s, blocks, kBlockThreads, plan.cluster, plan.shared_bytes,
-                                   resident_forward<Output, float4>, shape.channels, FastDivide(shape.plane() / 4),
-                                   count, plan.cluster, plan.share, eps, momentum, x, gamma, beta, saved_mean,
-                                   saved_invstd, running_mean, running_var, output);
-    else
-      cuda_detail::launch_clusters(names.forward_one_pass, s, blocks, kBlockThreads, plan.cluster, plan.shared_bytes,
-                                   resident_forward<Output, float>, shape.channels, FastDivide(shape.plane()), count,
-                                   plan.cluster, plan.share, eps, momentum, x, gamma, beta, saved_mean, saved_invstd,
-                                   running_mean, running_var, output);
+  const auto one_pass = vector ? resident_forward<Output, float4> : resident_forward<Output, float>;
+  if (const OnePassPlan plan = one_pass_plan(s, one_pass, shape.channels, count, std::size_t(width) * sizeof(float), 1);
+      plan.cluster > 0) {
+    cuda_detail::launch_clusters(names.forward_one_pass, s, unsigned(shape.channels) * plan.cluster, kBlockThreads,
+                                 plan.cluster, plan.shared_bytes, one_pass, shape.channels,
+                                 FastDivide(shape.plane() / width), count, plan.cluster, plan.share, eps, momentum, x,
+                                 gamma, beta, saved_mean, saved_invstd, running_mean, running_var, output);
     return;
   }
   const std::int64_t slices = slices_of(shape);
@@ -739,18 +813,13 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
   if (shape.size() <= 0) return;
   const bool vector = vector_path(shape, {x, y, dy, dx});
   const std::int64_t width = vector ? 4 : 1, count = shape.values_per_channel() / width;
-  if (const OnePassPlan plan = one_pass_plan(s, count, std::size_t(width) * sizeof(float), 2); plan.cluster > 0) {
-    const unsigned blocks = unsigned(shape.channels) * plan.cluster;
-    if (vector)
-      cuda_detail::launch_clusters(names<relu>().backward_one_pass, s, blocks, kBlockThreads, plan.cluster,
-                                   plan.shared_bytes, resident_backward<relu, float4>, shape.channels,
-                                   FastDivide(shape.plane() / 4), count, plan.cluster, plan.share, x, y, dy, gamma,
-                                   saved_mean, saved_invstd, dx, dgamma, dbeta);
-    else
-      cuda_detail::launch_clusters(names<relu>().backward_one_pass, s, blocks, kBlockThreads, plan.cluster,
-                                   plan.shared_bytes, resident_backward<relu, float>, shape.channels,
-                                   FastDivide(shape.plane()), count, plan.cluster, plan.share, x, y, dy, gamma,
-                                   saved_mean, saved_invstd, dx, dgamma, dbeta);
+  const auto one_pass = vector ? resident_backward<relu, float4> : resident_backward<relu, float>;
+  if (const OnePassPlan plan = one_pass_plan(s, one_pass, shape.channels, count, std::size_t(width) * sizeof(float), 2);
+      plan.cluster > 0) {
+    cuda_detail::launch_clusters(names<relu>().backward_one_pass, s, unsigned(shape.channels) * plan.cluster,
+                                 kBlockThreads, plan.cluster, plan.shared_bytes, one_pass, shape.channels,
+                                 FastDivide(shape.plane() / width), count, plan.cluster, plan.share, x, y, dy, gamma,
+                                 saved_mean, saved_invstd, dx, dgamma, dbeta);
     return;
   }
   const std::int64_t slices = slices_of(shape);

@@ -65,7 +65,7 @@ __device__ inline T* cluster_peer(T* p, unsigned rank) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   return cooperative_groups::this_cluster().map_shared_rank(p, rank);
 #else
-  (void)rank;
+  if (rank != 0) __trap();  // a cluster launched for code without clusters: stop, never a wrong sum
   return p;
 #endif
 }

@@ -168,7 +168,7 @@ void launch_clusters(const char* name, const kernels::StreamHandle& s, unsigned 
   attribute.val.clusterDim.x = cluster;
   attribute.val.clusterDim.y = 1;
   attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
+  config.attrs = cluster > 1 ? &attribute : nullptr;
   config.numAttrs = cluster > 1 ? 1 : 0;
   PETRA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
 #endif

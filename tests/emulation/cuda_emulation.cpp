@@ -675,8 +675,9 @@ void execute_grid(const LaunchConfig& c, const std::string& what, const std::fun
     if (state.arrived > 0)
       block.fail(block.thread_name(tid) + " of block " + dims(block.index) + " returned while " +
                  std::to_string(state.arrived) +
-                 " threads of its cluster wait at cluster_sync: on a GPU that barrier never "
-                 "completes; every thread of a cluster must reach every cluster_sync");
+                 " threads of its cluster wait at cluster_sync, a collective of cooperative groups: "
+                 "every thread of a cluster must reach every cluster_sync (the hardware's barrier skips "
+                 "exited threads, so the others would pass it without the ones that left)");
     for (WarpMeeting& m : warp.meetings)
       if (m.mask >> lane & 1u) block.try_complete(warp, m, w);
     block.check_deadlock();
@@ -762,8 +763,9 @@ void cluster_sync(std::source_location where) {
       b.fail(b.thread_name(t.tid) + " of block " + dims(b.index) + " reaches cluster_sync at " +
              site(where) + " after " + other->thread_name(other->first_returned) + " of block " +
              dims(other->index) +
-             " returned: on a GPU that barrier never completes; every thread of a cluster must "
-             "reach every cluster_sync");
+             " returned: cluster_sync is a collective of cooperative groups, every thread of a cluster must "
+             "reach every cluster_sync (the hardware's barrier skips exited threads, so the others would pass "
+             "it without the ones that left)");
       throw Abort{};
     }
   b.waits[std::size_t(t.tid)] = Wait{kClusterSync, where, 0};

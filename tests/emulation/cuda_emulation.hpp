@@ -46,7 +46,7 @@
 //     or a barrier that lets the block through unsynchronised);
 //   - a deadlock: every running thread of the block waits (for example lane 0 at __syncthreads and
 //     lane 1 at a __shfl_sync that names lane 0);
-//   - in a thread-block cluster (PETRA_LAUNCH_CLUSTER, kernels/cuda/cluster.cuh): a cluster_sync
+//   - in a thread-block cluster (launch.cuh's launch_clusters, kernels/cuda/cluster.cuh): a cluster_sync
 //     that not every thread of the cluster reaches, or reaches at different sites; a cluster that
 //     does not divide grid.x or has more than 8 blocks; a peer's shared memory asked for with a
 //     pointer outside the block's dynamic shared memory, a rank outside the cluster, or after all
@@ -190,7 +190,7 @@ struct LaunchRecord {
   dim3 grid, block;
   std::size_t shared_bytes = 0;
   const void* function = nullptr;  // the kernel itself: two instantiations under one name differ here
-  unsigned cluster = 1;            // blocks per thread-block cluster (PETRA_LAUNCH_CLUSTER)
+  unsigned cluster = 1;            // blocks per thread-block cluster (launch.cuh's launch_clusters)
 };
 LaunchRecord last_launch();
 

@@ -525,8 +525,10 @@ struct OnePass {
 };
 
 // Shapes and the clusters the one pass gives them under the emulation's bounds (a block holds at
-// most 256 bytes of a channel where a smaller cluster allows, at most 2048 in a cluster of 8):
-// the forward keeps x, the backward x and dy (twice the bytes); 0 is the two passes.
+// most 256 bytes of a channel where a smaller cluster allows, at most 2048 in a cluster of 8; while
+// the grid has fewer blocks than the emulated device's 4 multiprocessors the cluster doubles if
+// each block keeps 8 values): the forward keeps x, the backward x and dy (twice the bytes); 0 is
+// the two passes.
 struct OnePassCase {
   BatchNormShape shape;
   unsigned forward_cluster, backward_cluster;
@@ -539,6 +541,7 @@ const std::vector<OnePassCase> kOnePassCases = {
     {{4, 2, 8, 16}, 8, 8},    // n = 512 float4s: 16 per block (32 in the backward)
     {{5, 2, 33, 17}, 8, 0},   // n = 2805: 351 per block in the forward; the backward's 2 x 1404 bytes: two passes
     {{1, 3, 1, 7}, 1, 1},     // n = 7 < the 256 threads of a block
+    {{2, 1, 4, 8}, 2, 2},     // n = 16 float4s, one channel: the forward's 1 block doubled to 2, not to 4 (4 values)
     {{3, 1, 80, 75}, 0, 0}};  // n = 18000: the two passes
 
 std::string describe(const OnePassCase& c) {
