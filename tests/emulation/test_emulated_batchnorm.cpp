@@ -70,6 +70,56 @@ std::string describe(const BatchNormShape& sh) {
          " H=" + std::to_string(sh.height) + " W=" + std::to_string(sh.width);
 }
 
+// A training forward's outputs, their starting values, or ref::'s.
+struct Forward {
+  std::vector<float> y, mean, invstd, running_mean, running_var;
+};
+
+// A training forward's outputs against ref::'s, and the guard elements after each kept.
+void check_forward(const BatchNormShape& sh, const Forward& got, const Forward& start, const Forward& expected) {
+  const std::int64_t size = sh.size(), C = sh.channels;
+  CHECK(relative_error(head(got.y, size), head(expected.y, size)) < 1e-5);
+  CHECK(relative_error(head(got.mean, C), head(expected.mean, C)) < 1e-6);
+  CHECK(relative_error(head(got.invstd, C), head(expected.invstd, C)) < 1e-5);
+  CHECK(relative_error(head(got.running_mean, C), head(expected.running_mean, C)) < 1e-6);
+  CHECK(relative_error(head(got.running_var, C), head(expected.running_var, C)) < 1e-5);
+  CHECK(guards_kept(got.y, start.y, size));
+  CHECK(guards_kept(got.mean, start.mean, C));
+  CHECK(guards_kept(got.invstd, start.invstd, C));
+  CHECK(guards_kept(got.running_mean, start.running_mean, C));
+  CHECK(guards_kept(got.running_var, start.running_var, C));
+}
+
+// A backward's outputs, their starting values, or ref::'s (dgamma and dbeta as increments).
+struct Gradients {
+  std::vector<float> dx, dgamma, dbeta;
+};
+
+// A backward's outputs against ref::'s: dx (for n = 2, where xhat = +-1 up to eps and dx's terms
+// cancel to almost nothing, dx ~ eps / var, against the terms' size gamma * invstd * |dy|), dgamma
+// and dbeta accumulated onto their starting values, and the guard elements after each kept.
+void check_backward(const BatchNormShape& sh, const float* gamma, const std::vector<float>& invstd, const float* dy,
+                    const Gradients& got, const Gradients& start, const Gradients& expected) {
+  const std::int64_t size = sh.size(), C = sh.channels;
+  if (sh.values_per_channel() > 2) {
+    CHECK(relative_error(head(got.dx, size), head(expected.dx, size)) < 1e-5);
+  } else {
+    double scale = 0;
+    for (std::int64_t k = 0; k < size; ++k) {
+      const std::size_t c = std::size_t((k / sh.plane()) % C);
+      scale = std::max(scale, std::abs(double(gamma[c]) * invstd[c] * dy[k]));
+    }
+    CHECK(max_abs_diff(head(got.dx, size), head(expected.dx, size)) <= 1e-5 * scale);
+  }
+  for (std::size_t c = 0; c < std::size_t(C); ++c) {
+    CHECK(got.dgamma[c] - start.dgamma[c] == doctest::Approx(expected.dgamma[c]).epsilon(1e-4).scale(1));
+    CHECK(got.dbeta[c] - start.dbeta[c] == doctest::Approx(expected.dbeta[c]).epsilon(1e-4).scale(1));
+  }
+  CHECK(guards_kept(got.dx, start.dx, size));
+  CHECK(guards_kept(got.dgamma, start.dgamma, C));
+  CHECK(guards_kept(got.dbeta, start.dbeta, C));
+}
+
 }  // namespace
 
 TEST_CASE("emulated batchnorm: training forward matches ref, running statistics updated") {
@@ -100,16 +150,8 @@ TEST_CASE("emulated batchnorm: training forward matches ref, running statistics 
         INFO(describe(sh), " offset=", offset, " grid cap=", cap);
         CHECK(emu::last_launch().kernel == std::string("batchnorm_forward_train"));
         CHECK(emu::last_launch().grid.x == expected_blocks(elementwise_groups(sh)));
-        CHECK(relative_error(head(y.values(), size), head(y_ref, size)) < 1e-5);
-        CHECK(relative_error(head(mean.values(), C), head(mean_ref, C)) < 1e-6);
-        CHECK(relative_error(head(invstd.values(), C), head(invstd_ref, C)) < 1e-5);
-        CHECK(relative_error(head(rm.values(), C), head(rm_ref, C)) < 1e-6);
-        CHECK(relative_error(head(rv.values(), C), head(rv_ref, C)) < 1e-5);
-        CHECK(guards_kept(y.values(), y0, size));
-        CHECK(guards_kept(mean.values(), mean0, C));
-        CHECK(guards_kept(invstd.values(), invstd0, C));
-        CHECK(guards_kept(rm.values(), rm0, C));
-        CHECK(guards_kept(rv.values(), rv0, C));
+        check_forward(sh, {y.values(), mean.values(), invstd.values(), rm.values(), rv.values()},
+                      {y0, mean0, invstd0, rm0, rv0}, {y_ref, mean_ref, invstd_ref, rm_ref, rv_ref});
 
         // Without running statistics (nullptr), and twice: the same bits.
         const AlignedFloats y2(y0), mean2(mean0), invstd2(invstd0);
@@ -180,28 +222,8 @@ TEST_CASE("emulated batchnorm: backward matches ref, dx assigned, dgamma and dbe
         INFO(describe(sh), " offset=", offset, " grid cap=", cap);
         CHECK(emu::last_launch().kernel == std::string("batchnorm_backward"));
         CHECK(emu::last_launch().grid.x == expected_blocks(elementwise_groups(sh)));
-        if (sh.values_per_channel() > 2) {
-          CHECK(relative_error(head(dx.values(), size), head(dx_ref, size)) < 1e-5);
-        } else {
-          // n = 2: xhat = +-1 up to eps, and dx's terms cancel to almost nothing (dx ~ eps/var):
-          // its error is measured against the terms' size, gamma * invstd * |dy|.
-          double scale = 0;
-          for (std::int64_t k = 0; k < size; ++k) {
-            const std::size_t c = std::size_t((k / sh.plane()) % C);
-            scale = std::max(scale, std::abs(double(gamma.data()[c]) * invstd_v[c] * dy.data()[k]));
-          }
-          CHECK(max_abs_diff(head(dx.values(), size), head(dx_ref, size)) <= 1e-5 * scale);
-        }
-        const std::vector<float> dgamma_got = dgamma.values(), dbeta_got = dbeta.values();
-        for (std::int64_t c = 0; c < C; ++c) {
-          CHECK(dgamma_got[std::size_t(c)] - dgamma0[std::size_t(c)] ==
-                doctest::Approx(dgamma_ref[std::size_t(c)]).epsilon(1e-4).scale(1));
-          CHECK(dbeta_got[std::size_t(c)] - dbeta0[std::size_t(c)] ==
-                doctest::Approx(dbeta_ref[std::size_t(c)]).epsilon(1e-4).scale(1));
-        }
-        CHECK(guards_kept(dx.values(), dx0, size));
-        CHECK(guards_kept(dgamma_got, dgamma0, C));
-        CHECK(guards_kept(dbeta_got, dbeta0, C));
+        check_backward(sh, gamma.data(), invstd_v, dy.data(), {dx.values(), dgamma.values(), dbeta.values()},
+                       {dx0, dgamma0, dbeta0}, {dx_ref, dgamma_ref, dbeta_ref});
       }
   }
 }
@@ -245,18 +267,12 @@ TEST_CASE("emulated batchnorm_relu: training and eval forwards match ref, runnin
         INFO(describe(sh), " offset=", offset, " grid cap=", cap);
         CHECK(emu::last_launch().kernel == std::string("batchnorm_relu_forward_train"));
         CHECK(emu::last_launch().grid.x == expected_blocks(elementwise_groups(sh)));
-        CHECK(relative_error(head(y.values(), size), head(y_ref, size)) < 1e-5);
+        check_forward(sh, {y.values(), mean.values(), invstd.values(), rm.values(), rv.values()},
+                      {y0, mean0, invstd0, rm0, rv0}, {y_ref, mean_ref, invstd_ref, rm_ref, rv_ref});
         if (size >= 100) {  // both sides of the mask are exercised, and zeros are exact zeros
           CHECK(zeros_in(y.values(), size) > size / 10);
           CHECK(zeros_in(y.values(), size) == zeros_in(y_ref, size));
         }
-        CHECK(relative_error(head(mean.values(), C), head(mean_ref, C)) < 1e-6);
-        CHECK(relative_error(head(invstd.values(), C), head(invstd_ref, C)) < 1e-5);
-        CHECK(relative_error(head(rm.values(), C), head(rm_ref, C)) < 1e-6);
-        CHECK(relative_error(head(rv.values(), C), head(rv_ref, C)) < 1e-5);
-        CHECK(guards_kept(y.values(), y0, size));
-        CHECK(guards_kept(rm.values(), rm0, C));
-        CHECK(guards_kept(rv.values(), rv0, C));
 
         // The plain kernels then the element-wise relu give the same bits (same expressions).
         const AlignedFloats y_plain(y0), mean_plain(mean0), invstd_plain(invstd0);
@@ -311,27 +327,9 @@ TEST_CASE("emulated batchnorm_relu: backward matches ref, dx assigned, dgamma an
         INFO(describe(sh), " offset=", offset, " grid cap=", cap);
         CHECK(emu::last_launch().kernel == std::string("batchnorm_relu_backward"));
         CHECK(emu::last_launch().grid.x == expected_blocks(elementwise_groups(sh)));
-        if (sh.values_per_channel() > 2) {
-          CHECK(relative_error(head(dx.values(), size), head(dx_ref, size)) < 1e-5);
-        } else {
-          // n = 2: dx is cancellation noise (see the plain backward's test); compare with the terms.
-          double scale = 0;
-          for (std::int64_t k = 0; k < size; ++k) {
-            const std::size_t c = std::size_t((k / sh.plane()) % C);
-            scale = std::max(scale, std::abs(double(gamma.data()[c]) * invstd_v[c] * dy.data()[k]));
-          }
-          CHECK(max_abs_diff(head(dx.values(), size), head(dx_ref, size)) <= 1e-5 * scale);
-        }
         const std::vector<float> dgamma_got = dgamma.values(), dbeta_got = dbeta.values();
-        for (std::int64_t c = 0; c < C; ++c) {
-          CHECK(dgamma_got[std::size_t(c)] - dgamma0[std::size_t(c)] ==
-                doctest::Approx(dgamma_ref[std::size_t(c)]).epsilon(1e-4).scale(1));
-          CHECK(dbeta_got[std::size_t(c)] - dbeta0[std::size_t(c)] ==
-                doctest::Approx(dbeta_ref[std::size_t(c)]).epsilon(1e-4).scale(1));
-        }
-        CHECK(guards_kept(dx.values(), dx0, size));
-        CHECK(guards_kept(dgamma_got, dgamma0, C));
-        CHECK(guards_kept(dbeta_got, dbeta0, C));
+        check_backward(sh, gamma.data(), invstd_v, dy.data(), {dx.values(), dgamma_got, dbeta_got},
+                       {dx0, dgamma0, dbeta0}, {dx_ref, dgamma_ref, dbeta_ref});
 
         // The element-wise mask then the plain backward give the same bits.
         std::vector<float> dy_masked(static_cast<std::size_t>(size));
@@ -591,15 +589,8 @@ void check_one_pass(const StreamHandle& s, const OnePassCase& one, double offset
                                   mean.data(), invstd.data(), rm.data(), rv.data());
       check_path("batchnorm_forward_train_one_pass", "batchnorm_forward_train", one.forward_cluster, C);
     }
-    CHECK(relative_error(head(y.values(), size), head(y_ref, size)) < 1e-5);
-    CHECK(relative_error(head(mean.values(), C), head(mean_ref, C)) < 1e-6);
-    CHECK(relative_error(head(invstd.values(), C), head(invstd_ref, C)) < 1e-5);
-    CHECK(relative_error(head(rm.values(), C), head(rm_ref, C)) < 1e-6);
-    CHECK(relative_error(head(rv.values(), C), head(rv_ref, C)) < 1e-5);
-    CHECK(guards_kept(y.values(), y0, size));
-    CHECK(guards_kept(mean.values(), stat0, C));
-    CHECK(guards_kept(rm.values(), rm0, C));
-    CHECK(guards_kept(rv.values(), rv0, C));
+    check_forward(sh, {y.values(), mean.values(), invstd.values(), rm.values(), rv.values()},
+                  {y0, stat0, stat0, rm0, rv0}, {y_ref, mean_ref, invstd_ref, rm_ref, rv_ref});
 
     // Twice, without running statistics: the same bits.
     const AlignedFloats y2(y0), mean2(stat0), invstd2(stat0);
@@ -632,26 +623,8 @@ void check_one_pass(const StreamHandle& s, const OnePassCase& one, double offset
                              dgamma.data(), dbeta.data());
       check_path("batchnorm_backward_one_pass", "batchnorm_backward", one.backward_cluster, C);
     }
-    if (sh.values_per_channel() > 2) {
-      CHECK(relative_error(head(dx.values(), size), head(dx_ref, size)) < 1e-5);
-    } else {  // n = 2: cancellation noise (the plain backward's test), against the terms' size
-      double scale = 0;
-      for (std::int64_t k = 0; k < size; ++k) {
-        const std::size_t c = std::size_t((k / sh.plane()) % C);
-        scale = std::max(scale, std::abs(double(gamma.data()[c]) * invstd_ref[c] * dy.data()[k]));
-      }
-      CHECK(max_abs_diff(head(dx.values(), size), head(dx_ref, size)) <= 1e-5 * scale);
-    }
-    const std::vector<float> dgamma_got = dgamma.values(), dbeta_got = dbeta.values();
-    for (std::int64_t c = 0; c < C; ++c) {
-      CHECK(dgamma_got[std::size_t(c)] - dgamma0[std::size_t(c)] ==
-            doctest::Approx(dgamma_ref[std::size_t(c)]).epsilon(1e-4).scale(1));
-      CHECK(dbeta_got[std::size_t(c)] - dbeta0[std::size_t(c)] ==
-            doctest::Approx(dbeta_ref[std::size_t(c)]).epsilon(1e-4).scale(1));
-    }
-    CHECK(guards_kept(dx.values(), dx0, size));
-    CHECK(guards_kept(dgamma_got, dgamma0, C));
-    CHECK(guards_kept(dbeta_got, dbeta0, C));
+    check_backward(sh, gamma.data(), invstd_ref, dy.data(), {dx.values(), dgamma.values(), dbeta.values()},
+                   {dx0, dgamma0, dbeta0}, {dx_ref, dgamma_ref, dbeta_ref});
   }
 
   // Fused into the coupling: the one-pass relu forward's f, coupled, bit for bit.

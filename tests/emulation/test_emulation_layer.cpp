@@ -495,14 +495,25 @@ TEST_CASE("emulation: the blocks of a cluster run together, wait at its barrier 
 
 TEST_CASE("emulation: misused clusters are errors: a barrier not every block reaches, bad ranks, bad shapes") {
   std::vector<float> y(64);
-  CHECK_THROWS_WITH_AS(emu::launch("cluster_rank_one_returns", cluster_rank_one_returns, 4, 32, 16, nullptr, 2)(y.data()),
-                       doctest::Contains("every thread of a cluster must reach every cluster_sync"), KernelError);
-  CHECK_THROWS_WITH_AS(emu::launch("cluster_barriers_differ", cluster_barriers_differ, 2, 32, 16, nullptr, 2)(y.data()),
-                       doctest::Contains("different cluster_sync"), KernelError);
-  CHECK_THROWS_WITH_AS(emu::launch("cluster_peer_out_of_range", cluster_peer_out_of_range, 2, 32, 16, nullptr, 2)(y.data()),
-                       doctest::Contains("rank 2 in a cluster of 2"), KernelError);
-  CHECK_THROWS_WITH_AS(emu::launch("cluster_peer_of_static", cluster_peer_of_static, 2, 32, 16, nullptr, 2)(y.data()),
-                       doctest::Contains("not in its block's dynamic shared memory"), KernelError);
+  struct Misuse {
+    const char* name;
+    void (*kernel)(float*);
+    unsigned blocks, cluster;
+    const char* error;
+  };
+  for (const Misuse& m :
+       {Misuse{"cluster_rank_one_returns", cluster_rank_one_returns, 4, 2,
+               "every thread of a cluster must reach every cluster_sync"},
+        Misuse{"cluster_barriers_differ", cluster_barriers_differ, 2, 2, "different cluster_sync"},
+        Misuse{"cluster_peer_out_of_range", cluster_peer_out_of_range, 2, 2, "rank 2 in a cluster of 2"},
+        Misuse{"cluster_peer_of_static", cluster_peer_of_static, 2, 2, "not in its block's dynamic shared memory"},
+        Misuse{"cluster_against_block_barrier", cluster_against_block_barrier, 2, 2, "deadlock"},
+        Misuse{"cluster_neighbour", cluster_neighbour, 6, 4, "divides grid.x"},
+        Misuse{"cluster_neighbour", cluster_neighbour, 16, 16, "1 to 8 blocks"}}) {
+    CAPTURE(m.name);
+    CHECK_THROWS_WITH_AS(emu::launch(m.name, m.kernel, m.blocks, 32, 16, nullptr, m.cluster)(y.data()),
+                         doctest::Contains(m.error), KernelError);
+  }
   if (emu::cooperative_available()) {  // (found when the other block has finished first: the fibers' order)
     const bool saved = emu::settings().cooperative;
     emu::settings().cooperative = true;
@@ -511,12 +522,6 @@ TEST_CASE("emulation: misused clusters are errors: a barrier not every block rea
                          doctest::Contains("whose threads have all returned"), KernelError);
     emu::settings().cooperative = saved;
   }
-  CHECK_THROWS_WITH_AS(emu::launch("cluster_against_block_barrier", cluster_against_block_barrier, 2, 32, 16, nullptr, 2)(y.data()),
-                       doctest::Contains("deadlock"), KernelError);
-  CHECK_THROWS_WITH_AS(emu::launch("cluster_neighbour", cluster_neighbour, 6, 32, 16, nullptr, 4)(y.data()),
-                       doctest::Contains("divides grid.x"), KernelError);
-  CHECK_THROWS_WITH_AS(emu::launch("cluster_neighbour", cluster_neighbour, 16, 32, 16, nullptr, 16)(y.data()),
-                       doctest::Contains("1 to 8 blocks"), KernelError);
   // The emulator is usable after the failures.
   std::vector<float> z(2 * 32);
   emu::launch("cluster_neighbour", cluster_neighbour, 2, 32, 16, nullptr, 2)(z.data());
