@@ -1379,7 +1379,8 @@ std::atomic<std::int64_t> launch_element_limit{kIndexLimit};
 // keep the input and output of a launch within launch_element_limit (the whole batch unless it is
 // over 2^31 elements); x_at and y_at are where the part starts in the input and the output. The
 // parts depend on the shape only; the weight gradient adds them into dw in batch order. A sample
-// over the limit, or a kernel over kMaxKernelExtent taps a side, is a ShapeError.
+// over the limit, one whose padding puts the gathers' offsets past 2^31, or a kernel over
+// kMaxKernelExtent taps a side, is a ShapeError.
 template <class Launch>
 void for_each_batch_part(const Conv2dShape& shape, Launch launch) {
   const std::int64_t limit = launch_element_limit.load();
@@ -1394,7 +1395,24 @@ void for_each_batch_part(const Conv2dShape& shape, Launch launch) {
     throw ShapeError(detail::concat("conv2d: petra's CUDA kernels take kernels of at most ", tiling::kMaxKernelExtent,
                                     " taps a side (their bounds checks are 32-bit masks of taps), not ",
                                     shape.kernel_h, "x", shape.kernel_w, " (--conv-impl cudnn has no such limit)"));
-  const std::int64_t part = std::max<std::int64_t>(1, limit / std::max<std::int64_t>(per_sample, 1));
+  // ... and keep the offsets of the gathers within 32 bits: they reach past x's and dy's planes by
+  // up to the padding plus the kernel (tiling::offsets_fit; binds only with a padding of hundreds)
+  const std::int64_t reach_h = shape.pad_h + shape.kernel_h, reach_w = shape.pad_w + shape.kernel_w;
+  const auto offsets_fit = [&](std::int64_t samples) {
+    return tiling::offsets_fit(samples * shape.in_channels, shape.in_h, shape.in_w, 1, reach_h, reach_w) &&
+           tiling::offsets_fit(samples * shape.out_channels, shape.out_h(), shape.out_w(), 1, reach_h, reach_w);
+  };
+  if (!offsets_fit(1))
+    throw ShapeError(detail::concat("conv2d: petra's CUDA kernels index in 32 bits: a padding of ", shape.pad_h, "x",
+                                    shape.pad_w, " around one sample's ", shape.in_channels, " planes of ", shape.in_h,
+                                    "x", shape.in_w, " puts offsets past 2^31 (--conv-impl cudnn has no such limit)"));
+  std::int64_t part = std::max<std::int64_t>(1, limit / std::max<std::int64_t>(per_sample, 1));
+  for (std::int64_t fits = 1; !offsets_fit(part);) {  // the most samples that fit: between fits and part
+    const std::int64_t middle = fits + (part - fits) / 2;
+    if (middle == fits) part = fits;
+    else if (offsets_fit(middle)) fits = middle;
+    else part = middle;
+  }
   for (std::int64_t b0 = 0; b0 < shape.batch; b0 += part) {
     Conv2dShape sub = shape;
     sub.batch = std::min(part, shape.batch - b0);
@@ -1579,6 +1597,18 @@ std::int64_t channels_last_floats(const Conv2dShape& s) {
   return channels_last_x_floats(s) + s.in_channels * s.kernel_h * s.kernel_w * channels_last_n_pad(s);
 }
 
+// Whether the channels-last problems' 32-bit offsets into a copy of x (the forward's, the weight
+// gradient's) or of dy (backward data's) stay in range: their pixels' corners lie up to the
+// padding outside the image, times the channels now (tiling::offsets_fit; the 64 MiB cap on the
+// copies does not bound that with a padding of 128 or more).
+bool x_channels_last_offsets_fit(const Conv2dShape& s) {
+  return tiling::offsets_fit(s.batch, s.in_h, s.in_w, s.in_channels, s.pad_h + s.kernel_h, s.pad_w + s.kernel_w);
+}
+bool dy_channels_last_offsets_fit(const Conv2dShape& s) {
+  return tiling::offsets_fit(s.batch, s.out_h(), s.out_w(), s.out_channels, s.pad_h + s.kernel_h,
+                             s.pad_w + s.kernel_w);
+}
+
 // Whether conv2d_forward takes the channels-last path for a batch part: TF32 with
 // set_conv2d_channels_last on (the default), stride 1, in_channels a multiple of 4 (four k of a
 // tap in one aligned 16-byte copy), a stream with scratch memory, the copies within
@@ -1592,7 +1622,8 @@ bool channels_last_applies(const StreamHandle& s, const Conv2dShape& shape) {
          shape.stride_h == 1 && shape.stride_w == 1 && shape.in_channels % 4 == 0 &&
          s.workspace != nullptr &&
          channels_last_floats(shape) * std::int64_t(sizeof(float)) <= kChannelsLastMaxBytes &&
-         tiling::ceil_div(shape.batch * shape.out_h() * shape.out_w(), 64) <= 65535;
+         tiling::ceil_div(shape.batch * shape.out_h() * shape.out_w(), 64) <= 65535 &&
+         x_channels_last_offsets_fit(shape);
 }
 
 void channels_last_forward_launch(const StreamHandle& s, const Conv2dShape& shape, const float* x, const float* w,
@@ -1652,7 +1683,7 @@ bool data_channels_last_applies(const StreamHandle& s, const Conv2dShape& shape)
   return Conv2dMath(conv_math.load()) == Conv2dMath::tf32 && conv_channels_last.load() &&
          shape.out_channels % 4 == 0 && s.workspace != nullptr &&
          data_channels_last_floats(shape) * std::int64_t(sizeof(float)) <= kChannelsLastMaxBytes &&
-         tiling::ceil_div(widest, 64) <= 65535;
+         tiling::ceil_div(widest, 64) <= 65535 && dy_channels_last_offsets_fit(shape);
 }
 
 // Backward data from channels-last copies (ChannelsLastDataProblem): the weights once, then per
@@ -1710,7 +1741,8 @@ void data_launch(const StreamHandle& s, const Conv2dShape& shape, const float* d
 bool weight_channels_last_applies(const StreamHandle& s, const Conv2dShape& shape, const WeightProblem& p) {
   return Conv2dMath(conv_math.load()) == Conv2dMath::tf32 && conv_channels_last.load() &&
          shape.in_channels % 32 == 0 && p.vector_a_allowed() && s.workspace != nullptr &&
-         channels_last_x_floats(shape) * std::int64_t(sizeof(float)) <= kChannelsLastMaxBytes;
+         channels_last_x_floats(shape) * std::int64_t(sizeof(float)) <= kChannelsLastMaxBytes &&
+         x_channels_last_offsets_fit(shape);
 }
 
 void weight_launch(const StreamHandle& s, const Conv2dShape& shape, const float* x, const float* dy, float* dw,

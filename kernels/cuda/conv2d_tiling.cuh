@@ -63,6 +63,21 @@ PETRA_HOST_DEVICE inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
   return (a + b - 1) / b;
 }
 
+// Whether a gather's 32-bit offsets stay within limit (2^31 - 1) over `images` images of h x w
+// pixels, `channels` values each: an offset is ((image * h + r) * w + c) * channels + channel,
+// where an output pixel's corner and its taps put the row r and the column c up to reach_h and
+// reach_w outside the image (the padding, taps past it), before the first element or after the
+// last. NCHW tensors are images = batch * channels planes of one value a pixel, channels-last
+// copies batch images of `channels`. The tensors' element limit alone does not bound this: at
+// padding 128 an image of 2^24 floats already puts a channels-last corner at -2^31.
+PETRA_HOST_DEVICE inline bool offsets_fit(std::int64_t images, std::int64_t h, std::int64_t w, std::int64_t channels,
+                                          std::int64_t reach_h, std::int64_t reach_w,
+                                          std::int64_t limit = std::int64_t(INT32_MAX)) {
+  // the largest offset is below ((images * h + reach_h) * w + reach_w) * channels, the most
+  // negative above minus (reach_h * w + reach_w) * channels
+  return ((images * h + reach_h) * w + reach_w) * channels <= limit;
+}
+
 // a / b for a >= 0, b > 0, in 32 bits when both fit (a GPU divides 64-bit integers in a long
 // subroutine, several times slower); the same result either way. Every index division of the
 // kernels goes through it.

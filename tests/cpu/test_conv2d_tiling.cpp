@@ -12,6 +12,7 @@
 //   - the block tiles (64 or 128 by 64 or 128): every A and B element loaded by exactly one
 //     (thread, q), every C element computed by exactly one (thread, r, q); choose_tile's and
 //     choose_tile_tf32's rules;
+//   - offsets_fit: the 32-bit gathers' offsets within reach of the images, against the largest;
 //   - split_k: slices in order, none empty, tile-aligned, covering K; weight_split_slices' bounds;
 //   - the TF32 path: tf32_round against the two TF32 neighbours of a float, tf32_operand_bits
 //     against tf32_round through the tensor cores' truncation, the warps' pieces and mma.m16n8k8
@@ -21,10 +22,12 @@
 // Runs in every build (the header needs no CUDA).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <random>
@@ -255,6 +258,37 @@ TEST_CASE("conv2d tiling: the bit-test bounds check agrees with comparisons") {
   CHECK_FALSE(tiling::bits_meet(~0u, ~0u, ~0u, 0));
   CHECK(tiling::bits_meet(0x80000000u, tiling::tap_bit(31), 1, tiling::tap_bit(0)));
   CHECK_FALSE(tiling::bits_meet(0x7fffffffu, tiling::tap_bit(31), 1, tiling::tap_bit(0)));
+}
+
+// offsets_fit against the largest offset, and intermediate, that ((image * h + r) * w + c) *
+// channels + channel takes over every row and column within reach of the images: never true
+// where one is over the limit, and true once the limit is one above the largest (the bound is
+// tight but for that one).
+TEST_CASE("conv2d tiling: offsets_fit bounds every offset within reach of the images") {
+  for (std::int64_t images = 1; images <= 3; ++images)
+    for (std::int64_t h = 1; h <= 4; ++h)
+      for (std::int64_t w = 1; w <= 4; ++w)
+        for (std::int64_t channels = 1; channels <= 3; ++channels)
+          for (std::int64_t reach_h = 1; reach_h <= 3; ++reach_h)
+            for (std::int64_t reach_w = 1; reach_w <= 3; ++reach_w) {
+              std::int64_t largest = 0;
+              for (std::int64_t image = 0; image < images; ++image)
+                for (std::int64_t r = -reach_h; r < h + reach_h; ++r)
+                  for (std::int64_t c = -reach_w; c < w + reach_w; ++c)
+                    for (std::int64_t channel = 0; channel < channels; ++channel) {
+                      const std::int64_t row = (image * h + r) * w, corner = (row + c) * channels;
+                      largest = std::max({largest, std::abs(row), std::abs(corner), std::abs(corner + channel)});
+                    }
+              for (std::int64_t limit = largest - 3; limit <= largest + 3; ++limit)
+                if (tiling::offsets_fit(images, h, w, channels, reach_h, reach_w, limit)) REQUIRE(largest <= limit);
+              REQUIRE(tiling::offsets_fit(images, h, w, channels, reach_h, reach_w, largest + 1));
+            }
+  // At 2^31: ResNet-18's largest CIFAR layer at batch 128 fits either way; a padding of 128
+  // around 2^24 floats of one image puts a channels-last corner past -2^31, not an NCHW one.
+  CHECK(tiling::offsets_fit(128, 32, 32, 64, 1 + 3, 1 + 3));
+  CHECK(tiling::offsets_fit(128 * 64, 32, 32, 1, 1 + 3, 1 + 3));
+  CHECK_FALSE(tiling::offsets_fit(1, 1, 4096, 4096, 128 + 1, 128 + 1));
+  CHECK(tiling::offsets_fit(4096, 1, 4096, 1, 128 + 1, 128 + 1));
 }
 
 TEST_CASE("conv2d tiling: stride_class partitions coordinates and taps by residue") {
