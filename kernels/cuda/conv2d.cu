@@ -218,7 +218,7 @@ struct ForwardProblem {
   // A's k of a row are consecutive floats (a weight row), so four of them from a multiple of 4
   // are one 16-byte copy where every row starts aligned (TileGather's kVectorA).
   static constexpr bool kVectorA = true;
-  static constexpr bool kPaddedA = false, kVectorB = false;  // (ChannelsLastForwardProblem's)
+  static constexpr bool kPaddedA = false, kVectorB = false, kRoundedA = false;  // (ChannelsLastForwardProblem's)
   bool vector_a_allowed() const { return cuda_detail::aligned_16(w) && g.in_channels * g.taps() % 4 == 0; }
   __device__ const float* b_data() const { return x; }
   __device__ bool b_inside(const Column& c, const KEntry& e, bool /*k_inside*/) const {
@@ -296,7 +296,7 @@ struct ChannelsLastForwardProblem {
   __device__ const float* a_data() const { return xc; }
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return r.corner + e.a; }
   // (always: conv2d_forward takes this problem where in_channels % 4 == 0, channels_last_applies)
-  static constexpr bool kVectorA = true, kPaddedA = true, kVectorB = true;
+  static constexpr bool kVectorA = true, kPaddedA = true, kVectorB = true, kRoundedA = true;
   __device__ bool a_inside(const Row& r, const KEntry& e) const {
     return tiling::bits_meet(r.taps_h, e.h, r.taps_w, e.w);
   }
@@ -396,7 +396,7 @@ struct DataProblem {
   // Reading wt, A's k of a row are consecutive floats and its rows start aligned (k_max is a
   // multiple of 4): 16-byte copies.
   static constexpr bool kVectorA = true;
-  static constexpr bool kPaddedA = false, kVectorB = false;  // (ChannelsLastForwardProblem's)
+  static constexpr bool kPaddedA = false, kVectorB = false, kRoundedA = false;  // (ChannelsLastForwardProblem's)
   bool vector_a_allowed() const { return wt != nullptr && cuda_detail::aligned_16(wt); }
   __device__ const float* b_data() const { return dy; }
   __device__ bool b_inside(const Column& c, const KEntry& e, bool /*k_inside*/) const {
@@ -478,7 +478,7 @@ struct ChannelsLastDataProblem {
   __device__ const float* a_data() const { return dyc; }
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return r.corner + e.a; }
   // (always: conv2d_backward_data takes this problem where out_channels % 4 == 0)
-  static constexpr bool kVectorA = true, kPaddedA = true, kVectorB = true;
+  static constexpr bool kVectorA = true, kPaddedA = true, kVectorB = true, kRoundedA = true;
   __device__ bool a_inside(const Row& r, const KEntry& e) const {
     return tiling::bits_meet(r.taps_h, e.h, r.taps_w, e.w);
   }
@@ -556,7 +556,7 @@ struct WeightProblem {
   // of 4 (the slices begin at multiples of kTileK) are consecutive floats of one sample, and one
   // aligned 16-byte copy, where the plane is a multiple of 4 and dy aligned (TileGather's kVectorA).
   static constexpr bool kVectorA = true;
-  static constexpr bool kPaddedA = false, kVectorB = false;  // (ChannelsLastForwardProblem's)
+  static constexpr bool kPaddedA = false, kVectorB = false, kRoundedA = false;  // (ChannelsLastForwardProblem's)
   bool vector_a_allowed() const { return cuda_detail::aligned_16(dy) && g.out_plane() % 4 == 0; }
   __device__ const float* b_data() const { return x; }
   __device__ bool b_inside(const Column& c, const KEntry& e, bool /*k_inside*/) const {
@@ -631,7 +631,7 @@ struct ChannelsLastWeightProblem {
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return e.a + r.dy_channel; }
   // (always: conv2d_backward_weight takes this problem where WeightProblem's A rows allow 16-byte
   // copies, weight_channels_last_applies)
-  static constexpr bool kVectorA = true, kPaddedA = false, kVectorB = true;
+  static constexpr bool kVectorA = true, kPaddedA = false, kVectorB = true, kRoundedA = false;
   __device__ const float* b_data() const { return xc; }
   // the zero entry past k_end is a pixel at -2^31: outside for every tap
   __device__ bool b_inside(const Column& c, const KEntry& e, bool /*k_inside*/) const {
@@ -691,7 +691,7 @@ struct WinogradWeightProblem {
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return r.u_row + e.a; }
   // A's k of a row are consecutive floats of U_e's row: 16-byte copies where T is a multiple of 4.
   static constexpr bool kVectorA = true;
-  static constexpr bool kPaddedA = false, kVectorB = false;  // (ChannelsLastForwardProblem's)
+  static constexpr bool kPaddedA = false, kVectorB = false, kRoundedA = false;  // (ChannelsLastForwardProblem's)
   bool vector_a_allowed() const { return cuda_detail::aligned_16(u) && t_count % 4 == 0; }
   __device__ const float* b_data() const { return v; }
   // No padding: inside wherever k is before k_end (one comparison, cheaper than testing the entry,
@@ -825,12 +825,15 @@ __device__ inline void copy_wait() {
 // launch that wrote it (B is then not rounded in the tile); each copy's bounds check is
 // Problem::b_inside (the weight gradient's padding; k < k_left for the others).
 // Problem::kPaddedA: A has zero padding (Problem::a_inside), checked per 16-byte copy.
+// Problem::kRoundedA (with kVectorA): A is a copy that its launch rounded to TF32 (the
+// channels-last copies, to_channels_last), so the tile only interleaves it (round_to_tf32).
 template <class Problem, class Tile, bool kVectorA = false>
 struct TileGather {
   static_assert(!kVectorA || (Tile::kTf32 && Problem::kVectorA),
                 "16-byte A copies: the TF32 layout, from A rows contiguous in k");
   static_assert(!(Problem::kVectorB || Problem::kPaddedA) || kVectorA,
                 "a padded A or 16-byte B copies: in the 16-byte A copies' kernel only");
+  static_assert(!Problem::kRoundedA || kVectorA, "A rounded by its copy: in the 16-byte A copies' kernel only");
   static constexpr int kRowsA = kVectorA ? Tile::kVectorLoadsA : Tile::kLoadsA;
   // the tile row of the thread's A row q
   PETRA_HOST_DEVICE static constexpr int a_row_of(int t, int q) {
@@ -940,8 +943,13 @@ PETRA_UNROLL
         float4& low = *reinterpret_cast<float4*>(&a_tile[a_row_of(t, 0)][k]);
         float4& high = *reinterpret_cast<float4*>(&a_tile[a_row_of(t, 1)][k]);
         const float4 r = low, r8 = high;
-        low = make_float4(tf32_operand(r.x), tf32_operand(r8.x), tf32_operand(r.y), tf32_operand(r8.y));
-        high = make_float4(tf32_operand(r.z), tf32_operand(r8.z), tf32_operand(r.w), tf32_operand(r8.w));
+        if constexpr (Problem::kRoundedA) {  // rounded by the launch that wrote A: interleaved only
+          low = make_float4(r.x, r8.x, r.y, r8.y);
+          high = make_float4(r.z, r8.z, r.w, r8.w);
+        } else {
+          low = make_float4(tf32_operand(r.x), tf32_operand(r8.x), tf32_operand(r.y), tf32_operand(r8.y));
+          high = make_float4(tf32_operand(r.z), tf32_operand(r8.z), tf32_operand(r.w), tf32_operand(r8.w));
+        }
       }
     } else {
 PETRA_UNROLL
@@ -1524,9 +1532,14 @@ __global__ void data_weight_transpose(ConvGeometry g, Index k_max, const float* 
 // xc[b][p][c] = x[b][c][p] (p: a pixel of the plane), through 32 x 32 tiles of shared memory so
 // that both the reads (along a channel's plane) and the writes (along a pixel's channels) are
 // coalesced; block i handles tiles i, i + grid, ... of (sample, channel tile, pixel tile). The
-// tile's rows are 33 floats: a column of it (the writes' reads) is then on 32 banks.
+// tile's rows are 33 floats: a column of it (the writes' reads) is then on 32 banks. Every value
+// is rounded to TF32 (tf32_round) as it is written: the copies feed only the tensor cores, and so
+// the K loop does not round them (Problem::kRoundedA: the forward's and backward data's A, in
+// place of tf32_operand's add on every value of every step, whose guard against infinities and
+// NaN took 6 instructions a value, 48 of the 260 of a 128 x 128 step; the same bits, as the tensor
+// cores truncate tf32_operand's to tf32_round's, conv2d_tiling::tf32_operand_bits).
 // kTf32B (the weight gradient's B, ChannelsLastWeightProblem; channels % 32 == 0): each 32
-// channels in tf32_b_slot's order, xc[b][p][tf32_b_slot(c)], and rounded to TF32.
+// channels in tf32_b_slot's order, xc[b][p][tf32_b_slot(c)].
 constexpr int kTransposeTile = 32;
 template <bool kTf32B>
 __global__ void to_channels_last(Index batch, Index channels, Index plane, const float* x, float* xc) {
@@ -1553,7 +1566,7 @@ __global__ void to_channels_last(Index batch, Index channels, Index plane, const
       if constexpr (kTf32B) {  // slot tx holds channel c0 + tf32_b_column_of_slot(tx) (a whole tile of channels)
         if (p < plane) sample_c[std::int64_t(p) * channels + c] = tiling::tf32_round(tile[tiling::tf32_b_column_of_slot(tx)][r]);
       } else {
-        if (c < channels && p < plane) sample_c[std::int64_t(p) * channels + c] = tile[tx][r];
+        if (c < channels && p < plane) sample_c[std::int64_t(p) * channels + c] = tiling::tf32_round(tile[tx][r]);
       }
     }
   }
