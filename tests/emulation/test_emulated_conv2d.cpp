@@ -366,30 +366,12 @@ TEST_CASE("emulated conv2d: a batch over the 32-bit limit runs in parts, with th
   CHECK(emu::launches() == before);
 }
 
-// The kernels' bounds checks are 32-bit masks of taps (tiling::bits_meet): a kernel of 33 taps a
-// side is a ShapeError in every pass, before any launch (the 32-tap one is in kShapes).
-TEST_CASE("emulated conv2d: a kernel over 32 taps a side is a ShapeError") {
-  Stream stream;
-  const StreamHandle& s = stream.s;
-  for (const Conv2dShape& sh : {Conv2dShape{1, 1, 3, 40, 1, 1, 33, 1, 1, 0, 0}, Conv2dShape{1, 1, 40, 3, 1, 33, 1, 1, 1, 0, 0}}) {
-    const Buffer x(sh.input_size(), 1, 1), w(sh.weight_size(), 2, 0), y(sh.output_size(), 3, 1),
-        dx(sh.input_size(), 4, 1), dw(sh.weight_size(), 5, 0);
-    const std::size_t before = emu::launches();
-    CHECK_THROWS_AS(cu::conv2d_forward(s, sh, x.data(), w.data(), nullptr, y.data()), petra::ShapeError);
-    CHECK_THROWS_AS(cu::conv2d_backward_data(s, sh, y.data(), w.data(), dx.data()), petra::ShapeError);
-    CHECK_THROWS_AS(cu::conv2d_backward_weight(s, sh, x.data(), y.data(), dw.data()), petra::ShapeError);
-    CHECK(emu::launches() == before);
-  }
-}
+namespace {
 
-// The gathers' offsets reach past a plane by the padding: a padding of 2^20 rows around a
-// 1 x 4096 plane puts a corner at -2^32 (tiling::offsets_fit), though every tensor is small: a
-// ShapeError in every pass, before any launch, not offsets wrapped around.
-TEST_CASE("emulated conv2d: a padding that puts offsets past 2^31 is a ShapeError") {
+// Every pass refuses `sh` with a ShapeError before any launch.
+void check_refused_by_every_pass(const Conv2dShape& sh) {
   Stream stream;
   const StreamHandle& s = stream.s;
-  const Conv2dShape sh{1, 1, 1, 4096, 1, 1, 1, 1024, 32, std::int64_t(1) << 20, 0};
-  REQUIRE(sh.output_size() == 2049 * 128);
   const Buffer x(sh.input_size(), 1, 1), w(sh.weight_size(), 2, 0), y(sh.output_size(), 3, 1),
       dx(sh.input_size(), 4, 1), dw(sh.weight_size(), 5, 0);
   const std::size_t before = emu::launches();
@@ -397,6 +379,24 @@ TEST_CASE("emulated conv2d: a padding that puts offsets past 2^31 is a ShapeErro
   CHECK_THROWS_AS(cu::conv2d_backward_data(s, sh, y.data(), w.data(), dx.data()), petra::ShapeError);
   CHECK_THROWS_AS(cu::conv2d_backward_weight(s, sh, x.data(), y.data(), dw.data()), petra::ShapeError);
   CHECK(emu::launches() == before);
+}
+
+}  // namespace
+
+// The kernels' bounds checks are 32-bit masks of taps (tiling::bits_meet): a kernel of 33 taps a
+// side is a ShapeError in every pass, before any launch (the 32-tap one is in kShapes).
+TEST_CASE("emulated conv2d: a kernel over 32 taps a side is a ShapeError") {
+  check_refused_by_every_pass({1, 1, 3, 40, 1, 1, 33, 1, 1, 0, 0});
+  check_refused_by_every_pass({1, 1, 40, 3, 1, 33, 1, 1, 1, 0, 0});
+}
+
+// The gathers' offsets reach past a plane by the padding: a padding of 2^20 rows around a
+// 1 x 4096 plane puts a corner at -2^32 (tiling::offsets_fit), though every tensor is small: a
+// ShapeError in every pass, before any launch, not offsets wrapped around.
+TEST_CASE("emulated conv2d: a padding that puts offsets past 2^31 is a ShapeError") {
+  const Conv2dShape sh{1, 1, 1, 4096, 1, 1, 1, 1024, 32, std::int64_t(1) << 20, 0};
+  REQUIRE(sh.output_size() == 2049 * 128);
+  check_refused_by_every_pass(sh);
 }
 
 TEST_CASE("emulated conv2d: backward bias accumulates, matching ref, the same bits whatever the grid") {
