@@ -218,7 +218,8 @@ struct ForwardProblem {
   // A's k of a row are consecutive floats (a weight row), so four of them from a multiple of 4
   // are one 16-byte copy where every row starts aligned (TileGather's kVectorA).
   static constexpr bool kVectorA = true;
-  static constexpr bool kPaddedA = false, kVectorB = false, kRoundedA = false;  // (ChannelsLastForwardProblem's)
+  // (ChannelsLastForwardProblem's, ChannelsLastDataProblem's)
+  static constexpr bool kPaddedA = false, kVectorB = false, kRoundedA = false, kRoundedB = false;
   bool vector_a_allowed() const { return cuda_detail::aligned_16(w) && g.in_channels * g.taps() % 4 == 0; }
   __device__ const float* b_data() const { return x; }
   __device__ bool b_inside(const Column& c, const KEntry& e, bool /*k_inside*/) const {
@@ -296,7 +297,7 @@ struct ChannelsLastForwardProblem {
   __device__ const float* a_data() const { return xc; }
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return r.corner + e.a; }
   // (always: conv2d_forward takes this problem where in_channels % 4 == 0, channels_last_applies)
-  static constexpr bool kVectorA = true, kPaddedA = true, kVectorB = true, kRoundedA = true;
+  static constexpr bool kVectorA = true, kPaddedA = true, kVectorB = true, kRoundedA = true, kRoundedB = true;
   __device__ bool a_inside(const Row& r, const KEntry& e) const {
     return tiling::bits_meet(r.taps_h, e.h, r.taps_w, e.w);
   }
@@ -396,7 +397,8 @@ struct DataProblem {
   // Reading wt, A's k of a row are consecutive floats and its rows start aligned (k_max is a
   // multiple of 4): 16-byte copies.
   static constexpr bool kVectorA = true;
-  static constexpr bool kPaddedA = false, kVectorB = false, kRoundedA = false;  // (ChannelsLastForwardProblem's)
+  // (ChannelsLastForwardProblem's, ChannelsLastDataProblem's)
+  static constexpr bool kPaddedA = false, kVectorB = false, kRoundedA = false, kRoundedB = false;
   bool vector_a_allowed() const { return wt != nullptr && cuda_detail::aligned_16(wt); }
   __device__ const float* b_data() const { return dy; }
   __device__ bool b_inside(const Column& c, const KEntry& e, bool /*k_inside*/) const {
@@ -478,7 +480,7 @@ struct ChannelsLastDataProblem {
   __device__ const float* a_data() const { return dyc; }
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return r.corner + e.a; }
   // (always: conv2d_backward_data takes this problem where out_channels % 4 == 0)
-  static constexpr bool kVectorA = true, kPaddedA = true, kVectorB = true, kRoundedA = true;
+  static constexpr bool kVectorA = true, kPaddedA = true, kVectorB = true, kRoundedA = true, kRoundedB = true;
   __device__ bool a_inside(const Row& r, const KEntry& e) const {
     return tiling::bits_meet(r.taps_h, e.h, r.taps_w, e.w);
   }
@@ -556,7 +558,8 @@ struct WeightProblem {
   // of 4 (the slices begin at multiples of kTileK) are consecutive floats of one sample, and one
   // aligned 16-byte copy, where the plane is a multiple of 4 and dy aligned (TileGather's kVectorA).
   static constexpr bool kVectorA = true;
-  static constexpr bool kPaddedA = false, kVectorB = false, kRoundedA = false;  // (ChannelsLastForwardProblem's)
+  // (ChannelsLastForwardProblem's, ChannelsLastDataProblem's)
+  static constexpr bool kPaddedA = false, kVectorB = false, kRoundedA = false, kRoundedB = false;
   bool vector_a_allowed() const { return cuda_detail::aligned_16(dy) && g.out_plane() % 4 == 0; }
   __device__ const float* b_data() const { return x; }
   __device__ bool b_inside(const Column& c, const KEntry& e, bool /*k_inside*/) const {
@@ -631,7 +634,7 @@ struct ChannelsLastWeightProblem {
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return e.a + r.dy_channel; }
   // (always: conv2d_backward_weight takes this problem where WeightProblem's A rows allow 16-byte
   // copies, weight_channels_last_applies)
-  static constexpr bool kVectorA = true, kPaddedA = false, kVectorB = true, kRoundedA = false;
+  static constexpr bool kVectorA = true, kPaddedA = false, kVectorB = true, kRoundedA = false, kRoundedB = true;
   __device__ const float* b_data() const { return xc; }
   // the zero entry past k_end is a pixel at -2^31: outside for every tap
   __device__ bool b_inside(const Column& c, const KEntry& e, bool /*k_inside*/) const {
@@ -691,7 +694,9 @@ struct WinogradWeightProblem {
   __device__ Index a_offset(const Row& r, const KEntry& e) const { return r.u_row + e.a; }
   // A's k of a row are consecutive floats of U_e's row: 16-byte copies where T is a multiple of 4.
   static constexpr bool kVectorA = true;
-  static constexpr bool kPaddedA = false, kVectorB = false, kRoundedA = false;  // (ChannelsLastForwardProblem's)
+  static constexpr bool kPaddedA = false, kVectorB = false;
+  // U and V are written rounded to TF32 when the TF32 kernel multiplies them (the transforms' tf32)
+  static constexpr bool kRoundedA = true, kRoundedB = true;
   bool vector_a_allowed() const { return cuda_detail::aligned_16(u) && t_count % 4 == 0; }
   __device__ const float* b_data() const { return v; }
   // No padding: inside wherever k is before k_end (one comparison, cheaper than testing the entry,
@@ -825,15 +830,17 @@ __device__ inline void copy_wait() {
 // launch that wrote it (B is then not rounded in the tile); each copy's bounds check is
 // Problem::b_inside (the weight gradient's padding; k < k_left for the others).
 // Problem::kPaddedA: A has zero padding (Problem::a_inside), checked per 16-byte copy.
-// Problem::kRoundedA (with kVectorA): A is a copy that its launch rounded to TF32 (the
-// channels-last copies, to_channels_last), so the tile only interleaves it (round_to_tf32).
+// Problem::kRoundedA, kRoundedB: A (B) is a copy that the launch writing it rounded to TF32 (the
+// channels-last copies, to_channels_last; the weights laid out by tap; Winograd's transforms under
+// TF32), so the tiles do not round it again (round_to_tf32 only interleaves A's 16-byte copies).
+// Every kVectorB problem's B is such a copy.
 template <class Problem, class Tile, bool kVectorA = false>
 struct TileGather {
   static_assert(!kVectorA || (Tile::kTf32 && Problem::kVectorA),
                 "16-byte A copies: the TF32 layout, from A rows contiguous in k");
   static_assert(!(Problem::kVectorB || Problem::kPaddedA) || kVectorA,
                 "a padded A or 16-byte B copies: in the 16-byte A copies' kernel only");
-  static_assert(!Problem::kRoundedA || kVectorA, "A rounded by its copy: in the 16-byte A copies' kernel only");
+  static_assert(!Problem::kVectorB || Problem::kRoundedB, "16-byte B copies land as laid out: rounded there");
   static constexpr int kRowsA = kVectorA ? Tile::kVectorLoadsA : Tile::kLoadsA;
   // the tile row of the thread's A row q
   PETRA_HOST_DEVICE static constexpr int a_row_of(int t, int q) {
@@ -951,7 +958,7 @@ PETRA_UNROLL
           high = make_float4(tf32_operand(r.z), tf32_operand(r8.z), tf32_operand(r.w), tf32_operand(r8.w));
         }
       }
-    } else {
+    } else if constexpr (!Problem::kRoundedA) {  // (scalar copies land in place: nothing to interleave)
 PETRA_UNROLL
       for (int q = 0; q < kRowsA; ++q) {
         const tiling::TileCoordinate at = Tile::a_load(t, q);
@@ -959,7 +966,7 @@ PETRA_UNROLL
         v = tf32_operand(v);
       }
     }
-    if constexpr (!Problem::kVectorB) {  // (a kVectorB problem's B was rounded as it was laid out)
+    if constexpr (!Problem::kRoundedB) {
 PETRA_UNROLL
       for (int q = 0; q < Tile::kLoadsB; ++q) {
         float& v = b_tile[Tile::b_load_row(t, q)][Tile::b_slot(Tile::b_load(t, q).mn)];
@@ -1310,6 +1317,7 @@ struct KernelChoice {
   void (*kernel)(Problem);
   int tile_m, tile_n;
   const char* name;
+  bool tensor_cores;  // implicit_gemm_tf32: TF32 operands (a kRoundedA/kRoundedB copy must round)
 };
 
 template <class Problem>
@@ -1435,14 +1443,14 @@ template <class Problem, bool tf32, class Tile>
 KernelChoice<Problem> kernel_with(const char* name, bool vector_a) {
   if constexpr (!tf32) {
     static_assert(!Problem::kVectorB, "16-byte B copies: the TF32 kernel only");
-    return {implicit_gemm<Problem, Tile>, Tile::kM, Tile::kN, name};
+    return {implicit_gemm<Problem, Tile>, Tile::kM, Tile::kN, name, false};
   } else if constexpr (Problem::kVectorB) {
-    return {implicit_gemm_tf32<Problem, Tile, true>, Tile::kM, Tile::kN, name};
+    return {implicit_gemm_tf32<Problem, Tile, true>, Tile::kM, Tile::kN, name, true};
   } else {
     if constexpr (Problem::kVectorA) {
-      if (vector_a) return {implicit_gemm_tf32<Problem, Tile, true>, Tile::kM, Tile::kN, name};
+      if (vector_a) return {implicit_gemm_tf32<Problem, Tile, true>, Tile::kM, Tile::kN, name, true};
     }
-    return {implicit_gemm_tf32<Problem, Tile, false>, Tile::kM, Tile::kN, name};
+    return {implicit_gemm_tf32<Problem, Tile, false>, Tile::kM, Tile::kN, name, true};
   }
 }
 // The FP32 path's tiles and the TF32 path's (conv2d_tiling.cuh, Tf32Tile).
@@ -1816,9 +1824,11 @@ struct WinogradTiles {
 
 // V[e][t][c] = (B^T d B)[e] for tile t's 4 x 4 patch d of channel c (input rows 2 ty - 1 .. 2 ty +
 // 2, columns likewise; 0 outside the image). One thread per (t, c), c fastest: V's writes
-// coalesce, x's reads go through the L2 cache.
+// coalesce, x's reads go through the L2 cache. With tf32 (the GEMM on the tensor cores) each
+// value is written rounded to TF32, so that the GEMM's K steps do not round it
+// (WinogradWeightProblem::kRoundedB), as winograd_gradient_transform's U (kRoundedA).
 __global__ void winograd_input_transform(ConvGeometry g, WinogradTiles tiles, Index t_count, const float* x,
-                                         float* v) {
+                                         float* v, bool tf32) {
   const Index channels = Index(g.in_channels), in_h = Index(g.in_h), in_w = Index(g.in_w);
   const std::int64_t n = std::int64_t(t_count) * channels;
   for (std::int64_t i = cuda_detail::thread_index(); i < n; i += cuda_detail::grid_threads()) {
@@ -1841,15 +1851,17 @@ __global__ void winograd_input_transform(ConvGeometry g, WinogradTiles tiles, In
     }
     for (int r = 0; r < 4; ++r) {  // (B^T d) B
       const float e[4] = {bd[r][0] - bd[r][2], bd[r][1] + bd[r][2], bd[r][2] - bd[r][1], bd[r][1] - bd[r][3]};
-      for (int q = 0; q < 4; ++q) v[(std::int64_t(4 * r + q) * t_count + t) * channels + c] = e[q];
+      for (int q = 0; q < 4; ++q)
+        v[(std::int64_t(4 * r + q) * t_count + t) * channels + c] = tf32 ? tiling::tf32_round(e[q]) : e[q];
     }
   }
 }
 
 // U[e][o][t] = (A g A^T)[e] for tile t's 2 x 2 block g of dy's channel o (0 past the output's
-// last row or column). One thread per (o, t), t fastest: U's writes coalesce.
+// last row or column). One thread per (o, t), t fastest: U's writes coalesce. With tf32, rounded
+// to TF32 (as winograd_input_transform's V).
 __global__ void winograd_gradient_transform(ConvGeometry g, WinogradTiles tiles, Index t_count, const float* dy,
-                                            float* u) {
+                                            float* u, bool tf32) {
   const Index out_h = Index(g.out_h), out_w = Index(g.out_w);
   const std::int64_t n = std::int64_t(t_count) * g.out_channels;
   for (std::int64_t i = cuda_detail::thread_index(); i < n; i += cuda_detail::grid_threads()) {
@@ -1872,7 +1884,8 @@ __global__ void winograd_gradient_transform(ConvGeometry g, WinogradTiles tiles,
     }
     for (int r = 0; r < 4; ++r) {  // (A g) A^T
       const float e[4] = {ag[r][0], ag[r][0] + ag[r][1], ag[r][0] - ag[r][1], -ag[r][1]};
-      for (int q = 0; q < 4; ++q) u[(std::int64_t(4 * r + q) * g.out_channels + o) * t_count + t] = e[q];
+      for (int q = 0; q < 4; ++q)
+        u[(std::int64_t(4 * r + q) * g.out_channels + o) * t_count + t] = tf32 ? tiling::tf32_round(e[q]) : e[q];
     }
   }
 }
@@ -1945,15 +1958,15 @@ void winograd_weight_launch(const StreamHandle& s, const Conv2dShape& shape, con
     float* v = u + u_floats;
     float* m = v + v_floats;
     const ConvGeometry g = ConvGeometry::of(sub);
-    cuda_detail::launch_grid_stride("conv2d_backward_weight_winograd_input", s, t_count * c_count,
-                                    winograd_input_transform, g, tiles, Index(t_count),
-                                    x + b0 * c_count * shape.in_h * shape.in_w, v);
-    cuda_detail::launch_grid_stride("conv2d_backward_weight_winograd_gradient", s, t_count * o_count,
-                                    winograd_gradient_transform, g, tiles, Index(t_count),
-                                    dy + b0 * o_count * shape.out_h() * shape.out_w(), u);
     const WinogradWeightProblem p{u, v, m, Index(o_count), Index(c_count), Index(t_count), split};
     const auto k = choose_kernel(p, "conv2d_backward_weight_winograd", "conv2d_backward_weight_winograd_tf32",
                                  tiling::ConvPass::weight, o_count, c_count, 16 * split.slices);
+    cuda_detail::launch_grid_stride("conv2d_backward_weight_winograd_input", s, t_count * c_count,
+                                    winograd_input_transform, g, tiles, Index(t_count),
+                                    x + b0 * c_count * shape.in_h * shape.in_w, v, k.tensor_cores);
+    cuda_detail::launch_grid_stride("conv2d_backward_weight_winograd_gradient", s, t_count * o_count,
+                                    winograd_gradient_transform, g, tiles, Index(t_count),
+                                    dy + b0 * o_count * shape.out_h() * shape.out_w(), u, k.tensor_cores);
     launch_gemm(s, k, p, o_count, c_count, 16 * split.slices);
     cuda_detail::launch_grid_stride("conv2d_backward_weight_winograd_output", s, o_count * c_count,
                                     winograd_weight_output, Index(o_count), Index(c_count), Index(split.slices), m, dw);

@@ -1283,3 +1283,107 @@ TEST_CASE("emulated conv2d: the Winograd weight gradient is exact on small integ
   MESSAGE("Winograd weight, exact: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
           " s");
 }
+
+namespace {
+
+// The Winograd weight gradient F(2x2, 3x3) on the host, in double: dW = G^T (sum over tiles t of
+// U_t .* V_t) G with U_t = A dy_t A^T and V_t = B^T x_t B (x_t: the 4 x 4 patch from input row
+// 2 ty - 1, zeros outside; dy_t: the 2 x 2 block at 2 ty, zeros past the output), each U and V
+// value passed through `round` first (conv2d.cu's transforms compute the same combinations). On
+// integer inputs every step is exact, so the rounding of U and V is the only difference from ref::.
+template <class Round>
+std::vector<float> winograd_weight_model(const Conv2dShape& sh, const std::vector<float>& x,
+                                         const std::vector<float>& dy, Round round) {
+  const std::int64_t rows = tiling::ceil_div(sh.out_h(), 2), cols = tiling::ceil_div(sh.out_w(), 2);
+  std::vector<double> m(std::size_t(sh.out_channels * sh.in_channels * 16), 0.0);
+  for (std::int64_t b = 0; b < sh.batch; ++b)
+    for (std::int64_t ty = 0; ty < rows; ++ty)
+      for (std::int64_t tx = 0; tx < cols; ++tx)
+        for (std::int64_t c = 0; c < sh.in_channels; ++c) {
+          double d[4][4], bd[4][4], v[4][4];
+          for (int r = 0; r < 4; ++r)
+            for (int q = 0; q < 4; ++q) {
+              const std::int64_t h = 2 * ty - 1 + r, w = 2 * tx - 1 + q;
+              d[r][q] = h >= 0 && h < sh.in_h && w >= 0 && w < sh.in_w
+                            ? x[std::size_t(((b * sh.in_channels + c) * sh.in_h + h) * sh.in_w + w)]
+                            : 0.0;
+            }
+          for (int q = 0; q < 4; ++q)
+            bd[0][q] = d[0][q] - d[2][q], bd[1][q] = d[1][q] + d[2][q], bd[2][q] = d[2][q] - d[1][q],
+            bd[3][q] = d[1][q] - d[3][q];
+          for (int r = 0; r < 4; ++r) {
+            const double e[4] = {bd[r][0] - bd[r][2], bd[r][1] + bd[r][2], bd[r][2] - bd[r][1], bd[r][1] - bd[r][3]};
+            for (int q = 0; q < 4; ++q) v[r][q] = round(e[q]);
+          }
+          for (std::int64_t o = 0; o < sh.out_channels; ++o) {
+            double gt[2][2], ag[4][2];
+            for (int r = 0; r < 2; ++r)
+              for (int q = 0; q < 2; ++q) {
+                const std::int64_t h = 2 * ty + r, w = 2 * tx + q;
+                gt[r][q] = h < sh.out_h() && w < sh.out_w()
+                               ? dy[std::size_t(((b * sh.out_channels + o) * sh.out_h() + h) * sh.out_w() + w)]
+                               : 0.0;
+              }
+            for (int q = 0; q < 2; ++q)
+              ag[0][q] = gt[0][q], ag[1][q] = gt[0][q] + gt[1][q], ag[2][q] = gt[0][q] - gt[1][q], ag[3][q] = -gt[1][q];
+            for (int r = 0; r < 4; ++r) {
+              const double u[4] = {ag[r][0], ag[r][0] + ag[r][1], ag[r][0] - ag[r][1], -ag[r][1]};
+              for (int q = 0; q < 4; ++q) m[std::size_t((o * sh.in_channels + c) * 16 + 4 * r + q)] += round(u[q]) * v[r][q];
+            }
+          }
+        }
+  std::vector<float> dw(std::size_t(sh.weight_size()));
+  for (std::int64_t i = 0; i < sh.out_channels * sh.in_channels; ++i) {
+    const double* mm = &m[std::size_t(i * 16)];
+    double gm[3][4];
+    for (int q = 0; q < 4; ++q)
+      gm[0][q] = mm[q] + 0.5 * (mm[4 + q] + mm[8 + q]), gm[1][q] = 0.5 * (mm[4 + q] - mm[8 + q]),
+      gm[2][q] = 0.5 * (mm[4 + q] + mm[8 + q]) + mm[12 + q];
+    for (int r = 0; r < 3; ++r) {
+      const double w[3] = {gm[r][0] + 0.5 * (gm[r][1] + gm[r][2]), 0.5 * (gm[r][1] - gm[r][2]),
+                           0.5 * (gm[r][1] + gm[r][2]) + gm[r][3]};
+      for (int q = 0; q < 3; ++q) dw[std::size_t(i * 9 + 3 * r + q)] = float(w[q]);
+    }
+  }
+  return dw;
+}
+
+}  // namespace
+
+// Under TF32 the transforms write U and V rounded to TF32 and the GEMM's K steps do not round them
+// again (WinogradWeightProblem::kRoundedA, kRoundedB); in FP32 nothing is rounded. On inputs where
+// one operand is exact in FP32 but not in TF32 (integers of 12 bits, whose transform's sums of
+// four need up to 14) and the other is small integers (-1..1 in, exact in both), every other step
+// is exact, so TF32 gives the model with U and V rounded once, bit for bit (either left unrounded
+// differs), and FP32 gives ref::'s exact result. Wide x (V rounds), then wide dy (U rounds); on
+// the scalar-A and the 16-byte-A kernels (T = 18 and 12 tiles: T % 4 decides).
+TEST_CASE("emulated conv2d: the TF32 Winograd weight gradient rounds its operands once, in the transforms") {
+  const WeightAlgorithmGuard winograd(cu::Conv2dWeightAlgorithm::winograd);
+  std::mt19937 gen(91);
+  std::uniform_int_distribution<int> wide(2049, 4095), unit(-1, 1);
+  const auto wide_value = [&] { return float(wide(gen) * (unit(gen) < 0 ? -1 : 1)); };
+  const auto unit_value = [&] { return float(unit(gen)); };
+  for (const bool wide_x : {true, false})
+    for (const Conv2dShape sh : {Conv2dShape{2, 3, 6, 6, 2, 3, 3, 1, 1, 1, 1}, Conv2dShape{1, 5, 5, 7, 3, 3, 3, 1, 1, 1, 1}}) {
+      INFO(describe(sh), wide_x ? ", wide x" : ", wide dy");
+      std::vector<float> x(std::size_t(sh.input_size())), dy(std::size_t(sh.output_size()));
+      for (float& v : x) v = wide_x ? wide_value() : unit_value();
+      for (float& v : dy) v = wide_x ? unit_value() : wide_value();
+      const std::vector<float> exact = winograd_weight_model(sh, x, dy, [](double v) { return v; });
+      const std::vector<float> rounded =
+          winograd_weight_model(sh, x, dy, [](double v) { return double(tiling::tf32_round(float(v))); });
+      REQUIRE(bit_differences(exact, rounded) != "");  // the case can tell rounded from not
+      std::vector<float> want(std::size_t(sh.weight_size()), 0.0f);
+      ref::conv2d_backward_weight<float>(StreamHandle{}, sh, x.data(), dy.data(), want.data());
+      CHECK(bit_differences(exact, want) == "");  // (the model is ref:: where nothing rounds)
+      for (const cu::Conv2dMath math : {cu::Conv2dMath::fp32, cu::Conv2dMath::tf32}) {
+        CAPTURE(int(math));
+        const MathGuard chosen(math);
+        Stream stream;
+        std::vector<float> got(std::size_t(sh.weight_size()), 0.0f);
+        cu::conv2d_backward_weight(stream.s, sh, x.data(), dy.data(), got.data());
+        CHECK(emu::last_launch().kernel == std::string("conv2d_backward_weight_winograd_output"));
+        CHECK(bit_differences(got, math == cu::Conv2dMath::tf32 ? rounded : exact) == "");
+      }
+    }
+}
