@@ -218,7 +218,7 @@ struct ForwardProblem {
   // A's k of a row are consecutive floats (a weight row), so four of them from a multiple of 4
   // are one 16-byte copy where every row starts aligned (TileGather's kVectorA).
   static constexpr bool kVectorA = true;
-  // (ChannelsLastForwardProblem's, ChannelsLastDataProblem's)
+  // (the channels-last problems' features; kRoundedA/B also Winograd's)
   static constexpr bool kPaddedA = false, kVectorB = false, kRoundedA = false, kRoundedB = false;
   bool vector_a_allowed() const { return cuda_detail::aligned_16(w) && g.in_channels * g.taps() % 4 == 0; }
   __device__ const float* b_data() const { return x; }
@@ -397,7 +397,7 @@ struct DataProblem {
   // Reading wt, A's k of a row are consecutive floats and its rows start aligned (k_max is a
   // multiple of 4): 16-byte copies.
   static constexpr bool kVectorA = true;
-  // (ChannelsLastForwardProblem's, ChannelsLastDataProblem's)
+  // (the channels-last problems' features; kRoundedA/B also Winograd's)
   static constexpr bool kPaddedA = false, kVectorB = false, kRoundedA = false, kRoundedB = false;
   bool vector_a_allowed() const { return wt != nullptr && cuda_detail::aligned_16(wt); }
   __device__ const float* b_data() const { return dy; }
@@ -558,7 +558,7 @@ struct WeightProblem {
   // of 4 (the slices begin at multiples of kTileK) are consecutive floats of one sample, and one
   // aligned 16-byte copy, where the plane is a multiple of 4 and dy aligned (TileGather's kVectorA).
   static constexpr bool kVectorA = true;
-  // (ChannelsLastForwardProblem's, ChannelsLastDataProblem's)
+  // (the channels-last problems' features; kRoundedA/B also Winograd's)
   static constexpr bool kPaddedA = false, kVectorB = false, kRoundedA = false, kRoundedB = false;
   bool vector_a_allowed() const { return cuda_detail::aligned_16(dy) && g.out_plane() % 4 == 0; }
   __device__ const float* b_data() const { return x; }
@@ -1544,8 +1544,8 @@ __global__ void data_weight_transpose(ConvGeometry g, Index k_max, const float* 
 // is rounded to TF32 (tf32_round) as it is written: the copies feed only the tensor cores, and so
 // the K loop does not round them (Problem::kRoundedA: the forward's and backward data's A, in
 // place of tf32_operand's add on every value of every step, whose guard against infinities and
-// NaN took 6 instructions a value, 48 of the 260 of a 128 x 128 step; the same bits, as the tensor
-// cores truncate tf32_operand's to tf32_round's, conv2d_tiling::tf32_operand_bits).
+// NaN took 6 PTX instructions a value, 48 of a 128 x 128 step's 243, 20 of its 260 in SASS; the same
+// bits, as the tensor cores truncate tf32_operand's to tf32_round's, conv2d_tiling::tf32_operand_bits).
 // kTf32B (the weight gradient's B, ChannelsLastWeightProblem; channels % 32 == 0): each 32
 // channels in tf32_b_slot's order, xc[b][p][tf32_b_slot(c)].
 constexpr int kTransposeTile = 32;
