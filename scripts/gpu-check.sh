@@ -16,7 +16,8 @@
 #             convolutions at batch 128, FP32 and TF32, every block tile forced too, and batch
 #             norm; then scripts/conv_tiles.py's sums per pass);
 #   sanitize  compute-sanitizer: memcheck on the cuda suite, racecheck and synccheck on its
-#             backend-ops case (every op's kernels);
+#             backend-ops case (every op's kernels) and its batch-norm case (the one pass's
+#             thread-block clusters);
 #   profile   Nsight Compute's kernel times over a few revbackprop and backprop steps, summed per
 #             kernel (PROFILE_METHODS="revbackprop backprop" by default);
 #   stalls    Nsight Compute's warp stall reasons, scheduler and occupancy for a few launches of
@@ -402,6 +403,11 @@ group_sanitize() {
     "$bin/test-cuda" --test-case='backend ops*'
   step "backend ops under compute-sanitizer synccheck" 45 "${sanitizer[@]}" --tool synccheck \
     "$bin/test-cuda" --test-case='backend ops*'
+  # the batch-norm case runs the one pass: thread-block clusters, their barriers and peers' memory
+  step "batch norm (the one pass's clusters) under compute-sanitizer racecheck" 45 "${sanitizer[@]}" --tool racecheck \
+    "$bin/test-cuda" --test-case="cuda: petra's batch norm*"
+  step "batch norm (the one pass's clusters) under compute-sanitizer synccheck" 45 "${sanitizer[@]}" --tool synccheck \
+    "$bin/test-cuda" --test-case="cuda: petra's batch norm*"
 }
 
 # --mpi on the GPU (docs/distributed.md, "GPUs and NCCL"). NCCL refuses two ranks of a communicator
