@@ -673,17 +673,9 @@ bool one_pass_fits(const void* kernel, int device, unsigned blocks, const OnePas
   bool fits = plan.cluster == 1 || attributes.binaryVersion >= 90;
   if (fits && plan.shared_bytes > 48 * 1024) cuda_detail::allow_dynamic_shared(kernel, device, plan.shared_bytes);
   if (fits && plan.cluster > 1) {
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(blocks);
-    config.blockDim = dim3(kBlockThreads);
-    config.dynamicSmemBytes = plan.shared_bytes;
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = plan.cluster;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    cudaLaunchAttribute attribute;
+    const cudaLaunchConfig_t config =
+        cuda_detail::cluster_launch_config(blocks, kBlockThreads, plan.cluster, plan.shared_bytes, nullptr, attribute);
     int clusters = 0;
     fits = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0;
     (void)cudaGetLastError();  // a refusal is an answer here, not an error for the next check

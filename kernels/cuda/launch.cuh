@@ -144,6 +144,30 @@ inline void allow_dynamic_shared(const void* kernel, int device, std::size_t byt
   limit = bytes;
 }
 
+#ifndef PETRA_CUDA_EMULATION
+// The launch of `blocks` blocks of `threads` threads in clusters of `cluster` blocks along x, with
+// `shared_bytes` of dynamic shared memory per block, as cudaLaunchKernelEx and
+// cudaOccupancyMaxActiveClusters take it; its cluster attribute is `attribute` (which must outlive
+// it), none for a cluster of 1.
+inline cudaLaunchConfig_t cluster_launch_config(unsigned blocks, unsigned threads, unsigned cluster,
+                                                std::size_t shared_bytes, cudaStream_t stream,
+                                                cudaLaunchAttribute& attribute) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  attribute = {};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = cluster > 1 ? &attribute : nullptr;
+  config.numAttrs = cluster > 1 ? 1 : 0;
+  return config;
+}
+#endif
+
 // Launches `kernel` as `blocks` blocks of `threads` threads in clusters of `cluster` blocks along
 // x (`blocks` a multiple of it), with `shared_bytes` of dynamic shared memory per block, raising the
 // kernel's limit first where it passes the default 48 KB. A cluster of 1 is an ordinary launch (a
@@ -158,18 +182,9 @@ void launch_clusters(const char* name, const kernels::StreamHandle& s, unsigned 
   ::petra::cuda_emulation::launch(name, kernel, dim3(blocks), dim3(threads), shared_bytes, stream_of(s),
                                   cluster)(static_cast<Params>(args)...);
 #else
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream_of(s);
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = cluster;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = cluster > 1 ? &attribute : nullptr;
-  config.numAttrs = cluster > 1 ? 1 : 0;
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config =
+      cluster_launch_config(blocks, threads, cluster, shared_bytes, stream_of(s), attribute);
   PETRA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
 #endif
   check_launch(name, __FILE__, __LINE__);
