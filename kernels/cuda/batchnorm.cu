@@ -670,7 +670,10 @@ bool one_pass_fits(const void* kernel, int device, unsigned blocks, const OnePas
   cuda_detail::DeviceGuard guard(device);
   cudaFuncAttributes attributes{};
   PETRA_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  bool fits = plan.cluster == 1 || attributes.binaryVersion >= 90;
+  // ptxVersion, the virtual architecture the code was compiled from (its __CUDA_ARCH__), not
+  // binaryVersion: sm_80 PTX compiled by the driver for an sm_90 GPU reports binaryVersion 90, yet
+  // runs cluster.cuh's one-block code (a peer rank there traps, and the context is lost).
+  bool fits = plan.cluster == 1 || attributes.ptxVersion >= 90;
   if (fits && plan.shared_bytes > 48 * 1024) cuda_detail::allow_dynamic_shared(kernel, device, plan.shared_bytes);
   if (fits && plan.cluster > 1) {
     cudaLaunchAttribute attribute;

@@ -19,7 +19,7 @@
 //
 // On sm_90 these are cooperative_groups' this_cluster() calls. Below sm_90 (the sm_80 build of the
 // same kernels, also what a newer GPU runs from a build without sm_90 code) only clusters of one
-// block are launched (the host code asks the device and the kernel's binaryVersion), and then the
+// block are launched (the host code asks the device and the kernel's ptxVersion), and then the
 // rank is 0, the barrier is the block's, and a peer is the block itself; asking for another rank
 // there traps instead of summing one block's values as the cluster's. Under the emulation
 // (tests/emulation/cuda_emulation.hpp) a cluster's blocks run together and the barrier and the
