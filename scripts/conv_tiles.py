@@ -5,7 +5,7 @@
 
 For each precision (fp32, tf32) and pass (forward, data, weight) over the layers bench-cuda
 timed: the sum of petra's times with the tiles conv2d_tiling::choose_tile picked, the sum of the
-fastest of the four tiles per layer (bench-cuda forces each; a sum far below the first says the
+fastest of the forced tiles per layer (bench-cuda forces each; a sum far below the first says the
 rule leaves time on the table), cuDNN's sum in the same call, and how many layers reach 70% of
 cuDNN's throughput (issue 12's target), all layers and the 3x3 layers after the stem; and, where
 bench-cuda timed it, the weight pass with the Winograd path on the layers where it is faster.
@@ -16,7 +16,7 @@ import sys
 
 
 def fastest_tile_ms(row):
-    """The fastest of the four forced tiles, in ms. bench-cuda wrote seconds under the
+    """The fastest of the forced tiles (four; five in TF32 from 2026-12-06), in ms. bench-cuda wrote seconds under the
     petra_ms_by_tile key until 2026-12-04 (runs 3-11): a value 100 times below petra_ms, which is
     one of the four, can only be that."""
     tiles = row.get("petra_ms_by_tile") or [row["petra_ms"]]
@@ -71,6 +71,19 @@ def main():
                 nchw = sum(r.get("petra_nchw_ms", r["petra_ms"]) for r in layers)
                 count = sum("petra_nchw_ms" in r for r in layers)
                 print(f"{math} {pass_:8} {nchw:7.3f} without the channels-last copies ({count} layers)")
+            # and the 128 x 128 tile at one block and at two blocks per multiprocessor (TF32, from
+            # 2026-12-06: petra_ms_by_tile's fifth entry, and Winograd's GEMM in
+            # petra_winograd_128x128_ms): the sums of each over the layers that have both.
+            two = [r for r in layers if len(r.get("petra_ms_by_tile", [])) == 5]
+            if two:
+                one_block = sum(r["petra_ms_by_tile"][3] for r in two)
+                two_blocks = sum(r["petra_ms_by_tile"][4] for r in two)
+                print(f"{math} {pass_:8} 128x128, one / two blocks per multiprocessor: {one_block:7.3f} / "
+                      f"{two_blocks:7.3f} ({len(two)} layers)")
+            wide = [r["petra_winograd_128x128_ms"] for r in layers if "petra_winograd_128x128_ms" in r]
+            if wide:
+                print(f"{math} {pass_:8} Winograd at 128x128, one / two blocks per multiprocessor: "
+                      f"{sum(w[0] for w in wide):7.3f} / {sum(w[1] for w in wide):7.3f} ({len(wide)} layers)")
 
 
 if __name__ == "__main__":

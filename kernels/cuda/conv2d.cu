@@ -1087,14 +1087,34 @@ PETRA_UNROLL
   }
 }
 
+// A tile compiled for two blocks per multiprocessor, 128 registers, where blocks_per_sm gives it
+// one (TileChoice::k128x128_two_per_sm: the TF32 128 x 128 tile, an option bench-cuda times beside
+// the others; choose_tile never picks it). Two blocks' 16 warps are 4 per scheduler where one
+// block's are 2: one block's barrier or shared-memory wait could then hide behind the other's mma.
+// kRollK8: the kernel keeps its two k8 steps a loop (WarpTileTf32::mma), which some problems need
+// to fit 128 registers (two_blocks_per_sm below).
+template <class Tile, bool kRollK8>
+struct TwoBlocksPerSm : Tile {
+  static constexpr int kBlocksPerSm = 2;
+  static constexpr bool kRolledK8 = kRollK8;
+};
+
+// Whether Tile asks implicit_gemm_tf32 to keep its k8 steps a loop.
+template <class Tile>
+constexpr bool rolls_k8() {
+  if constexpr (requires { Tile::kRolledK8; }) return Tile::kRolledK8;
+  return false;
+}
+
 // Blocks per multiprocessor a kernel is compiled for (its register budget: 65536 / (256 blocks)).
 // Left to itself nvcc 13 gave some tiles 105-150 registers, one or two blocks where the code fits
 // more: the weight pass's FP32 64 x 64 tile lost 30-40% so (run 9). Three for the forward and
 // weight passes' 64 x 64 tile (at most 85 registers), two for the other tiles (128), one for the
 // 128 x 128 tile and the FP32 backward data's 128 x 64 (which spill at 128; backward data's
-// 64 x 64 at 85).
+// 64 x 64 at 85). A tile that says otherwise (TwoBlocksPerSm) has its way.
 template <class Problem, class Tile, bool kTf32>
 constexpr int blocks_per_sm() {
+  if constexpr (requires { Tile::kBlocksPerSm; }) return Tile::kBlocksPerSm;
   const bool data = Problem::kPass == tiling::ConvPass::data;
   if (Tile::kM == 64 && Tile::kN == 64) return data ? 2 : 3;
   if (Tile::kM == 128 && (Tile::kN == 128 || (data && !kTf32))) return 1;
@@ -1295,8 +1315,8 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, true>()
   // for two or three blocks per multiprocessor keep the two k8 steps a loop (WarpTileTf32):
   // unrolled, nvcc loads both steps' B fragments before the first product, and the backward
   // data's (with its stride classes) and the forward's 64 x 64 spilled at their 128 or 80
-  // registers.
-  constexpr bool kRolledK8 = !kVectorA && blocks_per_sm<Problem, Tile, true>() >= 2;
+  // registers. So do the tiles that ask to (TwoBlocksPerSm).
+  constexpr bool kRolledK8 = (!kVectorA || rolls_k8<Tile>()) && blocks_per_sm<Problem, Tile, true>() >= 2;
   WarpTileTf32<FM, FN> acc;
   acc.zero();
   k_loop<Tile, kVectorA>(p, t, m0, n0, Index(p.k_begin(blockIdx.z)), Index(p.k_end(blockIdx.z)), a_tile, b_tile, table,
@@ -1461,9 +1481,30 @@ KernelChoice<Problem> kernel_of_shape(const char* name, bool vector_a) {
   else
     return kernel_with<Problem, false, tiling::TileShape<M, N>>(name, vector_a);
 }
+// The problems whose TF32 128 x 128 kernel fits 128 registers, two blocks per multiprocessor,
+// without spilling (ptxas -v, sm_80 and sm_90, nvcc 13.0, 2026-12-06), and how: the channels-last
+// forward with its k8 steps a loop (unrolled it spills 4 bytes on sm_90), the channels-last weight
+// gradient and Winograd's GEMM as they are (the former spills 4 bytes on sm_80 with the loop). The
+// others spill 8-180 bytes there (the NCHW passes; the channels-last backward data 48 / 104 bytes
+// on sm_90 even with the loop): for them k128x128_two_per_sm is the one-block 128 x 128 kernel.
+enum class TwoBlocks { no, as_is, rolled_k8 };
+template <class Problem>
+constexpr TwoBlocks two_blocks_per_sm() {
+  if constexpr (std::is_same_v<Problem, ChannelsLastForwardProblem>) return TwoBlocks::rolled_k8;
+  if constexpr (std::is_same_v<Problem, ChannelsLastWeightProblem> || std::is_same_v<Problem, WinogradWeightProblem>)
+    return TwoBlocks::as_is;
+  return TwoBlocks::no;
+}
 template <class Problem, bool tf32>
 KernelChoice<Problem> kernel_for(tiling::TileChoice tile, const char* name, bool vector_a) {
+  constexpr TwoBlocks two_blocks = two_blocks_per_sm<Problem>();
   switch (tile) {
+    case tiling::TileChoice::k128x128_two_per_sm:
+      if constexpr (tf32 && two_blocks != TwoBlocks::no) {
+        using Tile = TwoBlocksPerSm<tiling::Tf32Tile<128, 128>, two_blocks == TwoBlocks::rolled_k8>;
+        return kernel_with<Problem, true, Tile>(name, vector_a);
+      }
+      [[fallthrough]];
     case tiling::TileChoice::k128x128: return kernel_of_shape<Problem, tf32, 128, 128>(name, vector_a);
     case tiling::TileChoice::k64x128: return kernel_of_shape<Problem, tf32, 64, 128>(name, vector_a);
     case tiling::TileChoice::k128x64: return kernel_of_shape<Problem, tf32, 128, 64>(name, vector_a);
@@ -1493,7 +1534,7 @@ KernelChoice<Problem> choose_kernel(const Problem& p, const char* fp32_name, con
 }  // namespace
 
 void set_conv2d_math(Conv2dMath math) { conv_math.store(int(math)); }
-void set_conv2d_tile(int tile) { conv_tile.store(tile < 0 || tile > 3 ? -1 : tile); }
+void set_conv2d_tile(int tile) { conv_tile.store(tile < 0 || tile > 4 ? -1 : tile); }
 void set_conv2d_weight_algorithm(Conv2dWeightAlgorithm algorithm) { conv_weight_algorithm.store(int(algorithm)); }
 void set_conv2d_channels_last(bool enabled) { conv_channels_last.store(enabled); }
 bool conv2d_channels_last() { return conv_channels_last.load(); }

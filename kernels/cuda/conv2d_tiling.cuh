@@ -419,7 +419,10 @@ inline constexpr int kTileN = SmallTile::kN;
 // its own.) The tile never changes the results: each output is one thread's, or one accumulator
 // element's, sum over k in the same order.
 enum class ConvPass { forward, data, weight };
-enum class TileChoice { k64x64 = 0, k64x128 = 1, k128x64 = 2, k128x128 = 3 };
+// k128x128_two_per_sm: the TF32 path's 128 x 128 tile compiled for two blocks per multiprocessor
+// (128 registers) instead of one; an option to time (bench-cuda), never chosen by choose_tile. The
+// FP32 path takes its 128 x 128 tile for it.
+enum class TileChoice { k64x64 = 0, k64x128 = 1, k128x64 = 2, k128x128 = 3, k128x128_two_per_sm = 4 };
 inline constexpr std::int64_t kMinBlocksForLargerTile = 128;
 inline constexpr std::int64_t kMinBlocksFor128x128 = 128;
 inline constexpr std::int64_t kMinWeightBlocksFor128x128 = 192;

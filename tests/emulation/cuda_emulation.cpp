@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <list>
 #include <map>
 #include <memory>
@@ -493,6 +494,8 @@ std::mutex launch_mutex;  // one launch at a time: __shared__ is `static`
 std::atomic<std::size_t> launch_count{0};
 std::mutex record_mutex;
 LaunchRecord last_record;
+std::deque<LaunchRecord> recent_records;  // the last kRecentLaunches, oldest first
+constexpr std::size_t kRecentLaunches = 16;
 thread_local const char* launch_name = nullptr;
 
 std::mutex opt_in_mutex;
@@ -573,6 +576,12 @@ LaunchRecord last_launch() {
   return last_record;
 }
 
+std::vector<LaunchRecord> recent_launches(std::size_t count) {
+  std::lock_guard lock(record_mutex);
+  count = std::min({count, recent_records.size(), kRecentLaunches});
+  return {recent_records.end() - std::ptrdiff_t(count), recent_records.end()};
+}
+
 namespace detail {
 
 namespace {
@@ -597,6 +606,8 @@ void run_grid(const LaunchConfig& c, std::function<void()> body) {
     std::lock_guard lock(record_mutex);
     last_record = LaunchRecord{launch_name != nullptr ? launch_name : c.kernel_text, c.grid,
                                c.block, c.shared_bytes, c.kernel, c.cluster};
+    recent_records.push_back(last_record);
+    if (recent_records.size() > kRecentLaunches) recent_records.pop_front();
   }
   std::function<void()> grid = [c, what = std::move(what), body = std::move(body)] { execute_grid(c, what, body); };
   if (settings().submit != nullptr)

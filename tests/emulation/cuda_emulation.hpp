@@ -94,6 +94,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 // `static` is a faithful __shared__ here because the blocks of a launch run one after another and
 // launches one at a time: while a block runs, its threads are the only ones executing the kernel,
@@ -193,6 +194,8 @@ struct LaunchRecord {
   unsigned cluster = 1;            // blocks per thread-block cluster (launch.cuh's launch_clusters)
 };
 LaunchRecord last_launch();
+// The last `count` launches (at most 16), oldest first: a call's launches when it made several.
+std::vector<LaunchRecord> recent_launches(std::size_t count);
 
 namespace detail {
 

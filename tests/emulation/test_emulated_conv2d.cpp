@@ -717,6 +717,16 @@ class ChannelsLastGuard {
   ChannelsLastGuard& operator=(const ChannelsLastGuard&) = delete;
 };
 
+// Sets the weight gradient's algorithm for a scope (set_conv2d_weight_algorithm), then gives the
+// default back.
+class WeightAlgorithmGuard {
+ public:
+  explicit WeightAlgorithmGuard(cu::Conv2dWeightAlgorithm algorithm) { cu::set_conv2d_weight_algorithm(algorithm); }
+  ~WeightAlgorithmGuard() { cu::set_conv2d_weight_algorithm(cu::Conv2dWeightAlgorithm::automatic); }
+  WeightAlgorithmGuard(const WeightAlgorithmGuard&) = delete;
+  WeightAlgorithmGuard& operator=(const WeightAlgorithmGuard&) = delete;
+};
+
 }  // namespace
 
 // The 64 x 64 tile is checked against ref:: above and below (choose_tile keeps it for shapes this
@@ -770,6 +780,61 @@ TEST_CASE("emulated conv2d: the 64 x 128, 128 x 64 and 128 x 128 tiles give the 
     }
   }
   MESSAGE("tiles: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
+}
+
+// set_conv2d_tile(4): the TF32 128 x 128 tile compiled for two blocks per multiprocessor (128
+// registers; bench-cuda times it beside the others). Its own kernels where they fit without
+// spilling (the channels-last forward and weight gradient, Winograd's GEMM), tile 3's kernel
+// elsewhere (the channels-last backward data; the FP32 path), and tile 3's bits everywhere: the
+// register budget and the rolled k8 loop change no arithmetic. (The emulation runs the mma's twin;
+// on a GPU, test-cuda's every-tile case compares the real instructions the same way.)
+TEST_CASE("emulated conv2d: the 128 x 128 tile at two blocks per multiprocessor gives tile 3's bits") {
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  const Conv2dShape sh{1, 32, 6, 6, 132, 3, 3, 1, 1, 1, 1};  // channels-last in every pass; 132 rows: past 128
+  const Buffer x(sh.input_size(), 3100, 0), w(sh.weight_size(), 3101, 0), dy(sh.output_size(), 3102, 0),
+      y(sh.output_size(), 3103, 0), dx(sh.input_size(), 3104, 0), dw(sh.weight_size(), 3105, 0),
+      dw_winograd(sh.weight_size(), 3105, 0);
+  // Each pass's product kernel (the launched function) and its results, under a tile.
+  struct Run {
+    std::vector<const void*> kernels;
+    std::vector<std::vector<float>> values;
+  };
+  const auto run = [&](int tile) {
+    const TileGuard forced(tile);
+    for (const Buffer* b : {&y, &dx, &dw, &dw_winograd}) b->reset();
+    Run r;
+    cu::conv2d_forward(s, sh, x.data(), w.data(), nullptr, y.data());
+    r.kernels.push_back(emu::last_launch().function);
+    cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
+    r.kernels.push_back(emu::last_launch().function);
+    cu::conv2d_backward_weight_split(s, sh, x.data(), dy.data(), dw.data(), 1);
+    r.kernels.push_back(emu::last_launch().function);
+    {
+      const WeightAlgorithmGuard winograd(cu::Conv2dWeightAlgorithm::winograd);
+      cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw_winograd.data());
+      CHECK(emu::last_launch().kernel == std::string("conv2d_backward_weight_winograd_output"));
+      r.kernels.push_back(emu::recent_launches(2).at(0).function);  // the GEMM, before the output transform
+    }
+    for (const Buffer* b : {&y, &dx, &dw, &dw_winograd}) {
+      CHECK(b->guards_kept());
+      r.values.push_back(b->values());
+    }
+    return r;
+  };
+  for (const cu::Conv2dMath math : {cu::Conv2dMath::fp32, cu::Conv2dMath::tf32}) {
+    CAPTURE(int(math));
+    const MathGuard chosen(math);
+    const Run one_block = run(3), two_blocks = run(4);
+    const bool tf32 = math == cu::Conv2dMath::tf32;
+    // forward, backward data, weight, Winograd's weight: a kernel of its own in TF32 but for the data pass
+    const std::vector<bool> own = {tf32, false, tf32, tf32};
+    for (std::size_t pass = 0; pass < 4; ++pass) {
+      CAPTURE(pass);
+      CHECK((two_blocks.kernels[pass] != one_block.kernels[pass]) == own[pass]);
+      CHECK(bit_differences(two_blocks.values[pass], one_block.values[pass]) == "");
+    }
+  }
 }
 
 // The TF32 path's 16-byte A copies (where A's rows allow them: the forward's weight rows when
@@ -1091,19 +1156,6 @@ TEST_CASE("emulated conv2d: TF32 weight gradient from a channels-last copy (in_c
           " s");
 }
 
-namespace {
-
-// Sets the weight gradient's algorithm for a scope (set_conv2d_weight_algorithm), then gives the
-// default back.
-class WeightAlgorithmGuard {
- public:
-  explicit WeightAlgorithmGuard(cu::Conv2dWeightAlgorithm algorithm) { cu::set_conv2d_weight_algorithm(algorithm); }
-  ~WeightAlgorithmGuard() { cu::set_conv2d_weight_algorithm(cu::Conv2dWeightAlgorithm::automatic); }
-  WeightAlgorithmGuard(const WeightAlgorithmGuard&) = delete;
-  WeightAlgorithmGuard& operator=(const WeightAlgorithmGuard&) = delete;
-};
-
-}  // namespace
 
 // The weight gradient in Winograd's F(2x2, 3x3) domain: on 3x3 stride-1 padding-1 layers with odd
 // and even planes (a last tile row or column half outside), channel counts past one and two tiles
@@ -1364,7 +1416,7 @@ TEST_CASE("emulated conv2d: the TF32 Winograd weight gradient rounds its operand
   const auto wide_value = [&] { return float(wide(gen) * (unit(gen) < 0 ? -1 : 1)); };
   const auto unit_value = [&] { return float(unit(gen)); };
   for (const bool wide_x : {true, false})
-    for (const Conv2dShape sh : {Conv2dShape{2, 3, 6, 6, 2, 3, 3, 1, 1, 1, 1}, Conv2dShape{1, 5, 5, 7, 3, 3, 3, 1, 1, 1, 1}}) {
+    for (const Conv2dShape& sh : {Conv2dShape{2, 3, 6, 6, 2, 3, 3, 1, 1, 1, 1}, Conv2dShape{1, 5, 5, 7, 3, 3, 3, 1, 1, 1, 1}}) {
       INFO(describe(sh), wide_x ? ", wide x" : ", wide dy");
       std::vector<float> x(std::size_t(sh.input_size())), dy(std::size_t(sh.output_size()));
       for (float& v : x) v = wide_x ? wide_value() : unit_value();
