@@ -16,10 +16,11 @@
 //      64x128, 128x64, 128x128 ms, printed after cuDNN's algorithm; "petra ms" is the tile
 //      conv2d_tiling::choose_tile picks; the weight pass's tiles as the direct product, also where
 //      the automatic rule takes Winograd's), so that the rule can be checked against the GPU; in
-//      TF32 a fifth time, the 128x128 tile at two blocks per multiprocessor (set_conv2d_tile(4):
+//      TF32 two options more: the 128x128 tile at two blocks per multiprocessor (set_conv2d_tile(4):
 //      128 registers; the channels-last forward and weight gradient and Winograd's GEMM have such
-//      kernels, the other passes run the one-block kernel again), and Winograd's weight gradient
-//      with the 128x128 tile at one block and at two.
+//      kernels, the other passes run the one-block kernel again) and with a K step of 32
+//      (set_conv2d_tile(5): three stages in dynamic shared memory), and Winograd's weight gradient
+//      with the 128x128 tile, the two-block one and the K step of 32.
 //      Before timing, petra's output is compared with cuDNN's (relative error above 1e-4 in FP32,
 //      1e-2 in TF32: WRONG, exit code 1).
 //   3. Batch norm (training forward, evaluation, backward), petra's and cuDNN's, on two ResNet-18
@@ -198,14 +199,15 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
   const double petra_s = seconds_per_launch([&] { row.petra(s); }, stream, repeats);
   const double cudnn_s = seconds_per_launch([&] { row.cudnn(s); }, stream, repeats);
   // petra's kernel with each block tile forced (64x64, 64x128, 128x64, 128x128, and in TF32 the
-  // 128x128 at two blocks per multiprocessor; the same bits, checked by test-cuda), beside the tile
+  // 128x128 at two blocks per multiprocessor and with a K step of 32; the same bits, checked by
+  // test-cuda), beside the tile
   // choose_tile picks (petra_s). The implicit GEMM's tiles: a weight pass that the automatic rule
   // gives Winograd's is timed as the direct product here (Winograd's GEMM has tiles too; they are
   // not what choose_tile's rule for this pass is about).
   std::vector<double> tile_s;
   const bool tf32 = row.setting == k::cuda::Conv2dMath::tf32;
   k::cuda::set_conv2d_weight_algorithm(k::cuda::Conv2dWeightAlgorithm::direct);
-  for (int tile = 0; tile < (tf32 ? 5 : 4); ++tile) {
+  for (int tile = 0; tile < (tf32 ? 6 : 4); ++tile) {
     k::cuda::set_conv2d_tile(tile);
     tile_s.push_back(seconds_per_launch([&] { row.petra(s); }, stream, repeats));
   }
@@ -219,12 +221,12 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
   const bool winograd = std::string(row.pass) == "weight" && shape.kernel_h == 3 && shape.kernel_w == 3 &&
                         shape.stride_h == 1 && shape.stride_w == 1 && shape.pad_h == 1 && shape.pad_w == 1;
   double winograd_s = 0, winograd_difference = 0, direct_s = 0;
-  std::vector<double> winograd_wide_s;  // TF32: Winograd's GEMM at 128x128, one block and two per multiprocessor
+  std::vector<double> winograd_wide_s;  // TF32: Winograd's GEMM at 128x128: one block, two, the K step of 32
   if (winograd) {
     k::cuda::set_conv2d_weight_algorithm(k::cuda::Conv2dWeightAlgorithm::winograd);
     winograd_difference = petra::testing::relative_error(run_once(row.petra), cudnn_out);
     winograd_s = seconds_per_launch([&] { row.petra(s); }, stream, repeats);
-    for (const int tile : tf32 ? std::vector<int>{3, 4} : std::vector<int>{}) {
+    for (const int tile : tf32 ? std::vector<int>{3, 4, 5} : std::vector<int>{}) {
       k::cuda::set_conv2d_tile(tile);
       winograd_difference = std::max(winograd_difference, petra::testing::relative_error(run_once(row.petra), cudnn_out));
       winograd_wide_s.push_back(seconds_per_launch([&] { row.petra(s); }, stream, repeats));
@@ -272,9 +274,10 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
         (winograd ? fmt::format("  winograd {:.3f} ms ({:.0f}% of cuDNN), direct {:.3f} ms", winograd_s * 1e3,
                                 100.0 * cudnn_s / winograd_s, direct_s * 1e3)
                   : "") +
-        (winograd_wide_s.size() == 2 ? fmt::format(" (winograd at 128x128, one / two blocks per SM: {:.3f} / {:.3f} ms)",
-                                                   winograd_wide_s[0] * 1e3, winograd_wide_s[1] * 1e3)
-                                     : "") +
+        (winograd_wide_s.size() == 3
+             ? fmt::format(" (winograd at 128x128, one block / two per SM / K step 32: {:.3f} / {:.3f} / {:.3f} ms)",
+                           winograd_wide_s[0] * 1e3, winograd_wide_s[1] * 1e3, winograd_wide_s[2] * 1e3)
+             : "") +
         (channels_last ? fmt::format("  without the channels-last copies {:.3f} ms ({:.0f}% of cuDNN)", nchw_s * 1e3,
                                      100.0 * cudnn_s / nchw_s)
                        : "");
@@ -303,8 +306,8 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
           {"cudnn_workspace_bytes", algorithm.workspace_bytes},
           {"relative_difference", difference}};
   if (channels_last) result["petra_nchw_ms"] = nchw_s * 1e3;  // reading x or dy itself
-  if (winograd_wide_s.size() == 2)
-    result["petra_winograd_128x128_ms"] = {winograd_wide_s[0] * 1e3, winograd_wide_s[1] * 1e3};  // one block, two
+  if (winograd_wide_s.size() == 3)  // one block, two per multiprocessor, the K step of 32
+    result["petra_winograd_128x128_ms"] = {winograd_wide_s[0] * 1e3, winograd_wide_s[1] * 1e3, winograd_wide_s[2] * 1e3};
   if (winograd) {
     result["petra_winograd_ms"] = winograd_s * 1e3;
     result["petra_winograd_share_of_cudnn"] = cudnn_s / winograd_s;

@@ -16,7 +16,7 @@ import sys
 
 
 def fastest_tile_ms(row):
-    """The fastest of the forced tiles (four; five in TF32 from 2026-12-06), in ms. bench-cuda wrote seconds under the
+    """The fastest of the forced tiles (four; six in TF32 from 2026-12-06), in ms. bench-cuda wrote seconds under the
     petra_ms_by_tile key until 2026-12-04 (runs 3-11): a value 100 times below petra_ms, which is
     one of the four, can only be that."""
     tiles = row.get("petra_ms_by_tile") or [row["petra_ms"]]
@@ -71,20 +71,19 @@ def main():
                 nchw = sum(r.get("petra_nchw_ms", r["petra_ms"]) for r in layers)
                 count = sum("petra_nchw_ms" in r for r in layers)
                 print(f"{math} {pass_:8} {nchw:7.3f} without the channels-last copies ({count} layers)")
-            # and the 128 x 128 tile at one block and at two blocks per multiprocessor (TF32, from
-            # 2026-12-06: petra_ms_by_tile's fifth entry, and Winograd's GEMM in
-            # petra_winograd_128x128_ms): the sums of each over the layers that have both.
-            two = [r for r in layers if len(r.get("petra_ms_by_tile", [])) == 5]
-            if two:
-                one_block = sum(r["petra_ms_by_tile"][3] for r in two)
-                two_blocks = sum(r["petra_ms_by_tile"][4] for r in two)
-                print(f"{math} {pass_:8} 128x128, one / two blocks per multiprocessor: {one_block:7.3f} / "
-                      f"{two_blocks:7.3f} ({len(two)} layers)")
-            wide = [r["petra_winograd_128x128_ms"] for r in layers if "petra_winograd_128x128_ms" in r]
+            # and the TF32 128 x 128 tile's options (from 2026-12-06): petra_ms_by_tile's fifth
+            # entry, two blocks per multiprocessor, and sixth, a K step of 32, against its fourth,
+            # the 128 x 128 tile itself; Winograd's GEMM the same in petra_winograd_128x128_ms.
+            options = [r for r in layers if len(r.get("petra_ms_by_tile", [])) == 6]
+            if options:
+                one, two, k32 = (sum(r["petra_ms_by_tile"][i] for r in options) for i in (3, 4, 5))
+                print(f"{math} {pass_:8} 128x128 / two blocks per multiprocessor / K step 32: {one:7.3f} / "
+                      f"{two:7.3f} / {k32:7.3f} ({len(options)} layers)")
+            wide = [r["petra_winograd_128x128_ms"] for r in layers if len(r.get("petra_winograd_128x128_ms", [])) == 3]
             if wide:
-                print(f"{math} {pass_:8} Winograd at 128x128, one / two blocks per multiprocessor: "
-                      f"{sum(w[0] for w in wide):7.3f} / {sum(w[1] for w in wide):7.3f} ({len(wide)} layers)")
-
+                one, two, k32 = (sum(w[i] for w in wide) for i in (0, 1, 2))
+                print(f"{math} {pass_:8} Winograd at 128x128 / two blocks per multiprocessor / K step 32: "
+                      f"{one:7.3f} / {two:7.3f} / {k32:7.3f} ({len(wide)} layers)")
 
 if __name__ == "__main__":
     main()

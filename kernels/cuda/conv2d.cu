@@ -892,13 +892,18 @@ PETRA_UNROLL
     const float* a_data = p.a_data();
     if constexpr (kVectorA) {
       if (t < Tile::kVectorThreadsA) {  // all threads but in the 64-row tiles (whole warps)
-        const int a_floats = k_left - a_k >= 4 ? 4 : (k_left > a_k ? int(k_left - a_k) : 0);
 PETRA_UNROLL
-        for (int q = 0; q < kRowsA; ++q) {
-          int floats = row_valid[q] ? a_floats : 0;
-          if constexpr (Problem::kPaddedA) floats = p.a_inside(rows[q], a_entry) ? floats : 0;
-          copy_async16(&a_tile[a_row_of(t, q)][a_k], at_or_base(a_data, p.a_offset(rows[q], a_entry), floats > 0),
-                       floats);
+        for (int group = 0; group < Tile::kVectorGroupsA; ++group) {  // (one but at K = 32)
+          const int k = a_k + 16 * group;
+          const KEntry e = group == 0 ? a_entry : entry[k];
+          const int a_floats = k_left - k >= 4 ? 4 : (k_left > k ? int(k_left - k) : 0);
+PETRA_UNROLL
+          for (int q = 0; q < kRowsA; ++q) {
+            int floats = row_valid[q] ? a_floats : 0;
+            if constexpr (Problem::kPaddedA) floats = p.a_inside(rows[q], e) ? floats : 0;
+            copy_async16(&a_tile[group * Tile::kABlockRows + a_row_of(t, q)][a_k],
+                         at_or_base(a_data, p.a_offset(rows[q], e), floats > 0), floats);
+          }
         }
       }
     } else {
@@ -947,15 +952,18 @@ PETRA_UNROLL
       // k 4 j + 2 and 4 j + 3 the same in row r + 8
       if (t < Tile::kVectorThreadsA) {
         const int k = Tile::a_vector_load(t, 0).k;
-        float4& low = *reinterpret_cast<float4*>(&a_tile[a_row_of(t, 0)][k]);
-        float4& high = *reinterpret_cast<float4*>(&a_tile[a_row_of(t, 1)][k]);
-        const float4 r = low, r8 = high;
-        if constexpr (Problem::kRoundedA) {  // rounded by the launch that wrote A: interleaved only
-          low = make_float4(r.x, r8.x, r.y, r8.y);
-          high = make_float4(r.z, r8.z, r.w, r8.w);
-        } else {
-          low = make_float4(tf32_operand(r.x), tf32_operand(r8.x), tf32_operand(r.y), tf32_operand(r8.y));
-          high = make_float4(tf32_operand(r.z), tf32_operand(r8.z), tf32_operand(r.w), tf32_operand(r8.w));
+PETRA_UNROLL
+        for (int group = 0; group < Tile::kVectorGroupsA; ++group) {  // (each block of M rows: 16 k)
+          float4& low = *reinterpret_cast<float4*>(&a_tile[group * Tile::kABlockRows + a_row_of(t, 0)][k]);
+          float4& high = *reinterpret_cast<float4*>(&a_tile[group * Tile::kABlockRows + a_row_of(t, 1)][k]);
+          const float4 r = low, r8 = high;
+          if constexpr (Problem::kRoundedA) {  // rounded by the launch that wrote A: interleaved only
+            low = make_float4(r.x, r8.x, r.y, r8.y);
+            high = make_float4(r.z, r8.z, r.w, r8.w);
+          } else {
+            low = make_float4(tf32_operand(r.x), tf32_operand(r8.x), tf32_operand(r.y), tf32_operand(r8.y));
+            high = make_float4(tf32_operand(r.z), tf32_operand(r8.z), tf32_operand(r.w), tf32_operand(r8.w));
+          }
         }
       }
     } else if constexpr (!Problem::kRoundedA) {  // (scalar copies land in place: nothing to interleave)
@@ -1121,9 +1129,31 @@ constexpr int blocks_per_sm() {
   return 2;
 }
 
+// The stages of a kernel's shared tiles, a[stage][row][column] and b[stage][k][slot]: static
+// __shared__ arrays, or Tile::kDynamicShared's in the launch's dynamic shared memory (A's stages,
+// then B's; KernelChoice::shared_bytes).
+template <class Tile>
+struct SharedTiles {
+  float (*a)[Tile::kARows][Tile::kLdA];
+  float (*b)[Tile::kK][Tile::kLdB];
+};
+template <class Tile>
+__device__ __forceinline__ SharedTiles<Tile> shared_tiles() {
+  if constexpr (Tile::kDynamicShared) {
+    PETRA_DYNAMIC_SHARED(float, tiles);
+    return {reinterpret_cast<float (*)[Tile::kARows][Tile::kLdA]>(tiles),
+            reinterpret_cast<float (*)[Tile::kK][Tile::kLdB]>(tiles + Tile::kStages * Tile::kARows * Tile::kLdA)};
+  } else {
+    __shared__ __align__(32) float a_tile[Tile::kStages][Tile::kARows][Tile::kLdA];
+    __shared__ __align__(32) float b_tile[Tile::kStages][Tile::kK][Tile::kLdB];
+    return {a_tile, b_tile};
+  }
+}
+
 // C tile (blockIdx.y, blockIdx.x) of `p`, over K slice blockIdx.z. Block: kThreads threads (1-d).
 template <class Problem, class Tile>
 __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, false>()) implicit_gemm(Problem whole) {
+  static_assert(!Tile::kDynamicShared, "the FP32 kernel's tiles are static");
   // a_tile[stage][k][m] (A transposed) and b_tile[stage][k][n]: in the inner loop each thread
   // reads its groups of 4 consecutive a_tile values and of 4 consecutive b_tile values of a k as
   // one float4 each (rows of kLdA and kLdB floats keep every float4 16-byte aligned).
@@ -1302,8 +1332,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, true>()
   using Warps = tiling::WarpLayout<Tile>;
   using Fragment = tiling::Tf32Fragment<Warps::kFragmentsM>;
   constexpr int FM = Warps::kFragmentsM, FN = Warps::kFragmentsN;
-  __shared__ __align__(32) float a_tile[Tile::kStages][Tile::kARows][Tile::kLdA];
-  __shared__ __align__(32) float b_tile[Tile::kStages][Tile::kK][Tile::kLdB];
+  const SharedTiles<Tile> tiles = shared_tiles<Tile>();
   __shared__ KEntry table[2][Tile::kK];
   const int t = int(threadIdx.x), warp = t / 32, lane = t % 32;
   const int wm = Warps::row(warp), wn = Warps::column(warp);
@@ -1319,10 +1348,13 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, true>()
   constexpr bool kRolledK8 = (!kVectorA || rolls_k8<Tile>()) && blocks_per_sm<Problem, Tile, true>() >= 2;
   WarpTileTf32<FM, FN> acc;
   acc.zero();
-  k_loop<Tile, kVectorA>(p, t, m0, n0, Index(p.k_begin(blockIdx.z)), Index(p.k_end(blockIdx.z)), a_tile, b_tile, table,
-               [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) {
-                 acc.template mma<Tile::kK, kRolledK8>(as, bs, wm, wn);
-               });
+  k_loop<Tile, kVectorA>(p, t, m0, n0, Index(p.k_begin(blockIdx.z)), Index(p.k_end(blockIdx.z)), tiles.a, tiles.b,
+                         table, [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) {
+                           // each 16 k of the step: its block of rows of A, its 16 rows of B
+PETRA_UNROLL
+                           for (int q = 0; q < Tile::kK / 16; ++q)
+                             acc.template mma<16, kRolledK8>(as + q * Tile::kABlockRows, bs + 16 * q, wm, wn);
+                         });
   // Lane 4 g + t holds rows Fragment::row(fm, s, g) and columns Fragment::column(fn, t, e) of the
   // piece: output row i = 2 fm + s, column j = 2 fn + e.
   const int g = lane / 4, lane_t = lane % 4;
@@ -1338,6 +1370,7 @@ struct KernelChoice {
   int tile_m, tile_n;
   const char* name;
   bool tensor_cores;  // implicit_gemm_tf32: TF32 operands (a kRoundedA/kRoundedB copy must round)
+  std::size_t shared_bytes = 0;  // dynamic shared memory per block (Tile::kDynamicShared)
 };
 
 template <class Problem>
@@ -1349,7 +1382,9 @@ void launch_gemm(const StreamHandle& s, const KernelChoice<Problem>& k, const Pr
 #endif
   const dim3 grid(unsigned(tiling::ceil_div(columns, k.tile_n)), unsigned(tiling::ceil_div(rows, k.tile_m)),
                   unsigned(slices));
-  PETRA_LAUNCH(k.kernel, grid, kThreads, 0, cuda_detail::stream_of(s))(p);
+  if (k.shared_bytes > 48 * 1024)
+    cuda_detail::allow_dynamic_shared(reinterpret_cast<const void*>(k.kernel), s.device_index, k.shared_bytes);
+  PETRA_LAUNCH(k.kernel, grid, kThreads, k.shared_bytes, cuda_detail::stream_of(s))(p);
   cuda_detail::check_launch(k.name, __FILE__, __LINE__);
 }
 
@@ -1464,13 +1499,16 @@ KernelChoice<Problem> kernel_with(const char* name, bool vector_a) {
   if constexpr (!tf32) {
     static_assert(!Problem::kVectorB, "16-byte B copies: the TF32 kernel only");
     return {implicit_gemm<Problem, Tile>, Tile::kM, Tile::kN, name, false};
-  } else if constexpr (Problem::kVectorB) {
-    return {implicit_gemm_tf32<Problem, Tile, true>, Tile::kM, Tile::kN, name, true};
   } else {
-    if constexpr (Problem::kVectorA) {
-      if (vector_a) return {implicit_gemm_tf32<Problem, Tile, true>, Tile::kM, Tile::kN, name, true};
+    constexpr std::size_t shared = Tile::kDynamicSharedBytes;
+    if constexpr (Problem::kVectorB) {
+      return {implicit_gemm_tf32<Problem, Tile, true>, Tile::kM, Tile::kN, name, true, shared};
+    } else {
+      if constexpr (Problem::kVectorA) {
+        if (vector_a) return {implicit_gemm_tf32<Problem, Tile, true>, Tile::kM, Tile::kN, name, true, shared};
+      }
+      return {implicit_gemm_tf32<Problem, Tile, false>, Tile::kM, Tile::kN, name, true, shared};
     }
-    return {implicit_gemm_tf32<Problem, Tile, false>, Tile::kM, Tile::kN, name, true};
   }
 }
 // The FP32 path's tiles and the TF32 path's (conv2d_tiling.cuh, Tf32Tile).
@@ -1504,6 +1542,9 @@ KernelChoice<Problem> kernel_for(tiling::TileChoice tile, const char* name, bool
         using Tile = TwoBlocksPerSm<tiling::Tf32Tile<128, 128>, two_blocks == TwoBlocks::rolled_k8>;
         return kernel_with<Problem, true, Tile>(name, vector_a);
       }
+      return kernel_of_shape<Problem, tf32, 128, 128>(name, vector_a);
+    case tiling::TileChoice::k128x128_k32:
+      if constexpr (tf32) return kernel_with<Problem, true, tiling::Tf32TileK32<128, 128>>(name, vector_a);
       [[fallthrough]];
     case tiling::TileChoice::k128x128: return kernel_of_shape<Problem, tf32, 128, 128>(name, vector_a);
     case tiling::TileChoice::k64x128: return kernel_of_shape<Problem, tf32, 64, 128>(name, vector_a);
@@ -1534,7 +1575,7 @@ KernelChoice<Problem> choose_kernel(const Problem& p, const char* fp32_name, con
 }  // namespace
 
 void set_conv2d_math(Conv2dMath math) { conv_math.store(int(math)); }
-void set_conv2d_tile(int tile) { conv_tile.store(tile < 0 || tile > 4 ? -1 : tile); }
+void set_conv2d_tile(int tile) { conv_tile.store(tile < 0 || tile > 5 ? -1 : tile); }
 void set_conv2d_weight_algorithm(Conv2dWeightAlgorithm algorithm) { conv_weight_algorithm.store(int(algorithm)); }
 void set_conv2d_channels_last(bool enabled) { conv_channels_last.store(enabled); }
 bool conv2d_channels_last() { return conv_channels_last.load(); }

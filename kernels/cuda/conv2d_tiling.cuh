@@ -302,13 +302,14 @@ PETRA_HOST_DEVICE constexpr int tf32_a_column(int m, int k) { return 4 * (k / 4)
 // floats, in tf32_b_row's order, its columns in tf32_b_slot's).
 enum class TileLayout { fp32, tf32 };
 
-// K: the K step (kTileK = 16 for both paths' tiles, Tf32Tile below).
+// K: the K step (kTileK = 16 for both paths' tiles, Tf32Tile below; 32 for the TF32 option
+// Tf32TileK32, whose A tile is two blocks of M rows, one per 16 k).
 template <int M, int N, int K = kTileK, TileLayout Layout = TileLayout::fp32>
 struct TileShape {
   static_assert((M == 64 || M == 128) && (N == 64 || N == 128));
   static_assert(K == 16 || K == 32);
   static constexpr bool kTf32 = Layout == TileLayout::tf32;
-  static_assert(!kTf32 || K == 16, "the TF32 layout's A rows are one K step of 16 (tf32_b_row, WarpTileTf32)");
+  static_assert(!kTf32 || K % 16 == 0, "the TF32 layout's A rows are 16 k each (tf32_b_row, WarpTileTf32)");
   static_assert(kThreads == 256, "kVectorThreadsA: 2 M threads, at most all of them");
   static constexpr int kM = M, kN = N, kK = K;
   static constexpr int kMicroM = M / kThreadsY, kMicroN = N / kThreadsX;  // 4 or 8
@@ -321,8 +322,13 @@ struct TileShape {
   // floats of a row), so its lanes read 32 different banks; b_tile's rows padded by 8 floats, so
   // that a row is 8 banks further than the previous one: the lanes (g, t) of a fragment load (rows
   // t + 4 u, columns g) then read 32 different banks (Tf32Fragment, tf32_b_row).
-  static constexpr int kARows = kTf32 ? M : K;
-  static constexpr int kLdA = kTf32 ? K : M + 4, kLdB = N + (kTf32 ? 8 : 4);
+  // (K = 32 in TF32: the A tile's rows are two such blocks of M rows, k < 16 and k >= 16, so
+  // that every row is 16 floats and the banks of a load are as at K = 16; the second block starts
+  // one row further, kABlockRows = M + 1, so that the scalar copies of a warp, one row's 32 k,
+  // reach 2 ways of a bank and not 4.)
+  static constexpr int kABlockRows = K > 16 ? M + 1 : M;
+  static constexpr int kARows = kTf32 ? kABlockRows * (K / 16) : K;
+  static constexpr int kLdA = kTf32 ? 16 : M + 4, kLdB = N + (kTf32 ? 8 : 4);
   // Where A(m, k) and B(k, n) of a step are in the tiles (once the TF32 path has rounded them):
   // a_tile[a_row(m, k)][a_column(m, k)], b_tile[b_row(k)][b_slot(n)] (b_row: k itself, or, in the
   // TF32 layout, tf32_b_row(k); b_slot: n itself, or tf32_b_slot(n)). The TF32 layout keeps each
@@ -333,15 +339,21 @@ struct TileShape {
   // 8, 4t + 2h + 1) in the mma's order, are the four floats of a_tile[g + 8 h][4 t ..]: one 16-byte
   // load straight into the instruction's register quad (with the rows apart, nvcc added moves to
   // assemble each quad: 17% of a 128 x 128 K step's SASS).
-  PETRA_HOST_DEVICE static constexpr int a_row(int m, int k) { return kTf32 ? tf32_a_row(m, k) : k; }
-  PETRA_HOST_DEVICE static constexpr int a_column(int m, int k) { return kTf32 ? tf32_a_column(m, k) : m; }
+  PETRA_HOST_DEVICE static constexpr int a_row(int m, int k) {
+    return kTf32 ? k / 16 * kABlockRows + tf32_a_row(m, k % 16) : k;
+  }
+  PETRA_HOST_DEVICE static constexpr int a_column(int m, int k) { return kTf32 ? tf32_a_column(m, k % 16) : m; }
   PETRA_HOST_DEVICE static constexpr int b_row(int k) { return kTf32 ? tf32_b_row(k) : k; }
   PETRA_HOST_DEVICE static constexpr int b_slot(int n) { return kTf32 ? tf32_b_slot(n) : n; }
   // The stages of the K loop's pipeline (conv2d.cu, k_loop): three where three copies of the two
   // tiles fit in 40 KiB of shared memory (under the 48 KiB a block may declare statically, with
-  // room for the K-step tables), else two.
+  // room for the K-step tables), else two; where not even two fit (the 128 x 128 TF32 tile at
+  // K = 32: 33 KiB a stage), three in dynamic shared memory (kDynamicShared: 99 KiB, opted in at
+  // launch; one block per multiprocessor).
   static constexpr int kStageBytes = (kARows * kLdA + K * kLdB) * 4;
-  static constexpr int kStages = 3 * kStageBytes <= 40 * 1024 ? 3 : 2;
+  static constexpr bool kDynamicShared = 2 * kStageBytes > 40 * 1024;
+  static constexpr int kStages = kDynamicShared || 3 * kStageBytes <= 40 * 1024 ? 3 : 2;
+  static constexpr int kDynamicSharedBytes = kDynamicShared ? kStages * kStageBytes : 0;
 
   // The q-th A value and B value that thread t loads, q < kLoadsA (kLoadsB). A: K consecutive
   // threads take K consecutive k of one row (the weight rows and dy rows are contiguous in k).
@@ -358,7 +370,10 @@ struct TileShape {
   // places are where a_row and a_column put the same 8 values, so the thread that copied them
   // rounds them and puts them in place (interleaved, TileGather::round_to_tf32) without another
   // thread's values in the way. A quarter-warp's copies fill two whole rows: 32 banks.
+  // At K = 32 the thread does the same for k + 16 (kVectorGroupsA), into the A tile's second
+  // block of rows (kABlockRows on).
   static constexpr int kVectorLoadsA = 2;
+  static constexpr int kVectorGroupsA = K / 16;
   static constexpr int kVectorThreadsA = 2 * M;  // M / 2 pairs x 4 cells; all threads at M = 128
   PETRA_HOST_DEVICE static constexpr int a_pair_row(int pair) { return pair / 8 * 16 + pair % 8; }
   PETRA_HOST_DEVICE static constexpr TileCoordinate a_vector_load(int t, int v) {
@@ -375,13 +390,18 @@ struct TileShape {
     return {4 * (t % kVectorCopiesPerRowB), t / kVectorCopiesPerRowB + v * (kThreads / kVectorCopiesPerRowB)};
   }
   // In the TF32 layout a thread's k are chosen so that their rows in b_tile (tf32_b_row) are its
-  // own row group t / N plus a constant of q, as the FP32 layout's k are: with k = 4 a + b at row
-  // 4 b + a, a = q % 4 and b = (q / 4) R + t / N (R = kThreads / N row groups); else the row of
-  // each copy and of its rounding would be recomputed from t at every step (the bit shuffle of
-  // tf32_b_row: nvcc rematerialises it rather than hold a register per value).
+  // own row group t / N plus a constant of q, as the FP32 layout's k are: with k = 16 (b / 4) +
+  // 4 a + b % 4 at row 4 b + a, a = q % 4 and b = (q / 4) R + t / N (R = kThreads / N row groups;
+  // b < 4 at K = 16); else the row of each copy and of its rounding would be recomputed from t at
+  // every step (the bit shuffle of tf32_b_row: nvcc rematerialises it rather than hold a register
+  // per value).
   PETRA_HOST_DEVICE static constexpr TileCoordinate b_load(int t, int q) {
     constexpr int R = kThreads / N;
-    if constexpr (kTf32) return {t % N, 4 * (q % 4) + (q / 4) * R + t / N};
+    if constexpr (kTf32 && K == 16) return {t % N, 4 * (q % 4) + (q / 4) * R + t / N};  // (b < 4: as nvcc cannot tell)
+    if constexpr (kTf32) {
+      const int b = (q / 4) * R + t / N;
+      return {t % N, 16 * (b / 4) + 4 * (q % 4) + b % 4};
+    }
     return {t % N, t / N + q * R};
   }
   // b_row(b_load(t, q).k) as the same kind of sum
@@ -422,7 +442,9 @@ enum class ConvPass { forward, data, weight };
 // k128x128_two_per_sm: the TF32 path's 128 x 128 tile compiled for two blocks per multiprocessor
 // (128 registers) instead of one; an option to time (bench-cuda), never chosen by choose_tile. The
 // FP32 path takes its 128 x 128 tile for it.
-enum class TileChoice { k64x64 = 0, k64x128 = 1, k128x64 = 2, k128x128 = 3, k128x128_two_per_sm = 4 };
+// k128x128_k32: the TF32 path's 128 x 128 tile with a K step of 32 (Tf32TileK32), three stages
+// in dynamic shared memory; the same kind of option. The FP32 path takes its 128 x 128 for it too.
+enum class TileChoice { k64x64 = 0, k64x128 = 1, k128x64 = 2, k128x128 = 3, k128x128_two_per_sm = 4, k128x128_k32 = 5 };
 inline constexpr std::int64_t kMinBlocksForLargerTile = 128;
 inline constexpr std::int64_t kMinBlocksFor128x128 = 128;
 inline constexpr std::int64_t kMinWeightBlocksFor128x128 = 192;
@@ -451,6 +473,10 @@ inline TileChoice choose_tile(ConvPass pass, std::int64_t rows, std::int64_t col
 // order) does not depend on the step, so neither do the results.
 template <int M, int N>
 using Tf32Tile = TileShape<M, N, kTileK, TileLayout::tf32>;
+// The TF32 tile with a K step of 32: half the barriers, table writes and waits per product
+// (TileChoice::k128x128_k32, an option to time; not picked by choose_tile).
+template <int M, int N>
+using Tf32TileK32 = TileShape<M, N, 2 * kTileK, TileLayout::tf32>;
 
 // The 8 warps of a block split Tile's M x N output into kWarpsM x kWarpsN pieces of kRows x
 // kColumns: warp w computes rows row(w) .. + kRows - 1 and columns column(w) .. + kColumns - 1, as

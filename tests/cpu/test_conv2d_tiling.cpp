@@ -381,6 +381,7 @@ TEST_CASE("conv2d tiling: each tile element is loaded once and computed once, in
   check_tile_coverage<tiling::Tf32Tile<64, 128>>();
   check_tile_coverage<tiling::Tf32Tile<128, 64>>();
   check_tile_coverage<tiling::Tf32Tile<128, 128>>();
+  check_tile_coverage<tiling::Tf32TileK32<128, 128>>();
   // the K loop's pipeline: three stages where they fit in 40 KiB of shared memory, else two
   CHECK(tiling::TileShape<64, 64>::kStages == 3);
   CHECK(tiling::TileShape<64, 128>::kStages == 3);
@@ -389,6 +390,12 @@ TEST_CASE("conv2d tiling: each tile element is loaded once and computed once, in
   CHECK(tiling::Tf32Tile<128, 64>::kStages == 3);
   CHECK(tiling::Tf32Tile<128, 128>::kStages == 2);
   CHECK(tiling::Tf32Tile<128, 128>::kStages * tiling::Tf32Tile<128, 128>::kStageBytes <= 40 * 1024);
+  CHECK_FALSE(tiling::Tf32Tile<128, 128>::kDynamicShared);
+  // the K step of 32: three stages in dynamic shared memory, within an H100's 227 KB and an A100's 163 KB
+  CHECK(tiling::Tf32TileK32<128, 128>::kDynamicShared);
+  CHECK(tiling::Tf32TileK32<128, 128>::kStages == 3);
+  CHECK(tiling::Tf32TileK32<128, 128>::kDynamicSharedBytes == 3 * (2 * 129 * 16 + 32 * 136) * 4);
+  CHECK(tiling::Tf32TileK32<128, 128>::kDynamicSharedBytes <= 160 * 1024);
 }
 
 // The rule, on the ResNet-18 CIFAR layers at batch 128 (the shapes bench-cuda times, each tile's
@@ -549,6 +556,7 @@ void check_warp_layout() {
   using Fragment = tiling::Tf32Fragment<FM>;
   CAPTURE(Tile::kM);
   CAPTURE(Tile::kN);
+  CAPTURE(Tile::kK);
   std::vector<int> c(Tile::kM * Tile::kN, 0);
   for (int warp = 0; warp < Warps::kWarps; ++warp)
     for (int lane = 0; lane < 32; ++lane)
@@ -587,23 +595,27 @@ void check_warp_layout() {
   // two rows each to a_tile[row][4 j ..], covering the tile once; the 8 places a thread's copies
   // land on are where a_row and a_column put the same 8 values (so it rounds them into place
   // alone); a quarter-warp's 8 copies on 32 banks.
+  // (At K = 32 the thread copies the same cells of k + 16 into the second block of M rows.)
   std::vector<int> landed(Tile::kARows * Tile::kLdA, 0);
-  for (int t = 0; t < Tile::kVectorThreadsA; ++t) {
-    std::set<std::pair<int, int>> lands, places;
-    for (int v = 0; v < Tile::kVectorLoadsA; ++v) {
-      const tiling::TileCoordinate at = Tile::a_vector_load(t, v);
-      REQUIRE(at.mn < Tile::kM);
-      REQUIRE(at.k % 4 == 0);
-      REQUIRE(at.k + 4 <= Tile::kK);
-      for (int i = 0; i < 4; ++i) {
-        ++landed[at.mn * Tile::kLdA + at.k + i];
-        lands.insert({at.mn, at.k + i});
-        places.insert({Tile::a_row(at.mn, at.k + i), Tile::a_column(at.mn, at.k + i)});
+  for (int t = 0; t < Tile::kVectorThreadsA; ++t)
+    for (int group = 0; group < Tile::kVectorGroupsA; ++group) {
+      std::set<std::pair<int, int>> lands, places;
+      for (int v = 0; v < Tile::kVectorLoadsA; ++v) {
+        const tiling::TileCoordinate at = Tile::a_vector_load(t, v);
+        REQUIRE(at.mn < Tile::kM);
+        REQUIRE(at.k % 4 == 0);
+        REQUIRE(at.k + 4 <= 16);
+        const int row = group * Tile::kABlockRows + at.mn, k = 16 * group + at.k;
+        for (int i = 0; i < 4; ++i) {
+          ++landed[row * Tile::kLdA + at.k + i];
+          lands.insert({row, at.k + i});
+          places.insert({Tile::a_row(at.mn, k + i), Tile::a_column(at.mn, k + i)});
+        }
       }
+      CHECK(lands == places);
     }
-    CHECK(lands == places);
-  }
-  for (const int count : landed) CHECK(count == 1);
+  for (int i = 0; i < int(landed.size()); ++i)  // (once each, but the padding row after a block's M)
+    CHECK(landed[std::size_t(i)] == (i / Tile::kLdA % Tile::kABlockRows < Tile::kM ? 1 : 0));
   for (int v = 0; v < Tile::kVectorLoadsA; ++v)
     for (int first = 0; first < Tile::kVectorThreadsA; first += 8) {
       std::set<int> banks;
@@ -656,16 +668,18 @@ void check_warp_layout() {
     // row(warp) + 16 fm + g + 8 h, column 4 t, holding A(g, 4t + 2h), A(g + 8, 4t + 2h), A(g, 4t
     // + 2h + 1), A(g + 8, 4t + 2h + 1) of the fragment's rows, the mma's order; 32 banks per
     // quarter-warp
+    // (each 16 k of the step, q: its block of M rows of A, its 16 rows of B)
+    for (int q = 0; q < Tile::kK / 16; ++q)
     for (int fm = 0; fm < FM; ++fm)
       for (int h = 0; h < 2; ++h)
         for (int first_lane = 0; first_lane < 32; first_lane += 8) {
           std::set<int> a_banks;
           for (int lane = first_lane; lane < first_lane + 8; ++lane) {
-            const int g = lane / 4, t = lane % 4, row = Warps::row(warp) + 16 * fm + g + 8 * h;
+            const int g = lane / 4, t = lane % 4, row = q * Tile::kABlockRows + Warps::row(warp) + 16 * fm + g + 8 * h;
             for (int e = 0; e < 4; ++e) {
               const auto [m, k] = a_of.at({row, 4 * t + e});
               CHECK(m == Warps::row(warp) + Fragment::row(fm, e % 2, g));
-              CHECK(k == tiling::tf32_step_k(t, h, e / 2));
+              CHECK(k == 16 * q + tiling::tf32_step_k(t, h, e / 2));
               a_banks.insert((row * Tile::kLdA + 4 * t + e) % 32);
             }
           }
@@ -673,7 +687,7 @@ void check_warp_layout() {
         }
     // B at lane t's k 4 t + u (u < 4: the two k8 steps' k t and t + 4): the float4 of fragments
     // 4 j .. 4 j + 3, at slot column(warp) + 32 j + 4 g
-    for (int u = 0; u < 4; ++u)
+    for (int u = 0; u < Tile::kK / 4; ++u)  // (u >= 4: the next 16 k's rows)
       for (int j = 0; j < FN / 4; ++j)
         for (int first_lane = 0; first_lane < 32; first_lane += 8) {
           std::set<int> b_banks;
@@ -682,7 +696,7 @@ void check_warp_layout() {
             CHECK(slot % 4 == 0);
             for (int f = 0; f < 4; ++f)  // the float4 holds the columns of fragments 4 j + f, column g
               CHECK(Tile::b_slot(Warps::column(warp) + 8 * (4 * j + f) + lane / 4) == slot + f);
-            const int word = Tile::b_row(4 * (lane % 4) + u) * Tile::kLdB + slot;
+            const int word = Tile::b_row(16 * (u / 4) + 4 * (lane % 4) + u % 4) * Tile::kLdB + slot;
             for (int f = 0; f < 4; ++f) b_banks.insert((word + f) % 32);
           }
           CHECK(b_banks.size() == 32);
@@ -713,13 +727,15 @@ void check_warp_layout() {
             const int m = Warps::row(warp) + Fragment::row(fm, r / 8, r % 8);
             const int n = Warps::column(warp) + 8 * fn + cc;
             std::set<int> ks;
+            for (int q = 0; q < Tile::kK / 16; ++q)  // (the kernel hands mma each 16 k's tiles)
             for (int h = 0; h < 2; ++h)
               for (int kk = 0; kk < 8; ++kk) {
                 const int t = kk % 4, high = kk / 4;
                 // lane (r % 8, t)'s element r / 8 + 2 high, of the float4 at row + 16 fm + r % 8 + 8 h, 4 t
-                const auto [a_m, a_k] = a_at(Warps::row(warp) + 16 * fm + r % 8 + 8 * h, 4 * t + r / 8 + 2 * high);
-                const int b_row = tiling::tf32_step_b_row(t, h, high);  // lane (cc, t)
-                CHECK(b_row == tiling::tf32_b_row(tiling::tf32_step_k(t, h, high)));
+                const auto [a_m, a_k] =
+                    a_at(q * Tile::kABlockRows + Warps::row(warp) + 16 * fm + r % 8 + 8 * h, 4 * t + r / 8 + 2 * high);
+                const int b_row = 16 * q + tiling::tf32_step_b_row(t, h, high);  // lane (cc, t)
+                CHECK(b_row == tiling::tf32_b_row(16 * q + tiling::tf32_step_k(t, h, high)));
                 const int b_slot = Warps::column(warp) + 32 * (fn / 4) + 4 * cc + fn % 4;
                 REQUIRE(b_at.count({b_row, b_slot}) == 1);
                 const auto [b_k, b_n] = b_at[{b_row, b_slot}];
@@ -738,6 +754,7 @@ TEST_CASE("conv2d tiling: the TF32 path's warps and fragments cover every block 
   check_warp_layout<tiling::Tf32Tile<64, 128>>();
   check_warp_layout<tiling::Tf32Tile<128, 64>>();
   check_warp_layout<tiling::Tf32Tile<128, 128>>();
+  check_warp_layout<tiling::Tf32TileK32<128, 128>>();
   // the 64 x 64 tile keeps its 16 x 32 pieces; the others have pieces of 32 x 32 or 32 x 64
   CHECK(tiling::WarpLayout<tiling::SmallTile>::kFragmentsM == 1);
   CHECK(tiling::WarpLayout<tiling::SmallTile>::kFragmentsN == 4);

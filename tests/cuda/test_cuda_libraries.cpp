@@ -520,8 +520,9 @@ TEST_CASE("cuda: cuDNN batch norm + ReLU (cuDNN's batch norm, petra's relu) matc
 }
 
 // petra's convolution with each block tile forced (set_conv2d_tile: 64x64, 64x128, 128x64,
-// 128x128, and 128x128 at two blocks per multiprocessor: the third shape's channels-last forward
-// and weight gradient have kernels of their own there): the same bits as the 64x64 tile in the three passes, FP32 and TF32 (each output is one
+// 128x128, 128x128 at two blocks per multiprocessor (the third shape's channels-last forward and
+// weight gradient have kernels of their own there) and 128x128 with a K step of 32 in dynamic
+// shared memory (TF32 only)): the same bits as the 64x64 tile in the three passes, FP32 and TF32 (each output is one
 // thread's, or one accumulator element's, sum over k in the same order; here the real mma.sync runs,
 // where the emulated test runs its twin), and the FP32 results within their bound of ref::. (It
 // needs no cuDNN, but shares this section's shapes' data; every build that has CUDA has cuDNN.)
@@ -589,7 +590,7 @@ TEST_CASE("cuda: petra's conv2d gives the same bits with every block tile, FP32 
     for (const cu::Conv2dMath math : {cu::Conv2dMath::fp32, cu::Conv2dMath::tf32}) {
       CAPTURE(int(math));
       std::vector<float> y_small, dx_small, dw_small;
-      for (const int tile : {0, 1, 2, 3, 4}) {
+      for (const int tile : {0, 1, 2, 3, 4, 5}) {
         CAPTURE(tile);
         Buffer y(std::vector<float>(ny, 7.0f), cs), dx(std::vector<float>(nx, 7.0f), cs), dw(d.dw0, cs);
         three_passes(s, k, math, tile, x, w, bias.get(), dy, y, dx, dw);

@@ -782,59 +782,78 @@ TEST_CASE("emulated conv2d: the 64 x 128, 128 x 64 and 128 x 128 tiles give the 
   MESSAGE("tiles: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
 }
 
-// set_conv2d_tile(4): the TF32 128 x 128 tile compiled for two blocks per multiprocessor (128
-// registers; bench-cuda times it beside the others). Its own kernels where they fit without
-// spilling (the channels-last forward and weight gradient, Winograd's GEMM), tile 3's kernel
-// elsewhere (the channels-last backward data; the FP32 path), and tile 3's bits everywhere: the
-// register budget and the rolled k8 loop change no arithmetic. (The emulation runs the mma's twin;
-// on a GPU, test-cuda's every-tile case compares the real instructions the same way.)
-TEST_CASE("emulated conv2d: the 128 x 128 tile at two blocks per multiprocessor gives tile 3's bits") {
+// The TF32 path's two 128 x 128 options, which bench-cuda times beside the tiles: set_conv2d_tile(4),
+// compiled for two blocks per multiprocessor (128 registers), with kernels of its own where they
+// fit without spilling (the channels-last forward and weight gradient, Winograd's GEMM) and tile
+// 3's elsewhere; set_conv2d_tile(5), a K step of 32 in dynamic shared memory, its own kernels in
+// every TF32 pass. Both give tile 3's bits (the k8 products are taken in the same order), on K
+// with tails in either half of a 32-step (the first shape's weight K = 36, the second's forward K =
+// 180 and weight K = 70); the FP32 path runs tile 3's kernels. (The emulation runs the mma's
+// twin; on a GPU, test-cuda's every-tile case compares the real instructions the same way.)
+TEST_CASE("emulated conv2d: the TF32 128 x 128 options (two blocks per multiprocessor, K step 32) give tile 3's bits") {
   Stream stream;
   const StreamHandle& s = stream.s;
-  const Conv2dShape sh{1, 32, 6, 6, 132, 3, 3, 1, 1, 1, 1};  // channels-last in every pass; 132 rows: past 128
-  const Buffer x(sh.input_size(), 3100, 0), w(sh.weight_size(), 3101, 0), dy(sh.output_size(), 3102, 0),
-      y(sh.output_size(), 3103, 0), dx(sh.input_size(), 3104, 0), dw(sh.weight_size(), 3105, 0),
-      dw_winograd(sh.weight_size(), 3105, 0);
-  // Each pass's product kernel (the launched function) and its results, under a tile.
-  struct Run {
-    std::vector<const void*> kernels;
-    std::vector<std::vector<float>> values;
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<Conv2dShape> shapes = {
+      {1, 32, 6, 6, 132, 3, 3, 1, 1, 1, 1},  // channels-last in every pass; 132 rows: past 128
+      {2, 20, 5, 7, 36, 3, 3, 1, 1, 1, 1},   // the weight gradient from x itself (20 channels)
   };
-  const auto run = [&](int tile) {
-    const TileGuard forced(tile);
-    for (const Buffer* b : {&y, &dx, &dw, &dw_winograd}) b->reset();
-    Run r;
-    cu::conv2d_forward(s, sh, x.data(), w.data(), nullptr, y.data());
-    r.kernels.push_back(emu::last_launch().function);
-    cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
-    r.kernels.push_back(emu::last_launch().function);
-    cu::conv2d_backward_weight_split(s, sh, x.data(), dy.data(), dw.data(), 1);
-    r.kernels.push_back(emu::last_launch().function);
-    {
-      const WeightAlgorithmGuard winograd(cu::Conv2dWeightAlgorithm::winograd);
-      cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw_winograd.data());
-      CHECK(emu::last_launch().kernel == std::string("conv2d_backward_weight_winograd_output"));
-      r.kernels.push_back(emu::recent_launches(2).at(0).function);  // the GEMM, before the output transform
-    }
-    for (const Buffer* b : {&y, &dx, &dw, &dw_winograd}) {
-      CHECK(b->guards_kept());
-      r.values.push_back(b->values());
-    }
-    return r;
-  };
-  for (const cu::Conv2dMath math : {cu::Conv2dMath::fp32, cu::Conv2dMath::tf32}) {
-    CAPTURE(int(math));
-    const MathGuard chosen(math);
-    const Run one_block = run(3), two_blocks = run(4);
-    const bool tf32 = math == cu::Conv2dMath::tf32;
-    // forward, backward data, weight, Winograd's weight: a kernel of its own in TF32 but for the data pass
-    const std::vector<bool> own = {tf32, false, tf32, tf32};
-    for (std::size_t pass = 0; pass < 4; ++pass) {
-      CAPTURE(pass);
-      CHECK((two_blocks.kernels[pass] != one_block.kernels[pass]) == own[pass]);
-      CHECK(bit_differences(two_blocks.values[pass], one_block.values[pass]) == "");
+  std::uint64_t seed = 3100;
+  for (const Conv2dShape& sh : shapes) {
+    seed += 10;
+    INFO(describe(sh));
+    const Buffer x(sh.input_size(), seed, 0), w(sh.weight_size(), seed + 1, 0), dy(sh.output_size(), seed + 2, 0),
+        y(sh.output_size(), seed + 3, 0), dx(sh.input_size(), seed + 4, 0), dw(sh.weight_size(), seed + 5, 0),
+        dw_winograd(sh.weight_size(), seed + 5, 0);
+    // Each pass's product kernel (the launched function) and its results, under a tile: forward,
+    // backward data, weight (the direct product), Winograd's weight gradient.
+    struct Run {
+      std::vector<const void*> kernels;
+      std::vector<std::vector<float>> values;
+    };
+    const auto run = [&](int tile) {
+      const TileGuard forced(tile);
+      for (const Buffer* b : {&y, &dx, &dw, &dw_winograd}) b->reset();
+      Run r;
+      cu::conv2d_forward(s, sh, x.data(), w.data(), nullptr, y.data());
+      r.kernels.push_back(emu::last_launch().function);
+      cu::conv2d_backward_data(s, sh, dy.data(), w.data(), dx.data());
+      r.kernels.push_back(emu::last_launch().function);
+      cu::conv2d_backward_weight_split(s, sh, x.data(), dy.data(), dw.data(), 1);
+      r.kernels.push_back(emu::last_launch().function);
+      {
+        const WeightAlgorithmGuard winograd(cu::Conv2dWeightAlgorithm::winograd);
+        cu::conv2d_backward_weight(s, sh, x.data(), dy.data(), dw_winograd.data());
+        CHECK(emu::last_launch().kernel == std::string("conv2d_backward_weight_winograd_output"));
+        r.kernels.push_back(emu::recent_launches(2).at(0).function);  // the GEMM, before the output transform
+      }
+      for (const Buffer* b : {&y, &dx, &dw, &dw_winograd}) {
+        CHECK(b->guards_kept());
+        r.values.push_back(b->values());
+      }
+      return r;
+    };
+    for (const cu::Conv2dMath math : {cu::Conv2dMath::fp32, cu::Conv2dMath::tf32}) {
+      CAPTURE(int(math));
+      const MathGuard chosen(math);
+      const bool tf32 = math == cu::Conv2dMath::tf32;
+      const Run one_block = run(3);
+      for (const int tile : {4, 5}) {
+        CAPTURE(tile);
+        const Run option = run(tile);
+        // which passes have a kernel of their own under the option
+        const bool channels_last_weight = sh.in_channels % 32 == 0;
+        const std::vector<bool> own = tile == 4 ? std::vector<bool>{tf32, false, tf32 && channels_last_weight, tf32}
+                                                : std::vector<bool>{tf32, tf32, tf32, tf32};
+        for (std::size_t pass = 0; pass < 4; ++pass) {
+          CAPTURE(pass);
+          CHECK((option.kernels[pass] != one_block.kernels[pass]) == own[pass]);
+          CHECK(bit_differences(option.values[pass], one_block.values[pass]) == "");
+        }
+      }
     }
   }
+  MESSAGE("128 x 128 options: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
 }
 
 // The TF32 path's 16-byte A copies (where A's rows allow them: the forward's weight rows when
