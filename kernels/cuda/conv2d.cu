@@ -1350,10 +1350,15 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, true>()
   acc.zero();
   k_loop<Tile, kVectorA>(p, t, m0, n0, Index(p.k_begin(blockIdx.z)), Index(p.k_end(blockIdx.z)), tiles.a, tiles.b,
                          table, [&](const float (*as)[Tile::kLdA], const float (*bs)[Tile::kLdB]) {
-                           // each 16 k of the step: its block of rows of A, its 16 rows of B
-PETRA_UNROLL
-                           for (int q = 0; q < Tile::kK / 16; ++q)
-                             acc.template mma<16, kRolledK8>(as + q * Tile::kABlockRows, bs + 16 * q, wm, wn);
+                           // each 16 k of the step: its block of rows of A, its 16 rows of B (a
+                           // loop of one iteration kept nvcc from unrolling the K loop when asked:
+                           // conv_ptx_stats.py --sass)
+                           if constexpr (Tile::kK == 16) {
+                             acc.template mma<16, kRolledK8>(as, bs, wm, wn);
+                           } else {
+                             for (int q = 0; q < Tile::kK / 16; ++q)
+                               acc.template mma<16, kRolledK8>(as + q * Tile::kABlockRows, bs + 16 * q, wm, wn);
+                           }
                          });
   // Lane 4 g + t holds rows Fragment::row(fm, s, g) and columns Fragment::column(fn, t, e) of the
   // piece: output row i = 2 fm + s, column j = 2 fn + e.
