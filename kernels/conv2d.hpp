@@ -153,8 +153,8 @@ Conv2dMath conv2d_math();
 // force 64x64, 64x128, 128x64, 128x128 on both paths (benchmarks time each so); 4, the TF32
 // 128x128 compiled for two blocks per multiprocessor (128 registers) where that kernel fits without
 // spilling (the channels-last forward and weight gradient, Winograd's GEMM), 128x128 elsewhere; 5,
-// the TF32 128x128 with a K step of 32 (three stages in 99 KB of dynamic shared memory), 128x128 in
-// FP32: options to time, never picked by the rule. The results are the same bits whatever the tile.
+// the TF32 128x128 with a K step of 32 (three stages in 99.4 KiB of dynamic shared memory; 128x128
+// on a GPU whose blocks hold less, and in FP32): options to time, never picked by the rule. The results are the same bits whatever the tile.
 void set_conv2d_tile(int tile);
 
 // The algorithm of the weight gradient (conv2d_backward_weight) of 3x3 convolutions at stride 1 and

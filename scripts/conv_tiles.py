@@ -16,11 +16,11 @@ import sys
 
 
 def fastest_tile_ms(row):
-    """The fastest of the forced tiles (four; six in TF32 from 2026-12-06), in ms. bench-cuda wrote seconds under the
+    """The fastest of the four tiles choose_tile picks from, forced, in ms. bench-cuda wrote seconds under the
     petra_ms_by_tile key until 2026-12-04 (runs 3-11): a value 100 times below petra_ms, which is
     one of the four, can only be that."""
-    tiles = row.get("petra_ms_by_tile") or [row["petra_ms"]]
-    if max(tiles) < row["petra_ms"] / 100:
+    tiles = (row.get("petra_ms_by_tile") or [row["petra_ms"]])[:4]  # (not the TF32 options, which
+    if max(tiles) < row["petra_ms"] / 100:                           # choose_tile never picks)
         tiles = [t * 1e3 for t in tiles]
     return min(tiles)
 
@@ -71,14 +71,20 @@ def main():
                 nchw = sum(r.get("petra_nchw_ms", r["petra_ms"]) for r in layers)
                 count = sum("petra_nchw_ms" in r for r in layers)
                 print(f"{math} {pass_:8} {nchw:7.3f} without the channels-last copies ({count} layers)")
-            # and the TF32 128 x 128 tile's options (from 2026-12-06): petra_ms_by_tile's fifth
-            # entry, two blocks per multiprocessor, and sixth, a K step of 32, against its fourth,
-            # the 128 x 128 tile itself; Winograd's GEMM the same in petra_winograd_128x128_ms.
+            # and the TF32 128 x 128 tile's options (from 2026-12-06), each against the 128 x 128
+            # tile itself (petra_ms_by_tile[3]): the K step of 32 ([5]) on every layer, two blocks
+            # per multiprocessor ([4]) on the layers where it ran a kernel of its own
+            # (two_blocks_own_kernel: the channels-last forward and weight gradient); Winograd's
+            # GEMM the same in petra_winograd_128x128_ms.
             options = [r for r in layers if len(r.get("petra_ms_by_tile", [])) == 6]
             if options:
-                one, two, k32 = (sum(r["petra_ms_by_tile"][i] for r in options) for i in (3, 4, 5))
-                print(f"{math} {pass_:8} 128x128 / two blocks per multiprocessor / K step 32: {one:7.3f} / "
-                      f"{two:7.3f} / {k32:7.3f} ({len(options)} layers)")
+                one, k32 = (sum(r["petra_ms_by_tile"][i] for r in options) for i in (3, 5))
+                print(f"{math} {pass_:8} 128x128 / K step 32: {one:7.3f} / {k32:7.3f} ({len(options)} layers)")
+                own = [r for r in options if r.get("two_blocks_own_kernel")]
+                if own:
+                    one, two = (sum(r["petra_ms_by_tile"][i] for r in own) for i in (3, 4))
+                    print(f"{math} {pass_:8} 128x128 / two blocks per multiprocessor: {one:7.3f} / {two:7.3f} "
+                          f"({len(own)} layers with a kernel of their own)")
             wide = [r["petra_winograd_128x128_ms"] for r in layers if len(r.get("petra_winograd_128x128_ms", [])) == 3]
             if wide:
                 one, two, k32 = (sum(w[i] for w in wide) for i in (0, 1, 2))

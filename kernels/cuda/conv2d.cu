@@ -1376,6 +1376,10 @@ struct KernelChoice {
   const char* name;
   bool tensor_cores;  // implicit_gemm_tf32: TF32 operands (a kRoundedA/kRoundedB copy must round)
   std::size_t shared_bytes = 0;  // dynamic shared memory per block (Tile::kDynamicShared)
+  // With shared_bytes: the kernel of the same tile in static shared memory, for a device whose
+  // blocks cannot hold shared_bytes (launch_gemm; the K step of 32 needs 101,760 bytes and its
+  // tables 1,792 static, sm_86 and sm_89 GPUs allow 101,376)
+  void (*static_kernel)(Problem) = nullptr;
 };
 
 template <class Problem>
@@ -1387,9 +1391,16 @@ void launch_gemm(const StreamHandle& s, const KernelChoice<Problem>& k, const Pr
 #endif
   const dim3 grid(unsigned(tiling::ceil_div(columns, k.tile_n)), unsigned(tiling::ceil_div(rows, k.tile_m)),
                   unsigned(slices));
-  if (k.shared_bytes > 48 * 1024)
-    cuda_detail::allow_dynamic_shared(reinterpret_cast<const void*>(k.kernel), s.device_index, k.shared_bytes);
-  PETRA_LAUNCH(k.kernel, grid, kThreads, k.shared_bytes, cuda_detail::stream_of(s))(p);
+  void (*kernel)(Problem) = k.kernel;
+  std::size_t shared_bytes = k.shared_bytes;
+  if (shared_bytes > 0 &&
+      !cuda_detail::dynamic_shared_fits(reinterpret_cast<const void*>(kernel), s.device_index, shared_bytes)) {
+    kernel = k.static_kernel;
+    shared_bytes = 0;
+  }
+  if (shared_bytes > 48 * 1024)
+    cuda_detail::allow_dynamic_shared(reinterpret_cast<const void*>(kernel), s.device_index, shared_bytes);
+  PETRA_LAUNCH(kernel, grid, kThreads, shared_bytes, cuda_detail::stream_of(s))(p);
   cuda_detail::check_launch(k.name, __FILE__, __LINE__);
 }
 
@@ -1549,7 +1560,11 @@ KernelChoice<Problem> kernel_for(tiling::TileChoice tile, const char* name, bool
       }
       return kernel_of_shape<Problem, tf32, 128, 128>(name, vector_a);
     case tiling::TileChoice::k128x128_k32:
-      if constexpr (tf32) return kernel_with<Problem, true, tiling::Tf32TileK32<128, 128>>(name, vector_a);
+      if constexpr (tf32) {
+        KernelChoice<Problem> k32 = kernel_with<Problem, true, tiling::Tf32TileK32<128, 128>>(name, vector_a);
+        k32.static_kernel = kernel_of_shape<Problem, true, 128, 128>(name, vector_a).kernel;
+        return k32;
+      }
       [[fallthrough]];
     case tiling::TileChoice::k128x128: return kernel_of_shape<Problem, tf32, 128, 128>(name, vector_a);
     case tiling::TileChoice::k64x128: return kernel_of_shape<Problem, tf32, 64, 128>(name, vector_a);

@@ -348,7 +348,7 @@ struct TileShape {
   // The stages of the K loop's pipeline (conv2d.cu, k_loop): three where three copies of the two
   // tiles fit in 40 KiB of shared memory (under the 48 KiB a block may declare statically, with
   // room for the K-step tables), else two; where not even two fit (the 128 x 128 TF32 tile at
-  // K = 32: 33 KiB a stage), three in dynamic shared memory (kDynamicShared: 99 KiB, opted in at
+  // K = 32: 33 KiB a stage), three in dynamic shared memory (kDynamicShared: 99.4 KiB, opted in at
   // launch; one block per multiprocessor).
   static constexpr int kStageBytes = (kARows * kLdA + K * kLdB) * 4;
   static constexpr bool kDynamicShared = 2 * kStageBytes > 40 * 1024;

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "petra/kernels/common.hpp"
@@ -129,6 +130,29 @@ void launch_blocks(const char* name, const kernels::StreamHandle& s, unsigned bl
 #endif
   PETRA_LAUNCH(kernel, blocks, threads, 0, stream_of(s))(static_cast<Params>(args)...);
   check_launch(name, __FILE__, __LINE__);
+}
+
+// Whether `kernel` with `bytes` of dynamic shared memory fits a block of `device` (the current
+// one): its static shared memory plus `bytes` within the device's opt-in limit (227 KiB on an
+// H100, 163 KiB on an A100, 99 KiB on sm_86 / sm_89 GPUs). Asked once per kernel, device and size.
+// Under the emulation, against its setting (which static arrays do not count into).
+inline bool dynamic_shared_fits(const void* kernel, int device, std::size_t bytes) {
+#ifdef PETRA_CUDA_EMULATION
+  (void)kernel, (void)device;
+  return bytes <= ::petra::cuda_emulation::settings().opt_in_shared_bytes;
+#else
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, std::size_t>, bool> known;
+  const std::lock_guard lock(mutex);
+  if (auto it = known.find({kernel, device, bytes}); it != known.end()) return it->second;
+  int optin = 0;
+  PETRA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  cudaFuncAttributes attributes{};
+  PETRA_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  const bool fits = attributes.sharedSizeBytes + bytes <= std::size_t(optin);
+  known.emplace(std::tuple{kernel, device, bytes}, fits);
+  return fits;
+#endif
 }
 
 // Raises `kernel`'s limit of dynamic shared memory on `device` (the current one) to at least `bytes`

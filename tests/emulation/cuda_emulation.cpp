@@ -36,7 +36,6 @@ namespace petra::cuda_emulation {
 namespace {
 
 constexpr std::size_t kDefaultSharedBytes = 48 * 1024;   // without opt-in
-constexpr std::size_t kOptInSharedBytes = 227 * 1024;    // H100/H200 (sm_90): 232448 bytes
 constexpr unsigned kMaxBlockThreads = 1024;
 
 // Thrown through a thread's kernel code when its block has failed, to unwind it. Not derived from
@@ -944,7 +943,7 @@ cudaError_t device_synchronize() {
 cudaError_t func_set_attribute(const void* kernel, cudaFuncAttribute attribute, int value) {
   if (kernel == nullptr) return record(cudaErrorInvalidDeviceFunction);
   if (attribute == cudaFuncAttributeMaxDynamicSharedMemorySize) {
-    if (value < 0 || std::size_t(value) > kOptInSharedBytes) return record(cudaErrorInvalidValue);
+    if (value < 0 || std::size_t(value) > settings().opt_in_shared_bytes) return record(cudaErrorInvalidValue);
     detail::set_max_dynamic_shared(kernel, value);
   }
   return cudaSuccess;

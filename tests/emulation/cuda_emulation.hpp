@@ -149,6 +149,10 @@ struct Settings {
   // cudaStreamSynchronize (a stream) and cudaDeviceSynchronize (nullptr): runs what submit queued.
   // nullptr: nothing is ever queued.
   void (*synchronize)(cudaStream_t stream) = nullptr;
+  // The most shared memory a block may opt in to (cudaFuncAttributeMaxDynamicSharedMemorySize,
+  // launch.cuh's dynamic_shared_fits): an H100's 227 KiB; lower it to play a GPU with less (99 KiB:
+  // sm_86 / sm_89).
+  std::size_t opt_in_shared_bytes = 227 * 1024;
 };
 Settings& settings();
 

@@ -788,8 +788,10 @@ TEST_CASE("emulated conv2d: the 64 x 128, 128 x 64 and 128 x 128 tiles give the 
 // 3's elsewhere; set_conv2d_tile(5), a K step of 32 in dynamic shared memory, its own kernels in
 // every TF32 pass. Both give tile 3's bits (the k8 products are taken in the same order), on K
 // with tails in either half of a 32-step (the first shape's weight K = 36, the second's forward K =
-// 180 and weight K = 70); the FP32 path runs tile 3's kernels. (The emulation runs the mma's
-// twin; on a GPU, test-cuda's every-tile case compares the real instructions the same way.)
+// 180 and weight K = 70; the weight gradient in one K slice and in three); the FP32 path runs tile
+// 3's kernels, and so does tile 5 on a GPU whose blocks cannot hold its 99.4 KiB of shared memory
+// (sm_86, sm_89: 99 KiB). (The emulation runs the mma's twin; on a GPU, test-cuda's every-tile
+// case compares the real instructions the same way.)
 TEST_CASE("emulated conv2d: the TF32 128 x 128 options (two blocks per multiprocessor, K step 32) give tile 3's bits") {
   Stream stream;
   const StreamHandle& s = stream.s;
@@ -804,16 +806,17 @@ TEST_CASE("emulated conv2d: the TF32 128 x 128 options (two blocks per multiproc
     INFO(describe(sh));
     const Buffer x(sh.input_size(), seed, 0), w(sh.weight_size(), seed + 1, 0), dy(sh.output_size(), seed + 2, 0),
         y(sh.output_size(), seed + 3, 0), dx(sh.input_size(), seed + 4, 0), dw(sh.weight_size(), seed + 5, 0),
-        dw_winograd(sh.weight_size(), seed + 5, 0);
+        dw_winograd(sh.weight_size(), seed + 5, 0), dw_sliced(sh.weight_size(), seed + 5, 0);
     // Each pass's product kernel (the launched function) and its results, under a tile: forward,
-    // backward data, weight (the direct product), Winograd's weight gradient.
+    // backward data, weight (the direct product), Winograd's weight gradient, the direct weight
+    // gradient in three K slices.
     struct Run {
       std::vector<const void*> kernels;
       std::vector<std::vector<float>> values;
     };
     const auto run = [&](int tile) {
       const TileGuard forced(tile);
-      for (const Buffer* b : {&y, &dx, &dw, &dw_winograd}) b->reset();
+      for (const Buffer* b : {&y, &dx, &dw, &dw_winograd, &dw_sliced}) b->reset();
       Run r;
       cu::conv2d_forward(s, sh, x.data(), w.data(), nullptr, y.data());
       r.kernels.push_back(emu::last_launch().function);
@@ -827,7 +830,10 @@ TEST_CASE("emulated conv2d: the TF32 128 x 128 options (two blocks per multiproc
         CHECK(emu::last_launch().kernel == std::string("conv2d_backward_weight_winograd_output"));
         r.kernels.push_back(emu::recent_launches(2).at(0).function);  // the GEMM, before the output transform
       }
-      for (const Buffer* b : {&y, &dx, &dw, &dw_winograd}) {
+      cu::conv2d_backward_weight_split(s, sh, x.data(), dy.data(), dw_sliced.data(), 3);
+      CHECK(emu::last_launch().kernel == std::string("conv2d_backward_weight_sum"));
+      r.kernels.push_back(emu::recent_launches(2).at(0).function);  // the product, before the slices' sum
+      for (const Buffer* b : {&y, &dx, &dw, &dw_winograd, &dw_sliced}) {
         CHECK(b->guards_kept());
         r.values.push_back(b->values());
       }
@@ -843,12 +849,25 @@ TEST_CASE("emulated conv2d: the TF32 128 x 128 options (two blocks per multiproc
         const Run option = run(tile);
         // which passes have a kernel of their own under the option
         const bool channels_last_weight = sh.in_channels % 32 == 0;
-        const std::vector<bool> own = tile == 4 ? std::vector<bool>{tf32, false, tf32 && channels_last_weight, tf32}
-                                                : std::vector<bool>{tf32, tf32, tf32, tf32};
-        for (std::size_t pass = 0; pass < 4; ++pass) {
+        const bool weight_own = tf32 && (tile == 5 || channels_last_weight);
+        const std::vector<bool> own = {tf32, tf32 && tile == 5, weight_own, tf32, weight_own};
+        for (std::size_t pass = 0; pass < own.size(); ++pass) {
           CAPTURE(pass);
           CHECK((option.kernels[pass] != one_block.kernels[pass]) == own[pass]);
           CHECK(bit_differences(option.values[pass], one_block.values[pass]) == "");
+        }
+      }
+      if (tf32) {  // blocks of at most 99 KiB: tile 5 launches tile 3's kernels
+        struct SharedLimit {
+          std::size_t saved = emu::settings().opt_in_shared_bytes;
+          SharedLimit() { emu::settings().opt_in_shared_bytes = 99 * 1024; }
+          ~SharedLimit() { emu::settings().opt_in_shared_bytes = saved; }
+        } small;
+        const Run fallback = run(5);
+        for (std::size_t pass = 0; pass < fallback.kernels.size(); ++pass) {
+          CAPTURE(pass);
+          CHECK(fallback.kernels[pass] == one_block.kernels[pass]);
+          CHECK(bit_differences(fallback.values[pass], one_block.values[pass]) == "");
         }
       }
     }
