@@ -803,6 +803,7 @@ TEST_CASE("emulated conv2d: the TF32 128 x 128 options (two blocks per multiproc
   std::uint64_t seed = 3100;
   for (const Conv2dShape& sh : shapes) {
     seed += 10;
+    const bool first = seed == 3110;  // (FP32 and the small GPU on the first shape only: the suite's time)
     INFO(describe(sh));
     const Buffer x(sh.input_size(), seed, 0), w(sh.weight_size(), seed + 1, 0), dy(sh.output_size(), seed + 2, 0),
         y(sh.output_size(), seed + 3, 0), dx(sh.input_size(), seed + 4, 0), dw(sh.weight_size(), seed + 5, 0),
@@ -843,6 +844,7 @@ TEST_CASE("emulated conv2d: the TF32 128 x 128 options (two blocks per multiproc
       CAPTURE(int(math));
       const MathGuard chosen(math);
       const bool tf32 = math == cu::Conv2dMath::tf32;
+      if (!tf32 && !first) continue;
       const Run one_block = run(3);
       for (const int tile : {4, 5}) {
         CAPTURE(tile);
@@ -857,7 +859,7 @@ TEST_CASE("emulated conv2d: the TF32 128 x 128 options (two blocks per multiproc
           CHECK(bit_differences(option.values[pass], one_block.values[pass]) == "");
         }
       }
-      if (tf32) {  // blocks of at most 99 KiB: tile 5 launches tile 3's kernels
+      if (tf32 && first) {  // blocks of at most 99 KiB: tile 5 launches tile 3's kernels
         struct SharedLimit {
           std::size_t saved = emu::settings().opt_in_shared_bytes;
           SharedLimit() { emu::settings().opt_in_shared_bytes = 99 * 1024; }
