@@ -20,7 +20,9 @@
 //      128 registers; the channels-last forward and weight gradient and Winograd's GEMM have such
 //      kernels, the other passes run the one-block kernel again) and with a K step of 32
 //      (set_conv2d_tile(5): three stages in dynamic shared memory), and Winograd's weight gradient
-//      with the 128x128 tile, the two-block one and the K step of 32.
+//      with the 128x128 tile, the two-block one and the K step of 32. The forward and backward data
+//      of the 3x3 stride-1 layers also in Winograd's domain (set_conv2d_forward_algorithm, an
+//      option: petra_winograd_ms beside the direct petra_ms), checked against cuDNN too.
 //      Before timing, petra's output is compared with cuDNN's (relative error above 1e-4 in FP32,
 //      1e-2 in TF32: WRONG, exit code 1).
 //   3. Batch norm (training forward, evaluation, backward), petra's and cuDNN's, on two ResNet-18
@@ -218,8 +220,9 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
   // Winograd's where run 12 timed it faster): their times, and Winograd's difference from cuDNN,
   // checked against the same bound.
   const k::Conv2dShape& shape = layer.shape;
-  const bool winograd = std::string(row.pass) == "weight" && shape.kernel_h == 3 && shape.kernel_w == 3 &&
-                        shape.stride_h == 1 && shape.stride_w == 1 && shape.pad_h == 1 && shape.pad_w == 1;
+  const bool winograd_shape = shape.kernel_h == 3 && shape.kernel_w == 3 && shape.stride_h == 1 &&
+                              shape.stride_w == 1 && shape.pad_h == 1 && shape.pad_w == 1;
+  const bool winograd = std::string(row.pass) == "weight" && winograd_shape;
   double winograd_s = 0, winograd_difference = 0, direct_s = 0;
   std::vector<double> winograd_wide_s;  // TF32: Winograd's GEMM at 128x128: one block, two, the K step of 32
   if (winograd) {
@@ -240,11 +243,20 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
     k::cuda::set_conv2d_weight_algorithm(k::cuda::Conv2dWeightAlgorithm::direct);
     direct_s = seconds_per_launch([&] { row.petra(s); }, stream, repeats);
     k::cuda::set_conv2d_weight_algorithm(k::cuda::Conv2dWeightAlgorithm::automatic);
-    if (winograd_difference > bound) {
-      *wrong = true;
-      fmt::print("{:<28} {:<8} {:<5} WRONG: petra's Winograd and cuDNN differ by {:.2e} (bound {:.0e})\n", layer.name,
-                 row.pass, row.math, winograd_difference, bound);
-    }
+  }
+  // The forward and backward data of such a layer in Winograd's domain too
+  // (set_conv2d_forward_algorithm, an option: petra_s is the direct product), checked the same way.
+  const bool winograd_forward = std::string(row.pass) != "weight" && winograd_shape;
+  if (winograd_forward) {
+    k::cuda::set_conv2d_forward_algorithm(k::cuda::Conv2dForwardAlgorithm::winograd);
+    winograd_difference = petra::testing::relative_error(run_once(row.petra), cudnn_out);
+    winograd_s = seconds_per_launch([&] { row.petra(s); }, stream, repeats);
+    k::cuda::set_conv2d_forward_algorithm(k::cuda::Conv2dForwardAlgorithm::direct);
+  }
+  if ((winograd || winograd_forward) && winograd_difference > bound) {
+    *wrong = true;
+    fmt::print("{:<28} {:<8} {:<5} WRONG: petra's Winograd and cuDNN differ by {:.2e} (bound {:.0e})\n", layer.name,
+               row.pass, row.math, winograd_difference, bound);
   }
   // The TF32 forward of a stride-1 layer with in_channels % 4 == 0, backward data with
   // out_channels % 4 == 0 and the weight gradient with in_channels % 32 == 0 (and dy's plane a
@@ -279,6 +291,9 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
         (winograd ? fmt::format("  winograd {:.3f} ms ({:.0f}% of cuDNN), direct {:.3f} ms", winograd_s * 1e3,
                                 100.0 * cudnn_s / winograd_s, direct_s * 1e3)
                   : "") +
+        (winograd_forward
+             ? fmt::format("  winograd {:.3f} ms ({:.0f}% of cuDNN)", winograd_s * 1e3, 100.0 * cudnn_s / winograd_s)
+             : "") +
         (winograd_wide_s.size() == 3
              ? fmt::format(" (winograd at 128x128, one block / two per SM / K step 32: {:.3f} / {:.3f} / {:.3f} ms)",
                            winograd_wide_s[0] * 1e3, winograd_wide_s[1] * 1e3, winograd_wide_s[2] * 1e3)
@@ -317,12 +332,12 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
   if (tf32) result["two_blocks_own_kernel"] = channels_last && pass != "data";
   if (winograd_wide_s.size() == 3)  // one block, two per multiprocessor, the K step of 32
     result["petra_winograd_128x128_ms"] = {winograd_wide_s[0] * 1e3, winograd_wide_s[1] * 1e3, winograd_wide_s[2] * 1e3};
-  if (winograd) {
+  if (winograd || winograd_forward) {
     result["petra_winograd_ms"] = winograd_s * 1e3;
     result["petra_winograd_share_of_cudnn"] = cudnn_s / winograd_s;
     result["winograd_relative_difference"] = winograd_difference;
-    result["petra_direct_ms"] = direct_s * 1e3;  // (petra_ms: the default, automatic)
   }
+  if (winograd) result["petra_direct_ms"] = direct_s * 1e3;  // (petra_ms: the default, automatic)
   return result;
 }
 

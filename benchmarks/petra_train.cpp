@@ -293,13 +293,16 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
               settings.at("method").c_str(), trainer.config().threads > 0 ? trainer.config().threads
                                                                           : petra::default_cpu_threads());
   if (trainer.device().is_cuda())
-    std::printf("training on %s: %s; convolutions and batch norms: %s, %s%s%s%s\n", trainer.device().str().c_str(),
+    std::printf("training on %s: %s; convolutions and batch norms: %s, %s%s%s%s%s\n", trainer.device().str().c_str(),
                 petra::cuda_backend::describe().c_str(), petra::name_of(petra::conv_impl()),
                 petra::name_of(petra::conv_math()),
                 petra::cudnn_algorithms() == petra::CudnnAlgorithms::fastest
                     ? ", cuDNN's fastest algorithms (timed; not bit-reproducible)"
                     : "",
                 weight_algorithm_text(petra::conv_weight_algorithm()),
+                petra::conv_forward_algorithm() == petra::ConvForwardAlgorithm::winograd
+                    ? ", Winograd forward and backward data on 3x3 stride-1 layers"
+                    : "",
                 petra::batchnorm_one_pass() ? ", one-pass batch norm" : "");
   if (!eval_only) {
     std::printf("stages (--stages %s): %s\n", config.stages.empty() ? "blocks" : config.stages.c_str(),
@@ -419,6 +422,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
                               {"conv_impl", petra::name_of(petra::conv_impl())},
                               {"conv_math", petra::name_of(petra::conv_math())},
                               {"conv_weight", petra::name_of(petra::conv_weight_algorithm())},
+                              {"conv_forward", petra::name_of(petra::conv_forward_algorithm())},
                               {"cudnn_algorithms", petra::name_of(petra::cudnn_algorithms())},
                               {"batchnorm_one_pass", petra::batchnorm_one_pass()},
                               {"final_test_accuracy", final_accuracy},
@@ -477,6 +481,18 @@ void use_conv_weight_algorithm(petra::ConvWeightAlgorithm algorithm, const std::
                 "chooses its own algorithms)");
   }
   petra::set_conv_weight_algorithm(algorithm);
+}
+
+// --conv-forward winograd: petra's CUDA forward and backward data, on CUDA devices and petra's
+// kernels only (set after --conv-impl), for the same reason.
+void use_conv_forward_algorithm(petra::ConvForwardAlgorithm algorithm, const std::vector<petra::Device>& devices) {
+  if (algorithm == petra::ConvForwardAlgorithm::winograd) {
+    require_cuda_devices("--conv-forward winograd", devices);
+    PETRA_CHECK(petra::conv_impl() == petra::ConvImpl::petra, petra::ValueError,
+                "--conv-forward winograd: petra's convolution kernels only (not with --conv-impl cudnn, which "
+                "chooses its own algorithms)");
+  }
+  petra::set_conv_forward_algorithm(algorithm);
 }
 
 // --batchnorm-one-pass: petra's CUDA batch norm kernels, on CUDA devices and petra's kernels only
@@ -567,6 +583,11 @@ int main(int argc, char** argv) {
                  "it faster: 64+ channels, in TF32 planes up to 16x16), direct (the implicit GEMM) or winograd "
                  "(Winograd's F(2x2, 3x3) wherever it applies: 2.25x fewer multiply-adds)")
       ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"auto", "direct", "winograd"}));
+  std::string conv_forward_text = "direct";
+  app.add_option("--conv-forward", conv_forward_text,
+                 "the forward and backward data of petra's 3x3 stride-1 convolutions on GPUs: direct (the implicit "
+                 "GEMM) or winograd (Winograd's F(2x2, 3x3): 2.25x fewer multiply-adds; not yet timed on a GPU)")
+      ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"direct", "winograd"}));
   bool batchnorm_one_pass = false;
   app.add_flag("--batchnorm-one-pass", batchnorm_one_pass,
                "petra's batch norm on GPUs in one pass where a channel fits in a thread-block cluster's shared memory "
@@ -695,6 +716,7 @@ int main(int argc, char** argv) {
     use_conv_math(petra::parse_conv_math(conv_math_text), c.devices);
     use_cudnn_algorithms(petra::parse_cudnn_algorithms(cudnn_algorithms_text));
     use_conv_weight_algorithm(petra::parse_conv_weight_algorithm(conv_weight_text), c.devices);
+    use_conv_forward_algorithm(petra::parse_conv_forward_algorithm(conv_forward_text), c.devices);
     use_batchnorm_one_pass(batchnorm_one_pass, c.devices);
     c.stages = stages_text;
     std::vector<petra::pipeline::BlockProfile> blocks;  // what the layout printed below is made of

@@ -169,6 +169,19 @@ enum class Conv2dWeightAlgorithm { automatic, direct, winograd };
 void set_conv2d_weight_algorithm(Conv2dWeightAlgorithm algorithm);
 Conv2dWeightAlgorithm conv2d_weight_algorithm();
 
+// The algorithm of the forward (conv2d_forward) and backward data (conv2d_backward_data) of 3x3
+// convolutions at stride 1 and padding 1, for the whole process: direct (the default), the implicit
+// GEMMs above; or winograd, Winograd's F(2x2, 3x3) (2.25x fewer multiply-adds, the same 16 products
+// as the Winograd weight gradient's, the transformed weights and operands in the stream's
+// workspace, at most 64 + 128 MiB; backward data as the forward of dy with the kernel turned by 180
+// degrees; results a few roundings from direct's, still deterministic). An option bench-cuda and
+// gpu-check time beside direct, not yet a default: no GPU has timed it (docs/results-gpu.md).
+// Other shapes, a stream without a workspace, and a layer whose one image or whose out x in
+// channels (over 2^20) need more workspace, stay direct. petra-train: --conv-forward.
+enum class Conv2dForwardAlgorithm { direct, winograd };
+void set_conv2d_forward_algorithm(Conv2dForwardAlgorithm algorithm);
+Conv2dForwardAlgorithm conv2d_forward_algorithm();
+
 // Whether the TF32 passes read channels-last copies (the default, true; docs/gpu-kernels.md steps
 // 16 and 17): the forward at stride 1 with in_channels % 4 == 0 (copies of x and the weights),
 // backward data with out_channels % 4 == 0 (dy and the weights), the weight gradient with

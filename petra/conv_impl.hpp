@@ -61,6 +61,18 @@ ConvWeightAlgorithm conv_weight_algorithm();
 ConvWeightAlgorithm parse_conv_weight_algorithm(std::string_view text, std::string_view flag = "--conv-weight");
 const char* name_of(ConvWeightAlgorithm algorithm);
 
+// The forward and backward data of petra's 3x3, stride-1, padding-1 convolutions on GPUs, for the
+// whole process (kernels::cuda::set_conv2d_forward_algorithm; petra-train's --conv-forward): direct
+// (the default, the implicit GEMM) or winograd (Winograd's F(2x2, 3x3), the weight gradient's 16
+// products read the other way: 2.25x fewer multiply-adds, the results a few roundings away,
+// deterministic). An option until a GPU has timed it. CPU tensors ignore it. A build without CUDA
+// accepts direct only.
+enum class ConvForwardAlgorithm { direct, winograd };
+void set_conv_forward_algorithm(ConvForwardAlgorithm algorithm);  // DeviceError for winograd without CUDA
+ConvForwardAlgorithm conv_forward_algorithm();
+ConvForwardAlgorithm parse_conv_forward_algorithm(std::string_view text, std::string_view flag = "--conv-forward");
+const char* name_of(ConvForwardAlgorithm algorithm);
+
 // Whether petra's batch norm kernels on GPUs (the training forward, the backward, and their fused
 // ReLU and coupling variants) take their one-pass form where a channel fits in the shared memory
 // of a thread-block cluster (kernels::cuda::set_batchnorm_one_pass; petra-train's

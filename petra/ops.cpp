@@ -287,6 +287,34 @@ ConvWeightAlgorithm conv_weight_algorithm() {
   return ConvWeightAlgorithm::automatic;
 }
 
+void set_conv_forward_algorithm(ConvForwardAlgorithm algorithm) {
+#if PETRA_HAVE_CUDA
+  kernels::cuda::set_conv2d_forward_algorithm(algorithm == ConvForwardAlgorithm::winograd
+                                                  ? kernels::cuda::Conv2dForwardAlgorithm::winograd
+                                                  : kernels::cuda::Conv2dForwardAlgorithm::direct);
+#else
+  PETRA_CHECK(algorithm != ConvForwardAlgorithm::winograd, DeviceError,
+              "set_conv_forward_algorithm(winograd): this petra was built without CUDA");
+#endif
+}
+
+ConvForwardAlgorithm conv_forward_algorithm() {
+#if PETRA_HAVE_CUDA
+  if (kernels::cuda::conv2d_forward_algorithm() == kernels::cuda::Conv2dForwardAlgorithm::winograd)
+    return ConvForwardAlgorithm::winograd;
+#endif
+  return ConvForwardAlgorithm::direct;
+}
+
+ConvForwardAlgorithm parse_conv_forward_algorithm(std::string_view text, std::string_view flag) {
+  return parse_choice(text, flag, std::pair{"direct", ConvForwardAlgorithm::direct},
+                      std::pair{"winograd", ConvForwardAlgorithm::winograd});
+}
+
+const char* name_of(ConvForwardAlgorithm algorithm) {
+  return algorithm == ConvForwardAlgorithm::winograd ? "winograd" : "direct";
+}
+
 void set_batchnorm_one_pass(bool on) {
 #if PETRA_HAVE_CUDA
   kernels::cuda::set_batchnorm_one_pass(on);

@@ -714,7 +714,20 @@ struct WinogradWeightProblem {
   __device__ void store(const StoreRow& r, const StoreColumn& c, float value, unsigned z) const {
     m[Index(z) * o_count * c_count + r.index + c.c] = value;  // the partials: at most 64 MiB (applies)
   }
-  static constexpr bool kVectorStores = false;
+  // A row's columns are consecutive floats of layer z's M: store_outputs' vector stores where the
+  // layer's start, the row and the group are aligned (the forward's K steps are few, C / 16, so its
+  // epilogue is a large share: run 11's short-K kernels).
+  static constexpr bool kVectorStores = true;
+  __device__ Index row_offset(const StoreRow& r) const { return r.index; }
+  __device__ Index column_offset(const StoreColumn& c) const { return c.c; }
+  template <int G>
+  __device__ bool vector_aligned(unsigned z) const {
+    return cuda_detail::aligned_to<G>(m + Index(z) * o_count * c_count);
+  }
+  template <int G>
+  __device__ void store_vector(const StoreRow& r, const StoreColumn& c, const float (&v)[G], unsigned z) const {
+    cuda_detail::store_floats<G>(m + Index(z) * o_count * c_count + r.index + c.c, v);
+  }
 };
 
 // ---- the tiled implicit GEMM ------------------------------------------------------------------
@@ -994,8 +1007,9 @@ PETRA_UNROLL
 // outputs along a row of the image; not a group cut by the end of a sample, a stride class or C),
 // a row of it is one vector store (Problem::store_vector) instead of G (run 11: in short-K forward
 // kernels the stores were most of the epilogue's samples). Problem::kVectorStores false (the
-// weight pass) keeps scalar stores. The values and their rounding are the same either way.
-template <int G, int R, int C, class Problem, class RowOf, class ColumnOf, class Value>
+// weight pass) keeps scalar stores, as does a kernel that asks to (kVector false: TwoBlocksPerSm).
+// The values and their rounding are the same either way.
+template <int G, int R, int C, bool kVector, class Problem, class RowOf, class ColumnOf, class Value>
 __device__ void store_outputs(const Problem& p, RowOf row_of, ColumnOf column_of, Value value) {
   static_assert(C % G == 0, "the columns come in whole groups");
   const std::int64_t rows = p.rows(), columns = p.columns();
@@ -1020,7 +1034,7 @@ PETRA_UNROLL
   // image, by more across a sample or a row of a stride class), so the group's last column
   // inside, G - 1 past the first, says both. (All false where the problem stores scalars.)
   bool group_vector[C / G] = {};
-  if constexpr (Problem::kVectorStores) {
+  if constexpr (kVector) {
     const bool aligned = p.template vector_aligned<G>(blockIdx.z);
 PETRA_UNROLL
     for (int q = 0; q < C / G; ++q) {
@@ -1033,7 +1047,7 @@ PETRA_UNROLL
   for (int i = 0; i < R; ++i) {
 PETRA_UNROLL
     for (int q = 0; q < C / G; ++q) {
-      if constexpr (Problem::kVectorStores) {
+      if constexpr (kVector) {
         if (row_inside[i] && p.row_offset(store_rows[i]) % G == 0 && group_vector[q]) {
           float v[G];
 PETRA_UNROLL
@@ -1105,7 +1119,18 @@ template <class Tile, bool kRollK8>
 struct TwoBlocksPerSm : Tile {
   static constexpr int kBlocksPerSm = 2;
   static constexpr bool kRolledK8 = kRollK8;
+  // Scalar stores in the epilogue: the vector stores' bookkeeping took Winograd's GEMM past 128
+  // registers (28-44 bytes of spills, sm_80 and sm_90); the channels-last problems store scalars
+  // anyway.
+  static constexpr bool kScalarStores = true;
 };
+
+// Whether the TF32 kernel of Problem and Tile stores its outputs in vectors where it can.
+template <class Problem, class Tile>
+constexpr bool vector_stores() {
+  if constexpr (requires { Tile::kScalarStores; }) return Problem::kVectorStores && !Tile::kScalarStores;
+  return Problem::kVectorStores;
+}
 
 // Whether Tile asks implicit_gemm_tf32 to keep its k8 steps a loop.
 template <class Tile>
@@ -1190,7 +1215,7 @@ PETRA_UNROLL
                      for (int q = 0; q < kMicroN; ++q) acc[r][q] += av[r] * bv[q];
                  }
                });
-  store_outputs<4, kMicroM, kMicroN>(
+  store_outputs<4, kMicroM, kMicroN, Problem::kVectorStores>(
       p, [&](int r) { return m0 + Tile::micro_row(t, r); }, [&](int q) { return n0 + Tile::micro_column(t, q); },
       [&](int r, int q) { return acc[r][q]; });
 }
@@ -1363,7 +1388,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Problem, Tile, true>()
   // Lane 4 g + t holds rows Fragment::row(fm, s, g) and columns Fragment::column(fn, t, e) of the
   // piece: output row i = 2 fm + s, column j = 2 fn + e.
   const int g = lane / 4, lane_t = lane % 4;
-  store_outputs<2, 2 * FM, 2 * FN>(
+  store_outputs<2, 2 * FM, 2 * FN, vector_stores<Problem, Tile>()>(
       p, [&](int i) { return m0 + wm + Fragment::row(i / 2, i % 2, g); },
       [&](int j) { return n0 + wn + Fragment::column(j / 2, lane_t, j % 2); },
       [&](int i, int j) { return acc.c[i / 2][j / 2][2 * (i % 2) + j % 2]; });
@@ -1457,6 +1482,8 @@ std::atomic<int> conv_tile{-1};
 std::atomic<bool> conv_channels_last{true};
 // The weight gradient's algorithm on 3x3, stride-1, padding-1 layers (set_conv2d_weight_algorithm).
 std::atomic<int> conv_weight_algorithm{int(Conv2dWeightAlgorithm::automatic)};
+// set_conv2d_forward_algorithm's choice (Conv2dForwardAlgorithm)
+std::atomic<int> conv_forward_algorithm{int(Conv2dForwardAlgorithm::direct)};
 // The most elements a tensor of one launch may have (set_conv2d_launch_elements): the kernels
 // index in 32 bits.
 constexpr std::int64_t kIndexLimit = std::numeric_limits<Index>::max();
@@ -1600,6 +1627,8 @@ void set_conv2d_weight_algorithm(Conv2dWeightAlgorithm algorithm) { conv_weight_
 void set_conv2d_channels_last(bool enabled) { conv_channels_last.store(enabled); }
 bool conv2d_channels_last() { return conv_channels_last.load(); }
 Conv2dWeightAlgorithm conv2d_weight_algorithm() { return Conv2dWeightAlgorithm(conv_weight_algorithm.load()); }
+void set_conv2d_forward_algorithm(Conv2dForwardAlgorithm algorithm) { conv_forward_algorithm.store(int(algorithm)); }
+Conv2dForwardAlgorithm conv2d_forward_algorithm() { return Conv2dForwardAlgorithm(conv_forward_algorithm.load()); }
 void set_conv2d_launch_elements(std::int64_t limit) {
   launch_element_limit.store(limit <= 0 || limit > kIndexLimit ? kIndexLimit : limit);
 }
@@ -1929,12 +1958,18 @@ struct WinogradTiles {
 // coalesce, x's reads go through the L2 cache. With tf32 (the GEMM on the tensor cores) each
 // value is written rounded to TF32, so that the GEMM's K steps do not round it
 // (WinogradWeightProblem::kRoundedB), as winograd_gradient_transform's U (kRoundedA).
+//
+// kTilesInner: the forward's layout instead, V[e][c][t] (channels x tiles, the forward's B:
+// WinogradForward below), one thread per (c, t), t fastest.
+template <bool kTilesInner = false>
 __global__ void winograd_input_transform(ConvGeometry g, WinogradTiles tiles, Index t_count, const float* x,
                                          float* v, bool tf32) {
   const Index channels = Index(g.in_channels), in_h = Index(g.in_h), in_w = Index(g.in_w);
   const std::int64_t n = std::int64_t(t_count) * channels;
   for (std::int64_t i = cuda_detail::thread_index(); i < n; i += cuda_detail::grid_threads()) {
-    const Index t = Index(i) / channels, c = Index(i) - t * channels;  // i < T C < 2^31
+    // i < T C < 2^31
+    const Index t = kTilesInner ? Index(i) % t_count : Index(i) / channels;
+    const Index c = kTilesInner ? Index(i) / t_count : Index(i) - t * channels;
     const Index b = t / tiles.per_image, rest = t - b * tiles.per_image;
     const Index ty = rest / tiles.cols, tx = rest - ty * tiles.cols;
     const float* plane = x + (std::int64_t(b) * channels + c) * in_h * in_w;
@@ -1953,8 +1988,11 @@ __global__ void winograd_input_transform(ConvGeometry g, WinogradTiles tiles, In
     }
     for (int r = 0; r < 4; ++r) {  // (B^T d) B
       const float e[4] = {bd[r][0] - bd[r][2], bd[r][1] + bd[r][2], bd[r][2] - bd[r][1], bd[r][1] - bd[r][3]};
-      for (int q = 0; q < 4; ++q)
-        v[(std::int64_t(4 * r + q) * t_count + t) * channels + c] = tf32 ? tiling::tf32_round(e[q]) : e[q];
+      for (int q = 0; q < 4; ++q) {
+        const std::int64_t at = kTilesInner ? (std::int64_t(4 * r + q) * channels + c) * t_count + t
+                                            : (std::int64_t(4 * r + q) * t_count + t) * channels + c;
+        v[at] = tf32 ? tiling::tf32_round(e[q]) : e[q];
+      }
     }
   }
 }
@@ -2064,7 +2102,7 @@ void winograd_weight_launch(const StreamHandle& s, const Conv2dShape& shape, con
     const auto k = choose_kernel(p, "conv2d_backward_weight_winograd", "conv2d_backward_weight_winograd_tf32",
                                  tiling::ConvPass::weight, o_count, c_count, 16 * split.slices);
     cuda_detail::launch_grid_stride("conv2d_backward_weight_winograd_input", s, t_count * c_count,
-                                    winograd_input_transform, g, tiles, Index(t_count),
+                                    winograd_input_transform<false>, g, tiles, Index(t_count),
                                     x + b0 * c_count * shape.in_h * shape.in_w, v, k.tensor_cores);
     cuda_detail::launch_grid_stride("conv2d_backward_weight_winograd_gradient", s, t_count * o_count,
                                     winograd_gradient_transform, g, tiles, Index(t_count),
@@ -2100,6 +2138,148 @@ bool winograd_weight_applies(const Conv2dShape& shape) {
              launch_element_limit.load();
 }
 
+// ---- the forward and backward data in Winograd's F(2x2, 3x3) domain (set_conv2d_forward_algorithm)
+//
+// The same identity read the other way (Lavin & Gray 2016's own use): output tile t of channel o is
+//   Y_t[o] = A^T [ sum_c U[o, c] .* V_t[c] ] A,   U[o, c] = G g[o, c] G^T,   V_t[c] = B^T d_t[c] B,
+// so for each element e of the 4 x 4 tile, M_e = U_e V_e with U_e (out-channels x in-channels) and
+// V_e (in-channels x tiles): 16 dense products of 2 O C T multiply-adds where the direct product
+// does 9 x 4 per tile (2.25x fewer). They are WinogradWeightProblem's 16 products with its names
+// read as rows = O, K = C, columns = T (one K slice): the same GEMM kernels, no new ones. Around
+// them: winograd_filter_transform writes U (once per call), winograd_input_transform<true> V
+// (tiles innermost: the product's B rows), and winograd_forward_output adds A^T M_t A and the bias
+// into y. Backward data at stride 1 and padding 1 is the forward of dy with the kernel turned by
+// 180 degrees and its channels swapped (dx[c] = sum_o rot180(w[o, c]) * dy[o], padding 1), so it
+// is the same launch with U[c, o] = G rot180(g[o, c]) G^T. The transforms add, subtract and halve;
+// G's halves make U's values one rounding from exact (computed in double); the sums have a fixed
+// order: deterministic.
+
+// U[e][r][k] = (G g G^T)[e]: forward, r = o and k = c, g = w[o, c]; backward data (kFlipped),
+// r = c and k = o, g = w[o, c] turned by 180 degrees. In double, rounded once (to TF32 as well
+// with tf32: WinogradWeightProblem::kRoundedA). One thread per (r, k), k fastest.
+template <bool kFlipped>
+__global__ void winograd_filter_transform(Index o_count, Index c_count, const float* w, float* u, bool tf32) {
+  const Index rows = kFlipped ? c_count : o_count, depth = kFlipped ? o_count : c_count;
+  const std::int64_t n = std::int64_t(rows) * depth;
+  for (std::int64_t i = cuda_detail::thread_index(); i < n; i += cuda_detail::grid_threads()) {
+    const Index r = Index(i) / depth, k = Index(i) - r * depth;  // i < O C <= 2^20 (applies)
+    const float* kernel = w + (std::int64_t(kFlipped ? k : r) * c_count + (kFlipped ? r : k)) * 9;
+    double g[3][3];
+    for (int a = 0; a < 3; ++a)
+      for (int b = 0; b < 3; ++b) g[a][b] = kFlipped ? kernel[(2 - a) * 3 + (2 - b)] : kernel[a * 3 + b];
+    double gg[4][3];  // G g
+    for (int b = 0; b < 3; ++b) {
+      gg[0][b] = g[0][b];
+      gg[1][b] = 0.5 * (g[0][b] + g[1][b] + g[2][b]);
+      gg[2][b] = 0.5 * (g[0][b] - g[1][b] + g[2][b]);
+      gg[3][b] = g[2][b];
+    }
+    for (int a = 0; a < 4; ++a) {  // (G g) G^T
+      const double e[4] = {gg[a][0], 0.5 * (gg[a][0] + gg[a][1] + gg[a][2]), 0.5 * (gg[a][0] - gg[a][1] + gg[a][2]),
+                           gg[a][2]};
+      for (int b = 0; b < 4; ++b) {
+        const float value = float(e[b]);
+        u[(std::int64_t(4 * a + b) * rows + r) * depth + k] = tf32 ? tiling::tf32_round(value) : value;
+      }
+    }
+  }
+}
+
+// y[b, o, 2 ty + a, 2 tx + q] = (A^T M A)[a][q] (+ bias[o]) for tile t = (b, ty, tx) of channel o,
+// M[e] = m[e][o][t]; a last tile row or column past the plane is not stored. One thread per (o, t),
+// t fastest: m's reads coalesce. In float, in a fixed order.
+__global__ void winograd_forward_output(Index o_count, Index t_count, WinogradTiles tiles, Index out_h, Index out_w,
+                                        const float* m, const float* bias, float* y) {
+  const std::int64_t n = std::int64_t(o_count) * t_count;
+  for (std::int64_t i = cuda_detail::thread_index(); i < n; i += cuda_detail::grid_threads()) {
+    const Index o = Index(i) / t_count, t = Index(i) - o * t_count;  // i < O T < 2^31
+    float mm[4][4];
+    for (int e = 0; e < 16; ++e) mm[e / 4][e % 4] = m[(std::int64_t(e) * o_count + o) * t_count + t];
+    float am[2][4];  // A^T M
+    for (int q = 0; q < 4; ++q) {
+      am[0][q] = mm[0][q] + mm[1][q] + mm[2][q];
+      am[1][q] = mm[1][q] - mm[2][q] - mm[3][q];
+    }
+    const Index b = t / tiles.per_image, rest = t - b * tiles.per_image;
+    const Index ty = rest / tiles.cols, tx = rest - ty * tiles.cols;
+    const float add = bias != nullptr ? bias[o] : 0.0f;
+    float* plane = y + (std::int64_t(b) * o_count + o) * out_h * out_w;
+    for (int a = 0; a < 2; ++a) {  // (A^T M) A
+      const float row[2] = {am[a][0] + am[a][1] + am[a][2], am[a][1] - am[a][2] - am[a][3]};
+      const Index h = 2 * ty + a;
+      for (int q = 0; q < 2; ++q) {
+        const Index w = 2 * tx + q;
+        if (h < out_h && w < out_w) plane[std::int64_t(h) * out_w + w] = bias != nullptr ? row[q] + add : row[q];
+      }
+    }
+  }
+}
+
+// y = conv(x, w) (+ bias) of a 3x3 stride-1 padding-1 shape, or with `flipped` dx from dy (shape
+// is then backward data's, and the launch runs its transposed forward: dy's O channels in, C out).
+// U once, then the batch in parts whose V and M fit kWinogradOperandBytes and whose planes fit
+// launch_element_limit; one scratch request for all (a later, larger request could move it).
+void winograd_forward_launch(const StreamHandle& s, const Conv2dShape& shape, const float* x, const float* w,
+                             const float* bias, float* y, bool flipped) {
+  Conv2dShape as_forward = shape;  // the product the launch computes: in -> out channels
+  if (flipped) std::swap(as_forward.in_channels, as_forward.out_channels);
+  const WinogradTiles tiles = winograd_tiles(as_forward);
+  const std::int64_t in_count = as_forward.in_channels, out_count = as_forward.out_channels;
+  const std::int64_t plane_per_image = std::max(in_count, out_count) * tiles.per_image;
+  const std::int64_t part = std::clamp<std::int64_t>(
+      std::min(kWinogradOperandBytes / winograd_image_bytes(as_forward), launch_element_limit.load() / plane_per_image),
+      1, shape.batch);
+  const std::int64_t part_tiles = part * tiles.per_image;
+  const std::size_t u_floats = std::size_t(16 * out_count * in_count), v_floats = std::size_t(16 * in_count * part_tiles),
+                    m_floats = std::size_t(16 * out_count * part_tiles);
+  auto* u = static_cast<float*>(s.scratch((u_floats + v_floats + m_floats) * sizeof(float)));
+  float* v = u + u_floats;
+  float* m = v + v_floats;
+  const char* name = flipped ? "conv2d_backward_data_winograd" : "conv2d_forward_winograd";
+  const char* tf32_name = flipped ? "conv2d_backward_data_winograd_tf32" : "conv2d_forward_winograd_tf32";
+  // (the product of a full part: its tile and kernel serve the last, shorter part too)
+  const WinogradWeightProblem whole{u, v, m, Index(out_count), Index(part_tiles), Index(in_count),
+                                    tiling::split_k(in_count, 1)};
+  const auto k = choose_kernel(whole, name, tf32_name, tiling::ConvPass::forward, out_count, part_tiles, 16);
+  if (flipped)
+    cuda_detail::launch_grid_stride("conv2d_backward_data_winograd_filter", s, std::int64_t(u_floats / 16),
+                                    winograd_filter_transform<true>, Index(shape.out_channels),
+                                    Index(shape.in_channels), w, u, k.tensor_cores);
+  else
+    cuda_detail::launch_grid_stride("conv2d_forward_winograd_filter", s, std::int64_t(u_floats / 16),
+                                    winograd_filter_transform<false>, Index(shape.out_channels),
+                                    Index(shape.in_channels), w, u, k.tensor_cores);
+  const std::int64_t in_image = in_count * shape.in_h * shape.in_w, out_image = out_count * shape.in_h * shape.in_w;
+  for (std::int64_t b0 = 0; b0 < shape.batch; b0 += part) {
+    Conv2dShape sub = as_forward;
+    sub.batch = std::min(part, shape.batch - b0);
+    const std::int64_t t_count = sub.batch * tiles.per_image;
+    WinogradWeightProblem p = whole;
+    p.c_count = Index(t_count);
+    cuda_detail::launch_grid_stride(flipped ? "conv2d_backward_data_winograd_input" : "conv2d_forward_winograd_input",
+                                    s, t_count * in_count, winograd_input_transform<true>, ConvGeometry::of(sub),
+                                    tiles, Index(t_count), x + b0 * in_image, v, k.tensor_cores);
+    launch_gemm(s, k, p, out_count, t_count, 16);
+    cuda_detail::launch_grid_stride(flipped ? "conv2d_backward_data_winograd_output" : "conv2d_forward_winograd_output",
+                                    s, out_count * t_count, winograd_forward_output, Index(out_count), Index(t_count),
+                                    tiles, Index(sub.out_h()), Index(sub.out_w()), m, bias, y + b0 * out_image);
+  }
+}
+
+// Whether conv2d_forward (and, of its shape, conv2d_backward_data) goes to winograd_forward_launch:
+// asked for (set_conv2d_forward_algorithm), a 3x3 kernel at stride 1 and padding 1 with packed
+// images, U within kWeightMaxPartialBytes (O C <= 2^20) and one image's V and M within the
+// workspace's share and the launch limit, as the weight gradient's rule.
+bool winograd_forward_applies(const StreamHandle& s, const Conv2dShape& shape) {
+  return Conv2dForwardAlgorithm(conv_forward_algorithm.load()) == Conv2dForwardAlgorithm::winograd &&
+         s.workspace != nullptr && shape.kernel_h == 3 && shape.kernel_w == 3 && shape.stride_h == 1 &&
+         shape.stride_w == 1 && shape.pad_h == 1 && shape.pad_w == 1 && shape.in_image_stride == 0 &&
+         winograd_image_bytes(shape) <= kWinogradOperandBytes &&
+         16 * shape.out_channels * shape.in_channels * std::int64_t(sizeof(float)) <= tiling::kWeightMaxPartialBytes &&
+         std::max(shape.out_channels, shape.in_channels) * winograd_tiles(shape).per_image <=
+             launch_element_limit.load();
+}
+
 }  // namespace
 
 // Each pass in launches over parts of the batch (for_each_batch_part: one launch unless a tensor
@@ -2107,6 +2287,7 @@ bool winograd_weight_applies(const Conv2dShape& shape) {
 void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float* x, const float* w,
                     const float* bias, float* y) {
   if (shape.output_size() <= 0) return;
+  if (winograd_forward_applies(s, shape)) return winograd_forward_launch(s, shape, x, w, bias, y, false);
   for_each_batch_part(shape, [&](const Conv2dShape& part, std::int64_t x_at, std::int64_t y_at) {
     forward_launch(s, part, x + x_at, w, bias, y + y_at);
   });
@@ -2115,6 +2296,8 @@ void conv2d_forward(const StreamHandle& s, const Conv2dShape& shape, const float
 void conv2d_backward_data(const StreamHandle& s, const Conv2dShape& shape, const float* dy, const float* w,
                           float* dx) {
   if (shape.input_size() <= 0) return;
+  if (shape.output_size() > 0 && winograd_forward_applies(s, shape))
+    return winograd_forward_launch(s, shape, dy, w, nullptr, dx, true);
   if (data_channels_last_applies(s, shape)) return channels_last_data(s, shape, dy, w, dx);
   // Under TF32, A from the weights laid out by k (data_weight_transpose), once for all parts,
   // where the copy fits 64 MiB of the stream's scratch (and there is one).

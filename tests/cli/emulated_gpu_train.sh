@@ -42,6 +42,20 @@ two, one = (json.loads(open(path).readline()) for path in sys.argv[1:])
 assert abs(one["train_loss"] - two["train_loss"]) <= 1e-3 * abs(two["train_loss"]), (one["train_loss"], two["train_loss"])
 print(f"ok: one-pass batch norm: train loss {one['train_loss']:.6f} against {two['train_loss']:.6f}")
 PY
+# The forward and backward data in Winograd's domain (--conv-forward winograd: every 3x3 stride-1
+# layer's, under the option): the banner says so, and the epoch's loss is backprop's up to the
+# transforms' roundings.
+run backprop-winograd-forward --method backprop --devices cuda:0 --conv-forward winograd
+grep -q "Winograd forward and backward data" backprop-winograd-forward.log ||
+  { echo "FAIL: the banner does not name the Winograd forward"; exit 1; }
+python3 - backprop.jsonl backprop-winograd-forward.jsonl <<'PY'
+import json, sys
+direct, winograd = (json.loads(open(path).readline()) for path in sys.argv[1:])
+assert abs(winograd["train_loss"] - direct["train_loss"]) <= 1e-3 * abs(direct["train_loss"]), \
+    (winograd["train_loss"], direct["train_loss"])
+assert winograd["train_loss"] != direct["train_loss"], "the same loss to the last bit: did Winograd run?"
+print(f"ok: Winograd forward: train loss {winograd['train_loss']:.6f} against {direct['train_loss']:.6f}")
+PY
 # No such GPU: exit 6 as on any machine.
 set +e
 "$train" "${common[@]}" --method petra --devices cuda:2 > no-such-gpu.log 2>&1

@@ -109,6 +109,30 @@ TEST_CASE("conv weight algorithm: auto by default, winograd where CUDA is built,
 #endif
 }
 
+TEST_CASE("conv forward algorithm: direct by default, winograd where CUDA is built, the choice parsed and named") {
+  using petra::ConvForwardAlgorithm;
+  CHECK(petra::conv_forward_algorithm() == ConvForwardAlgorithm::direct);
+  CHECK(petra::parse_conv_forward_algorithm("direct") == ConvForwardAlgorithm::direct);
+  CHECK(petra::parse_conv_forward_algorithm("winograd") == ConvForwardAlgorithm::winograd);
+  CHECK_THROWS_WITH_AS(petra::parse_conv_forward_algorithm("auto"),
+                       doctest::Contains("--conv-forward auto: expected direct or winograd"), petra::ValueError);
+  CHECK(std::string(petra::name_of(ConvForwardAlgorithm::direct)) == "direct");
+  CHECK(std::string(petra::name_of(ConvForwardAlgorithm::winograd)) == "winograd");
+#if PETRA_HAVE_CUDA
+  namespace cu = petra::kernels::cuda;
+  for (const auto& [choice, kernels] : {std::pair{ConvForwardAlgorithm::winograd, cu::Conv2dForwardAlgorithm::winograd},
+                                        std::pair{ConvForwardAlgorithm::direct, cu::Conv2dForwardAlgorithm::direct}}) {
+    petra::set_conv_forward_algorithm(choice);
+    CHECK(petra::conv_forward_algorithm() == choice);
+    CHECK(cu::conv2d_forward_algorithm() == kernels);
+  }
+#else
+  CHECK_THROWS_AS(petra::set_conv_forward_algorithm(ConvForwardAlgorithm::winograd), petra::DeviceError);
+  petra::set_conv_forward_algorithm(ConvForwardAlgorithm::direct);
+  CHECK(petra::conv_forward_algorithm() == ConvForwardAlgorithm::direct);
+#endif
+}
+
 TEST_CASE("cudnn algorithms: deterministic by default, fastest where cuDNN is built, the choice parsed and named") {
   CHECK(petra::cudnn_algorithms() == petra::CudnnAlgorithms::deterministic);
   CHECK(petra::parse_cudnn_algorithms("deterministic") == petra::CudnnAlgorithms::deterministic);
@@ -716,6 +740,54 @@ TEST_CASE("cuda: petra's Winograd weight gradient matches ref, FP32 and TF32, th
       CHECK(got == again.download(cs));
       const double bound = math == cu::Conv2dMath::fp32 ? 32 * fp32_factor(terms) : 32 * (kTf32Factor + fp32_factor(terms));
       CHECK(outside_bound(got, expected, magnitude, bound) == 0);
+    }
+  }
+}
+
+// The forward and backward data in Winograd's F(2x2, 3x3) domain (set_conv2d_forward_algorithm(
+// winograd)), on the real kernels: against ref:: within 32 times the direct product's bound (FP32)
+// and TF32's (TF32), the same bits twice, on the shapes of the weight case above.
+TEST_CASE("cuda: petra's Winograd forward and backward data match ref, FP32 and TF32, the same bits twice" *
+          doctest::skip(kNoGpu)) {
+  namespace ref = petra::kernels::ref;
+  namespace cu = petra::kernels::cuda;
+  petra::Stream stream(petra::Device::cuda(0));
+  const StreamHandle s = gpu_stream_handle(stream);
+  void* cs = s.cuda_stream;
+  const StreamHandle host{};
+  struct Restore {
+    ~Restore() { cu::set_conv2d_forward_algorithm(cu::Conv2dForwardAlgorithm::direct); }
+  } restore;
+  for (const Conv2dShape& k : {Conv2dShape{3, 17, 9, 9, 5, 3, 3, 1, 1, 1, 1}, Conv2dShape{2, 65, 5, 7, 66, 3, 3, 1, 1, 1, 1},
+                               Conv2dShape{8, 64, 16, 16, 128, 3, 3, 1, 1, 1, 1},
+                               Conv2dShape{8, 64, 32, 32, 64, 3, 3, 1, 1, 1, 1}}) {
+    INFO("x (", k.batch, ", ", k.in_channels, ", ", k.in_h, ", ", k.in_w, ") out ", k.out_channels);
+    const ConvData d(k);
+    std::vector<float> y_want(std::size_t(k.output_size())), y_magnitude(y_want.size());
+    ref::conv2d_forward<float>(host, k, d.x.data(), d.w.data(), d.bias.data(), y_want.data());
+    ref::conv2d_forward<float>(host, k, absolute(d.x).data(), absolute(d.w).data(), absolute(d.bias).data(),
+                               y_magnitude.data());
+    std::vector<float> dx_want(std::size_t(k.input_size())), dx_magnitude(dx_want.size());
+    ref::conv2d_backward_data<float>(host, k, d.dy.data(), d.w.data(), dx_want.data());
+    ref::conv2d_backward_data<float>(host, k, absolute(d.dy).data(), absolute(d.w).data(), dx_magnitude.data());
+    Buffer x(d.x, cs), w(d.w, cs), bias(d.bias, cs), dy(d.dy, cs);
+    for (const cu::Conv2dMath math : {cu::Conv2dMath::fp32, cu::Conv2dMath::tf32}) {
+      CAPTURE(int(math));
+      const ConvSettings chosen(math, -1);
+      cu::set_conv2d_forward_algorithm(cu::Conv2dForwardAlgorithm::winograd);
+      Buffer y(y_want, cs), y_again(y_want, cs), dx(dx_want, cs), dx_again(dx_want, cs);
+      cu::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y.get());
+      cu::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y_again.get());
+      cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx.get());
+      cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx_again.get());
+      const auto factor = [&](std::int64_t terms) {
+        return math == cu::Conv2dMath::fp32 ? 32 * fp32_factor(terms) : 32 * (kTf32Factor + fp32_factor(terms));
+      };
+      const auto y_got = y.download(cs), dx_got = dx.download(cs);
+      CHECK(y_got == y_again.download(cs));
+      CHECK(dx_got == dx_again.download(cs));
+      CHECK(outside_bound(y_got, y_want, y_magnitude, factor(k.in_channels * 9 + 1)) == 0);
+      CHECK(outside_bound(dx_got, dx_want, dx_magnitude, factor(k.out_channels * 9)) == 0);
     }
   }
 }

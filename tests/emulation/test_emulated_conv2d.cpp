@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "petra/error.hpp"
@@ -1478,4 +1479,255 @@ TEST_CASE("emulated conv2d: the TF32 Winograd weight gradient rounds its operand
         CHECK(bit_differences(got, math == cu::Conv2dMath::tf32 ? rounded : exact) == "");
       }
     }
+}
+
+namespace {
+
+class ForwardAlgorithmGuard {
+ public:
+  explicit ForwardAlgorithmGuard(cu::Conv2dForwardAlgorithm algorithm) { cu::set_conv2d_forward_algorithm(algorithm); }
+  ~ForwardAlgorithmGuard() { cu::set_conv2d_forward_algorithm(cu::Conv2dForwardAlgorithm::direct); }
+  ForwardAlgorithmGuard(const ForwardAlgorithmGuard&) = delete;
+  ForwardAlgorithmGuard& operator=(const ForwardAlgorithmGuard&) = delete;
+};
+
+// What one Winograd forward or backward data asks of the workspace (winograd_forward_launch): U
+// (16 O C) and a part's V (16 in x T) and M (16 out x T), T = the part's tiles.
+std::size_t winograd_forward_workspace(const Conv2dShape& sh, std::int64_t images_per_part, bool data) {
+  const std::int64_t in = data ? sh.out_channels : sh.in_channels, out = data ? sh.in_channels : sh.out_channels;
+  const std::int64_t t = images_per_part * tiling::ceil_div(sh.out_h(), 2) * tiling::ceil_div(sh.out_w(), 2);
+  const std::int64_t floats = 16 * (out * in + in * t + out * t);
+  return std::size_t((floats * 4 + 63) / 64 * 64);
+}
+
+}  // namespace
+
+// The forward and backward data in Winograd's F(2x2, 3x3) domain (set_conv2d_forward_algorithm):
+// on 3x3 stride-1 padding-1 layers with odd and even planes (a last tile row or column half
+// outside, not stored), channel counts past one tile of 64 in either direction, with and without
+// the bias, the batch in parts (the launch limit lowered), against ref:: within 32 times the direct
+// product's bound, FP32 and TF32 (16-byte and scalar A copies), the guards kept; on small integers
+// every step is exact (U's halves are quarters), so there the same bits as ref::: a wrong tile
+// offset, flip or part offset shows. The same bits twice; other shapes and the default stay direct.
+TEST_CASE("emulated conv2d: the Winograd forward and backward data match ref::, and only where they apply") {
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(cu::conv2d_forward_algorithm() == cu::Conv2dForwardAlgorithm::direct);
+  const ForwardAlgorithmGuard winograd(cu::Conv2dForwardAlgorithm::winograd);
+  struct Case {
+    Conv2dShape shape;
+    std::int64_t launch_elements;  // 0: the default limit
+    cu::Conv2dMath math;
+    bool integers;  // small integers: exact
+  };
+  const auto fp32 = cu::Conv2dMath::fp32, tf32 = cu::Conv2dMath::tf32;
+  const Case cases[] = {
+      {{1, 1, 1, 1, 1, 3, 3, 1, 1, 1, 1}, 0, fp32, false},     // one pixel: one tile, three quarters outside
+      {{2, 3, 5, 7, 2, 3, 3, 1, 1, 1, 1}, 0, fp32, false},     // odd planes
+      {{3, 17, 4, 4, 5, 3, 3, 1, 1, 1, 1}, 0, fp32, false},    // even plane, 17 in-channels
+      {{1, 5, 6, 3, 65, 3, 3, 1, 1, 1, 1}, 0, fp32, false},    // 65 out-channels: two tiles of M (forward)
+      {{1, 65, 3, 2, 3, 3, 3, 1, 1, 1, 1}, 0, fp32, false},    // 65 in-channels: two tiles of M (data)
+      {{3, 4, 5, 6, 7, 3, 3, 1, 1, 1, 1}, 7 * 9, fp32, true},  // the launch limit: one image a part
+      {{2, 8, 9, 7, 6, 3, 3, 1, 1, 1, 1}, 0, fp32, true},      // exact, odd plane
+      {{2, 8, 9, 7, 6, 3, 3, 1, 1, 1, 1}, 0, tf32, true},      // exact in TF32 too (16-byte A: 8 and 6 % 4)
+      {{2, 12, 5, 7, 66, 3, 3, 1, 1, 1, 1}, 0, tf32, false},   // TF32, 16-byte A forward, scalar A data
+      {{1, 66, 4, 5, 12, 3, 3, 1, 1, 1, 1}, 0, tf32, false},   // TF32, scalar A forward, 16-byte A data
+  };
+  std::uint64_t seed = 5200;
+  double worst = 0;  // the largest error / the direct bound, FP32's random cases
+  std::mt19937 gen(78);
+  std::uniform_int_distribution<int> small(-2, 2);
+  for (const Case& c : cases) {
+    const Conv2dShape& sh = c.shape;
+    INFO(describe(sh), ", tf32 ", c.math == tf32, ", integers ", c.integers);
+    const MathGuard math(c.math);
+    cu::set_conv2d_launch_elements(c.launch_elements);
+    const std::int64_t parts = c.launch_elements == 0 ? 1 : sh.batch;
+    seed += 10;
+    const Buffer x(sh.input_size(), seed, 1), w(sh.weight_size(), seed + 1, 0), bias(sh.out_channels, seed + 2, 1),
+        dy(sh.output_size(), seed + 3, 0), y(sh.output_size(), seed + 4, 1, 5, 6), dx(sh.input_size(), seed + 5, 0, 5, 6);
+    if (c.integers)
+      for (const auto& [buffer, n] : {std::pair{&x, sh.input_size()}, std::pair{&w, sh.weight_size()},
+                                      std::pair{&bias, sh.out_channels}, std::pair{&dy, sh.output_size()}})
+        for (std::int64_t i = 0; i < n; ++i) buffer->data()[i] = float(small(gen));
+    const bool with_bias = seed % 20 == 10;  // every other case
+    const float* b = with_bias ? bias.data() : nullptr;
+    // forward
+    {
+      std::vector<float> want = y.initial();
+      ref::conv2d_forward<float>(StreamHandle{}, sh, x.data(), w.data(), b, want.data());
+      std::vector<double> magnitude(std::size_t(sh.output_size()));
+      const std::vector<double> ax = absolute(x.values()), aw = absolute(w.values()), ab = absolute(bias.values());
+      ref::conv2d_forward<double>(StreamHandle{}, sh, ax.data(), aw.data(), with_bias ? ab.data() : nullptr,
+                                  magnitude.data());
+      Stream stream;
+      const std::size_t before = emu::launches();
+      cu::conv2d_forward(stream.s, sh, x.data(), w.data(), b, y.data());
+      CHECK(emu::launches() - before == 1u + 3u * std::size_t(parts));  // U, then per part V, the product, Y
+      CHECK(emu::last_launch().kernel == std::string("conv2d_forward_winograd_output"));
+      CHECK(emu::recent_launches(2).at(0).kernel ==
+            std::string(c.math == tf32 ? "conv2d_forward_winograd_tf32" : "conv2d_forward_winograd"));
+      CHECK(stream.workspace.capacity() == winograd_forward_workspace(sh, sh.batch / parts, false));
+      CHECK(y.guards_kept());
+      const std::vector<float> got = y.values();
+      const std::int64_t terms = sh.in_channels * 9 + 1;
+      if (c.integers) {
+        CHECK(bit_differences(got, want) == "");
+      } else if (c.math == tf32) {
+        CHECK(tf32_error_in_bounds(got, want, magnitude, terms) <= 32.0);
+      } else {
+        const double error = error_in_bounds(got, want, magnitude, terms);
+        worst = std::max(worst, error);
+        CHECK(error <= 32.0);
+      }
+      y.reset();
+      cu::conv2d_forward(stream.s, sh, x.data(), w.data(), b, y.data());
+      CHECK(bit_differences(y.values(), got) == "");
+    }
+    // backward data
+    {
+      std::vector<float> want = dx.initial();
+      ref::conv2d_backward_data<float>(StreamHandle{}, sh, dy.data(), w.data(), want.data());
+      std::vector<double> magnitude(std::size_t(sh.input_size()));
+      const std::vector<double> ady = absolute(dy.values()), aw = absolute(w.values());
+      ref::conv2d_backward_data<double>(StreamHandle{}, sh, ady.data(), aw.data(), magnitude.data());
+      Stream stream;
+      const std::size_t before = emu::launches();
+      cu::conv2d_backward_data(stream.s, sh, dy.data(), w.data(), dx.data());
+      CHECK(emu::launches() - before == 1u + 3u * std::size_t(parts));
+      CHECK(emu::last_launch().kernel == std::string("conv2d_backward_data_winograd_output"));
+      CHECK(stream.workspace.capacity() == winograd_forward_workspace(sh, sh.batch / parts, true));
+      CHECK(dx.guards_kept());
+      const std::vector<float> got = dx.values();
+      const std::int64_t terms = sh.out_channels * 9;
+      if (c.integers) {
+        CHECK(bit_differences(got, want) == "");
+      } else if (c.math == tf32) {
+        CHECK(tf32_error_in_bounds(got, want, magnitude, terms) <= 32.0);
+      } else {
+        const double error = error_in_bounds(got, want, magnitude, terms);
+        worst = std::max(worst, error);
+        CHECK(error <= 32.0);
+      }
+    }
+  }
+  cu::set_conv2d_launch_elements(0);
+  // Not 3x3 at stride 1 and padding 1, or no workspace: the direct products.
+  for (const Conv2dShape& sh : {Conv2dShape{1, 3, 6, 6, 2, 3, 3, 2, 2, 1, 1}, Conv2dShape{1, 3, 6, 6, 2, 3, 3, 1, 1, 0, 0},
+                                Conv2dShape{1, 3, 6, 6, 2, 1, 1, 1, 1, 0, 0}, Conv2dShape{1, 3, 6, 6, 2, 3, 3, 1, 1, 1, 1}}) {
+    INFO(describe(sh));
+    const bool applies = sh.stride_h == 1 && sh.pad_h == 1 && sh.kernel_h == 3;  // the last: no workspace
+    Stream stream;
+    const StreamHandle& s = applies ? StreamHandle{} : stream.s;
+    const Buffer x(sh.input_size(), 17, 0), w(sh.weight_size(), 18, 0), y(sh.output_size(), 19, 0);
+    cu::conv2d_forward(s, sh, x.data(), w.data(), nullptr, y.data());
+    CHECK(emu::last_launch().kernel == std::string("conv2d_forward"));
+    cu::conv2d_backward_data(s, sh, y.data(), w.data(), x.data());
+    CHECK(emu::last_launch().kernel == std::string("conv2d_backward_data"));
+  }
+  MESSAGE("Winograd forward and data: ",
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+          " s; the largest error, in units of the direct product's bound: ", worst);
+}
+
+namespace {
+
+// The TF32 Winograd forward on the host, as the emulated kernels compute it: U = G g G^T in double
+// rounded to float and to TF32, V = B^T d B in float rounded to TF32, M_e[o][t] an fmaf chain over
+// the in-channels in order (the mma twin's order), y = A^T M A (+ bias) in float. `flipped`: the
+// backward data's form (g = w[o, c] turned by 180 degrees, rows c, depth o, the input dy).
+// `round_u` false leaves U unrounded (what a missing rounding would give).
+std::vector<float> winograd_tf32_model(const Conv2dShape& sh, const std::vector<float>& input,
+                                       const std::vector<float>& w, const float* bias, bool flipped, bool round_u) {
+  const std::int64_t in = flipped ? sh.out_channels : sh.in_channels, out = flipped ? sh.in_channels : sh.out_channels;
+  const std::int64_t h_count = sh.in_h, w_count = sh.in_w, rows = (h_count + 1) / 2, cols = (w_count + 1) / 2;
+  const std::int64_t per_image = rows * cols, t_count = sh.batch * per_image;
+  std::vector<float> u(std::size_t(16 * out * in)), v(std::size_t(16 * in * t_count));
+  for (std::int64_t r = 0; r < out; ++r)
+    for (std::int64_t k = 0; k < in; ++k) {
+      const float* kernel = w.data() + ((flipped ? k : r) * sh.in_channels + (flipped ? r : k)) * 9;
+      double g[3][3], gg[4][3];
+      for (int a = 0; a < 3; ++a)
+        for (int b = 0; b < 3; ++b) g[a][b] = flipped ? kernel[(2 - a) * 3 + (2 - b)] : kernel[a * 3 + b];
+      for (int b = 0; b < 3; ++b)
+        gg[0][b] = g[0][b], gg[1][b] = 0.5 * (g[0][b] + g[1][b] + g[2][b]), gg[2][b] = 0.5 * (g[0][b] - g[1][b] + g[2][b]),
+        gg[3][b] = g[2][b];
+      for (int a = 0; a < 4; ++a) {
+        const double e[4] = {gg[a][0], 0.5 * (gg[a][0] + gg[a][1] + gg[a][2]), 0.5 * (gg[a][0] - gg[a][1] + gg[a][2]),
+                             gg[a][2]};
+        for (int b = 0; b < 4; ++b)
+          u[std::size_t(((4 * a + b) * out + r) * in + k)] = round_u ? tiling::tf32_round(float(e[b])) : float(e[b]);
+      }
+    }
+  for (std::int64_t t = 0; t < t_count; ++t)
+    for (std::int64_t c = 0; c < in; ++c) {
+      const std::int64_t b = t / per_image, ty = t % per_image / cols, tx = t % cols;
+      float d[4][4], bd[4][4];
+      for (int r = 0; r < 4; ++r)
+        for (int q = 0; q < 4; ++q) {
+          const std::int64_t h = 2 * ty - 1 + r, x = 2 * tx - 1 + q;
+          d[r][q] = h >= 0 && h < h_count && x >= 0 && x < w_count
+                        ? input[std::size_t(((b * in + c) * h_count + h) * w_count + x)]
+                        : 0.0f;
+        }
+      for (int q = 0; q < 4; ++q)
+        bd[0][q] = d[0][q] - d[2][q], bd[1][q] = d[1][q] + d[2][q], bd[2][q] = d[2][q] - d[1][q],
+        bd[3][q] = d[1][q] - d[3][q];
+      for (int r = 0; r < 4; ++r) {
+        const float e[4] = {bd[r][0] - bd[r][2], bd[r][1] + bd[r][2], bd[r][2] - bd[r][1], bd[r][1] - bd[r][3]};
+        for (int q = 0; q < 4; ++q) v[std::size_t(((4 * r + q) * in + c) * t_count + t)] = tiling::tf32_round(e[q]);
+      }
+    }
+  std::vector<float> y(std::size_t(sh.batch * out * h_count * w_count));
+  for (std::int64_t o = 0; o < out; ++o)
+    for (std::int64_t t = 0; t < t_count; ++t) {
+      float mm[4][4], am[2][4];
+      for (int e = 0; e < 16; ++e) {
+        float sum = 0.0f;
+        for (std::int64_t c = 0; c < in; ++c)
+          sum = std::fma(u[std::size_t((e * out + o) * in + c)], v[std::size_t((e * in + c) * t_count + t)], sum);
+        mm[e / 4][e % 4] = sum;
+      }
+      for (int q = 0; q < 4; ++q) am[0][q] = mm[0][q] + mm[1][q] + mm[2][q], am[1][q] = mm[1][q] - mm[2][q] - mm[3][q];
+      const std::int64_t b = t / per_image, ty = t % per_image / cols, tx = t % cols;
+      for (int a = 0; a < 2; ++a) {
+        const float row[2] = {am[a][0] + am[a][1] + am[a][2], am[a][1] - am[a][2] - am[a][3]};
+        for (int q = 0; q < 2; ++q) {
+          const std::int64_t h = 2 * ty + a, x = 2 * tx + q;
+          if (h < h_count && x < w_count)
+            y[std::size_t(((b * out + o) * h_count + h) * w_count + x)] = bias != nullptr ? row[q] + bias[o] : row[q];
+        }
+      }
+    }
+  return y;
+}
+
+}  // namespace
+
+// The TF32 Winograd forward and backward data give their host model's bits: U and V rounded to
+// TF32 once, in the transforms (the product takes them as they are: kRoundedA, kRoundedB), the
+// in-channels summed in order, the output transform in float. A U left unrounded, which the
+// bound of the case above would not see, fails it (the model can tell: checked). Scalar and
+// 16-byte A copies (in-channels 5 and 8), an odd plane, with the bias.
+TEST_CASE("emulated conv2d: the TF32 Winograd forward and backward data give their model's bits") {
+  const ForwardAlgorithmGuard winograd(cu::Conv2dForwardAlgorithm::winograd);
+  const MathGuard tf32(cu::Conv2dMath::tf32);
+  for (const Conv2dShape& sh : {Conv2dShape{2, 5, 5, 7, 8, 3, 3, 1, 1, 1, 1}, Conv2dShape{1, 8, 6, 3, 5, 3, 3, 1, 1, 1, 1}}) {
+    INFO(describe(sh));
+    const std::vector<float> x = random_values(std::size_t(sh.input_size()), 61),
+                             w = random_values(std::size_t(sh.weight_size()), 62),
+                             bias = random_values(std::size_t(sh.out_channels), 63),
+                             dy = random_values(std::size_t(sh.output_size()), 64);
+    Stream stream;
+    std::vector<float> y(std::size_t(sh.output_size())), dx(std::size_t(sh.input_size()));
+    cu::conv2d_forward(stream.s, sh, x.data(), w.data(), bias.data(), y.data());
+    CHECK(emu::last_launch().kernel == std::string("conv2d_forward_winograd_output"));
+    const std::vector<float> y_model = winograd_tf32_model(sh, x, w, bias.data(), false, true);
+    REQUIRE(bit_differences(winograd_tf32_model(sh, x, w, bias.data(), false, false), y_model) != "");
+    CHECK(bit_differences(y, y_model) == "");
+    cu::conv2d_backward_data(stream.s, sh, dy.data(), w.data(), dx.data());
+    CHECK(emu::last_launch().kernel == std::string("conv2d_backward_data_winograd_output"));
+    const std::vector<float> dx_model = winograd_tf32_model(sh, dy, w, nullptr, true, true);
+    REQUIRE(bit_differences(winograd_tf32_model(sh, dy, w, nullptr, true, false), dx_model) != "");
+    CHECK(bit_differences(dx, dx_model) == "");
+  }
 }
