@@ -275,6 +275,18 @@ const char* weight_algorithm_text(petra::ConvWeightAlgorithm algorithm) {
   return ", Winograd weight gradients where measured faster (3x3 stride-1 layers of 64+ channels)";
 }
 
+// How the banner names --conv-forward's choice (nothing for the default, direct).
+const char* forward_algorithm_text(petra::ConvForwardAlgorithm algorithm) {
+  switch (algorithm) {
+    case petra::ConvForwardAlgorithm::winograd: return ", Winograd forward and backward data on 3x3 stride-1 layers";
+    case petra::ConvForwardAlgorithm::automatic:
+      return ", Winograd forward and backward data where estimated faster (3x3 stride-1 layers of 64+ channels, "
+             "planes up to 16x16)";
+    case petra::ConvForwardAlgorithm::direct: break;
+  }
+  return "";
+}
+
 int train(const TrainConfig& config, bool eval_only, const std::filesystem::path& save_params,
           const std::filesystem::path& log_json, const std::filesystem::path& plot) {
   const auto start = Clock::now();
@@ -300,9 +312,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
                     ? ", cuDNN's fastest algorithms (timed; not bit-reproducible)"
                     : "",
                 weight_algorithm_text(petra::conv_weight_algorithm()),
-                petra::conv_forward_algorithm() == petra::ConvForwardAlgorithm::winograd
-                    ? ", Winograd forward and backward data on 3x3 stride-1 layers"
-                    : "",
+                forward_algorithm_text(petra::conv_forward_algorithm()),
                 petra::batchnorm_one_pass() ? ", one-pass batch norm" : "");
   if (!eval_only) {
     std::printf("stages (--stages %s): %s\n", config.stages.empty() ? "blocks" : config.stages.c_str(),
@@ -483,14 +493,14 @@ void use_conv_weight_algorithm(petra::ConvWeightAlgorithm algorithm, const std::
   petra::set_conv_weight_algorithm(algorithm);
 }
 
-// --conv-forward winograd: petra's CUDA forward and backward data, on CUDA devices and petra's
-// kernels only (set after --conv-impl), for the same reason.
+// --conv-forward winograd or auto: petra's CUDA forward and backward data, on CUDA devices and
+// petra's kernels only (set after --conv-impl), for the same reason.
 void use_conv_forward_algorithm(petra::ConvForwardAlgorithm algorithm, const std::vector<petra::Device>& devices) {
-  if (algorithm == petra::ConvForwardAlgorithm::winograd) {
-    require_cuda_devices("--conv-forward winograd", devices);
-    PETRA_CHECK(petra::conv_impl() == petra::ConvImpl::petra, petra::ValueError,
-                "--conv-forward winograd: petra's convolution kernels only (not with --conv-impl cudnn, which "
-                "chooses its own algorithms)");
+  if (algorithm != petra::ConvForwardAlgorithm::direct) {
+    const std::string flag = std::string("--conv-forward ") + petra::name_of(algorithm);
+    require_cuda_devices(flag.c_str(), devices);
+    PETRA_CHECK(petra::conv_impl() == petra::ConvImpl::petra, petra::ValueError, flag,
+                ": petra's convolution kernels only (not with --conv-impl cudnn, which chooses its own algorithms)");
   }
   petra::set_conv_forward_algorithm(algorithm);
 }
@@ -586,8 +596,9 @@ int main(int argc, char** argv) {
   std::string conv_forward_text = "direct";
   app.add_option("--conv-forward", conv_forward_text,
                  "the forward and backward data of petra's 3x3 stride-1 convolutions on GPUs: direct (the implicit "
-                 "GEMM) or winograd (Winograd's F(2x2, 3x3): 2.25x fewer multiply-adds; not yet timed on a GPU)")
-      ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"direct", "winograd"}));
+                 "GEMM), winograd (Winograd's F(2x2, 3x3): 2.25x fewer multiply-adds) or auto (Winograd where "
+                 "estimated faster: 64+ channels, planes up to 16x16); the last two not yet timed on a GPU")
+      ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"direct", "winograd", "auto"}));
   bool batchnorm_one_pass = false;
   app.add_flag("--batchnorm-one-pass", batchnorm_one_pass,
                "petra's batch norm on GPUs in one pass where a channel fits in a thread-block cluster's shared memory "

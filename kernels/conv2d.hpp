@@ -174,11 +174,13 @@ Conv2dWeightAlgorithm conv2d_weight_algorithm();
 // GEMMs above; or winograd, Winograd's F(2x2, 3x3) (2.25x fewer multiply-adds, the same 16 products
 // as the Winograd weight gradient's, the transformed weights and operands in the stream's
 // workspace, at most 64 + 128 MiB; backward data as the forward of dy with the kernel turned by 180
-// degrees; results a few roundings from direct's, still deterministic). An option bench-cuda and
-// gpu-check time beside direct, not yet a default: no GPU has timed it (docs/results-gpu.md).
-// Other shapes, a stream without a workspace, and a layer whose one image or whose out x in
-// channels (over 2^20) need more workspace, stay direct. petra-train: --conv-forward.
-enum class Conv2dForwardAlgorithm { direct, winograd };
+// degrees; results a few roundings from direct's, still deterministic); or automatic, winograd
+// where run 12's numbers estimate it faster (64 or more channels in and out, output planes of at
+// most 16 x 16: docs/gpu-kernels.md). Options bench-cuda and gpu-check time beside direct, not
+// yet a default: no GPU has timed them (docs/results-gpu.md). Other shapes, a stream without a
+// workspace, and a layer whose one image or whose out x in channels (over 2^20) need more
+// workspace, stay direct. petra-train: --conv-forward.
+enum class Conv2dForwardAlgorithm { direct, winograd, automatic };
 void set_conv2d_forward_algorithm(Conv2dForwardAlgorithm algorithm);
 Conv2dForwardAlgorithm conv2d_forward_algorithm();
 

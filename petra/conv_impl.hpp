@@ -63,11 +63,12 @@ const char* name_of(ConvWeightAlgorithm algorithm);
 
 // The forward and backward data of petra's 3x3, stride-1, padding-1 convolutions on GPUs, for the
 // whole process (kernels::cuda::set_conv2d_forward_algorithm; petra-train's --conv-forward): direct
-// (the default, the implicit GEMM) or winograd (Winograd's F(2x2, 3x3), the weight gradient's 16
+// (the default, the implicit GEMM), winograd (Winograd's F(2x2, 3x3), the weight gradient's 16
 // products read the other way: 2.25x fewer multiply-adds, the results a few roundings away,
-// deterministic). An option until a GPU has timed it. CPU tensors ignore it. A build without CUDA
-// accepts direct only.
-enum class ConvForwardAlgorithm { direct, winograd };
+// deterministic) or automatic (winograd where run 12's numbers estimate it faster: 64+ channels,
+// planes up to 16 x 16). Options until a GPU has timed them. CPU tensors ignore it. A build
+// without CUDA accepts direct only.
+enum class ConvForwardAlgorithm { direct, winograd, automatic };
 void set_conv_forward_algorithm(ConvForwardAlgorithm algorithm);  // DeviceError for winograd without CUDA
 ConvForwardAlgorithm conv_forward_algorithm();
 ConvForwardAlgorithm parse_conv_forward_algorithm(std::string_view text, std::string_view flag = "--conv-forward");

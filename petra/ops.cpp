@@ -287,32 +287,37 @@ ConvWeightAlgorithm conv_weight_algorithm() {
   return ConvWeightAlgorithm::automatic;
 }
 
+// (The two enums name the same three choices, in the same order.)
 void set_conv_forward_algorithm(ConvForwardAlgorithm algorithm) {
 #if PETRA_HAVE_CUDA
-  kernels::cuda::set_conv2d_forward_algorithm(algorithm == ConvForwardAlgorithm::winograd
-                                                  ? kernels::cuda::Conv2dForwardAlgorithm::winograd
-                                                  : kernels::cuda::Conv2dForwardAlgorithm::direct);
+  kernels::cuda::set_conv2d_forward_algorithm(kernels::cuda::Conv2dForwardAlgorithm(int(algorithm)));
 #else
-  PETRA_CHECK(algorithm != ConvForwardAlgorithm::winograd, DeviceError,
-              "set_conv_forward_algorithm(winograd): this petra was built without CUDA");
+  PETRA_CHECK(algorithm == ConvForwardAlgorithm::direct, DeviceError,
+              "set_conv_forward_algorithm(", name_of(algorithm), "): this petra was built without CUDA");
 #endif
 }
 
 ConvForwardAlgorithm conv_forward_algorithm() {
 #if PETRA_HAVE_CUDA
-  if (kernels::cuda::conv2d_forward_algorithm() == kernels::cuda::Conv2dForwardAlgorithm::winograd)
-    return ConvForwardAlgorithm::winograd;
-#endif
+  return ConvForwardAlgorithm(int(kernels::cuda::conv2d_forward_algorithm()));
+#else
   return ConvForwardAlgorithm::direct;
+#endif
 }
 
 ConvForwardAlgorithm parse_conv_forward_algorithm(std::string_view text, std::string_view flag) {
   return parse_choice(text, flag, std::pair{"direct", ConvForwardAlgorithm::direct},
-                      std::pair{"winograd", ConvForwardAlgorithm::winograd});
+                      std::pair{"winograd", ConvForwardAlgorithm::winograd},
+                      std::pair{"auto", ConvForwardAlgorithm::automatic});
 }
 
 const char* name_of(ConvForwardAlgorithm algorithm) {
-  return algorithm == ConvForwardAlgorithm::winograd ? "winograd" : "direct";
+  switch (algorithm) {
+    case ConvForwardAlgorithm::winograd: return "winograd";
+    case ConvForwardAlgorithm::automatic: return "auto";
+    case ConvForwardAlgorithm::direct: break;
+  }
+  return "direct";
 }
 
 void set_batchnorm_one_pass(bool on) {

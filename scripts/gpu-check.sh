@@ -9,7 +9,8 @@
 #             (--conv-math tf32), backprop on cuDNN with its deterministic and its fastest
 #             algorithms, backprop with the direct weight gradient everywhere (--conv-weight
 #             direct; the default, auto, takes Winograd's where run 12 timed it faster), backprop
-#             with the forward and backward data in Winograd's domain too (--conv-forward winograd),
+#             with the forward and backward data in Winograd's domain too (--conv-forward winograd,
+#             and auto: where estimated faster),
 #             revbackprop and TF32 backprop with batch norm in one pass (--batchnorm-one-pass),
 #             PETRA, and PETRA on two streams of the one GPU (the concurrent
 #             executor), twice: bit-identical to PETRA on one stream and from run to run;
@@ -188,9 +189,12 @@ group_training() {
   train backprop-direct --method backprop --devices cuda:0 --conv-weight direct
   # The forward and backward data in Winograd's domain too (--conv-forward winograd, an option
   # until timed here): all three passes of the 3x3 stride-1 layers of 64+ channels in F(2x2, 3x3).
+  # (--conv-forward auto: only where run 12's numbers estimate it faster, planes up to 16x16).
   train backprop-winograd-forward --method backprop --devices cuda:0 --conv-forward winograd
+  train backprop-winograd-forward-auto --method backprop --devices cuda:0 --conv-forward auto
   images_per_second "backprop, FP32" "$out/train-backprop.jsonl" "$out/train-backprop-direct.jsonl" \
-    "$out/train-backprop-winograd-forward.jsonl" "$out/train-backprop-cudnn.jsonl" \
+    "$out/train-backprop-winograd-forward.jsonl" "$out/train-backprop-winograd-forward-auto.jsonl" \
+    "$out/train-backprop-cudnn.jsonl" \
     "$out/train-backprop-cudnn-fastest.jsonl"
   # Batch norm in one pass (--batchnorm-one-pass: each channel kept in a thread-block cluster's shared
   # memory, one read of x and dy instead of two; off by default until timed here).

@@ -661,6 +661,9 @@ struct ChannelsLastWeightProblem {
 // batch part: M_e(o, c) = sum_t U_e(o, t) V_e(t, c), A = U_e (o x T, row-major, t contiguous) and
 // B = V_e (T x C, c contiguous), both dense (no padding term, no gather), into the partials
 // m[z][o][c] of grid layer z = slice * 16 + e. K = the tiles, cut into split's slices.
+// The Winograd forward and backward data (winograd_forward_launch) run the same 16 products with
+// the names read the other way: rows the out-channels, K the in-channels, columns the tiles (one
+// slice): a batched dense GEMM either way. (kPass only steers the kernel's register budget.)
 struct WinogradWeightProblem {
   static constexpr tiling::ConvPass kPass = tiling::ConvPass::weight;
   const float* u;   // [16][O][T]
@@ -1960,7 +1963,7 @@ struct WinogradTiles {
 // (WinogradWeightProblem::kRoundedB), as winograd_gradient_transform's U (kRoundedA).
 //
 // kTilesInner: the forward's layout instead, V[e][c][t] (channels x tiles, the forward's B:
-// WinogradForward below), one thread per (c, t), t fastest.
+// winograd_forward_launch below), one thread per (c, t), t fastest.
 template <bool kTilesInner = false>
 __global__ void winograd_input_transform(ConvGeometry g, WinogradTiles tiles, Index t_count, const float* x,
                                          float* v, bool tf32) {
@@ -2270,8 +2273,17 @@ void winograd_forward_launch(const StreamHandle& s, const Conv2dShape& shape, co
 // asked for (set_conv2d_forward_algorithm), a 3x3 kernel at stride 1 and padding 1 with packed
 // images, U within kWeightMaxPartialBytes (O C <= 2^20) and one image's V and M within the
 // workspace's share and the launch limit, as the weight gradient's rule.
+// Conv2dForwardAlgorithm::automatic's rule, an estimate from run 12's numbers (docs/gpu-kernels.md):
+// V and M cost 4x the activation's traffic each, which the 2.25x fewer multiply-adds repay on the
+// smaller planes of the wider layers only.
+bool winograd_forward_estimated_faster(const Conv2dShape& shape) {
+  return std::min(shape.in_channels, shape.out_channels) >= 64 && shape.out_h() * shape.out_w() <= 256;
+}
+
 bool winograd_forward_applies(const StreamHandle& s, const Conv2dShape& shape) {
-  return Conv2dForwardAlgorithm(conv_forward_algorithm.load()) == Conv2dForwardAlgorithm::winograd &&
+  const auto algorithm = Conv2dForwardAlgorithm(conv_forward_algorithm.load());
+  return (algorithm == Conv2dForwardAlgorithm::winograd ||
+          (algorithm == Conv2dForwardAlgorithm::automatic && winograd_forward_estimated_faster(shape))) &&
          s.workspace != nullptr && shape.kernel_h == 3 && shape.kernel_w == 3 && shape.stride_h == 1 &&
          shape.stride_w == 1 && shape.pad_h == 1 && shape.pad_w == 1 && shape.in_image_stride == 0 &&
          winograd_image_bytes(shape) <= kWinogradOperandBytes &&

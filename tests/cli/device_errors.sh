@@ -58,8 +58,9 @@ expect_exit 2 "--conv-weight" --method backprop --conv-weight fft
 expect_exit 2 "--conv-weight winograd: petra's convolution kernels only\|--conv-impl cudnn: this petra was built without cuDNN" \
   --method backprop --devices cuda:0 --conv-impl cudnn --conv-weight winograd
 expect_exit 0 "^final" --method backprop --conv-weight direct
-# --conv-forward winograd is petra's CUDA forward and backward data: GPUs and petra's kernels only.
+# --conv-forward winograd (or auto) is petra's CUDA forward and backward data: GPUs and petra's kernels only.
 expect_exit 2 "--conv-forward winograd runs on CUDA devices only" --method backprop --conv-forward winograd
+expect_exit 2 "--conv-forward auto runs on CUDA devices only" --method backprop --conv-forward auto
 expect_exit 2 "--conv-forward" --method backprop --conv-forward fft
 expect_exit 2 "--conv-forward winograd: petra's convolution kernels only\|--conv-impl cudnn: this petra was built without cuDNN" \
   --method backprop --devices cuda:0 --conv-impl cudnn --conv-forward winograd

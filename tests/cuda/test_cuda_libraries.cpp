@@ -114,13 +114,16 @@ TEST_CASE("conv forward algorithm: direct by default, winograd where CUDA is bui
   CHECK(petra::conv_forward_algorithm() == ConvForwardAlgorithm::direct);
   CHECK(petra::parse_conv_forward_algorithm("direct") == ConvForwardAlgorithm::direct);
   CHECK(petra::parse_conv_forward_algorithm("winograd") == ConvForwardAlgorithm::winograd);
-  CHECK_THROWS_WITH_AS(petra::parse_conv_forward_algorithm("auto"),
-                       doctest::Contains("--conv-forward auto: expected direct or winograd"), petra::ValueError);
+  CHECK(petra::parse_conv_forward_algorithm("auto") == ConvForwardAlgorithm::automatic);
+  CHECK_THROWS_WITH_AS(petra::parse_conv_forward_algorithm("fft"),
+                       doctest::Contains("--conv-forward fft: expected direct, winograd or auto"), petra::ValueError);
   CHECK(std::string(petra::name_of(ConvForwardAlgorithm::direct)) == "direct");
   CHECK(std::string(petra::name_of(ConvForwardAlgorithm::winograd)) == "winograd");
+  CHECK(std::string(petra::name_of(ConvForwardAlgorithm::automatic)) == "auto");
 #if PETRA_HAVE_CUDA
   namespace cu = petra::kernels::cuda;
   for (const auto& [choice, kernels] : {std::pair{ConvForwardAlgorithm::winograd, cu::Conv2dForwardAlgorithm::winograd},
+                                        std::pair{ConvForwardAlgorithm::automatic, cu::Conv2dForwardAlgorithm::automatic},
                                         std::pair{ConvForwardAlgorithm::direct, cu::Conv2dForwardAlgorithm::direct}}) {
     petra::set_conv_forward_algorithm(choice);
     CHECK(petra::conv_forward_algorithm() == choice);
@@ -128,6 +131,7 @@ TEST_CASE("conv forward algorithm: direct by default, winograd where CUDA is bui
   }
 #else
   CHECK_THROWS_AS(petra::set_conv_forward_algorithm(ConvForwardAlgorithm::winograd), petra::DeviceError);
+  CHECK_THROWS_AS(petra::set_conv_forward_algorithm(ConvForwardAlgorithm::automatic), petra::DeviceError);
   petra::set_conv_forward_algorithm(ConvForwardAlgorithm::direct);
   CHECK(petra::conv_forward_algorithm() == ConvForwardAlgorithm::direct);
 #endif

@@ -1731,3 +1731,33 @@ TEST_CASE("emulated conv2d: the TF32 Winograd forward and backward data give the
     CHECK(bit_differences(dx, dx_model) == "");
   }
 }
+
+// Conv2dForwardAlgorithm::automatic takes Winograd's forward and backward data where run 12's
+// numbers estimate it faster: 3x3 stride-1 padding-1 layers with 64 or more channels in and out
+// and output planes of at most 16 x 16 (256 pixels); the direct products elsewhere. The launch
+// names say which ran.
+TEST_CASE("emulated conv2d: the automatic forward algorithm takes Winograd where estimated faster") {
+  const ForwardAlgorithmGuard automatic(cu::Conv2dForwardAlgorithm::automatic);
+  Stream stream;
+  const StreamHandle& s = stream.s;
+  struct Case {
+    Conv2dShape shape;
+    bool winograd;
+  };
+  const Case cases[] = {
+      {{1, 64, 4, 4, 64, 3, 3, 1, 1, 1, 1}, true},    {{1, 64, 16, 16, 64, 3, 3, 1, 1, 1, 1}, true},  // 256 pixels
+      {{1, 64, 17, 16, 64, 3, 3, 1, 1, 1, 1}, false},  // 272 pixels
+      {{1, 63, 4, 4, 64, 3, 3, 1, 1, 1, 1}, false},   {{1, 64, 4, 4, 63, 3, 3, 1, 1, 1, 1}, false},
+      {{1, 64, 8, 8, 64, 3, 3, 2, 2, 1, 1}, false},   // stride 2
+  };
+  for (const Case& c : cases) {
+    const Conv2dShape& sh = c.shape;
+    INFO(describe(sh));
+    const Buffer x(sh.input_size(), 71, 0), w(sh.weight_size(), 72, 0), y(sh.output_size(), 73, 0);
+    cu::conv2d_forward(s, sh, x.data(), w.data(), nullptr, y.data());
+    CHECK(emu::last_launch().kernel == std::string(c.winograd ? "conv2d_forward_winograd_output" : "conv2d_forward"));
+    cu::conv2d_backward_data(s, sh, y.data(), w.data(), x.data());
+    CHECK(emu::last_launch().kernel ==
+          std::string(c.winograd ? "conv2d_backward_data_winograd_output" : "conv2d_backward_data"));
+  }
+}
