@@ -1549,6 +1549,19 @@ TEST_CASE("emulated conv2d: the Winograd forward and backward data match ref::, 
       for (const auto& [buffer, n] : {std::pair{&x, sh.input_size()}, std::pair{&w, sh.weight_size()},
                                       std::pair{&bias, sh.out_channels}, std::pair{&dy, sh.output_size()}})
         for (std::int64_t i = 0; i < n; ++i) buffer->data()[i] = float(small(gen));
+    // exact on integers, else within 32 times the direct product's bound (FP32's or TF32's)
+    const auto check_result = [&](const std::vector<float>& got, const std::vector<float>& want,
+                                  const std::vector<double>& magnitude, std::int64_t terms) {
+      if (c.integers) {
+        CHECK(bit_differences(got, want) == "");
+      } else if (c.math == tf32) {
+        CHECK(tf32_error_in_bounds(got, want, magnitude, terms) <= 32.0);
+      } else {
+        const double error = error_in_bounds(got, want, magnitude, terms);
+        worst = std::max(worst, error);
+        CHECK(error <= 32.0);
+      }
+    };
     const bool with_bias = seed % 20 == 10;  // every other case
     const float* b = with_bias ? bias.data() : nullptr;
     // forward
@@ -1569,16 +1582,7 @@ TEST_CASE("emulated conv2d: the Winograd forward and backward data match ref::, 
       CHECK(stream.workspace.capacity() == winograd_forward_workspace(sh, sh.batch / parts, false));
       CHECK(y.guards_kept());
       const std::vector<float> got = y.values();
-      const std::int64_t terms = sh.in_channels * 9 + 1;
-      if (c.integers) {
-        CHECK(bit_differences(got, want) == "");
-      } else if (c.math == tf32) {
-        CHECK(tf32_error_in_bounds(got, want, magnitude, terms) <= 32.0);
-      } else {
-        const double error = error_in_bounds(got, want, magnitude, terms);
-        worst = std::max(worst, error);
-        CHECK(error <= 32.0);
-      }
+      check_result(got, want, magnitude, sh.in_channels * 9 + 1);
       y.reset();
       cu::conv2d_forward(stream.s, sh, x.data(), w.data(), b, y.data());
       CHECK(bit_differences(y.values(), got) == "");
@@ -1597,17 +1601,7 @@ TEST_CASE("emulated conv2d: the Winograd forward and backward data match ref::, 
       CHECK(emu::last_launch().kernel == std::string("conv2d_backward_data_winograd_output"));
       CHECK(stream.workspace.capacity() == winograd_forward_workspace(sh, sh.batch / parts, true));
       CHECK(dx.guards_kept());
-      const std::vector<float> got = dx.values();
-      const std::int64_t terms = sh.out_channels * 9;
-      if (c.integers) {
-        CHECK(bit_differences(got, want) == "");
-      } else if (c.math == tf32) {
-        CHECK(tf32_error_in_bounds(got, want, magnitude, terms) <= 32.0);
-      } else {
-        const double error = error_in_bounds(got, want, magnitude, terms);
-        worst = std::max(worst, error);
-        CHECK(error <= 32.0);
-      }
+      check_result(dx.values(), want, magnitude, sh.out_channels * 9);
     }
   }
   cu::set_conv2d_launch_elements(0);
