@@ -281,7 +281,7 @@ const char* forward_algorithm_text(petra::ConvForwardAlgorithm algorithm) {
     case petra::ConvForwardAlgorithm::winograd: return ", Winograd forward and backward data on 3x3 stride-1 layers";
     case petra::ConvForwardAlgorithm::automatic:
       return ", Winograd forward and backward data where estimated faster (3x3 stride-1 layers of 64+ channels, "
-             "planes up to 16x16)";
+             "planes up to 16x16, in TF32 8x8)";
     case petra::ConvForwardAlgorithm::direct: break;
   }
   return "";
@@ -597,7 +597,7 @@ int main(int argc, char** argv) {
   app.add_option("--conv-forward", conv_forward_text,
                  "the forward and backward data of petra's 3x3 stride-1 convolutions on GPUs: direct (the implicit "
                  "GEMM), winograd (Winograd's F(2x2, 3x3): 2.25x fewer multiply-adds) or auto (Winograd where "
-                 "estimated faster: 64+ channels, planes up to 16x16); the last two not yet timed on a GPU")
+                 "estimated faster: 64+ channels, planes up to 16x16, in TF32 8x8); the last two not yet timed on a GPU")
       ->group(pipelining)->capture_default_str()->check(CLI::IsMember({"direct", "winograd", "auto"}));
   bool batchnorm_one_pass = false;
   app.add_flag("--batchnorm-one-pass", batchnorm_one_pass,

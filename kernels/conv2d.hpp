@@ -176,7 +176,7 @@ Conv2dWeightAlgorithm conv2d_weight_algorithm();
 // workspace, at most 64 + 128 MiB; backward data as the forward of dy with the kernel turned by 180
 // degrees; results a few roundings from direct's, still deterministic); or automatic, winograd
 // where run 12's numbers estimate it faster (64 or more channels in and out, output planes of at
-// most 16 x 16: docs/gpu-kernels.md). Options bench-cuda and gpu-check time beside direct, not
+// most 16 x 16, in TF32 8 x 8: docs/gpu-kernels.md). Options bench-cuda and gpu-check time beside direct, not
 // yet a default: no GPU has timed them (docs/results-gpu.md). Other shapes, a stream without a
 // workspace, and a layer whose one image or whose out x in channels (over 2^20) need more
 // workspace, stay direct. petra-train: --conv-forward.

@@ -66,7 +66,7 @@ const char* name_of(ConvWeightAlgorithm algorithm);
 // (the default, the implicit GEMM), winograd (Winograd's F(2x2, 3x3), the weight gradient's 16
 // products read the other way: 2.25x fewer multiply-adds, the results a few roundings away,
 // deterministic) or automatic (winograd where run 12's numbers estimate it faster: 64+ channels,
-// planes up to 16 x 16). Options until a GPU has timed them. CPU tensors ignore it. A build
+// planes up to 16 x 16, in TF32 8 x 8). Options until a GPU has timed them. CPU tensors ignore it. A build
 // without CUDA accepts direct only.
 enum class ConvForwardAlgorithm { direct, winograd, automatic };
 void set_conv_forward_algorithm(ConvForwardAlgorithm algorithm);  // DeviceError for winograd without CUDA

@@ -287,7 +287,12 @@ ConvWeightAlgorithm conv_weight_algorithm() {
   return ConvWeightAlgorithm::automatic;
 }
 
-// (The two enums name the same three choices, in the same order.)
+#if PETRA_HAVE_CUDA
+// The two enums name the same three choices, in the same order (the conversions below cast).
+static_assert(int(ConvForwardAlgorithm::direct) == int(kernels::cuda::Conv2dForwardAlgorithm::direct) &&
+              int(ConvForwardAlgorithm::winograd) == int(kernels::cuda::Conv2dForwardAlgorithm::winograd) &&
+              int(ConvForwardAlgorithm::automatic) == int(kernels::cuda::Conv2dForwardAlgorithm::automatic));
+#endif
 void set_conv_forward_algorithm(ConvForwardAlgorithm algorithm) {
 #if PETRA_HAVE_CUDA
   kernels::cuda::set_conv2d_forward_algorithm(kernels::cuda::Conv2dForwardAlgorithm(int(algorithm)));

@@ -1009,8 +1009,9 @@ PETRA_UNROLL
 // group's outputs are G consecutive, aligned floats of memory (the forward's and backward data's
 // outputs along a row of the image; not a group cut by the end of a sample, a stride class or C),
 // a row of it is one vector store (Problem::store_vector) instead of G (run 11: in short-K forward
-// kernels the stores were most of the epilogue's samples). Problem::kVectorStores false (the
-// weight pass) keeps scalar stores, as does a kernel that asks to (kVector false: TwoBlocksPerSm).
+// kernels the stores were most of the epilogue's samples; Winograd's M rows too). A problem with
+// kVectorStores false (the direct weight passes) keeps scalar stores, as does a kernel that asks
+// to (kVector false: TwoBlocksPerSm).
 // The values and their rounding are the same either way.
 template <int G, int R, int C, bool kVector, class Problem, class RowOf, class ColumnOf, class Value>
 __device__ void store_outputs(const Problem& p, RowOf row_of, ColumnOf column_of, Value value) {
@@ -2158,7 +2159,7 @@ bool winograd_weight_applies(const Conv2dShape& shape) {
 // order: deterministic.
 
 // U[e][r][k] = (G g G^T)[e]: forward, r = o and k = c, g = w[o, c]; backward data (kFlipped),
-// r = c and k = o, g = w[o, c] turned by 180 degrees. In double, rounded once (to TF32 as well
+// r = c and k = o, g = w[o, c] turned by 180 degrees. In double, rounded once to float (then to TF32
 // with tf32: WinogradWeightProblem::kRoundedA). One thread per (r, k), k fastest.
 template <bool kFlipped>
 __global__ void winograd_filter_transform(Index o_count, Index c_count, const float* w, float* u, bool tf32) {
@@ -2275,9 +2276,11 @@ void winograd_forward_launch(const StreamHandle& s, const Conv2dShape& shape, co
 // workspace's share and the launch limit, as the weight gradient's rule.
 // Conv2dForwardAlgorithm::automatic's rule, an estimate from run 12's numbers (docs/gpu-kernels.md):
 // V and M cost 4x the activation's traffic each, which the 2.25x fewer multiply-adds repay on the
-// smaller planes of the wider layers only.
+// smaller planes of the wider layers only; in TF32, whose direct products run 1.6-2.3x faster, only
+// at 8 x 8 and below.
 bool winograd_forward_estimated_faster(const Conv2dShape& shape) {
-  return std::min(shape.in_channels, shape.out_channels) >= 64 && shape.out_h() * shape.out_w() <= 256;
+  const bool tf32 = Conv2dMath(conv_math.load()) == Conv2dMath::tf32;
+  return std::min(shape.in_channels, shape.out_channels) >= 64 && shape.out_h() * shape.out_w() <= (tf32 ? 64 : 256);
 }
 
 bool winograd_forward_applies(const StreamHandle& s, const Conv2dShape& shape) {

@@ -1527,6 +1527,7 @@ TEST_CASE("emulated conv2d: the Winograd forward and backward data match ref::, 
       {{1, 5, 6, 3, 65, 3, 3, 1, 1, 1, 1}, 0, fp32, false},    // 65 out-channels: two tiles of M (forward)
       {{1, 65, 3, 2, 3, 3, 3, 1, 1, 1, 1}, 0, fp32, false},    // 65 in-channels: two tiles of M (data)
       {{3, 4, 5, 6, 7, 3, 3, 1, 1, 1, 1}, 7 * 9, fp32, true},  // the launch limit: one image a part
+      {{3, 4, 5, 6, 7, 3, 3, 1, 1, 1, 1}, 2 * 7 * 9, fp32, true},  // two images, then a last part of one
       {{2, 8, 9, 7, 6, 3, 3, 1, 1, 1, 1}, 0, fp32, true},      // exact, odd plane
       {{2, 8, 9, 7, 6, 3, 3, 1, 1, 1, 1}, 0, tf32, true},      // exact in TF32 too (16-byte A: 8 and 6 % 4)
       {{2, 12, 5, 7, 66, 3, 3, 1, 1, 1, 1}, 0, tf32, false},   // TF32, 16-byte A forward, scalar A data
@@ -1541,7 +1542,9 @@ TEST_CASE("emulated conv2d: the Winograd forward and backward data match ref::, 
     INFO(describe(sh), ", tf32 ", c.math == tf32, ", integers ", c.integers);
     const MathGuard math(c.math);
     cu::set_conv2d_launch_elements(c.launch_elements);
-    const std::int64_t parts = c.launch_elements == 0 ? 1 : sh.batch;
+    // images a part: the launch limit over the wider of V's and M's planes (9 tiles x 7 channels)
+    const std::int64_t per_part = c.launch_elements == 0 ? sh.batch : c.launch_elements / (7 * 9);
+    const std::int64_t parts = (sh.batch + per_part - 1) / per_part;
     seed += 10;
     const Buffer x(sh.input_size(), seed, 1), w(sh.weight_size(), seed + 1, 0), bias(sh.out_channels, seed + 2, 1),
         dy(sh.output_size(), seed + 3, 0), y(sh.output_size(), seed + 4, 1, 5, 6), dx(sh.input_size(), seed + 5, 0, 5, 6);
@@ -1579,7 +1582,7 @@ TEST_CASE("emulated conv2d: the Winograd forward and backward data match ref::, 
       CHECK(emu::last_launch().kernel == std::string("conv2d_forward_winograd_output"));
       CHECK(emu::recent_launches(2).at(0).kernel ==
             std::string(c.math == tf32 ? "conv2d_forward_winograd_tf32" : "conv2d_forward_winograd"));
-      CHECK(stream.workspace.capacity() == winograd_forward_workspace(sh, sh.batch / parts, false));
+      CHECK(stream.workspace.capacity() == winograd_forward_workspace(sh, per_part, false));
       CHECK(y.guards_kept());
       const std::vector<float> got = y.values();
       check_result(got, want, magnitude, sh.in_channels * 9 + 1);
@@ -1599,7 +1602,7 @@ TEST_CASE("emulated conv2d: the Winograd forward and backward data match ref::, 
       cu::conv2d_backward_data(stream.s, sh, dy.data(), w.data(), dx.data());
       CHECK(emu::launches() - before == 1u + 3u * std::size_t(parts));
       CHECK(emu::last_launch().kernel == std::string("conv2d_backward_data_winograd_output"));
-      CHECK(stream.workspace.capacity() == winograd_forward_workspace(sh, sh.batch / parts, true));
+      CHECK(stream.workspace.capacity() == winograd_forward_workspace(sh, per_part, true));
       CHECK(dx.guards_kept());
       check_result(dx.values(), want, magnitude, sh.out_channels * 9);
     }
@@ -1701,12 +1704,16 @@ std::vector<float> winograd_tf32_model(const Conv2dShape& sh, const std::vector<
 // TF32 once, in the transforms (the product takes them as they are: kRoundedA, kRoundedB), the
 // in-channels summed in order, the output transform in float. A U left unrounded, which the
 // bound of the case above would not see, fails it (the model can tell: checked). Scalar and
-// 16-byte A copies (in-channels 5 and 8), an odd plane, with the bias.
+// 16-byte A copies (in-channels 5 and 8), an odd plane, with the bias; with the tile the rule
+// picks and with 64 x 64, 128 x 128 and its two options forced (two blocks per multiprocessor:
+// the scalar stores; the K step of 32), the same bits (the product's K order does not change).
 TEST_CASE("emulated conv2d: the TF32 Winograd forward and backward data give their model's bits") {
   const ForwardAlgorithmGuard winograd(cu::Conv2dForwardAlgorithm::winograd);
   const MathGuard tf32(cu::Conv2dMath::tf32);
-  for (const Conv2dShape& sh : {Conv2dShape{2, 5, 5, 7, 8, 3, 3, 1, 1, 1, 1}, Conv2dShape{1, 8, 6, 3, 5, 3, 3, 1, 1, 1, 1}}) {
-    INFO(describe(sh));
+  for (const Conv2dShape& sh : {Conv2dShape{2, 5, 5, 7, 8, 3, 3, 1, 1, 1, 1}, Conv2dShape{1, 8, 6, 3, 5, 3, 3, 1, 1, 1, 1}})
+  for (const int tile : {-1, 0, 3, 4, 5}) {  // the rule's, 64 x 64, 128 x 128 and its two options
+    INFO(describe(sh), ", tile ", tile);
+    const TileGuard forced(tile);
     const std::vector<float> x = random_values(std::size_t(sh.input_size()), 61),
                              w = random_values(std::size_t(sh.weight_size()), 62),
                              bias = random_values(std::size_t(sh.out_channels), 63),
@@ -1728,30 +1735,36 @@ TEST_CASE("emulated conv2d: the TF32 Winograd forward and backward data give the
 
 // Conv2dForwardAlgorithm::automatic takes Winograd's forward and backward data where run 12's
 // numbers estimate it faster: 3x3 stride-1 padding-1 layers with 64 or more channels in and out
-// and output planes of at most 16 x 16 (256 pixels); the direct products elsewhere. The launch
-// names say which ran.
+// and output planes of at most 16 x 16 (256 pixels), in TF32 8 x 8 (64); the direct products
+// elsewhere. The launch names say which ran.
 TEST_CASE("emulated conv2d: the automatic forward algorithm takes Winograd where estimated faster") {
   const ForwardAlgorithmGuard automatic(cu::Conv2dForwardAlgorithm::automatic);
   Stream stream;
   const StreamHandle& s = stream.s;
   struct Case {
     Conv2dShape shape;
+    cu::Conv2dMath math;
     bool winograd;
   };
+  const auto fp32 = cu::Conv2dMath::fp32, tf32 = cu::Conv2dMath::tf32;
   const Case cases[] = {
-      {{1, 64, 4, 4, 64, 3, 3, 1, 1, 1, 1}, true},    {{1, 64, 16, 16, 64, 3, 3, 1, 1, 1, 1}, true},  // 256 pixels
-      {{1, 64, 17, 16, 64, 3, 3, 1, 1, 1, 1}, false},  // 272 pixels
-      {{1, 63, 4, 4, 64, 3, 3, 1, 1, 1, 1}, false},   {{1, 64, 4, 4, 63, 3, 3, 1, 1, 1, 1}, false},
-      {{1, 64, 8, 8, 64, 3, 3, 2, 2, 1, 1}, false},   // stride 2
+      {{1, 64, 4, 4, 64, 3, 3, 1, 1, 1, 1}, fp32, true},
+      {{1, 64, 16, 16, 64, 3, 3, 1, 1, 1, 1}, fp32, true},   // 256 pixels
+      {{1, 64, 17, 16, 64, 3, 3, 1, 1, 1, 1}, fp32, false},  // 272 pixels
+      {{1, 64, 8, 8, 64, 3, 3, 1, 1, 1, 1}, tf32, true},     // TF32: 64 pixels
+      {{1, 64, 9, 8, 64, 3, 3, 1, 1, 1, 1}, tf32, false},    // 72
+      {{1, 63, 4, 4, 64, 3, 3, 1, 1, 1, 1}, fp32, false},
+      {{1, 64, 4, 4, 63, 3, 3, 1, 1, 1, 1}, fp32, false},
+      {{1, 64, 8, 8, 64, 3, 3, 2, 2, 1, 1}, fp32, false},    // stride 2
   };
   for (const Case& c : cases) {
     const Conv2dShape& sh = c.shape;
-    INFO(describe(sh));
+    INFO(describe(sh), ", tf32 ", c.math == tf32);
+    const MathGuard math(c.math);
     const Buffer x(sh.input_size(), 71, 0), w(sh.weight_size(), 72, 0), y(sh.output_size(), 73, 0);
     cu::conv2d_forward(s, sh, x.data(), w.data(), nullptr, y.data());
-    CHECK(emu::last_launch().kernel == std::string(c.winograd ? "conv2d_forward_winograd_output" : "conv2d_forward"));
+    CHECK((emu::last_launch().kernel == std::string("conv2d_forward_winograd_output")) == c.winograd);
     cu::conv2d_backward_data(s, sh, y.data(), w.data(), x.data());
-    CHECK(emu::last_launch().kernel ==
-          std::string(c.winograd ? "conv2d_backward_data_winograd_output" : "conv2d_backward_data"));
+    CHECK((emu::last_launch().kernel == std::string("conv2d_backward_data_winograd_output")) == c.winograd);
   }
 }
