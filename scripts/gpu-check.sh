@@ -188,8 +188,9 @@ group_training() {
   # faster): what the rule gains.
   train backprop-direct --method backprop --devices cuda:0 --conv-weight direct
   # The forward and backward data in Winograd's domain too (--conv-forward winograd, an option
-  # until timed here): all three passes of the 3x3 stride-1 layers of 64+ channels in F(2x2, 3x3).
-  # (--conv-forward auto: only where run 12's numbers estimate it faster, planes up to 16x16, in TF32 8x8).
+  # until timed here): the forward and backward data of every 3x3 stride-1 layer (the stem's too) in
+  # F(2x2, 3x3), beside the weight gradient's on those of 64+ channels; --conv-forward auto only
+  # where run 12's numbers estimate it faster (64+ channels, planes up to 16x16, in TF32 8x8).
   train backprop-winograd-forward --method backprop --devices cuda:0 --conv-forward winograd
   train backprop-winograd-forward-auto --method backprop --devices cuda:0 --conv-forward auto
   images_per_second "backprop, FP32" "$out/train-backprop.jsonl" "$out/train-backprop-direct.jsonl" \
