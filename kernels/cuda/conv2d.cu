@@ -2128,18 +2128,25 @@ bool winograd_measured_faster(const Conv2dShape& shape) {
   return std::min(shape.in_channels, shape.out_channels) >= 64 && (!tf32 || shape.out_h() * shape.out_w() <= 256);
 }
 
-// Whether the weight gradient of `shape` goes to winograd_weight_launch: asked for (or automatic
-// and measured faster), a 3x3 kernel at stride 1 and padding 1, and one image's transformed
-// operands within the workspace's share.
-bool winograd_weight_applies(const Conv2dShape& shape) {
-  const auto algorithm = Conv2dWeightAlgorithm(conv_weight_algorithm.load());
-  return (algorithm == Conv2dWeightAlgorithm::winograd ||
-          (algorithm == Conv2dWeightAlgorithm::automatic && winograd_measured_faster(shape))) &&
-         shape.kernel_h == 3 && shape.kernel_w == 3 && shape.stride_h == 1 && shape.stride_w == 1 &&
+// Whether F(2x2, 3x3) can take `shape` in any pass: a 3x3 kernel at stride 1 and padding 1, one
+// image's transformed operands within the workspace's share and their planes within the launch
+// limit, and the 16 O C floats (the weight gradient's partial M's of a slice, the forward's U)
+// within kWeightMaxPartialBytes.
+bool winograd_fits(const Conv2dShape& shape) {
+  return shape.kernel_h == 3 && shape.kernel_w == 3 && shape.stride_h == 1 && shape.stride_w == 1 &&
          shape.pad_h == 1 && shape.pad_w == 1 && winograd_image_bytes(shape) <= kWinogradOperandBytes &&
          16 * shape.out_channels * shape.in_channels * std::int64_t(sizeof(float)) <= tiling::kWeightMaxPartialBytes &&
          std::max(shape.out_channels, shape.in_channels) * winograd_tiles(shape).per_image <=
              launch_element_limit.load();
+}
+
+// Whether the weight gradient of `shape` goes to winograd_weight_launch: asked for (or automatic
+// and measured faster) and winograd_fits.
+bool winograd_weight_applies(const Conv2dShape& shape) {
+  const auto algorithm = Conv2dWeightAlgorithm(conv_weight_algorithm.load());
+  return (algorithm == Conv2dWeightAlgorithm::winograd ||
+          (algorithm == Conv2dWeightAlgorithm::automatic && winograd_measured_faster(shape))) &&
+         winograd_fits(shape);
 }
 
 // ---- the forward and backward data in Winograd's F(2x2, 3x3) domain (set_conv2d_forward_algorithm)
@@ -2270,10 +2277,6 @@ void winograd_forward_launch(const StreamHandle& s, const Conv2dShape& shape, co
   }
 }
 
-// Whether conv2d_forward (and, of its shape, conv2d_backward_data) goes to winograd_forward_launch:
-// asked for (set_conv2d_forward_algorithm), a 3x3 kernel at stride 1 and padding 1 with packed
-// images, U within kWeightMaxPartialBytes (O C <= 2^20) and one image's V and M within the
-// workspace's share and the launch limit, as the weight gradient's rule.
 // Conv2dForwardAlgorithm::automatic's rule, an estimate from run 12's numbers (docs/gpu-kernels.md):
 // V and M cost 4x the activation's traffic each, which the 2.25x fewer multiply-adds repay on the
 // smaller planes of the wider layers only; in TF32, whose direct products run 1.6-2.3x faster, only
@@ -2283,16 +2286,14 @@ bool winograd_forward_estimated_faster(const Conv2dShape& shape) {
   return std::min(shape.in_channels, shape.out_channels) >= 64 && shape.out_h() * shape.out_w() <= (tf32 ? 64 : 256);
 }
 
+// Whether conv2d_forward (and, of its shape, conv2d_backward_data) goes to winograd_forward_launch:
+// asked for (or automatic and estimated faster), a stream with a workspace, packed images, and
+// winograd_fits (U within kWeightMaxPartialBytes, one image's V and M within the workspace's share).
 bool winograd_forward_applies(const StreamHandle& s, const Conv2dShape& shape) {
   const auto algorithm = Conv2dForwardAlgorithm(conv_forward_algorithm.load());
   return (algorithm == Conv2dForwardAlgorithm::winograd ||
           (algorithm == Conv2dForwardAlgorithm::automatic && winograd_forward_estimated_faster(shape))) &&
-         s.workspace != nullptr && shape.kernel_h == 3 && shape.kernel_w == 3 && shape.stride_h == 1 &&
-         shape.stride_w == 1 && shape.pad_h == 1 && shape.pad_w == 1 && shape.in_image_stride == 0 &&
-         winograd_image_bytes(shape) <= kWinogradOperandBytes &&
-         16 * shape.out_channels * shape.in_channels * std::int64_t(sizeof(float)) <= tiling::kWeightMaxPartialBytes &&
-         std::max(shape.out_channels, shape.in_channels) * winograd_tiles(shape).per_image <=
-             launch_element_limit.load();
+         s.workspace != nullptr && shape.in_image_stride == 0 && winograd_fits(shape);
 }
 
 }  // namespace
