@@ -27,8 +27,7 @@
 //      1e-2 in TF32: WRONG, exit code 1).
 //   3. Batch norm (training forward, evaluation, backward), petra's and cuDNN's, on two ResNet-18
 //      activation shapes, as bytes per second against a copy of the same tensor. petra's is also
-//      timed without its L2 hints (set_batchnorm_l2_hints(false); run 12 measured them under an L2
-//      set-aside too: no gain) and with its one-pass kernels (set_batchnorm_one_pass(true): a
+//      timed with its one-pass kernels (set_batchnorm_one_pass(true): a
 //      channel kept in a thread-block cluster's shared memory, one read of x instead of two), both
 //      checked against cuDNN's output too.
 // Without a GPU it says so and exits 0, so it can run anywhere.
@@ -392,8 +391,8 @@ nlohmann::json bench_batchnorm(std::int64_t batch, int repeats, const k::StreamH
   nlohmann::json rows = nlohmann::json::array();
   void* stream = s.cuda_stream;
   fmt::print("\nbatch norm: petra and cuDNN against a copy of the same tensor ({} launches each)\n", repeats);
-  fmt::print("{:<22} {:<10} {:>10} {:>10} {:>8}   {:>10} {:>10} {:>8}   {:>9} {:>9}\n", "shape", "pass", "petra us",
-             "GB/s", "of copy", "cuDNN us", "GB/s", "of copy", "no hints", "one pass");
+  fmt::print("{:<22} {:<10} {:>10} {:>10} {:>8}   {:>10} {:>10} {:>8}   {:>9}\n", "shape", "pass", "petra us",
+             "GB/s", "of copy", "cuDNN us", "GB/s", "of copy", "one pass");
   for (const k::BatchNormShape shape : {k::BatchNormShape{batch, 64, 32, 32}, k::BatchNormShape{batch, 256, 8, 8}}) {
     const auto n = std::size_t(shape.size()), c = std::size_t(shape.channels);
     const double tensor = 4.0 * double(n);
@@ -473,9 +472,6 @@ nlohmann::json bench_batchnorm(std::int64_t batch, int repeats, const k::StreamH
       const double difference = petra::testing::relative_error(petra_out, cudnn_out);
       const double petra_s = seconds_per_launch(pass.petra, stream, repeats);
       const double cudnn_s = seconds_per_launch(pass.cudnn, stream, repeats);
-      k::cuda::set_batchnorm_l2_hints(false);
-      const double no_hints_s = seconds_per_launch(pass.petra, stream, repeats);
-      k::cuda::set_batchnorm_l2_hints(true);
       // The one-pass kernels (a channel in a cluster's shared memory; the evaluation pass has none:
       // the same kernel), checked against cuDNN too.
       k::cuda::set_batchnorm_one_pass(true);
@@ -485,20 +481,19 @@ nlohmann::json bench_batchnorm(std::int64_t batch, int repeats, const k::StreamH
       const double one_pass_s = seconds_per_launch(pass.petra, stream, repeats);
       k::cuda::set_batchnorm_one_pass(false);
       const double petra_gbs = pass.bytes / petra_s / 1e9, cudnn_gbs = pass.bytes / cudnn_s / 1e9;
-      const double no_hints_gbs = pass.bytes / no_hints_s / 1e9, one_pass_gbs = pass.bytes / one_pass_s / 1e9;
+      const double one_pass_gbs = pass.bytes / one_pass_s / 1e9;
       if (difference > 1e-4 || one_pass_difference > 1e-4) {
         *wrong = true;
         fmt::print("{:<22} {:<10} WRONG: petra (two passes, one pass) and cuDNN differ by {:.2e}, {:.2e} (bound 1e-4)\n",
                    name, pass.name, difference, one_pass_difference);
       } else {
-        fmt::print("{:<22} {:<10} {:>10.1f} {:>10.0f} {:>7.0f}%   {:>10.1f} {:>10.0f} {:>7.0f}%   {:>8.0f}% {:>8.0f}%\n",
+        fmt::print("{:<22} {:<10} {:>10.1f} {:>10.0f} {:>7.0f}%   {:>10.1f} {:>10.0f} {:>7.0f}%   {:>8.0f}%\n",
                    name, pass.name, petra_s * 1e6, petra_gbs, 100 * petra_gbs / ceiling, cudnn_s * 1e6, cudnn_gbs,
-                   100 * cudnn_gbs / ceiling, 100 * no_hints_gbs / ceiling, 100 * one_pass_gbs / ceiling);
+                   100 * cudnn_gbs / ceiling, 100 * one_pass_gbs / ceiling);
       }
       rows.push_back({{"shape", name}, {"pass", pass.name}, {"copy_gbytes_per_s", ceiling},
                       {"petra_us", petra_s * 1e6}, {"petra_gbytes_per_s", petra_gbs},
                       {"cudnn_us", cudnn_s * 1e6}, {"cudnn_gbytes_per_s", cudnn_gbs},
-                      {"petra_no_l2_hints_us", no_hints_s * 1e6},
                       {"petra_one_pass_us", one_pass_s * 1e6},
                       {"relative_difference", difference}, {"one_pass_relative_difference", one_pass_difference}});
     }

@@ -299,11 +299,6 @@ void batchnorm_relu_coupling_eval(const StreamHandle& s, const BatchNormShape& s
                                   const float* beta, const float* running_mean,
                                   const float* running_var, const float* a, float* out);
 
-// Whether the training passes ask the L2 cache to keep what their second read reads again
-// (kernels/cuda/l2_policy.cuh), for the whole process: on by default; benchmarks time both. The
-// results are the same bits either way.
-void set_batchnorm_l2_hints(bool on);
-
 // Whether the training forward and the backward take the one-pass kernels where a channel fits in
 // the shared memory of a thread-block cluster (kernels/cuda/batchnorm.cu, "One pass"): one read of
 // x (and dy) instead of two. Off by default until a GPU has timed it; benchmarks time both. The

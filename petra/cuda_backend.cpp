@@ -241,15 +241,4 @@ void memset_async(void* dst, int value, std::size_t bytes, void* stream) {
   PETRA_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, as_stream(stream)));
 }
 
-std::size_t set_persisting_l2_bytes(int device, std::size_t bytes) {
-  require_device(device, "set_persisting_l2_bytes");
-  cuda_detail::DeviceGuard guard(device);
-  int most = 0;
-  PETRA_CUDA_CHECK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxPersistingL2CacheSize, device));
-  std::size_t previous = 0;
-  PETRA_CUDA_CHECK(cudaDeviceGetLimit(&previous, cudaLimitPersistingL2CacheSize));
-  PETRA_CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, std::min(bytes, std::size_t(most))));
-  return previous;
-}
-
 }  // namespace petra::cuda_backend

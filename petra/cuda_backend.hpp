@@ -77,10 +77,4 @@ void memcpy_2d_async(void* dst, std::size_t dst_pitch, const void* src, std::siz
 // Sets `bytes` bytes at device pointer `dst` to the byte `value`, on `stream`.
 void memset_async(void* dst, int value, std::size_t bytes, void* stream);
 
-// The part of `device`'s L2 cache set aside for persisting (evict_last) accesses
-// (cudaLimitPersistingL2CacheSize, for the whole process): sets it to `bytes`, at most the
-// device's maximum (cudaDevAttrMaxPersistingL2CacheSize), and returns the previous setting. 0 is
-// the runtime's default. For benchmarks of the kernels with L2 hints (kernels/cuda/l2_policy.cuh).
-std::size_t set_persisting_l2_bytes(int device, std::size_t bytes);
-
 }  // namespace petra::cuda_backend

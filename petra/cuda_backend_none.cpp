@@ -50,6 +50,5 @@ void memcpy_2d_async(void*, std::size_t, const void*, std::size_t, std::size_t, 
   no_cuda("memcpy_2d_async");
 }
 void memset_async(void*, int, std::size_t, void*) { no_cuda("memset_async"); }
-std::size_t set_persisting_l2_bytes(int, std::size_t) { no_cuda("set_persisting_l2_bytes"); }
 
 }  // namespace petra::cuda_backend

@@ -33,9 +33,9 @@
 //
 // Memory: each of the three passes is coalesced (consecutive threads read consecutive values of
 // a row of the plane); the sums read x (and dy) once and the element-wise pass once more, as
-// cpu::'s two passes do. The sums' pass asks the L2 cache to keep what the element-wise pass reads
-// again and that pass lets it go (L2 eviction hints, kernels/cuda/l2_policy.cuh; read_hints below):
-// the second read then need not go to memory. The partial pairs and the per-channel maps (y's,
+// cpu::'s two passes do (L2 eviction hints on the two reads, evict_last then evict_first, were
+// tried and measured no gain on an H100 in run 12, so they were taken out: docs/gpu-kernels.md).
+// The partial pairs and the per-channel maps (y's,
 // dx's) live in s.scratch() (the stream's workspace). The evaluation forward is one element-wise pass.
 //
 // Batch norm fused with the ReLU that follows it (kernels/batchnorm.hpp, batchnorm_relu_*): the
@@ -66,7 +66,6 @@
 #include "petra/kernels/cuda/check.cuh"
 #include "petra/kernels/cuda/cluster.cuh"
 #include "petra/kernels/cuda/fast_divide.cuh"
-#include "petra/kernels/cuda/l2_policy.cuh"
 #include "petra/kernels/cuda/lanes.cuh"
 #include "petra/kernels/cuda/launch.cuh"
 
@@ -81,9 +80,6 @@ using cuda_detail::lane;
 using cuda_detail::grid_threads;
 using cuda_detail::kBlockThreads;
 using cuda_detail::kWidth;
-using cuda_detail::L2Hint;
-using cuda_detail::l2_policy;
-using cuda_detail::load_hinted;
 using cuda_detail::lanes;
 using cuda_detail::launch_grid_stride;
 using cuda_detail::thread_index;
@@ -117,9 +113,8 @@ template <Sums sums, bool relu, class V>
 __global__ void __launch_bounds__(kBlockThreads)
     channel_partials(std::int64_t channels, FastDivide plane, std::int64_t count,
                      std::int64_t slices, const float* x, const float* y, const float* dy,
-                     const float* saved_mean, L2Hint first_read, double* partials) {
+                     const float* saved_mean, double* partials) {
   const std::int64_t c = blockIdx.x / slices, slice = blockIdx.x % slices;
-  const auto policy = l2_policy(first_read);
   const double pivot =
       sums == Sums::kStatistics ? double(x[c * plane.divisor() * kWidth<V>]) : double(saved_mean[c]);
   double s1 = 0, s2 = 0;
@@ -128,7 +123,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const auto* xv = reinterpret_cast<const V*>(x);
   if constexpr (sums == Sums::kStatistics) {
     walk_channel<kLoadBatch>(
-        walk, start, step, count, [=](std::int64_t k) { return load_hinted(xv + k, policy); },
+        walk, start, step, count, [=](std::int64_t k) { return xv[k]; },
         [&](const V& v) {
           for (int i = 0; i < kWidth<V>; ++i) {
             const double d = double(lane(v, i)) - pivot;
@@ -142,8 +137,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     walk_channel<kLoadBatch>(
         walk, start, step, count,
         [=](std::int64_t k) {
-          return GradientItem<V>{load_hinted(xv + k, policy), relu ? load_hinted(yv + k, policy) : V{},
-                                 load_hinted(gv + k, policy)};
+          return GradientItem<V>{xv[k], relu ? yv[k] : V{}, gv[k]};
         },
         [&](const GradientItem<V>& item) {
           for (int i = 0; i < kWidth<V>; ++i) {
@@ -313,56 +307,17 @@ inline SecondWalk second_walk(const BatchNormShape& shape) {
   return {shape.size() * std::int64_t(sizeof(float)) >= kFromEndBytes};
 }
 
-// The L2 priorities of the two reads (kernels/cuda/l2_policy.cuh): the first read asks L2 to keep
-// what the second reads again, as much of it as fits in kL2KeepShare of the device's L2 (the
-// rest of the cache holds the second pass's writes and everything else in flight); the second
-// read lets go of it. set_batchnorm_l2_hints(false) (benchmarks) reads with the normal priority.
-inline constexpr double kL2KeepShare = 0.75;
-std::atomic<bool> l2_hints_on{true};
-
-std::int64_t l2_cache_bytes(int device) {
-#ifdef PETRA_CUDA_EMULATION
-  (void)device;
-  return std::int64_t(64) << 10;  // the hints are plain loads here; the size only feeds the fraction
-#else
-  constexpr int kDevices = 64;
-  static std::atomic<std::int64_t> known[kDevices]{};  // 0: not asked yet
-  if (device < 0 || device >= kDevices) return 0;
-  std::int64_t bytes = known[device].load(std::memory_order_relaxed);
-  if (bytes == 0) {
-    int value = 0;
-    PETRA_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrL2CacheSize, device));
-    bytes = std::max(value, 1);
-    known[device].store(bytes, std::memory_order_relaxed);
-  }
-  return bytes;
-#endif
-}
-
-struct ReadHints {
-  L2Hint first, second;
-};
-// `reread_bytes`: what the second pass reads again of what the first read.
-ReadHints read_hints(const StreamHandle& s, std::int64_t reread_bytes) {
-  if (!l2_hints_on.load(std::memory_order_relaxed) || reread_bytes <= 0) return {};
-  const double keep = kL2KeepShare * double(l2_cache_bytes(s.device_index));
-  const float fraction = float(std::clamp(keep / double(reread_bytes), 0.0, 1.0));
-  if (fraction <= 0) return {};
-  return {{L2Hint::keep, fraction}, {L2Hint::drop, 1}};
-}
-
 // BN(x) = gamma * (x - mean) * invstd + beta = (x - mean_f) * scale + bias, per value, to `output`,
 // in the order of `walk` (above).
 template <class Output, class V>
 __global__ void normalise(std::int64_t vectors, ChannelOf channel_of, SecondWalk walk, const float* x,
-                          const float* maps, L2Hint second_read, Output output) {
-  const auto policy = l2_policy(second_read);
+                          const float* maps, Output output) {
   for (std::int64_t i = thread_index(); i < vectors; i += grid_threads()) {
     const std::int64_t g = walk(i, vectors);
     const std::int64_t c = channel_of(g * kWidth<V>);
     const float mean = maps[3 * c], scale = maps[3 * c + 1], bias = maps[3 * c + 2];
     output.store(g, lanes([=](float v) { return (v - mean) * scale + bias; },
-                          load_hinted(reinterpret_cast<const V*>(x) + g, policy)));
+                          reinterpret_cast<const V*>(x)[g]));
   }
 }
 
@@ -402,19 +357,18 @@ __global__ void gradient_coefficients(std::int64_t channels, std::int64_t count,
 template <bool relu, class V>
 __global__ void input_gradient(std::int64_t vectors, ChannelOf channel_of, SecondWalk walk, const float* x,
                                const float* y, const float* dy, const float* saved_mean, const float* coefficients,
-                               L2Hint second_read, float* dx) {
-  const auto policy = l2_policy(second_read);
+                               float* dx) {
   for (std::int64_t i = thread_index(); i < vectors; i += grid_threads()) {
     const std::int64_t g = walk(i, vectors);
     const std::int64_t c = channel_of(g * kWidth<V>);
     const float a = coefficients[3 * c], b = coefficients[3 * c + 1], k = coefficients[3 * c + 2],
                 mean = saved_mean[c];
-    V gradient = load_hinted(reinterpret_cast<const V*>(dy) + g, policy);
+    V gradient = reinterpret_cast<const V*>(dy)[g];
     if constexpr (relu)
       gradient = lanes([](float yv, float d) { return relu_masked(yv, d); },
-                       load_hinted(reinterpret_cast<const V*>(y) + g, policy), gradient);
+                       reinterpret_cast<const V*>(y)[g], gradient);
     reinterpret_cast<V*>(dx)[g] = lanes([=](float d, float xv) { return a * d + b * (xv - mean) + k; }, gradient,
-                                        load_hinted(reinterpret_cast<const V*>(x) + g, policy));
+                                        reinterpret_cast<const V*>(x)[g]);
   }
 }
 
@@ -705,16 +659,16 @@ OnePassPlan one_pass_plan(const StreamHandle& s, Kernel* kernel, std::int64_t ch
 template <Sums sums, bool relu>
 void launch_partials(const char* name, const StreamHandle& s, const BatchNormShape& shape,
                      std::int64_t slices, const float* x, const float* y, const float* dy,
-                     const float* saved_mean, L2Hint first_read, double* partials) {
+                     const float* saved_mean, double* partials) {
   const unsigned blocks = unsigned(shape.channels * slices);
   if (vector_path(shape, {x, y, dy}))
     cuda_detail::launch_blocks(name, s, blocks, kBlockThreads, channel_partials<sums, relu, float4>, shape.channels,
                                FastDivide(shape.plane() / 4), shape.values_per_channel() / 4, slices, x, y, dy,
-                               saved_mean, first_read, partials);
+                               saved_mean, partials);
   else
     cuda_detail::launch_blocks(name, s, blocks, kBlockThreads, channel_partials<sums, relu, float>, shape.channels,
                                FastDivide(shape.plane()), shape.values_per_channel(), slices, x, y, dy, saved_mean,
-                               first_read, partials);
+                               partials);
 }
 
 // The launch names (what the emulation's last_launch() and a profiler show) of the variants.
@@ -771,9 +725,8 @@ void forward_train(const LaunchNames& names, const StreamHandle& s, const BatchN
       s.scratch(partial_bytes + 3 * std::size_t(shape.channels) * sizeof(float)));
   auto* partials = reinterpret_cast<double*>(scratch);
   auto* maps = reinterpret_cast<float*>(scratch + partial_bytes);
-  const ReadHints hints = read_hints(s, shape.size() * std::int64_t(sizeof(float)));  // x
   launch_partials<Sums::kStatistics, false>(names.statistics, s, shape, slices, x, nullptr,
-                                            nullptr, nullptr, hints.first, partials);
+                                            nullptr, nullptr, partials);
   launch_grid_stride(names.statistics, s, shape.channels * 32, statistics, shape.channels,
                      shape.plane(), shape.values_per_channel(), slices, eps, momentum, x,
                      gamma, beta, partials, saved_mean, saved_invstd, running_mean, running_var,
@@ -781,10 +734,10 @@ void forward_train(const LaunchNames& names, const StreamHandle& s, const BatchN
   const ChannelOf channel_of(shape.plane(), shape.channels);
   if (vector)
     launch_grid_stride(names.forward_train, s, shape.size() / 4, normalise<Output, float4>, shape.size() / 4, channel_of,
-                       second_walk(shape), x, maps, hints.second, output);
+                       second_walk(shape), x, maps, output);
   else
     launch_grid_stride(names.forward_train, s, shape.size(), normalise<Output, float>, shape.size(), channel_of,
-                       second_walk(shape), x, maps, hints.second, output);
+                       second_walk(shape), x, maps, output);
 }
 
 template <class Output>
@@ -824,24 +777,22 @@ void backward(const StreamHandle& s, const BatchNormShape& shape, const float* x
       s.scratch(partial_bytes + 3 * std::size_t(shape.channels) * sizeof(float)));
   auto* partials = reinterpret_cast<double*>(scratch);
   auto* coefficients = reinterpret_cast<float*>(scratch + partial_bytes);
-  const ReadHints hints = read_hints(s, (relu ? 3 : 2) * shape.size() * std::int64_t(sizeof(float)));  // x, dy (, y)
   launch_partials<Sums::kGradients, relu>(names<relu>().gradient_sums, s, shape, slices, x, y, dy,
-                                          saved_mean, hints.first, partials);
+                                          saved_mean, partials);
   launch_grid_stride(names<relu>().gradient_sums, s, shape.channels * 32, gradient_coefficients,
                      shape.channels, shape.values_per_channel(), slices, partials, gamma,
                      saved_invstd, coefficients, dgamma, dbeta);
   const ChannelOf channel_of(shape.plane(), shape.channels);
   if (vector)
     launch_grid_stride(names<relu>().backward, s, shape.size() / 4, input_gradient<relu, float4>, shape.size() / 4,
-                       channel_of, second_walk(shape), x, y, dy, saved_mean, coefficients, hints.second, dx);
+                       channel_of, second_walk(shape), x, y, dy, saved_mean, coefficients, dx);
   else
     launch_grid_stride(names<relu>().backward, s, shape.size(), input_gradient<relu, float>, shape.size(), channel_of,
-                       second_walk(shape), x, y, dy, saved_mean, coefficients, hints.second, dx);
+                       second_walk(shape), x, y, dy, saved_mean, coefficients, dx);
 }
 
 }  // namespace
 
-void set_batchnorm_l2_hints(bool on) { l2_hints_on.store(on, std::memory_order_relaxed); }
 void set_batchnorm_one_pass(bool on) { one_pass_on.store(on, std::memory_order_relaxed); }
 bool batchnorm_one_pass() { return one_pass_on.load(std::memory_order_relaxed); }
 

@@ -647,13 +647,4 @@ void memset_async(void* dst, int value, std::size_t bytes, void* stream) {
   copy_work(lock, stream, false, [=] { std::memset(dst, value, bytes); }, "cuda_backend::memset_async");
 }
 
-// The emulated devices have no cache: the setting is kept and returned, and changes nothing.
-std::size_t set_persisting_l2_bytes(int device, std::size_t bytes) {
-  std::unique_lock lock(ed::state().mutex);
-  PETRA_CHECK(device >= 0 && device < ed::kDevices, DeviceError, "cuda_backend::set_persisting_l2_bytes: no device cuda:",
-              device);
-  static std::size_t setting[ed::kDevices] = {};
-  return std::exchange(setting[device], bytes);
-}
-
 }  // namespace petra::cuda_backend
