@@ -22,7 +22,9 @@
 //      (set_conv2d_tile(5): three stages in dynamic shared memory), and Winograd's weight gradient
 //      with the 128x128 tile, the two-block one and the K step of 32. The forward and backward data
 //      of the 3x3 stride-1 layers also in Winograd's domain (set_conv2d_forward_algorithm, an
-//      option: petra_winograd_ms beside the direct petra_ms), checked against cuDNN too.
+//      option: petra_winograd_ms beside the direct petra_ms), checked against cuDNN too. The
+//      forward and backward data of the layers whose 128 x 128 tiles are too few (the 4 x 4
+//      planes) also with K cut into slices (set_conv2d_split_k, an option: petra_split_k_ms).
 //      Before timing, petra's output is compared with cuDNN's (relative error above 1e-4 in FP32,
 //      1e-2 in TF32: WRONG, exit code 1).
 //   3. Batch norm (training forward, evaluation, backward), petra's and cuDNN's, on two ResNet-18
@@ -48,6 +50,7 @@
 #include "petra/kernels/batchnorm.hpp"
 #include "petra/kernels/conv2d.hpp"
 #include "petra/kernels/coupling.hpp"
+#include "petra/kernels/cuda/conv2d_tiling.cuh"
 #include "petra/kernels/cuda_libraries.hpp"
 #include "petra/kernels/elementwise.hpp"
 #include "petra/config.hpp"
@@ -63,6 +66,7 @@ namespace cb = petra::cuda_backend;
 namespace k = petra::kernels;
 
 #if PETRA_HAVE_CUDA
+namespace tiling = petra::kernels::cuda::conv2d_tiling;
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -252,6 +256,24 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
     winograd_s = seconds_per_launch([&] { row.petra(s); }, stream, repeats);
     k::cuda::set_conv2d_forward_algorithm(k::cuda::Conv2dForwardAlgorithm::direct);
   }
+  // The forward, and backward data at stride 1, with K cut into slices where the 128 x 128 tile
+  // leaves too few blocks (set_conv2d_split_k, an option; conv2d_tiling::output_split): the
+  // layers at batch 128's 4 x 4 planes. Checked against cuDNN the same way.
+  const tiling::SplitK split = std::string(row.pass) == "forward" ? tiling::forward_output_split(shape)
+                               : std::string(row.pass) == "data" ? tiling::data_output_split(shape)
+                                                                  : tiling::SplitK{1, 1, 1};
+  double split_s = 0;
+  if (split.slices > 1) {
+    k::cuda::set_conv2d_split_k(true);
+    const double split_difference = petra::testing::relative_error(run_once(row.petra), cudnn_out);
+    split_s = seconds_per_launch([&] { row.petra(s); }, stream, repeats);
+    k::cuda::set_conv2d_split_k(false);
+    if (split_difference > bound) {
+      *wrong = true;
+      fmt::print("{:<28} {:<8} {:<5} WRONG: petra's split-K product and cuDNN differ by {:.2e} (bound {:.0e})\n",
+                 layer.name, row.pass, row.math, split_difference, bound);
+    }
+  }
   if ((winograd || winograd_forward) && winograd_difference > bound) {
     *wrong = true;
     fmt::print("{:<28} {:<8} {:<5} WRONG: petra's Winograd and cuDNN differ by {:.2e} (bound {:.0e})\n", layer.name,
@@ -299,7 +321,10 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
              : "") +
         (channels_last ? fmt::format("  without the channels-last copies {:.3f} ms ({:.0f}% of cuDNN)", nchw_s * 1e3,
                                      100.0 * cudnn_s / nchw_s)
-                       : "");
+                       : "") +
+        (split.slices > 1 ? fmt::format("  split-K x{} {:.3f} ms ({:.0f}% of cuDNN)", split.slices, split_s * 1e3,
+                                        100.0 * cudnn_s / split_s)
+                          : "");
     fmt::print("{:<28} {:<8} {:<5} {:>9.3f} {:>9.3f} {:>8.1f} {:>8.1f} {:>6.0f}%  algo {}{}{}\n", layer.name, row.pass,
                row.math, petra_s * 1e3, cudnn_s * 1e3, flops / petra_s / 1e12, flops / cudnn_s / 1e12,
                100.0 * cudnn_s / petra_s, algorithm.algorithm, "  tiles ms" + tiles, winograd_text);
@@ -337,6 +362,10 @@ nlohmann::json time_conv_row(const Layer& layer, const ConvRow& row, const k::St
     result["winograd_relative_difference"] = winograd_difference;
   }
   if (winograd) result["petra_direct_ms"] = direct_s * 1e3;  // (petra_ms: the default, automatic)
+  if (split.slices > 1) {
+    result["petra_split_k_ms"] = split_s * 1e3;
+    result["split_k_slices"] = split.slices;
+  }
   return result;
 }
 

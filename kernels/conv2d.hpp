@@ -184,6 +184,16 @@ enum class Conv2dForwardAlgorithm { direct, winograd, automatic };
 void set_conv2d_forward_algorithm(Conv2dForwardAlgorithm algorithm);
 Conv2dForwardAlgorithm conv2d_forward_algorithm();
 
+// Whether the forward, and backward data at stride 1, cut their K into slices where the 128 x 128
+// tile would leave fewer than 128 blocks (conv2d_tiling::output_split; at batch 128 the 512-channel
+// 4 x 4 layers: 64 tiles for 132 multiprocessors): a block per tile and slice sums into partials in
+// the stream's workspace (at most 64 MiB), and a second launch adds the slices in order. Off by
+// default, an option to time (bench-cuda's petra_split_k_ms); the results differ from the unsplit
+// product's in the last places, each deterministic. A forced tile (set_conv2d_tile) turns it off.
+// For the whole process.
+void set_conv2d_split_k(bool on);
+bool conv2d_split_k();
+
 // Whether the TF32 passes read channels-last copies (the default, true; docs/gpu-kernels.md steps
 // 16 and 17): the forward at stride 1 with in_channels % 4 == 0 (copies of x and the weights),
 // backward data with out_channels % 4 == 0 (dy and the weights), the weight gradient with

@@ -71,6 +71,15 @@ def main():
                 nchw = sum(r.get("petra_nchw_ms", r["petra_ms"]) for r in layers)
                 count = sum("petra_nchw_ms" in r for r in layers)
                 print(f"{math} {pass_:8} {nchw:7.3f} without the channels-last copies ({count} layers)")
+            # and the forward and backward data with K cut into slices where the 128 x 128 tiles
+            # are too few (petra_split_k_ms, from 2026-12-06's ninth session: the 4 x 4 layers):
+            # the sum with the faster of the two per layer.
+            if any("petra_split_k_ms" in r for r in layers):
+                split = sum(min(r["petra_ms"], r.get("petra_split_k_ms", r["petra_ms"])) for r in layers)
+                won = [r["layer"] for r in layers if r.get("petra_split_k_ms", float("inf")) < r["petra_ms"]]
+                count = sum("petra_split_k_ms" in r for r in layers)
+                print(f"{math} {pass_:8} {split:7.3f} with split-K where faster ({len(won)} of {count} layers: "
+                      f"{', '.join(won) if won else 'none'})")
             # and the TF32 128 x 128 tile's options (from 2026-12-06), each against the 128 x 128
             # tile itself (petra_ms_by_tile[3]): the K step of 32 ([5]) on every layer, two blocks
             # per multiprocessor ([4]) on the layers where it ran a kernel of its own

@@ -196,6 +196,13 @@ struct ForwardProblem {
     std::uint32_t taps_h, taps_w;  // the tap rows and columns that land inside x (tiling::taps_inside)
   };
   __device__ ForwardProblem in_slice(unsigned /*z*/) const { return *this; }
+  // The same product into `out` (y's layout), without the bias: a K slice's partials (KSliced).
+  __device__ ForwardProblem writing_to(float* out) const {
+    ForwardProblem q = *this;
+    q.y = out;
+    q.bias = nullptr;
+    return q;
+  }
   __device__ std::int64_t rows() const { return g.out_channels; }
   __device__ std::int64_t columns() const { return g.batch * g.out_plane(); }
   __device__ std::int64_t depth() const { return g.in_channels * g.taps(); }
@@ -275,6 +282,12 @@ struct ChannelsLastForwardProblem {
     Index first;  // the slot of the thread's 16-byte B copies (TileGather, kVectorB)
   };
   __device__ ChannelsLastForwardProblem in_slice(unsigned /*z*/) const { return *this; }
+  __device__ ChannelsLastForwardProblem writing_to(float* out) const {  // (ForwardProblem's)
+    ChannelsLastForwardProblem q = *this;
+    q.y = out;
+    q.bias = nullptr;
+    return q;
+  }
   __device__ std::int64_t rows() const { return g.batch * g.out_plane(); }
   __device__ std::int64_t columns() const { return g.out_channels; }
   __device__ std::int64_t depth() const { return g.in_channels * g.taps(); }
@@ -367,6 +380,12 @@ struct DataProblem {
     q.a_base = Index(z) * Index(g.in_channels) * k_max;
     return q;
   }
+  // The same product into `out` (dx's layout): a K slice's partials (KSliced).
+  __device__ DataProblem writing_to(float* out) const {
+    DataProblem q = *this;
+    q.dx = out;
+    return q;
+  }
   __device__ std::int64_t rows() const { return g.in_channels; }
   __device__ std::int64_t columns() const { return g.batch * class_h.count * class_w.count; }
   __device__ std::int64_t depth() const { return g.out_channels * class_h.taps * class_w.taps; }
@@ -455,6 +474,11 @@ struct ChannelsLastDataProblem {
     q.class_h = tiling::stride_class(r_h, g.stride_h, g.pad_h, g.in_h, g.kernel_h);
     q.class_w = tiling::stride_class(r_w, g.stride_w, g.pad_w, g.in_w, g.kernel_w);
     q.b_base = Index(z) * k_max * n_pad;
+    return q;
+  }
+  __device__ ChannelsLastDataProblem writing_to(float* out) const {  // (DataProblem's)
+    ChannelsLastDataProblem q = *this;
+    q.dx = out;
     return q;
   }
   __device__ std::int64_t rows() const { return g.batch * class_h.count * class_w.count; }
@@ -1444,6 +1468,39 @@ __global__ void sum_weight_partials(std::int64_t size, std::int64_t slices, cons
   }
 }
 
+// ---- split-K for the forward and backward data (set_conv2d_split_k; conv2d_tiling::output_split)
+//
+// KSliced<P>: the product of P with its K cut into `split`'s slices, grid layer z summing slice z
+// (P's own K order within it) into partials + z * slice_floats, laid out as P's output and without
+// the bias; sum_output_partials then adds the slices. Only for problems with one grid layer of
+// their own (the forward; backward data at stride 1, one stride class).
+template <class Problem>
+struct KSliced : Problem {
+  tiling::SplitK split;
+  float* partials;
+  std::int64_t slice_floats;
+  __device__ KSliced in_slice(unsigned z) const {
+    KSliced q = *this;
+    static_cast<Problem&>(q) = Problem::in_slice(0).writing_to(partials + z * slice_floats);
+    return q;
+  }
+  __device__ std::int64_t k_begin(unsigned z) const { return split.begin(z); }
+  __device__ std::int64_t k_end(unsigned z) const { return split.end(z); }
+};
+
+// out[e] = float(partials[0][e] + ... + partials[slices-1][e]), in double with the slices in order
+// (the same bits on every run), plus bias[the channel of e] where there is one (as the unsplit
+// forward adds it: after the sum, in float).
+__global__ void sum_output_partials(std::int64_t size, std::int64_t slices, std::int64_t slice_floats,
+                                    const float* partials, ChannelOf channel_of, const float* bias, float* out) {
+  for (std::int64_t e = cuda_detail::thread_index(); e < size; e += cuda_detail::grid_threads()) {
+    double sum = 0;
+    for (std::int64_t z = 0; z < slices; ++z) sum += double(partials[z * slice_floats + e]);
+    const float value = float(sum);
+    out[e] = bias != nullptr ? value + bias[channel_of(e)] : value;
+  }
+}
+
 // db[o] += the sum of dy[b, o, :, :] over b, in two launches (as batch norm's sums: one block per
 // channel had too few blocks for a GPU, 64 us for (128, 64, 32, 32) on an H200). Block
 // (o, slice) = blockIdx.x / slices, blockIdx.x % slices adds its thread's values of channel o
@@ -1488,6 +1545,8 @@ std::atomic<bool> conv_channels_last{true};
 std::atomic<int> conv_weight_algorithm{int(Conv2dWeightAlgorithm::automatic)};
 // set_conv2d_forward_algorithm's choice (Conv2dForwardAlgorithm)
 std::atomic<int> conv_forward_algorithm{int(Conv2dForwardAlgorithm::direct)};
+// Whether the forward and backward data may cut their K into slices (set_conv2d_split_k).
+std::atomic<bool> conv_split_k{false};
 // The most elements a tensor of one launch may have (set_conv2d_launch_elements): the kernels
 // index in 32 bits.
 constexpr std::int64_t kIndexLimit = std::numeric_limits<Index>::max();
@@ -1623,6 +1682,55 @@ KernelChoice<Problem> choose_kernel(const Problem& p, const char* fp32_name, con
   return kernel_for<Problem, false>(tile, fp32_name, false);
 }
 
+// The least terms in a K slice of the forward or backward data (conv2d_tiling::output_split); 64
+// under the emulation, so that the tests' small shapes split.
+#ifdef PETRA_CUDA_EMULATION
+constexpr std::int64_t kOutputSliceMinK = 64;
+#else
+constexpr std::int64_t kOutputSliceMinK = tiling::kOutputSliceMinK;
+#endif
+// The most scratch a split product's partials may take (more: no split).
+constexpr std::int64_t kOutputMaxPartialBytes = std::int64_t(64) << 20;
+
+// Floats of one slice's partials: the output's, rounded up to 64 (each slice 256-byte aligned).
+std::int64_t slice_floats_of(std::int64_t output_floats) { return tiling::ceil_div(output_floats, 64) * 64; }
+std::int64_t partial_floats_of(const tiling::SplitK& split, std::int64_t output_floats) {
+  return split.slices > 1 ? split.slices * slice_floats_of(output_floats) : 0;
+}
+
+// `rule`'s slices where set_conv2d_split_k is on, no tile is forced (bench-cuda's per-tile rows
+// stay the tiles' own), the stream has a workspace and the partials of an output of output_floats
+// fit kOutputMaxPartialBytes; else one slice.
+tiling::SplitK output_split_for(const StreamHandle& s, const tiling::SplitK& rule, std::int64_t output_floats) {
+  const tiling::SplitK whole{rule.total, rule.total, 1};
+  if (!conv_split_k.load() || conv_tile.load() >= 0 || s.workspace == nullptr || rule.slices < 2) return whole;
+  if (partial_floats_of(rule, output_floats) * std::int64_t(sizeof(float)) > kOutputMaxPartialBytes) return whole;
+  return rule;
+}
+
+// p's product of rows x columns over split's slices (KSliced) on the 128 x 128 tile into
+// `partials`, then their sum into `out` (output_floats floats; with the forward's bias by
+// channel_of). The product keeps the unsplit kernel's launch name; the sum is `sum_name`.
+template <class Problem>
+void launch_sliced(const StreamHandle& s, const Problem& p, const tiling::SplitK& split, float* partials,
+                   std::int64_t rows, std::int64_t columns, const char* fp32_name, const char* tf32_name,
+                   const char* sum_name, std::int64_t output_floats, ChannelOf channel_of, const float* bias,
+                   float* out) {
+  const std::int64_t slice_floats = slice_floats_of(output_floats);
+  const KSliced<Problem> sliced{p, split, partials, slice_floats};
+  const auto kernel = [&] {
+    if constexpr (Problem::kVectorB)  // (the channels-last problems: TF32 only)
+      return kernel_of_shape<KSliced<Problem>, true, 128, 128>(tf32_name, true);
+    else if (Conv2dMath(conv_math.load()) == Conv2dMath::tf32)
+      return kernel_of_shape<KSliced<Problem>, true, 128, 128>(tf32_name, p.vector_a_allowed());
+    else
+      return kernel_of_shape<KSliced<Problem>, false, 128, 128>(fp32_name, false);
+  }();
+  launch_gemm(s, kernel, sliced, rows, columns, split.slices);
+  cuda_detail::launch_grid_stride(sum_name, s, output_floats, sum_output_partials, output_floats, split.slices,
+                                  slice_floats, static_cast<const float*>(partials), channel_of, bias, out);
+}
+
 }  // namespace
 
 void set_conv2d_math(Conv2dMath math) { conv_math.store(int(math)); }
@@ -1632,6 +1740,8 @@ void set_conv2d_channels_last(bool enabled) { conv_channels_last.store(enabled);
 bool conv2d_channels_last() { return conv_channels_last.load(); }
 Conv2dWeightAlgorithm conv2d_weight_algorithm() { return Conv2dWeightAlgorithm(conv_weight_algorithm.load()); }
 void set_conv2d_forward_algorithm(Conv2dForwardAlgorithm algorithm) { conv_forward_algorithm.store(int(algorithm)); }
+void set_conv2d_split_k(bool on) { conv_split_k.store(on); }
+bool conv2d_split_k() { return conv_split_k.load(); }
 Conv2dForwardAlgorithm conv2d_forward_algorithm() { return Conv2dForwardAlgorithm(conv_forward_algorithm.load()); }
 void set_conv2d_launch_elements(std::int64_t limit) {
   launch_element_limit.store(limit <= 0 || limit > kIndexLimit ? kIndexLimit : limit);
@@ -1784,7 +1894,12 @@ bool channels_last_applies(const StreamHandle& s, const Conv2dShape& shape) {
 
 void channels_last_forward_launch(const StreamHandle& s, const Conv2dShape& shape, const float* x, const float* w,
                                   const float* bias, float* y) {
-  auto* xc = static_cast<float*>(s.scratch(std::size_t(channels_last_floats(shape)) * sizeof(float)));
+  // the scratch: the copies of x and of the weights, then the partials of a split product
+  const tiling::SplitK split =
+      output_split_for(s, tiling::forward_output_split(shape, kOutputSliceMinK), shape.output_size());
+  const std::int64_t copies = slice_floats_of(channels_last_floats(shape));
+  auto* xc = static_cast<float*>(
+      s.scratch(std::size_t(copies + partial_floats_of(split, shape.output_size())) * sizeof(float)));
   float* wt = xc + channels_last_x_floats(shape);
   const ConvGeometry g = ConvGeometry::of(shape);
   const Index n_pad = Index(channels_last_n_pad(shape));
@@ -1794,6 +1909,10 @@ void channels_last_forward_launch(const StreamHandle& s, const Conv2dShape& shap
                                   channels_last_x_floats(shape), weights_by_tap, g, n_pad, w, wt);
   const ChannelsLastForwardProblem p{g, xc, wt, bias, y, n_pad};
   const std::int64_t pixels = shape.batch * shape.out_h() * shape.out_w();
+  if (split.slices > 1)
+    return launch_sliced(s, p, split, xc + copies, pixels, shape.out_channels, nullptr,
+                         "conv2d_forward_tf32_channels_last", "conv2d_forward_slices_sum", shape.output_size(),
+                         ChannelOf(shape.out_h() * shape.out_w(), shape.out_channels), bias, y);
   const auto k = kernel_for<ChannelsLastForwardProblem, true>(
       tile_for(tiling::ConvPass::forward, pixels, shape.out_channels, 1), "conv2d_forward_tf32_channels_last", true);
   launch_gemm(s, k, p, pixels, shape.out_channels, 1);
@@ -1846,7 +1965,14 @@ bool data_channels_last_applies(const StreamHandle& s, const Conv2dShape& shape)
 // batch part dy copied and the product, one grid layer per stride class.
 void channels_last_data(const StreamHandle& s, const Conv2dShape& shape, const float* dy, const float* w,
                         float* dx) {
-  auto* wt = static_cast<float*>(s.scratch(std::size_t(data_channels_last_floats(shape)) * sizeof(float)));
+  // the scratch: the weights by class and tap, the copy of dy, then the partials of a split product
+  // (stride 1 only; the parts share the whole batch's split: parts exist only where a tensor
+  // reaches 2^31 elements, and then the rule never splits)
+  const tiling::SplitK split =
+      output_split_for(s, tiling::data_output_split(shape, kOutputSliceMinK), shape.input_size());
+  const std::int64_t copies = slice_floats_of(data_channels_last_floats(shape));
+  auto* wt = static_cast<float*>(
+      s.scratch(std::size_t(copies + partial_floats_of(split, shape.input_size())) * sizeof(float)));
   float* dyc = wt + data_channels_last_weight_floats(shape);
   const Index k_max = Index(data_weight_k_max(shape)), n_pad = Index(channels_last_n_pad_of(shape.in_channels));
   cuda_detail::launch_grid_stride("conv2d_backward_data_weights_by_tap", s,
@@ -1859,6 +1985,10 @@ void channels_last_data(const StreamHandle& s, const Conv2dShape& shape, const f
     const std::int64_t widest =
         part.batch * tiling::ceil_div(part.in_h, part.stride_h) * tiling::ceil_div(part.in_w, part.stride_w);
     const std::int64_t classes = part.stride_h * part.stride_w;
+    if (split.slices > 1)
+      return launch_sliced(s, p, split, wt + copies, widest, part.in_channels, nullptr,
+                           "conv2d_backward_data_tf32_channels_last", "conv2d_backward_data_slices_sum",
+                           part.input_size(), ChannelOf(1, 1), nullptr, dx + x_at);
     const auto k = kernel_for<ChannelsLastDataProblem, true>(tile_for(tiling::ConvPass::data, widest, part.in_channels,
                                                                       classes),
                                                              "conv2d_backward_data_tf32_channels_last", true);
@@ -1871,6 +2001,15 @@ void forward_launch(const StreamHandle& s, const Conv2dShape& shape, const float
   if (channels_last_applies(s, shape)) return channels_last_forward_launch(s, shape, x, w, bias, y);
   const ForwardProblem p{ConvGeometry::of(shape), x, w, bias, y};
   const std::int64_t columns = shape.batch * shape.out_h() * shape.out_w();
+  const tiling::SplitK split =
+      output_split_for(s, tiling::forward_output_split(shape, kOutputSliceMinK), shape.output_size());
+  if (split.slices > 1) {
+    auto* partials = static_cast<float*>(
+        s.scratch(std::size_t(partial_floats_of(split, shape.output_size())) * sizeof(float)));
+    return launch_sliced(s, p, split, partials, shape.out_channels, columns, "conv2d_forward", "conv2d_forward_tf32",
+                         "conv2d_forward_slices_sum", shape.output_size(),
+                         ChannelOf(shape.out_h() * shape.out_w(), shape.out_channels), bias, y);
+  }
   const auto k = choose_kernel(p, "conv2d_forward", "conv2d_forward_tf32", tiling::ConvPass::forward,
                                shape.out_channels, columns, 1);
   launch_gemm(s, k, p, shape.out_channels, columns, 1);
@@ -1884,6 +2023,17 @@ void data_launch(const StreamHandle& s, const Conv2dShape& shape, const float* d
   const std::int64_t widest = shape.batch * tiling::ceil_div(shape.in_h, shape.stride_h) *
                               tiling::ceil_div(shape.in_w, shape.stride_w);
   const std::int64_t classes = shape.stride_h * shape.stride_w;
+  // (a split needs scratch of its own: not with the weights' copy, wt, in it)
+  const tiling::SplitK split = wt != nullptr ? tiling::SplitK{1, 1, 1}
+                                             : output_split_for(s, tiling::data_output_split(shape, kOutputSliceMinK),
+                                                                shape.input_size());
+  if (split.slices > 1) {
+    auto* partials = static_cast<float*>(
+        s.scratch(std::size_t(partial_floats_of(split, shape.input_size())) * sizeof(float)));
+    return launch_sliced(s, p, split, partials, shape.in_channels, widest, "conv2d_backward_data",
+                         "conv2d_backward_data_tf32", "conv2d_backward_data_slices_sum", shape.input_size(),
+                         ChannelOf(1, 1), nullptr, dx);
+  }
   const auto k = choose_kernel(p, "conv2d_backward_data", "conv2d_backward_data_tf32", tiling::ConvPass::data,
                                shape.in_channels, widest, classes);
   launch_gemm(s, k, p, shape.in_channels, widest, classes);

@@ -598,6 +598,47 @@ inline std::int64_t weight_split_slices(const Conv2dShape& s) {
       .slices;
 }
 
+// ---- split-K for the forward and backward data (set_conv2d_split_k: an option to time) --------
+
+// A product whose 128 x 128 tiles are fewer than kMinBlocksFor128x128 blocks (batch 128: the
+// 512-channel 4 x 4 layers, 4 x 16 = 64 tiles for 132 multiprocessors) runs on a smaller tile,
+// whose blocks do less per multiprocessor (run 12, H100: the 4 x 4 layer's TF32 forward 0.221 ms
+// on 128 x 64 tiles, 0.280 on 64 tiles of 128 x 128 with half the multiprocessors idle, so ~0.14
+// if they all worked; FP32 0.358 and 0.578). Cutting its K into slices gives the 128 x 128 tile
+// enough blocks: each block sums one slice into partials, and a second launch adds the slices in
+// order (conv2d.cu, sum_output_partials). Rule, from the product's sizes alone:
+//   - only where 128 x 128 pads neither side (more than 64 rows and columns) and leaves fewer than
+//     kMinBlocksFor128x128 blocks;
+//   - as many slices as bring the blocks to kMinBlocksFor128x128, at most kOutputMaxSlices, each
+//     at least kOutputSliceMinK terms (32 K steps), else no split.
+// (`min_k`: the emulated kernels take 64, so that small test shapes split; conv2d.cu.)
+inline constexpr std::int64_t kOutputSliceMinK = 512;
+inline constexpr std::int64_t kOutputMaxSlices = 4;
+inline SplitK output_split(std::int64_t rows, std::int64_t columns, std::int64_t depth,
+                           std::int64_t min_k = kOutputSliceMinK) {
+  const SplitK whole{depth, depth, 1};
+  if (rows <= 64 || columns <= 64 || depth <= 0) return whole;
+  const std::int64_t blocks = ceil_div(rows, 128) * ceil_div(columns, 128);
+  if (blocks >= kMinBlocksFor128x128) return whole;
+  const std::int64_t wanted =
+      std::min({ceil_div(kMinBlocksFor128x128, blocks), kOutputMaxSlices, depth / min_k});
+  if (wanted < 2) return whole;
+  return split_k(depth, wanted);
+}
+// The forward's product: out_channels x the output pixels, K = in_channels x taps (either
+// orientation: the NCHW and the channels-last problems have the same tiles).
+inline SplitK forward_output_split(const Conv2dShape& s, std::int64_t min_k = kOutputSliceMinK) {
+  return output_split(s.out_channels, s.batch * s.out_h() * s.out_w(), s.in_channels * s.kernel_h * s.kernel_w,
+                      min_k);
+}
+// Backward data's at stride 1 (one stride class): in_channels x the input pixels, K = out_channels x
+// taps. At larger strides the grid's layers are the stride classes: no split.
+inline SplitK data_output_split(const Conv2dShape& s, std::int64_t min_k = kOutputSliceMinK) {
+  const std::int64_t depth = s.out_channels * s.kernel_h * s.kernel_w;
+  if (s.stride_h != 1 || s.stride_w != 1) return {depth, depth, 1};
+  return output_split(s.in_channels, s.batch * s.in_h * s.in_w, depth, min_k);
+}
+
 }  // namespace petra::kernels::cuda::conv2d_tiling
 
 #if PETRA_HAVE_CUDA

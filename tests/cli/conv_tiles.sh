@@ -55,6 +55,16 @@ cat > "$dir/options.json" <<'JSON'
   "petra_share_of_cudnn": 1.0, "petra_ms_by_tile": [1.0, 1.0, 1.0, 1.0, 0.9, 1.2], "two_blocks_own_kernel": false}
 ]}
 JSON
+# The forward with K in slices on one of two layers (bench-cuda since 2026-12-06's ninth session):
+# petra 1.0 + 2.0, split-K 0.6 on the first: 2.600, 1 of 1 layers faster.
+cat > "$dir/split-k.json" <<'JSON'
+{"conv2d": [
+ {"math": "fp32", "pass": "forward", "layer": "layer4 512->512 3x3 4x4", "petra_ms": 1.0, "cudnn_ms": 1.0,
+  "petra_share_of_cudnn": 1.0, "petra_ms_by_tile": [1.0, 1.0, 1.0, 1.0], "petra_split_k_ms": 0.6, "split_k_slices": 2},
+ {"math": "fp32", "pass": "forward", "layer": "layer3 256->256 3x3 8x8", "petra_ms": 2.0, "cudnn_ms": 1.0,
+  "petra_share_of_cudnn": 0.5, "petra_ms_by_tile": [2.0, 2.0, 2.0, 2.0]}
+]}
+JSON
 echo '{"batchnorm": []}' > "$dir/other.json"
 status=0
 expect() {  # expect FILE PATTERN...: every pattern is a line of the output
@@ -81,6 +91,7 @@ expect "$dir/options.json" "tf32 weight     3.000 /   3.000 /   2.000   1 of 2 l
   "tf32 weight   128x128 / K step 32:   3.000 /   3.000 (2 layers)" \
   "tf32 weight   128x128 / two blocks per multiprocessor:   2.000 /   1.500 (1 layers with a kernel of their own)" \
   "tf32 weight   Winograd at 128x128 / two blocks per multiprocessor / K step 32:   0.800 /   0.600 /   0.700 (1 layers)"
+expect "$dir/split-k.json" "fp32 forward    2.600 with split-K where faster (1 of 1 layers: layer4 512->512 3x3 4x4)"
 expect "$run11" \
   "fp32 forward    2.202 /   2.102 /   2.067   11 of 11 layers, 7 of 7 3x3 after the stem" \
   "fp32 weight     3.141 /   2.929 /   2.931   6 of 11 layers, 3 of 7 3x3 after the stem" \

@@ -488,6 +488,57 @@ TEST_CASE("conv2d tiling: the weight gradient's slices respect their bounds") {
   CHECK(tiling::weight_split_slices(petra::kernels::conv2d_shape(1, 4096, 3, 3, 4096, 3, 1, 1)) == 1);
 }
 
+TEST_CASE("conv2d tiling: the forward's and backward data's K slices (split-K), on the ResNet-18 CIFAR layers") {
+  using petra::kernels::conv2d_shape;
+  // batch 128: the 512-channel 4 x 4 layers have 4 x 16 = 64 tiles of 128 x 128: two slices
+  const Conv2dShape layer4 = conv2d_shape(128, 512, 4, 4, 512, 3, 1, 1);
+  CHECK(tiling::forward_output_split(layer4).slices == 2);
+  CHECK(tiling::data_output_split(layer4).slices == 2);
+  CHECK(tiling::forward_output_split(layer4).slice_length == 2304);
+  // the stride-2 layer into it: 64 tiles, K = 2304 (forward); backward data at stride 2 never splits
+  const Conv2dShape layer4_down = conv2d_shape(128, 256, 8, 8, 512, 3, 2, 1);
+  CHECK(tiling::forward_output_split(layer4_down).slices == 2);
+  CHECK(tiling::data_output_split(layer4_down).slices == 1);
+  // its 1x1 shortcut: K = 256, under two slices of 512 terms
+  CHECK(tiling::forward_output_split(conv2d_shape(128, 256, 8, 8, 512, 1, 2, 0)).slices == 1);
+  // 128 tiles or more: no split (the 8 x 8 and larger layers)
+  for (const Conv2dShape& s : {conv2d_shape(128, 256, 8, 8, 256, 3, 1, 1), conv2d_shape(128, 128, 16, 16, 128, 3, 1, 1),
+                               conv2d_shape(128, 64, 32, 32, 64, 3, 1, 1)}) {
+    INFO(describe(s));
+    CHECK(tiling::forward_output_split(s).slices == 1);
+    CHECK(tiling::data_output_split(s).slices == 1);
+  }
+  // batch 64: 32 tiles, four slices of 1152 terms
+  const tiling::SplitK four = tiling::forward_output_split(conv2d_shape(64, 512, 4, 4, 512, 3, 1, 1));
+  CHECK(four.slices == 4);
+  CHECK(four.slice_length == 1152);
+  // a side of 64 or less, or K under two slices of min_k: no split
+  CHECK(tiling::output_split(64, 4096, 1 << 16).slices == 1);
+  CHECK(tiling::output_split(4096, 64, 1 << 16).slices == 1);
+  CHECK(tiling::output_split(512, 2048, 1023).slices == 1);
+  CHECK(tiling::output_split(512, 2048, 1024).slices == 2);
+  CHECK(tiling::output_split(512, 2048, 1024, 64).slices == 2);
+  CHECK(tiling::output_split(65, 65, 1 << 20).slices == 4);   // one tile: at most four slices
+  CHECK(tiling::output_split(65, 65, 255, 64).slices == 3);   // 255 / 64: three
+  // every split is split_k's (ordered, tile-aligned slices covering K), each slice >= min_k terms
+  // but the last
+  for (std::int64_t rows : {65, 200, 512, 1000})
+    for (std::int64_t columns : {65, 300, 2048, 5000})
+      for (std::int64_t depth : {1, 100, 600, 1500, 4608, 9999}) {
+        const tiling::SplitK split = tiling::output_split(rows, columns, depth);
+        INFO(rows, " x ", columns, ", K = ", depth, ": ", split.slices, " slices");
+        CHECK(split.total == depth);
+        CHECK(split.slices >= 1);
+        CHECK(split.slices <= tiling::kOutputMaxSlices);
+        CHECK(split.end(split.slices - 1) == depth);
+        if (split.slices > 1) {
+          CHECK(split.slice_length >= tiling::kOutputSliceMinK);
+          CHECK(split.slice_length % tiling::kTileK == 0);
+          CHECK(tiling::ceil_div(rows, 128) * tiling::ceil_div(columns, 128) < tiling::kMinBlocksFor128x128);
+        }
+      }
+}
+
 TEST_CASE("conv2d tiling: tf32_round keeps 10 mantissa bits, to nearest, ties away from zero") {
   const auto bits = [](float f) { return std::bit_cast<std::uint32_t>(f); };
   const float one = 1.0f, ulp = std::ldexp(1.0f, -10);  // TF32's unit in the last place at 1

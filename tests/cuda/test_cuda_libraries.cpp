@@ -25,6 +25,7 @@
 #include "petra/error.hpp"
 #include "petra/kernels/batchnorm.hpp"
 #include "petra/kernels/conv2d.hpp"
+#include "petra/kernels/cuda/conv2d_tiling.cuh"
 #include "petra/kernels/cuda_libraries.hpp"
 #include "petra/kernels/linear.hpp"
 #include "petra/ops.hpp"
@@ -706,6 +707,15 @@ TEST_CASE("cuda: petra's TF32 conv2d rounds its inputs to nearest, ties away, on
   }
 }
 
+// The settings the Winograd cases run under: FP32 with its tiles' rule; TF32 with the rule's tiles
+// and with the two options of its 128 x 128 tile forced (4: two blocks per multiprocessor, 5: a K
+// step of 32).
+const std::pair<petra::kernels::cuda::Conv2dMath, int> kWinogradTiles[] = {
+    {petra::kernels::cuda::Conv2dMath::fp32, -1},
+    {petra::kernels::cuda::Conv2dMath::tf32, -1},
+    {petra::kernels::cuda::Conv2dMath::tf32, 4},
+    {petra::kernels::cuda::Conv2dMath::tf32, 5}};
+
 // The weight gradient in Winograd's F(2x2, 3x3) domain (set_conv2d_weight_algorithm(winograd)) on
 // the tensor cores and the FP32 units: against ref:: within 32 times the direct product's bound
 // (FP32) and TF32's (TF32), the same bits twice; the emulated test checks the same arithmetic on
@@ -733,9 +743,12 @@ TEST_CASE("cuda: petra's Winograd weight gradient matches ref, FP32 and TF32, th
     ref::conv2d_backward_weight<float>(host, k, absolute(d.x).data(), absolute(d.dy).data(), magnitude.data());
     const std::int64_t terms = k.batch * k.out_h() * k.out_w() + 1;
     Buffer x(d.x, cs), dy(d.dy, cs);
-    for (const cu::Conv2dMath math : {cu::Conv2dMath::fp32, cu::Conv2dMath::tf32}) {
+    // TF32 also with the 128 x 128 tile's options forced on Winograd's GEMM (two blocks per
+    // multiprocessor, the K step of 32 in dynamic shared memory): no other GPU test runs them there
+    for (const auto& [math, tile] : kWinogradTiles) {
       CAPTURE(int(math));
-      const ConvSettings chosen(math, -1);
+      CAPTURE(tile);
+      const ConvSettings chosen(math, tile);
       cu::set_conv2d_weight_algorithm(cu::Conv2dWeightAlgorithm::winograd);  // (ConvSettings pins direct)
       Buffer dw(d.dw0, cs), again(d.dw0, cs);
       cu::conv2d_backward_weight(s, k, x.get(), dy.get(), dw.get());
@@ -775,17 +788,74 @@ TEST_CASE("cuda: petra's Winograd forward and backward data match ref, FP32 and 
     ref::conv2d_backward_data<float>(host, k, d.dy.data(), d.w.data(), dx_want.data());
     ref::conv2d_backward_data<float>(host, k, absolute(d.dy).data(), absolute(d.w).data(), dx_magnitude.data());
     Buffer x(d.x, cs), w(d.w, cs), bias(d.bias, cs), dy(d.dy, cs);
-    for (const cu::Conv2dMath math : {cu::Conv2dMath::fp32, cu::Conv2dMath::tf32}) {
+    // the outputs filled with 7s, not the answer: a value the kernels leave unwritten shows
+    const std::vector<float> y_fill(y_want.size(), 7.0f), dx_fill(dx_want.size(), 7.0f);
+    for (const auto& [math, tile] : kWinogradTiles) {
       CAPTURE(int(math));
-      const ConvSettings chosen(math, -1);
+      CAPTURE(tile);
+      const ConvSettings chosen(math, tile);
       cu::set_conv2d_forward_algorithm(cu::Conv2dForwardAlgorithm::winograd);
-      Buffer y(y_want, cs), y_again(y_want, cs), dx(dx_want, cs), dx_again(dx_want, cs);
+      Buffer y(y_fill, cs), y_again(y_fill, cs), dx(dx_fill, cs), dx_again(dx_fill, cs);
       cu::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y.get());
       cu::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y_again.get());
       cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx.get());
       cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx_again.get());
       const auto factor = [&](std::int64_t terms) {
         return math == cu::Conv2dMath::fp32 ? 32 * fp32_factor(terms) : 32 * (kTf32Factor + fp32_factor(terms));
+      };
+      const auto y_got = y.download(cs), dx_got = dx.download(cs);
+      CHECK(y_got == y_again.download(cs));
+      CHECK(dx_got == dx_again.download(cs));
+      CHECK(outside_bound(y_got, y_want, y_magnitude, factor(k.in_channels * 9 + 1)) == 0);
+      CHECK(outside_bound(dx_got, dx_want, dx_magnitude, factor(k.out_channels * 9)) == 0);
+    }
+  }
+}
+
+// The forward and backward data with K cut into slices (set_conv2d_split_k) on the real kernels,
+// on shapes the rule splits (conv2d_tiling::output_split: 128 x 128 tiles fewer than 128, K of
+// 1024 and more): against ref:: within the direct product's bound, the same bits twice, outputs
+// filled with 7s first. The emulated test holds the slices to their model bit for bit.
+TEST_CASE("cuda: petra's split-K forward and backward data match ref, FP32 and TF32, the same bits twice" *
+          doctest::skip(kNoGpu)) {
+  namespace ref = petra::kernels::ref;
+  namespace cu = petra::kernels::cuda;
+  namespace tiling = petra::kernels::cuda::conv2d_tiling;
+  petra::Stream stream(petra::Device::cuda(0));
+  const StreamHandle s = gpu_stream_handle(stream);
+  void* cs = s.cuda_stream;
+  const StreamHandle host{};
+  struct Restore {
+    ~Restore() { cu::set_conv2d_split_k(false); }
+  } restore;
+  // 2, 4 and 4 slices; the last at stride 2 (the forward splits, backward data does not)
+  for (const Conv2dShape& k : {Conv2dShape{8, 128, 4, 4, 128, 3, 3, 1, 1, 1, 1}, Conv2dShape{16, 512, 4, 4, 512, 3, 3, 1, 1, 1, 1},
+                               Conv2dShape{8, 256, 8, 8, 200, 3, 3, 2, 2, 1, 1}}) {
+    INFO("x (", k.batch, ", ", k.in_channels, ", ", k.in_h, ", ", k.in_w, ") out ", k.out_channels, " stride ",
+         k.stride_h);
+    CHECK(tiling::forward_output_split(k).slices > 1);
+    const ConvData d(k);
+    std::vector<float> y_want(std::size_t(k.output_size())), y_magnitude(y_want.size());
+    ref::conv2d_forward<float>(host, k, d.x.data(), d.w.data(), d.bias.data(), y_want.data());
+    ref::conv2d_forward<float>(host, k, absolute(d.x).data(), absolute(d.w).data(), absolute(d.bias).data(),
+                               y_magnitude.data());
+    std::vector<float> dx_want(std::size_t(k.input_size())), dx_magnitude(dx_want.size());
+    ref::conv2d_backward_data<float>(host, k, d.dy.data(), d.w.data(), dx_want.data());
+    ref::conv2d_backward_data<float>(host, k, absolute(d.dy).data(), absolute(d.w).data(), dx_magnitude.data());
+    Buffer x(d.x, cs), w(d.w, cs), bias(d.bias, cs), dy(d.dy, cs);
+    const std::vector<float> y_fill(y_want.size(), 7.0f), dx_fill(dx_want.size(), 7.0f);
+    for (const cu::Conv2dMath math : {cu::Conv2dMath::fp32, cu::Conv2dMath::tf32}) {
+      CAPTURE(int(math));
+      const ConvSettings chosen(math, -1);
+      cu::set_conv2d_split_k(true);
+      Buffer y(y_fill, cs), y_again(y_fill, cs), dx(dx_fill, cs), dx_again(dx_fill, cs);
+      cu::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y.get());
+      cu::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y_again.get());
+      cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx.get());
+      cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx_again.get());
+      cu::set_conv2d_split_k(false);
+      const auto factor = [&](std::int64_t terms) {
+        return math == cu::Conv2dMath::fp32 ? fp32_factor(terms) : kTf32Factor + fp32_factor(terms);
       };
       const auto y_got = y.download(cs), dx_got = dx.download(cs);
       CHECK(y_got == y_again.download(cs));

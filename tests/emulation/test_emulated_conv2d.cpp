@@ -1768,3 +1768,179 @@ TEST_CASE("emulated conv2d: the automatic forward algorithm takes Winograd where
     CHECK((emu::last_launch().kernel == std::string("conv2d_backward_data_winograd_output")) == c.winograd);
   }
 }
+
+// ---- split-K for the forward and backward data (set_conv2d_split_k) --------------------------------
+//
+// A product whose 128 x 128 tiles are too few (conv2d_tiling::output_split; under the emulation a
+// slice may be as short as 64 terms, so these small shapes split) sums each K slice into partials,
+// then adds them in order. Its model, bit for bit: each slice's partial is the unsplit product
+// (split off) with the weights outside the slice set to zero (a zero term leaves a sum as it is,
+// and the rest are summed in the same order), the partials added in double in slice order, the
+// bias added after, in float. That holds the slices' bounds, the partials' addresses, the order of
+// the sum and the bias, in every path: the NCHW forward (FP32, and TF32 at stride 2), the
+// channels-last forward (TF32), backward data from w (FP32) and from channels-last copies (TF32).
+namespace {
+
+class SplitKGuard {
+ public:
+  explicit SplitKGuard(bool on) { cu::set_conv2d_split_k(on); }
+  ~SplitKGuard() { cu::set_conv2d_split_k(false); }
+  SplitKGuard(const SplitKGuard&) = delete;
+  SplitKGuard& operator=(const SplitKGuard&) = delete;
+};
+
+// Where weight w[o, c, i, j] stands in a path's K (each path's k_entry_at): the forward from x
+// sums over (c, i, j), from channels-last copies over (i, j, c); backward data at stride 1 from w
+// over (o, i, j), from channels-last copies over (i, j, o).
+enum class KOrder { forward, forward_channels_last, data, data_channels_last };
+std::int64_t k_of(KOrder order, const Conv2dShape& sh, std::int64_t o, std::int64_t c, std::int64_t i,
+                  std::int64_t j) {
+  const std::int64_t tap = i * sh.kernel_w + j, taps = sh.kernel_h * sh.kernel_w;
+  switch (order) {
+    case KOrder::forward: return c * taps + tap;
+    case KOrder::forward_channels_last: return tap * sh.in_channels + c;
+    case KOrder::data: return o * taps + tap;
+    case KOrder::data_channels_last: break;
+  }
+  return tap * sh.out_channels + o;
+}
+
+// w with every weight outside K slice [begin, end) of `order` set to zero.
+std::vector<float> weights_in_slice(const std::vector<float>& w, const Conv2dShape& sh, KOrder order,
+                                    std::int64_t begin, std::int64_t end) {
+  std::vector<float> kept = w;
+  for (std::int64_t o = 0; o < sh.out_channels; ++o)
+    for (std::int64_t c = 0; c < sh.in_channels; ++c)
+      for (std::int64_t i = 0; i < sh.kernel_h; ++i)
+        for (std::int64_t j = 0; j < sh.kernel_w; ++j) {
+          const std::int64_t k = k_of(order, sh, o, c, i, j);
+          if (k < begin || k >= end) kept[std::size_t(((o * sh.in_channels + c) * sh.kernel_h + i) * sh.kernel_w + j)] = 0;
+        }
+  return kept;
+}
+
+}  // namespace
+
+TEST_CASE("emulated conv2d: split-K forward and backward data add their slices' partials in order, bit for bit") {
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_FALSE(cu::conv2d_split_k());  // off by default
+  const auto fp32 = cu::Conv2dMath::fp32, tf32 = cu::Conv2dMath::tf32;
+  struct Case {
+    Conv2dShape shape;
+    cu::Conv2dMath math;
+    KOrder order;
+    std::int64_t slices;
+    std::size_t launches;  // the call's (copies, the product, the sum)
+    const char* product;   // the product's launch name (the unsplit kernel's)
+  };
+  // 72 x 72 outputs (one 128 x 128 tile) over K = 144, 216, 288: 2, 3 and 4 slices of 80 terms,
+  // the last one shorter (64, 56, 48)
+  const Case cases[] = {
+      {{2, 16, 6, 6, 72, 3, 3, 1, 1, 1, 1}, fp32, KOrder::forward, 2, 2, "conv2d_forward"},
+      {{2, 24, 6, 6, 72, 3, 3, 1, 1, 1, 1}, fp32, KOrder::forward, 3, 2, "conv2d_forward"},
+      {{2, 32, 12, 12, 72, 3, 3, 2, 2, 1, 1}, fp32, KOrder::forward, 4, 2, "conv2d_forward"},
+      {{2, 16, 12, 12, 72, 3, 3, 2, 2, 1, 1}, tf32, KOrder::forward, 2, 2, "conv2d_forward_tf32"},
+      {{2, 24, 6, 6, 72, 3, 3, 1, 1, 1, 1}, tf32, KOrder::forward_channels_last, 3, 4,
+       "conv2d_forward_tf32_channels_last"},
+      {{2, 72, 6, 6, 16, 3, 3, 1, 1, 1, 1}, fp32, KOrder::data, 2, 2, "conv2d_backward_data"},
+      {{2, 72, 6, 6, 24, 3, 3, 1, 1, 1, 1}, tf32, KOrder::data_channels_last, 3, 4,
+       "conv2d_backward_data_tf32_channels_last"},
+  };
+  std::uint64_t seed = 6100;
+  for (const Case& c : cases) {
+    const Conv2dShape& sh = c.shape;
+    const bool data = c.order == KOrder::data || c.order == KOrder::data_channels_last;
+    seed += 10;
+    const bool with_bias = !data && seed % 20 == 10;
+    INFO(describe(sh), ", tf32 ", c.math == tf32, ", data ", data, ", bias ", with_bias);
+    const MathGuard math(c.math);
+    const tiling::SplitK split = data ? tiling::data_output_split(sh, 64) : tiling::forward_output_split(sh, 64);
+    REQUIRE(split.slices == c.slices);
+    const Buffer x(sh.input_size(), seed, 1), w(sh.weight_size(), seed + 1, 0), bias(sh.out_channels, seed + 2, 1),
+        dy(sh.output_size(), seed + 3, 0), out(data ? sh.input_size() : sh.output_size(), seed + 4, 1, 5, 6);
+    const float* b = with_bias ? bias.data() : nullptr;
+    Stream stream;
+    // the pass, unsplit or split, with weights `weights` and bias `with`
+    const auto pass = [&](const float* weights, const float* with, float* result) {
+      if (data)
+        cu::conv2d_backward_data(stream.s, sh, dy.data(), weights, result);
+      else
+        cu::conv2d_forward(stream.s, sh, x.data(), weights, with, result);
+    };
+    // the model: the slices' partials by the unsplit product, added in double, then the bias
+    const std::size_t n = std::size_t(data ? sh.input_size() : sh.output_size());
+    std::vector<double> sum(n, 0.0);
+    for (std::int64_t z = 0; z < split.slices; ++z) {
+      const std::vector<float> kept = weights_in_slice(w.values(), sh, c.order, split.begin(z), split.end(z));
+      out.reset();
+      pass(kept.data(), nullptr, out.data());
+      const std::vector<float> partial = out.values();
+      for (std::size_t e = 0; e < n; ++e) sum[e] += double(partial[e]);
+    }
+    std::vector<float> model(n);
+    const std::int64_t plane = sh.out_h() * sh.out_w();
+    for (std::size_t e = 0; e < n; ++e)
+      model[e] = with_bias ? float(sum[e]) + bias.data()[std::int64_t(e) / plane % sh.out_channels] : float(sum[e]);
+    // the split
+    const SplitKGuard on(true);
+    out.reset();
+    const std::size_t before = emu::launches();
+    pass(w.data(), b, out.data());
+    CHECK(emu::launches() - before == c.launches);
+    const std::vector<emu::LaunchRecord> last = emu::recent_launches(2);
+    CHECK(last.at(1).kernel == std::string(data ? "conv2d_backward_data_slices_sum" : "conv2d_forward_slices_sum"));
+    CHECK(last.at(0).kernel == std::string(c.product));
+    CHECK(last.at(0).grid.z == unsigned(c.slices));
+    CHECK(last.at(0).grid.x * last.at(0).grid.y == 1u);  // one 128 x 128 tile
+    CHECK(out.guards_kept());
+    const std::vector<float> got = out.values();
+    CHECK(bit_differences(got, model) == "");
+    out.reset();
+    pass(w.data(), b, out.data());
+    CHECK(bit_differences(out.values(), got) == "");
+    // and against ref::, within the unsplit product's bound
+    if (!data) {
+      if (c.math == tf32) {
+        CHECK(tf32_forward_error(stream.s, sh, x, w, b, out.initial(), got) <= 1.0);
+      } else {
+        std::vector<float> want = out.initial();
+        ref::conv2d_forward<float>(StreamHandle{}, sh, x.data(), w.data(), b, want.data());
+        std::vector<double> magnitude(n);
+        const std::vector<double> ax = absolute(x.values()), aw = absolute(w.values()), ab = absolute(bias.values());
+        ref::conv2d_forward<double>(StreamHandle{}, sh, ax.data(), aw.data(), with_bias ? ab.data() : nullptr,
+                                    magnitude.data());
+        CHECK(error_in_bounds(got, want, magnitude, sh.in_channels * 9 + 1) <= 1.0);
+      }
+    } else {
+      std::vector<float> want = out.initial();
+      ref::conv2d_backward_data<float>(StreamHandle{}, sh, dy.data(), w.data(), want.data());
+      std::vector<double> magnitude(n);
+      const std::vector<double> ady = absolute(dy.values()), aw = absolute(w.values());
+      ref::conv2d_backward_data<double>(StreamHandle{}, sh, ady.data(), aw.data(), magnitude.data());
+      const std::int64_t terms = sh.out_channels * 9;
+      CHECK((c.math == tf32 ? tf32_error_in_bounds(got, want, magnitude, terms)
+                            : error_in_bounds(got, want, magnitude, terms)) <= 1.0);
+    }
+    // a forced tile runs the unsplit product (bench-cuda's per-tile rows)
+    {
+      const TileGuard forced(3);
+      pass(w.data(), b, out.data());
+      CHECK(emu::last_launch().kernel == std::string(c.product));
+      CHECK(emu::last_launch().grid.z == 1u);
+    }
+  }
+  // where the rule does not split: backward data at stride 2, 64 rows, a short K
+  const SplitKGuard on(true);
+  for (const Conv2dShape& sh : {Conv2dShape{2, 72, 12, 12, 16, 3, 3, 2, 2, 1, 1}, Conv2dShape{2, 16, 6, 6, 64, 3, 3, 1, 1, 1, 1},
+                                Conv2dShape{2, 8, 6, 6, 72, 3, 3, 1, 1, 1, 1}}) {
+    INFO(describe(sh));
+    const Buffer x(sh.input_size(), 6190, 0), w(sh.weight_size(), 6191, 0), dy(sh.output_size(), 6192, 0),
+        y(sh.output_size(), 6193, 0), dx(sh.input_size(), 6194, 0);
+    Stream stream;
+    cu::conv2d_forward(stream.s, sh, x.data(), w.data(), nullptr, y.data());
+    CHECK(emu::last_launch().kernel == std::string("conv2d_forward"));
+    cu::conv2d_backward_data(stream.s, sh, dy.data(), w.data(), dx.data());
+    CHECK(emu::last_launch().kernel == std::string("conv2d_backward_data"));
+  }
+  MESSAGE("split-K: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
+}
