@@ -306,6 +306,11 @@ void batchnorm_relu_coupling_eval(const StreamHandle& s, const BatchNormShape& s
 // place (each path is deterministic).
 void set_batchnorm_one_pass(bool on);
 bool batchnorm_one_pass();
+// The blocks per thread-block cluster that batch norm's one pass takes for `shape` on s's device
+// (the training forward, or with `backward` the backward; tensors 16-byte aligned), or 0 where
+// the two passes run (the setting off, no cluster that fits, kernels compiled below sm_90). For
+// tests and benchmarks: that the one pass really ran, and in what clusters.
+int batchnorm_one_pass_cluster(const StreamHandle& s, const BatchNormShape& shape, bool backward);
 
 }  // namespace cuda
 #endif

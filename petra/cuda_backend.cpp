@@ -100,6 +100,14 @@ int device_count() { return devices().count; }
 
 bool available() { return device_count() > 0; }
 
+int compute_capability(int device) {
+  require_device(device, "compute_capability");
+  int major = 0, minor = 0;
+  PETRA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  PETRA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return 10 * major + minor;
+}
+
 std::string describe() {
   int runtime = 0, driver = 0;
   if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) (void)cudaGetLastError();

@@ -31,6 +31,10 @@ int device_count();
 // device_count() > 0.
 bool available();
 
+// `device`'s compute capability as 10 * major + minor (90: an H100 or H200). DeviceError when there
+// is no such device. (The emulated devices of the tests answer 90: they emulate clusters.)
+int compute_capability(int device);
+
 // One line for logs: runtime and driver versions, cuDNN, cuBLAS and NCCL versions, and the devices
 // (name, compute capability, memory), or why there are none.
 std::string describe();

@@ -26,6 +26,7 @@ void warn_foreign_handle(const char* operation, const void* handle) noexcept {
 bool compiled() { return false; }
 int device_count() { return 0; }
 bool available() { return false; }
+int compute_capability(int) { no_cuda("compute_capability"); }
 std::string describe() { return "CUDA: petra was built without CUDA; no devices"; }
 
 void* malloc_device(std::size_t, int) { no_cuda("malloc_device"); }

@@ -628,14 +628,26 @@ bool one_pass_fits(const void* kernel, int device, unsigned blocks, const OnePas
   // binaryVersion: sm_80 PTX compiled by the driver for an sm_90 GPU reports binaryVersion 90, yet
   // runs cluster.cuh's one-block code (a peer rank there traps, and the context is lost).
   bool fits = plan.cluster == 1 || attributes.ptxVersion >= 90;
-  if (fits && plan.shared_bytes > 48 * 1024) cuda_detail::allow_dynamic_shared(kernel, device, plan.shared_bytes);
+  if (fits && plan.shared_bytes > 0) cuda_detail::allow_dynamic_shared(kernel, device, plan.shared_bytes);
   if (fits && plan.cluster > 1) {
     cudaLaunchAttribute attribute;
     const cudaLaunchConfig_t config =
         cuda_detail::cluster_launch_config(blocks, kBlockThreads, plan.cluster, plan.shared_bytes, nullptr, attribute);
     int clusters = 0;
-    fits = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0;
-    (void)cudaGetLastError();  // a refusal is an answer here, not an error for the next check
+    const cudaError_t status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+    switch (status) {
+      case cudaSuccess: fits = clusters > 0; break;
+      // a refusal of this cluster or size: an answer (the two passes), not an error for the next check
+      case cudaErrorInvalidClusterSize:
+      case cudaErrorInvalidValue:
+      case cudaErrorNotSupported:
+        (void)cudaGetLastError();
+        fits = false;
+        break;
+      // anything else (the query "may also return error codes from previous, asynchronous
+      // launches"): thrown, and not remembered as the answer
+      default: PETRA_CUDA_CHECK(status);
+    }
   }
   const std::lock_guard lock(mutex);
   known.emplace(std::tuple{kernel, device, plan.cluster, plan.shared_bytes}, fits);
@@ -802,6 +814,19 @@ void batchnorm_forward_train(const StreamHandle& s, const BatchNormShape& shape,
                              float* running_mean, float* running_var) {
   forward_train(kPlainNames, s, shape, eps, momentum, x, gamma, beta, TensorOutput<false>{y},
                 saved_mean, saved_invstd, running_mean, running_var);
+}
+
+int batchnorm_one_pass_cluster(const StreamHandle& s, const BatchNormShape& shape, bool backward) {
+  const bool vector = shape.plane() % 4 == 0;  // (vector_path, for aligned tensors)
+  const std::int64_t width = vector ? 4 : 1, count = shape.values_per_channel() / width;
+  const std::size_t bytes = std::size_t(width) * sizeof(float);
+  const OnePassPlan plan =
+      backward ? one_pass_plan(s, vector ? resident_backward<false, float4> : resident_backward<false, float>,
+                               shape.channels, count, bytes, 2)
+               : one_pass_plan(s, vector ? resident_forward<TensorOutput<false>, float4>
+                                         : resident_forward<TensorOutput<false>, float>,
+                               shape.channels, count, bytes, 1);
+  return int(plan.cluster);
 }
 
 void batchnorm_forward_eval(const StreamHandle& s, const BatchNormShape& shape, double eps,

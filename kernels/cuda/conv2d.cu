@@ -1451,7 +1451,7 @@ void launch_gemm(const StreamHandle& s, const KernelChoice<Problem>& k, const Pr
     kernel = k.static_kernel;
     shared_bytes = 0;
   }
-  if (shared_bytes > 48 * 1024)
+  if (shared_bytes > 0)  // (the default limit is 48 KiB less the kernel's static shared memory)
     cuda_detail::allow_dynamic_shared(reinterpret_cast<const void*>(kernel), s.device_index, shared_bytes);
   PETRA_LAUNCH(kernel, grid, kThreads, shared_bytes, cuda_detail::stream_of(s))(p);
   cuda_detail::check_launch(k.name, __FILE__, __LINE__);
@@ -2292,11 +2292,11 @@ bool winograd_fits(const Conv2dShape& shape) {
 
 // Whether the weight gradient of `shape` goes to winograd_weight_launch: asked for (or automatic
 // and measured faster) and winograd_fits.
-bool winograd_weight_applies(const Conv2dShape& shape) {
+bool winograd_weight_applies(const StreamHandle& s, const Conv2dShape& shape) {
   const auto algorithm = Conv2dWeightAlgorithm(conv_weight_algorithm.load());
   return (algorithm == Conv2dWeightAlgorithm::winograd ||
           (algorithm == Conv2dWeightAlgorithm::automatic && winograd_measured_faster(shape))) &&
-         winograd_fits(shape);
+         s.workspace != nullptr && winograd_fits(shape);
 }
 
 // ---- the forward and backward data in Winograd's F(2x2, 3x3) domain (set_conv2d_forward_algorithm)
@@ -2491,7 +2491,7 @@ void conv2d_backward_weight_split(const StreamHandle& s, const Conv2dShape& shap
 void conv2d_backward_weight(const StreamHandle& s, const Conv2dShape& shape, const float* x,
                             const float* dy, float* dw) {
   if (shape.weight_size() <= 0 || shape.output_size() <= 0) return;  // dw += 0 (and no batch to part)
-  if (winograd_weight_applies(shape)) return winograd_weight_launch(s, shape, x, dy, dw);
+  if (winograd_weight_applies(s, shape)) return winograd_weight_launch(s, shape, x, dy, dw);
   conv2d_backward_weight_split(s, shape, x, dy, dw, tiling::weight_split_slices(shape));
 }
 

@@ -194,13 +194,13 @@ inline cudaLaunchConfig_t cluster_launch_config(unsigned blocks, unsigned thread
 
 // Launches `kernel` as `blocks` blocks of `threads` threads in clusters of `cluster` blocks along
 // x (`blocks` a multiple of it), with `shared_bytes` of dynamic shared memory per block, raising the
-// kernel's limit first where it passes the default 48 KB. A cluster of 1 is an ordinary launch (a
+// kernel's limit first (the default is 48 KiB less the kernel's static shared memory). A cluster of 1 is an ordinary launch (a
 // GPU without clusters, below sm_90, runs it); a larger one needs sm_90.
 template <class... Params, class... Args>
 void launch_clusters(const char* name, const kernels::StreamHandle& s, unsigned blocks, unsigned threads,
                      unsigned cluster, std::size_t shared_bytes, void (*kernel)(Params...), Args... args) {
   DeviceGuard guard(s.device_index);
-  if (shared_bytes > 48 * 1024) allow_dynamic_shared(reinterpret_cast<const void*>(kernel), s.device_index, shared_bytes);
+  if (shared_bytes > 0) allow_dynamic_shared(reinterpret_cast<const void*>(kernel), s.device_index, shared_bytes);
 #ifdef PETRA_CUDA_EMULATION
   const ::petra::cuda_emulation::LaunchName launch_name(name);
   ::petra::cuda_emulation::launch(name, kernel, dim3(blocks), dim3(threads), shared_bytes, stream_of(s),

@@ -885,11 +885,29 @@ TEST_CASE("cuda: petra's batch norm matches ref and repeats its bits, in two pas
   struct Restore {
     ~Restore() { cu::set_batchnorm_one_pass(false); }
   } restore;
-  // float4 walks (plane % 4 == 0), float walks, one tensor of 4 MiB and one of 32 MiB. The one pass
-  // (set_batchnorm_one_pass) keeps a channel in clusters of 1 block (the first three forwards),
-  // 2 (the 4 MiB backward) and 8 (the 32 MiB tensor, as RevNet18's first stage).
-  for (const BatchNormShape k : {BatchNormShape{3, 5, 7, 7}, {8, 16, 8, 8}, {64, 64, 16, 16}, {128, 64, 32, 32}}) {
+  // float4 walks (plane % 4 == 0), float walks, tensors of 4 MiB and one of 32 MiB. The one pass
+  // (set_batchnorm_one_pass) keeps a channel in clusters of 1 block (the first two shapes), of 4
+  // (the first 4 MiB tensor: its one block, 64 channels for 132 multiprocessors, doubled twice),
+  // 2 (the second, 128 channels, on a GPU of more than 128 multiprocessors), and 8 (the 32 MiB
+  // tensor, as RevNet18's first stage: 512 KiB a channel) where the GPU has clusters (sm_90).
+  const int capability = petra::cuda_backend::compute_capability(0);
+  for (const BatchNormShape k : {BatchNormShape{3, 5, 7, 7}, {8, 16, 8, 8}, {64, 64, 16, 16}, {32, 128, 16, 16},
+                                 {128, 64, 32, 32}}) {
     INFO("x (", k.batch, ", ", k.channels, ", ", k.height, ", ", k.width, ")");
+    {  // the one pass really runs (a plan refused by the GPU falls back to the two passes silently)
+      cu::set_batchnorm_one_pass(true);
+      const int forward = cu::batchnorm_one_pass_cluster(s, k, false), backward = cu::batchnorm_one_pass_cluster(s, k, true);
+      cu::set_batchnorm_one_pass(false);
+      MESSAGE("one pass at (", k.batch, ", ", k.channels, ", ", k.height, ", ", k.width, "): clusters of ", forward,
+              " (forward) and ", backward, " (backward) on sm_", capability);
+      if (k.channels * k.height * k.width * k.batch < (std::int64_t(1) << 20)) {
+        CHECK(forward >= 1);
+        CHECK(backward >= 1);
+      } else if (capability >= 90) {
+        CHECK(forward == 8);
+        CHECK(backward == 8);
+      }
+    }
     const auto n = std::size_t(k.size()), c = std::size_t(k.channels);
     const auto x = random_values<float>(n, 31, 1.0, 4.0), dy = random_values<float>(n, 32);
     const auto gamma = random_values<float>(c, 33, 0.5, 1.5), beta = random_values<float>(c, 34);

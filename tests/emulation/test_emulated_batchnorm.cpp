@@ -659,6 +659,13 @@ TEST_CASE("emulated batchnorm one pass: a channel in a cluster's shared memory; 
   HeapWorkspace workspace;
   StreamHandle s;
   s.workspace = &workspace;
+  for (const OnePassCase& one : kOnePassCases) {  // the clusters the query says (test-cuda relies on it)
+    INFO(describe(one));
+    CHECK(cu::batchnorm_one_pass_cluster(s, one.shape, false) == 0);  // the setting is off
+    const OnePass on;
+    CHECK(cu::batchnorm_one_pass_cluster(s, one.shape, false) == int(one.forward_cluster));
+    CHECK(cu::batchnorm_one_pass_cluster(s, one.shape, true) == int(one.backward_cluster));
+  }
   const OnePass on;
   const bool saved = emu::settings().cooperative;
   emu::settings().cooperative = true;
