@@ -305,7 +305,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
               settings.at("method").c_str(), trainer.config().threads > 0 ? trainer.config().threads
                                                                           : petra::default_cpu_threads());
   if (trainer.device().is_cuda())
-    std::printf("training on %s: %s; convolutions and batch norms: %s, %s%s%s%s%s\n", trainer.device().str().c_str(),
+    std::printf("training on %s: %s; convolutions and batch norms: %s, %s%s%s%s%s%s\n", trainer.device().str().c_str(),
                 petra::cuda_backend::describe().c_str(), petra::name_of(petra::conv_impl()),
                 petra::name_of(petra::conv_math()),
                 petra::cudnn_algorithms() == petra::CudnnAlgorithms::fastest
@@ -313,7 +313,8 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
                     : "",
                 weight_algorithm_text(petra::conv_weight_algorithm()),
                 forward_algorithm_text(petra::conv_forward_algorithm()),
-                petra::batchnorm_one_pass() ? ", one-pass batch norm" : "");
+                petra::batchnorm_one_pass() ? ", one-pass batch norm" : "",
+                petra::conv_split_k() ? ", split-K forward and backward data" : "");
   if (!eval_only) {
     std::printf("stages (--stages %s): %s\n", config.stages.empty() ? "blocks" : config.stages.c_str(),
                 layout_text(trainer.config().stage_sizes, trainer.block_profiles()).c_str());
@@ -435,6 +436,7 @@ int train(const TrainConfig& config, bool eval_only, const std::filesystem::path
                               {"conv_forward", petra::name_of(petra::conv_forward_algorithm())},
                               {"cudnn_algorithms", petra::name_of(petra::cudnn_algorithms())},
                               {"batchnorm_one_pass", petra::batchnorm_one_pass()},
+                              {"conv_split_k", petra::conv_split_k()},
                               {"final_test_accuracy", final_accuracy},
                               {"epochs_run", reports.size()},
                               {"total_seconds", total},
@@ -515,6 +517,18 @@ void use_batchnorm_one_pass(bool on, const std::vector<petra::Device>& devices) 
                 "cuDNN's)");
   }
   petra::set_batchnorm_one_pass(on);
+}
+
+// --conv-split-k: petra's CUDA convolution kernels, on CUDA devices and petra's kernels only (set
+// after --conv-impl), for the same reason.
+void use_conv_split_k(bool on, const std::vector<petra::Device>& devices) {
+  if (on) {
+    require_cuda_devices("--conv-split-k", devices);
+    PETRA_CHECK(petra::conv_impl() == petra::ConvImpl::petra, petra::ValueError,
+                "--conv-split-k: petra's convolution kernels only (not with --conv-impl cudnn, which chooses its own "
+                "algorithms)");
+  }
+  petra::set_conv_split_k(on);
 }
 
 // --cudnn-algorithms fastest: only cuDNN's convolutions have algorithms to time, so it needs
@@ -603,6 +617,11 @@ int main(int argc, char** argv) {
   app.add_flag("--batchnorm-one-pass", batchnorm_one_pass,
                "petra's batch norm on GPUs in one pass where a channel fits in a thread-block cluster's shared memory "
                "(one read of x and dy instead of two; not yet timed on a GPU, so off by default)")
+      ->group(pipelining);
+  bool conv_split_k = false;
+  app.add_flag("--conv-split-k", conv_split_k,
+               "petra's forward and backward data on GPUs with K cut into slices where the 128x128 tile leaves too "
+               "few blocks to fill the GPU (the 4x4 layers at batch 128; not yet timed on a GPU, so off by default)")
       ->group(pipelining);
   std::string cudnn_algorithms_text = "deterministic";
   app.add_option("--cudnn-algorithms", cudnn_algorithms_text,
@@ -729,6 +748,7 @@ int main(int argc, char** argv) {
     use_conv_weight_algorithm(petra::parse_conv_weight_algorithm(conv_weight_text), c.devices);
     use_conv_forward_algorithm(petra::parse_conv_forward_algorithm(conv_forward_text), c.devices);
     use_batchnorm_one_pass(batchnorm_one_pass, c.devices);
+    use_conv_split_k(conv_split_k, c.devices);
     c.stages = stages_text;
     std::vector<petra::pipeline::BlockProfile> blocks;  // what the layout printed below is made of
     if (print_schedule > 0 || print_model) {  // no data is loaded: the dataset's usual shape

@@ -82,4 +82,12 @@ const char* name_of(ConvForwardAlgorithm algorithm);
 void set_batchnorm_one_pass(bool on);  // DeviceError for true without CUDA
 bool batchnorm_one_pass();
 
+// Whether petra's convolution kernels on GPUs cut the K of the forward and backward data (at
+// stride 1) into slices where the 128 x 128 tile would leave too few blocks to fill the GPU (the
+// 4x4 layers of RevNet18 at batch 128; kernels::cuda::set_conv2d_split_k; petra-train's
+// --conv-split-k). Off by default until a GPU has timed it. The results differ in the last places,
+// each deterministic. A build without CUDA accepts false only.
+void set_conv_split_k(bool on);  // DeviceError for true without CUDA
+bool conv_split_k();
+
 }  // namespace petra

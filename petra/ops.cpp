@@ -341,6 +341,22 @@ bool batchnorm_one_pass() {
 #endif
 }
 
+void set_conv_split_k(bool on) {
+#if PETRA_HAVE_CUDA
+  kernels::cuda::set_conv2d_split_k(on);
+#else
+  PETRA_CHECK(!on, DeviceError, "set_conv_split_k(true): this petra was built without CUDA");
+#endif
+}
+
+bool conv_split_k() {
+#if PETRA_HAVE_CUDA
+  return kernels::cuda::conv2d_split_k();
+#else
+  return false;
+#endif
+}
+
 ConvWeightAlgorithm parse_conv_weight_algorithm(std::string_view text, std::string_view flag) {
   return parse_choice(text, flag, std::pair{"auto", ConvWeightAlgorithm::automatic},
                       std::pair{"direct", ConvWeightAlgorithm::direct},

@@ -81,14 +81,17 @@ def kernel_key(name):
     """(path, problem, tile) of a mangled kernel name: path fp32, tf32, or tf32v (the TF32 kernel
     with 16-byte A copies: its last template argument true, Lb1E); problem forward, data, weight,
     winograd (WinogradWeightProblem, the opt-in weight gradient's GEMM), or the channels-last
-    problems fwd-cl, data-cl and weight-cl; tile M x N, with k32 for a K step of 32 and /2 for
-    two blocks per multiprocessor (the options set_conv2d_tile(5) and (4))."""
+    problems fwd-cl, data-cl and weight-cl, each with /k for its split-K kernel
+    (set_conv2d_split_k); tile M x N, with k32 for a K step of 32 and /2 for two blocks per
+    multiprocessor (the options set_conv2d_tile(5) and (4))."""
     path = "fp32"
     if "implicit_gemm_tf32" in name:  # (the kernel's last template argument ends the name)
         path = "tf32v" if re.search(r"Lb1EEEvT_$", name) else "tf32"
     problem = re.search(r"\d+(Forward|Data|Weight|WinogradWeight|ChannelsLastForward|ChannelsLastData|ChannelsLastWeight)Problem", name).group(1).lower()
     problem = {"winogradweight": "winograd", "channelslastforward": "fwd-cl", "channelslastdata": "data-cl",
                "channelslastweight": "weight-cl"}.get(problem, problem)
+    if "KSliced" in name:
+        problem += "/k"  # the forward's or backward data's split-K kernel (set_conv2d_split_k)
     m, n, k = re.search(r"TileShapeILi(\d+)ELi(\d+)ELi(\d+)", name).groups()
     tile = f"{m}x{n}"
     if k != "16":

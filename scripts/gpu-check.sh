@@ -10,7 +10,8 @@
 #             algorithms, backprop with the direct weight gradient everywhere (--conv-weight
 #             direct; the default, auto, takes Winograd's where run 12 timed it faster), backprop
 #             with the forward and backward data in Winograd's domain too (--conv-forward winograd,
-#             and auto: where estimated faster),
+#             and auto: where estimated faster), backprop with split-K for the forward and
+#             backward data of the 4x4 layers (--conv-split-k, FP32 and TF32),
 #             revbackprop and TF32 backprop with batch norm in one pass (--batchnorm-one-pass),
 #             PETRA, and PETRA on two streams of the one GPU (the concurrent
 #             executor), twice: bit-identical to PETRA on one stream and from run to run;
@@ -193,10 +194,15 @@ group_training() {
   # where run 12's numbers estimate it faster (64+ channels, planes up to 16x16, in TF32 8x8).
   train backprop-winograd-forward --method backprop --devices cuda:0 --conv-forward winograd
   train backprop-winograd-forward-auto --method backprop --devices cuda:0 --conv-forward auto
+  # Split-K for the forward and backward data where the 128x128 tile leaves too few blocks (the
+  # 4x4 layers; --conv-split-k, an option until timed here), in FP32 and TF32.
+  train backprop-split-k --method backprop --devices cuda:0 --conv-split-k
   images_per_second "backprop, FP32" "$out/train-backprop.jsonl" "$out/train-backprop-direct.jsonl" \
     "$out/train-backprop-winograd-forward.jsonl" "$out/train-backprop-winograd-forward-auto.jsonl" \
-    "$out/train-backprop-cudnn.jsonl" \
+    "$out/train-backprop-split-k.jsonl" "$out/train-backprop-cudnn.jsonl" \
     "$out/train-backprop-cudnn-fastest.jsonl"
+  train backprop-tf32-split-k --method backprop --devices cuda:0 --conv-math tf32 --conv-split-k
+  images_per_second "backprop TF32, split-K" "$out/train-backprop-tf32.jsonl" "$out/train-backprop-tf32-split-k.jsonl"
   # Batch norm in one pass (--batchnorm-one-pass: each channel kept in a thread-block cluster's shared
   # memory, one read of x and dy instead of two; off by default until timed here).
   train revbackprop-bn-one-pass --method revbackprop --devices cuda:0 --batchnorm-one-pass

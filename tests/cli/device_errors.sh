@@ -68,6 +68,10 @@ expect_exit 2 "--conv-forward winograd: petra's convolution kernels only\|--conv
 expect_exit 2 "--batchnorm-one-pass runs on CUDA devices only" --method backprop --batchnorm-one-pass
 expect_exit 2 "--batchnorm-one-pass: petra's batch norm kernels only\|--conv-impl cudnn: this petra was built without cuDNN" \
   --method backprop --devices cuda:0 --conv-impl cudnn --batchnorm-one-pass
+# --conv-split-k is petra's CUDA forward and backward data: GPUs and petra's kernels only.
+expect_exit 2 "--conv-split-k runs on CUDA devices only" --method backprop --conv-split-k
+expect_exit 2 "--conv-split-k: petra's convolution kernels only\|--conv-impl cudnn: this petra was built without cuDNN" \
+  --method backprop --devices cuda:0 --conv-impl cudnn --conv-split-k
 # --cudnn-algorithms fastest times cuDNN's algorithms: it needs --conv-impl cudnn (with petra's
 # kernels it would change nothing); deterministic (the default) passes anywhere.
 expect_exit 2 "needs --conv-impl cudnn" --method backprop --cudnn-algorithms fastest

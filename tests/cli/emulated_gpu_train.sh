@@ -56,6 +56,19 @@ assert abs(winograd["train_loss"] - direct["train_loss"]) <= 1e-3 * abs(direct["
 assert winograd["train_loss"] != direct["train_loss"], "the same loss to the last bit: did Winograd run?"
 print(f"ok: Winograd forward: train loss {winograd['train_loss']:.6f} against {direct['train_loss']:.6f}")
 PY
+# Split-K for the forward and backward data (--conv-split-k): the banner says so; no layer of this
+# small model has a 128 x 128 tile's rows and columns to split (more than 64 each), so the epoch is
+# backprop's to the last bit (the split itself: tests/emulation/test_emulated_conv2d.cpp).
+run backprop-split-k --method backprop --devices cuda:0 --conv-split-k
+grep -q "split-K forward and backward data" backprop-split-k.log || { echo "FAIL: the banner does not name split-K"; exit 1; }
+python3 - backprop.jsonl backprop-split-k.jsonl <<'PY'
+import json, sys
+plain, split = (json.loads(open(path).readline()) for path in sys.argv[1:])
+assert split["train_loss"] == plain["train_loss"], (split["train_loss"], plain["train_loss"])
+summary = json.loads(open(sys.argv[2]).read().splitlines()[-1])["summary"]
+assert summary["conv_split_k"] is True, summary
+print(f"ok: split-K: train loss {split['train_loss']:.6f}, backprop's")
+PY
 # No such GPU: exit 6 as on any machine.
 set +e
 "$train" "${common[@]}" --method petra --devices cuda:2 > no-such-gpu.log 2>&1
