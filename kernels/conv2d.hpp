@@ -189,7 +189,8 @@ Conv2dForwardAlgorithm conv2d_forward_algorithm();
 // 4 x 4 layers: 64 tiles for 132 multiprocessors): a block per tile and slice sums into partials in
 // the stream's workspace (at most 64 MiB), and a second launch adds the slices in order. Off by
 // default, an option to time (bench-cuda's petra_split_k_ms); the results differ from the unsplit
-// product's in the last places, each deterministic. A forced tile (set_conv2d_tile) turns it off.
+// product's in the last places, each deterministic. A forced tile (set_conv2d_tile) turns it off;
+// TF32 backward data without channels-last copies (out_channels % 4 != 0) never splits.
 // For the whole process.
 void set_conv2d_split_k(bool on);
 bool conv2d_split_k();

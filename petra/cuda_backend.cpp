@@ -246,6 +246,11 @@ void memcpy_2d_async(void* dst, std::size_t dst_pitch, const void* src, std::siz
 
 void memset_async(void* dst, int value, std::size_t bytes, void* stream) {
   if (bytes == 0) return;
+  // from the stream's device: CUDA's programming guide promises that a copy issued to another
+  // device's stream succeeds and that a kernel launch fails, and says nothing of a memset
+  int device = 0;
+  PETRA_CUDA_CHECK(cudaStreamGetDevice(as_stream(stream), &device));
+  cuda_detail::DeviceGuard guard(device);
   PETRA_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, as_stream(stream)));
 }
 

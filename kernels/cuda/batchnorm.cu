@@ -635,18 +635,16 @@ bool one_pass_fits(const void* kernel, int device, unsigned blocks, const OnePas
         cuda_detail::cluster_launch_config(blocks, kBlockThreads, plan.cluster, plan.shared_bytes, nullptr, attribute);
     int clusters = 0;
     const cudaError_t status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
-    switch (status) {
-      case cudaSuccess: fits = clusters > 0; break;
-      // a refusal of this cluster or size: an answer (the two passes), not an error for the next check
-      case cudaErrorInvalidClusterSize:
-      case cudaErrorInvalidValue:
-      case cudaErrorNotSupported:
-        (void)cudaGetLastError();
-        fits = false;
-        break;
+    if (status == cudaSuccess) {
+      fits = clusters > 0;
+    } else if (status == cudaErrorInvalidClusterSize || status == cudaErrorInvalidValue ||
+               status == cudaErrorNotSupported) {
+      (void)cudaGetLastError();  // a refusal of this cluster or size: an answer (the two passes), not
+      fits = false;              // an error for the next launch's check
+    } else {
       // anything else (the query "may also return error codes from previous, asynchronous
-      // launches"): thrown, and not remembered as the answer
-      default: PETRA_CUDA_CHECK(status);
+      // launches"): thrown (and cleared), not remembered as the answer
+      cuda_detail::throw_cuda_error(status, "cudaOccupancyMaxActiveClusters", __FILE__, __LINE__);
     }
   }
   const std::lock_guard lock(mutex);

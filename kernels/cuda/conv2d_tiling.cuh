@@ -610,7 +610,7 @@ inline std::int64_t weight_split_slices(const Conv2dShape& s) {
 //   - only where 128 x 128 pads neither side (more than 64 rows and columns) and leaves fewer than
 //     kMinBlocksFor128x128 blocks;
 //   - as many slices as bring the blocks to kMinBlocksFor128x128, at most kOutputMaxSlices, each
-//     at least kOutputSliceMinK terms (32 K steps), else no split.
+//     but the last at least kOutputSliceMinK terms (32 K steps), else no split.
 // (`min_k`: the emulated kernels take 64, so that small test shapes split; conv2d.cu.)
 inline constexpr std::int64_t kOutputSliceMinK = 512;
 inline constexpr std::int64_t kOutputMaxSlices = 4;

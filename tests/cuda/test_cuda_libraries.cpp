@@ -900,10 +900,11 @@ TEST_CASE("cuda: petra's batch norm matches ref and repeats its bits, in two pas
       cu::set_batchnorm_one_pass(false);
       MESSAGE("one pass at (", k.batch, ", ", k.channels, ", ", k.height, ", ", k.width, "): clusters of ", forward,
               " (forward) and ", backward, " (backward) on sm_", capability);
-      if (k.channels * k.height * k.width * k.batch < (std::int64_t(1) << 20)) {
+      // (the 4 MiB tensors' clusters depend on the multiprocessors: 4 and 2 on 132 of them)
+      if (k.size() < (std::int64_t(1) << 22)) {
         CHECK(forward >= 1);
         CHECK(backward >= 1);
-      } else if (capability >= 90) {
+      } else if (capability >= 90) {  // 512 KiB a channel: only a cluster of 8 holds it
         CHECK(forward == 8);
         CHECK(backward == 8);
       }

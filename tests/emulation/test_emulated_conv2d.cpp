@@ -1942,5 +1942,23 @@ TEST_CASE("emulated conv2d: split-K forward and backward data add their slices' 
     cu::conv2d_backward_data(stream.s, sh, dy.data(), w.data(), dx.data());
     CHECK(emu::last_launch().kernel == std::string("conv2d_backward_data"));
   }
+  // TF32 backward data from the NCHW path (out_channels % 4 != 0: no channels-last copies) keeps
+  // its weights' copy (wt) in the stream's scratch: it never splits, which would put the partials
+  // over wt (the same bits as with the option off)
+  {
+    const MathGuard tf32(cu::Conv2dMath::tf32);
+    const Conv2dShape sh{2, 72, 6, 6, 18, 3, 3, 1, 1, 1, 1};
+    INFO(describe(sh));
+    REQUIRE(tiling::data_output_split(sh, 64).slices > 1);  // the rule alone would split it
+    const Buffer dy(sh.output_size(), 6195, 0), w(sh.weight_size(), 6196, 0), dx(sh.input_size(), 6197, 0);
+    Stream stream;
+    cu::conv2d_backward_data(stream.s, sh, dy.data(), w.data(), dx.data());
+    CHECK(emu::last_launch().kernel == std::string("conv2d_backward_data_tf32"));
+    const std::vector<float> split_on = dx.values();
+    const SplitKGuard off(false);
+    dx.reset();
+    cu::conv2d_backward_data(stream.s, sh, dy.data(), w.data(), dx.data());
+    CHECK(bit_differences(dx.values(), split_on) == "");
+  }
   MESSAGE("split-K: ", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
 }
