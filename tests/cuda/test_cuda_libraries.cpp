@@ -707,6 +707,55 @@ TEST_CASE("cuda: petra's TF32 conv2d rounds its inputs to nearest, ties away, on
   }
 }
 
+// A layer's forward (with a bias) and backward data under the current settings, against ref::: the
+// Winograd and split-K cases. run() fills the outputs with 7s (a value the kernels leave unwritten
+// shows), runs each pass twice (the same bits) and checks ref:: within `times` the direct
+// product's bound of `math` (FP32's, or TF32's).
+class ForwardDataCheck {
+ public:
+  ForwardDataCheck(const StreamHandle& s, const Conv2dShape& k)
+      : s_(s), k_(k), d_(k), x_(d_.x, s.cuda_stream), w_(d_.w, s.cuda_stream), bias_(d_.bias, s.cuda_stream),
+        dy_(d_.dy, s.cuda_stream) {
+    namespace ref = petra::kernels::ref;
+    const StreamHandle host{};
+    y_want_.resize(std::size_t(k.output_size()));
+    y_magnitude_.resize(y_want_.size());
+    ref::conv2d_forward<float>(host, k, d_.x.data(), d_.w.data(), d_.bias.data(), y_want_.data());
+    ref::conv2d_forward<float>(host, k, absolute(d_.x).data(), absolute(d_.w).data(), absolute(d_.bias).data(),
+                               y_magnitude_.data());
+    dx_want_.resize(std::size_t(k.input_size()));
+    dx_magnitude_.resize(dx_want_.size());
+    ref::conv2d_backward_data<float>(host, k, d_.dy.data(), d_.w.data(), dx_want_.data());
+    ref::conv2d_backward_data<float>(host, k, absolute(d_.dy).data(), absolute(d_.w).data(), dx_magnitude_.data());
+  }
+  void run(petra::kernels::cuda::Conv2dMath math, double times) const {
+    namespace cu = petra::kernels::cuda;
+    void* cs = s_.cuda_stream;
+    const std::vector<float> y_fill(y_want_.size(), 7.0f), dx_fill(dx_want_.size(), 7.0f);
+    Buffer y(y_fill, cs), y_again(y_fill, cs), dx(dx_fill, cs), dx_again(dx_fill, cs);
+    cu::conv2d_forward(s_, k_, x_.get(), w_.get(), bias_.get(), y.get());
+    cu::conv2d_forward(s_, k_, x_.get(), w_.get(), bias_.get(), y_again.get());
+    cu::conv2d_backward_data(s_, k_, dy_.get(), w_.get(), dx.get());
+    cu::conv2d_backward_data(s_, k_, dy_.get(), w_.get(), dx_again.get());
+    const auto factor = [&](std::int64_t terms) {
+      return times * (math == cu::Conv2dMath::fp32 ? fp32_factor(terms) : kTf32Factor + fp32_factor(terms));
+    };
+    const auto y_got = y.download(cs), dx_got = dx.download(cs);
+    CHECK(y_got == y_again.download(cs));
+    CHECK(dx_got == dx_again.download(cs));
+    const std::int64_t taps = k_.kernel_h * k_.kernel_w;
+    CHECK(outside_bound(y_got, y_want_, y_magnitude_, factor(k_.in_channels * taps + 1)) == 0);
+    CHECK(outside_bound(dx_got, dx_want_, dx_magnitude_, factor(k_.out_channels * taps)) == 0);
+  }
+
+ private:
+  StreamHandle s_;
+  Conv2dShape k_;
+  ConvData d_;
+  Buffer x_, w_, bias_, dy_;
+  std::vector<float> y_want_, y_magnitude_, dx_want_, dx_magnitude_;
+};
+
 // The settings the Winograd cases run under: FP32 with its tiles' rule; TF32 with the rule's tiles
 // and with the two options of its 128 x 128 tile forced (4: two blocks per multiprocessor, 5: a K
 // step of 32).
@@ -766,12 +815,9 @@ TEST_CASE("cuda: petra's Winograd weight gradient matches ref, FP32 and TF32, th
 // and TF32's (TF32), the same bits twice, on the shapes of the weight case above.
 TEST_CASE("cuda: petra's Winograd forward and backward data match ref, FP32 and TF32, the same bits twice" *
           doctest::skip(kNoGpu)) {
-  namespace ref = petra::kernels::ref;
   namespace cu = petra::kernels::cuda;
   petra::Stream stream(petra::Device::cuda(0));
   const StreamHandle s = gpu_stream_handle(stream);
-  void* cs = s.cuda_stream;
-  const StreamHandle host{};
   struct Restore {
     ~Restore() { cu::set_conv2d_forward_algorithm(cu::Conv2dForwardAlgorithm::direct); }
   } restore;
@@ -779,35 +825,13 @@ TEST_CASE("cuda: petra's Winograd forward and backward data match ref, FP32 and 
                                Conv2dShape{8, 64, 16, 16, 128, 3, 3, 1, 1, 1, 1},
                                Conv2dShape{8, 64, 32, 32, 64, 3, 3, 1, 1, 1, 1}}) {
     INFO("x (", k.batch, ", ", k.in_channels, ", ", k.in_h, ", ", k.in_w, ") out ", k.out_channels);
-    const ConvData d(k);
-    std::vector<float> y_want(std::size_t(k.output_size())), y_magnitude(y_want.size());
-    ref::conv2d_forward<float>(host, k, d.x.data(), d.w.data(), d.bias.data(), y_want.data());
-    ref::conv2d_forward<float>(host, k, absolute(d.x).data(), absolute(d.w).data(), absolute(d.bias).data(),
-                               y_magnitude.data());
-    std::vector<float> dx_want(std::size_t(k.input_size())), dx_magnitude(dx_want.size());
-    ref::conv2d_backward_data<float>(host, k, d.dy.data(), d.w.data(), dx_want.data());
-    ref::conv2d_backward_data<float>(host, k, absolute(d.dy).data(), absolute(d.w).data(), dx_magnitude.data());
-    Buffer x(d.x, cs), w(d.w, cs), bias(d.bias, cs), dy(d.dy, cs);
-    // the outputs filled with 7s, not the answer: a value the kernels leave unwritten shows
-    const std::vector<float> y_fill(y_want.size(), 7.0f), dx_fill(dx_want.size(), 7.0f);
+    const ForwardDataCheck check(s, k);
     for (const auto& [math, tile] : kWinogradTiles) {
       CAPTURE(int(math));
       CAPTURE(tile);
       const ConvSettings chosen(math, tile);
       cu::set_conv2d_forward_algorithm(cu::Conv2dForwardAlgorithm::winograd);
-      Buffer y(y_fill, cs), y_again(y_fill, cs), dx(dx_fill, cs), dx_again(dx_fill, cs);
-      cu::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y.get());
-      cu::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y_again.get());
-      cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx.get());
-      cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx_again.get());
-      const auto factor = [&](std::int64_t terms) {
-        return math == cu::Conv2dMath::fp32 ? 32 * fp32_factor(terms) : 32 * (kTf32Factor + fp32_factor(terms));
-      };
-      const auto y_got = y.download(cs), dx_got = dx.download(cs);
-      CHECK(y_got == y_again.download(cs));
-      CHECK(dx_got == dx_again.download(cs));
-      CHECK(outside_bound(y_got, y_want, y_magnitude, factor(k.in_channels * 9 + 1)) == 0);
-      CHECK(outside_bound(dx_got, dx_want, dx_magnitude, factor(k.out_channels * 9)) == 0);
+      check.run(math, 32);
     }
   }
 }
@@ -818,13 +842,10 @@ TEST_CASE("cuda: petra's Winograd forward and backward data match ref, FP32 and 
 // filled with 7s first. The emulated test holds the slices to their model bit for bit.
 TEST_CASE("cuda: petra's split-K forward and backward data match ref, FP32 and TF32, the same bits twice" *
           doctest::skip(kNoGpu)) {
-  namespace ref = petra::kernels::ref;
   namespace cu = petra::kernels::cuda;
   namespace tiling = petra::kernels::cuda::conv2d_tiling;
   petra::Stream stream(petra::Device::cuda(0));
   const StreamHandle s = gpu_stream_handle(stream);
-  void* cs = s.cuda_stream;
-  const StreamHandle host{};
   struct Restore {
     ~Restore() { cu::set_conv2d_split_k(false); }
   } restore;
@@ -834,34 +855,13 @@ TEST_CASE("cuda: petra's split-K forward and backward data match ref, FP32 and T
     INFO("x (", k.batch, ", ", k.in_channels, ", ", k.in_h, ", ", k.in_w, ") out ", k.out_channels, " stride ",
          k.stride_h);
     CHECK(tiling::forward_output_split(k).slices > 1);
-    const ConvData d(k);
-    std::vector<float> y_want(std::size_t(k.output_size())), y_magnitude(y_want.size());
-    ref::conv2d_forward<float>(host, k, d.x.data(), d.w.data(), d.bias.data(), y_want.data());
-    ref::conv2d_forward<float>(host, k, absolute(d.x).data(), absolute(d.w).data(), absolute(d.bias).data(),
-                               y_magnitude.data());
-    std::vector<float> dx_want(std::size_t(k.input_size())), dx_magnitude(dx_want.size());
-    ref::conv2d_backward_data<float>(host, k, d.dy.data(), d.w.data(), dx_want.data());
-    ref::conv2d_backward_data<float>(host, k, absolute(d.dy).data(), absolute(d.w).data(), dx_magnitude.data());
-    Buffer x(d.x, cs), w(d.w, cs), bias(d.bias, cs), dy(d.dy, cs);
-    const std::vector<float> y_fill(y_want.size(), 7.0f), dx_fill(dx_want.size(), 7.0f);
+    const ForwardDataCheck check(s, k);
     for (const cu::Conv2dMath math : {cu::Conv2dMath::fp32, cu::Conv2dMath::tf32}) {
       CAPTURE(int(math));
       const ConvSettings chosen(math, -1);
       cu::set_conv2d_split_k(true);
-      Buffer y(y_fill, cs), y_again(y_fill, cs), dx(dx_fill, cs), dx_again(dx_fill, cs);
-      cu::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y.get());
-      cu::conv2d_forward(s, k, x.get(), w.get(), bias.get(), y_again.get());
-      cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx.get());
-      cu::conv2d_backward_data(s, k, dy.get(), w.get(), dx_again.get());
+      check.run(math, 1);
       cu::set_conv2d_split_k(false);
-      const auto factor = [&](std::int64_t terms) {
-        return math == cu::Conv2dMath::fp32 ? fp32_factor(terms) : kTf32Factor + fp32_factor(terms);
-      };
-      const auto y_got = y.download(cs), dx_got = dx.download(cs);
-      CHECK(y_got == y_again.download(cs));
-      CHECK(dx_got == dx_again.download(cs));
-      CHECK(outside_bound(y_got, y_want, y_magnitude, factor(k.in_channels * 9 + 1)) == 0);
-      CHECK(outside_bound(dx_got, dx_want, dx_magnitude, factor(k.out_channels * 9)) == 0);
     }
   }
 }
