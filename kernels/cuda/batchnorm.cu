@@ -35,8 +35,8 @@
 // a row of the plane); the sums read x (and dy) once and the element-wise pass once more, as
 // cpu::'s two passes do (L2 eviction hints on the two reads, evict_last then evict_first, were
 // tried and measured no gain on an H100 in run 12, so they were taken out: docs/gpu-kernels.md).
-// The partial pairs and the per-channel maps (y's,
-// dx's) live in s.scratch() (the stream's workspace). The evaluation forward is one element-wise pass.
+// The partial pairs and the per-channel maps (y's, dx's) live in s.scratch() (the stream's
+// workspace). The evaluation forward is one element-wise pass.
 //
 // Batch norm fused with the ReLU that follows it (kernels/batchnorm.hpp, batchnorm_relu_*): the
 // same kernels with a compile-time `relu` flag. The forward's element-wise pass writes

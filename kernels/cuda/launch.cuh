@@ -194,8 +194,9 @@ inline cudaLaunchConfig_t cluster_launch_config(unsigned blocks, unsigned thread
 
 // Launches `kernel` as `blocks` blocks of `threads` threads in clusters of `cluster` blocks along
 // x (`blocks` a multiple of it), with `shared_bytes` of dynamic shared memory per block, raising the
-// kernel's limit first (the default is 48 KiB less the kernel's static shared memory). A cluster of 1 is an ordinary launch (a
-// GPU without clusters, below sm_90, runs it); a larger one needs sm_90.
+// kernel's limit first (the default is 48 KiB less the kernel's static shared memory). A cluster
+// of 1 is an ordinary launch (a GPU without clusters, below sm_90, runs it); a larger one needs
+// sm_90.
 template <class... Params, class... Args>
 void launch_clusters(const char* name, const kernels::StreamHandle& s, unsigned blocks, unsigned threads,
                      unsigned cluster, std::size_t shared_bytes, void (*kernel)(Params...), Args... args) {
